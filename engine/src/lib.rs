@@ -1,0 +1,3 @@
+//! slotlight-engine: loads Llama-family models, runs them on CPU (and CUDA), schedules requests
+//! with continuous batching, and serves an OpenAI-compatible API whose usage carries each
+//! request's own timings.

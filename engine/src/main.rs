@@ -1,0 +1,2 @@
+//! The `slotlight-engine` command line.
+fn main() {}

@@ -1,0 +1,152 @@
+//! Attribute keys, and the enumerated values some of them take.
+//!
+//! Keys reuse `gen_ai.*` (OpenTelemetry GenAI semantic conventions) and vLLM's
+//! `gen_ai.latency.*` where the meaning matches; slotlight's own keys live under `slotlight.*`.
+//! Times named `*_time_unix_nano` are absolute wall-clock times in nanoseconds since the Unix
+//! epoch; durations named `*_ms` are milliseconds; `gen_ai.latency.*` are seconds.
+
+crate::contract! {
+    /// Resource: the logical service name (`slotlight-engine` for the engine).
+    SERVICE_NAME = "service.name", "string", "";
+    /// Resource: a unique id of one engine process. The sidecar keys its views by it.
+    SERVICE_INSTANCE_ID = "service.instance.id", "string", "";
+    /// Resource: the engine's version.
+    SERVICE_VERSION = "service.version", "string", "";
+
+    /// Request span: the GenAI operation (`chat` or `text_completion`).
+    GEN_AI_OPERATION_NAME = "gen_ai.operation.name", "string", "";
+    /// Request span: the provider, always `slotlight`.
+    GEN_AI_PROVIDER_NAME = "gen_ai.provider.name", "string", "";
+    /// Request span: the model the client asked for.
+    GEN_AI_REQUEST_MODEL = "gen_ai.request.model", "string", "";
+    /// Request span: the completion token limit the request asked for (or the default applied).
+    GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens", "int", "{token}";
+    /// Request span: sampling temperature.
+    GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature", "double", "";
+    /// Request span: nucleus sampling threshold.
+    GEN_AI_REQUEST_TOP_P = "gen_ai.request.top_p", "double", "";
+    /// Request span: top-k sampling limit (0 means off).
+    GEN_AI_REQUEST_TOP_K = "gen_ai.request.top_k", "double", "";
+    /// Request span: the sampling seed, when the request gave one.
+    GEN_AI_REQUEST_SEED = "gen_ai.request.seed", "int", "";
+    /// Request span: whether the reply was streamed.
+    GEN_AI_REQUEST_STREAM = "gen_ai.request.stream", "bool", "";
+    /// Request span: the response id returned to the client (`chatcmpl-…` or `cmpl-…`).
+    GEN_AI_RESPONSE_ID = "gen_ai.response.id", "string", "";
+    /// Request span: the model that served the request.
+    GEN_AI_RESPONSE_MODEL = "gen_ai.response.model", "string", "";
+    /// Request span: finish reasons, one per choice (`stop`, `length`, `cancelled`, `error`).
+    GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons", "string[]", "";
+    /// Request span: prompt tokens (`usage.prompt_tokens`).
+    GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens", "int", "{token}";
+    /// Request span: completion tokens (`usage.completion_tokens`).
+    GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens", "int", "{token}";
+    /// Request span: prompt tokens served from the KV cache (`usage.prompt_tokens_details.cached_tokens`).
+    GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens", "int", "{token}";
+
+    /// Request span (vLLM-compatible): arrival to first token, seconds.
+    GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN = "gen_ai.latency.time_to_first_token", "double", "s";
+    /// Request span (vLLM-compatible): arrival to finish, seconds.
+    GEN_AI_LATENCY_E2E = "gen_ai.latency.e2e", "double", "s";
+    /// Request span (vLLM-compatible): arrival to admission, seconds.
+    GEN_AI_LATENCY_TIME_IN_QUEUE = "gen_ai.latency.time_in_queue", "double", "s";
+    /// Request span (vLLM-compatible): time in prefill forward steps, seconds.
+    GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL = "gen_ai.latency.time_in_model_prefill", "double", "s";
+    /// Request span (vLLM-compatible): time in decode forward steps, seconds.
+    GEN_AI_LATENCY_TIME_IN_MODEL_DECODE = "gen_ai.latency.time_in_model_decode", "double", "s";
+
+    /// Why the request failed or was cancelled (`cancelled`, `validation`, `overloaded`, `context_length`, `internal`, `shutdown`). Set with an error status.
+    ERROR_TYPE = "error.type", "string", "";
+
+    /// All request spans and their children: the engine's request id (also the response id).
+    REQUEST_ID = "slotlight.request.id", "string", "";
+    /// All request spans and their children: the session, from the request's `user` field or its `x-session-id` header.
+    SESSION_ID = "slotlight.session.id", "string", "";
+    /// Request, leg and decode spans: the request's own arrival time. Never reset by a move.
+    REQUEST_START_TIME = "slotlight.request.start_time_unix_nano", "int", "ns";
+    /// Request, leg and decode spans: when the request's first token was produced (absent before it).
+    REQUEST_FIRST_TOKEN_TIME = "slotlight.request.first_token_time_unix_nano", "int", "ns";
+    /// Request span: how many legs the request had.
+    REQUEST_LEGS = "slotlight.request.legs", "int", "";
+    /// Request span: whether the request moved between paths (solo to slot or back).
+    REQUEST_MOVED = "slotlight.request.moved", "bool", "";
+
+    /// Request span (same as `usage.queue_ms`): arrival to admission.
+    USAGE_QUEUE_MS = "slotlight.usage.queue_ms", "double", "ms";
+    /// Request span (same as `usage.prefill_ms`): time in prefill forward steps.
+    USAGE_PREFILL_MS = "slotlight.usage.prefill_ms", "double", "ms";
+    /// Request span (same as `usage.ttft_ms`): arrival to first token produced.
+    USAGE_TTFT_MS = "slotlight.usage.ttft_ms", "double", "ms";
+    /// Request span (same as `usage.decode_ms`): time inside the decode forward steps the request took part in.
+    USAGE_DECODE_MS = "slotlight.usage.decode_ms", "double", "ms";
+    /// Request span (same as `usage.generation_ms`): first token to last token.
+    USAGE_GENERATION_MS = "slotlight.usage.generation_ms", "double", "ms";
+    /// Request span (same as `usage.decode_tps`): (completion tokens − 1) per second of `decode_ms`; absent when there was no decode step.
+    USAGE_DECODE_TPS = "slotlight.usage.decode_tps", "double", "{token}/s";
+    /// Request span (same as `usage.e2e_ms`): arrival to finish.
+    USAGE_E2E_MS = "slotlight.usage.e2e_ms", "double", "ms";
+    /// Request span: prompt tokens actually computed (prompt − cached, plus any re-prefill).
+    USAGE_PREFILLED_TOKENS = "slotlight.usage.prefilled_tokens", "int", "{token}";
+
+    /// Queue, leg and decode spans: `solo` or `slot`.
+    LEG_PATH = "slotlight.leg.path", "string", "";
+    /// Queue, leg and decode spans on the slot path: the slot index within its group. Absent on the solo path.
+    SLOT_INDEX = "slotlight.slot.index", "int", "";
+    /// Queue, leg, decode and request spans: the device group (0 on one device).
+    SLOT_GROUP = "slotlight.slot.group", "int", "";
+    /// Leg and decode spans: the leg's index within its request, from 0.
+    LEG_INDEX = "slotlight.leg.index", "int", "";
+    /// Leg and decode spans: when the leg started.
+    LEG_START_TIME = "slotlight.leg.start_time_unix_nano", "int", "ns";
+    /// Leg and decode spans: reply tokens the request carried into this leg.
+    LEG_TOKENS_CARRIED = "slotlight.leg.tokens_carried", "int", "{token}";
+    /// Leg span: tokens generated during this leg.
+    LEG_TOKENS_GENERATED = "slotlight.leg.tokens_generated", "int", "{token}";
+    /// Leg span: the largest batch among the forward steps of this leg.
+    LEG_BATCH_SIZE_MAX = "slotlight.leg.batch_size.max", "int", "";
+    /// Leg span: the mean batch size over the forward steps of this leg.
+    LEG_BATCH_SIZE_MEAN = "slotlight.leg.batch_size.mean", "double", "";
+    /// Leg span: time inside the forward steps of this leg.
+    LEG_DEVICE_MS = "slotlight.leg.device_ms", "double", "ms";
+    /// Leg span: why the leg ended (`moved`, `finished`, `preempted`, `cancelled`).
+    LEG_END_REASON = "slotlight.leg.end_reason", "string", "";
+
+    /// Prefill span: the prompt's tokens (or prompt plus reply so far, for a re-prefill).
+    PREFILL_PROMPT_TOKENS = "slotlight.prefill.prompt_tokens", "int", "{token}";
+    /// Prefill span: tokens reused from the KV cache.
+    PREFILL_CACHED_TOKENS = "slotlight.prefill.cached_tokens", "int", "{token}";
+    /// Prefill span: tokens computed by this prefill.
+    PREFILL_COMPUTED_TOKENS = "slotlight.prefill.computed_tokens", "int", "{token}";
+    /// Prefill span: the number of chunks the prefill was split into.
+    PREFILL_CHUNKS = "slotlight.prefill.chunks", "int", "";
+    /// Prefill span: time inside the forward steps of this prefill.
+    PREFILL_DEVICE_MS = "slotlight.prefill.device_ms", "double", "ms";
+    /// Prefill span: why it ran (`initial`, `preempted`).
+    PREFILL_REASON = "slotlight.prefill.reason", "string", "";
+
+    /// Decode span: tokens generated in this window.
+    DECODE_WINDOW_TOKENS = "slotlight.decode.window_tokens", "int", "{token}";
+    /// Decode span: tokens generated by the request so far, over all its legs.
+    DECODE_TOKENS_GENERATED = "slotlight.decode.tokens_generated", "int", "{token}";
+    /// Decode span: when the window's last token was produced.
+    DECODE_LAST_TOKEN_TIME = "slotlight.decode.last_token_time_unix_nano", "int", "ns";
+    /// Decode span: time inside the forward steps of this window.
+    DECODE_DEVICE_MS = "slotlight.decode.device_ms", "double", "ms";
+
+    /// Request span, only with `--trace-content`: the prompt text.
+    CONTENT_PROMPT = "slotlight.content.prompt", "string", "";
+    /// Request span, only with `--trace-content`: the completion text.
+    CONTENT_COMPLETION = "slotlight.content.completion", "string", "";
+}
+
+/// Enumerated attribute values.
+pub mod value {
+    /// `service.name` of the engine.
+    pub const SERVICE_NAME_ENGINE: &str = "slotlight-engine";
+    /// `gen_ai.provider.name` of the engine.
+    pub const PROVIDER: &str = "slotlight";
+    /// `slotlight.leg.path` of the batch-1 solo path.
+    pub const PATH_SOLO: &str = "solo";
+    /// `slotlight.leg.path` of a batch slot.
+    pub const PATH_SLOT: &str = "slot";
+}

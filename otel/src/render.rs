@@ -1,0 +1,159 @@
+//! Renders the contract as Markdown (`CONTRACT.md`).
+
+use crate::{Entry, attr, metric, span};
+
+fn table(out: &mut String, title: &str, intro: &str, entries: &[Entry], kind_header: &str) {
+    out.push_str(&format!("## {title}\n\n{intro}\n\n"));
+    out.push_str(&format!(
+        "| name | {kind_header} | unit | meaning | constant |\n|---|---|---|---|---|\n"
+    ));
+    for e in entries {
+        let unit = if e.unit.is_empty() { "" } else { e.unit };
+        out.push_str(&format!(
+            "| `{}` | {} | {} | {} | `{}` |\n",
+            e.name,
+            e.kind,
+            unit,
+            e.doc.trim().replace('|', "\\|"),
+            e.ident
+        ));
+    }
+    out.push('\n');
+}
+
+fn list(out: &mut String, title: &str, items: &[(&str, &str)]) {
+    out.push_str(&format!("## {title}\n\n| value | meaning |\n|---|---|\n"));
+    for (value, meaning) in items {
+        out.push_str(&format!("| `{value}` | {meaning} |\n"));
+    }
+    out.push('\n');
+}
+
+/// Renders the whole contract as Markdown; `CONTRACT.md` must equal this text.
+pub fn render_contract() -> String {
+    let mut out = String::new();
+    out.push_str(
+        "# The slotlight telemetry contract\n\n\
+         <!-- Rendered from the slotlight-otel crate by `SLOTLIGHT_BLESS=1 cargo test -p slotlight-otel`; do not edit by hand. -->\n\n\
+         Every span name, attribute key and metric name that `slotlight-engine` emits or \
+         `slotlight-sidecar` reads. The constants live in the `slotlight-otel` crate and nothing \
+         else spells them.\n\n\
+         One request gives one trace: a request span `{operation} {model}` (kind SERVER) with \
+         children `slotlight.queue`, one `slotlight.prefill` per prefill, one `slotlight.leg` per \
+         leg (solo or slot), and `slotlight.decode` progress windows under each leg. Every timing \
+         attribute comes from the request's own clocks, never from shared state; the request \
+         span's `slotlight.usage.*` attributes equal the `usage` block of the HTTP response.\n\n",
+    );
+    table(
+        &mut out,
+        "Spans",
+        "The request span's name is `chat {model}` or `text_completion {model}`.",
+        span::ALL,
+        "kind",
+    );
+    table(
+        &mut out,
+        "Attributes",
+        "Times `*_time_unix_nano` are wall-clock nanoseconds since the Unix epoch; `*_ms` are milliseconds; `gen_ai.latency.*` are seconds.",
+        attr::ALL,
+        "type",
+    );
+    list(
+        &mut out,
+        "Attribute values",
+        &[
+            (
+                attr::value::SERVICE_NAME_ENGINE,
+                "`service.name` of the engine",
+            ),
+            (attr::value::PROVIDER, "`gen_ai.provider.name`"),
+            (
+                span::OPERATION_CHAT,
+                "`gen_ai.operation.name` of chat completions",
+            ),
+            (
+                span::OPERATION_TEXT_COMPLETION,
+                "`gen_ai.operation.name` of text completions",
+            ),
+            (
+                attr::value::PATH_SOLO,
+                "`slotlight.leg.path`: the batch-1 solo path",
+            ),
+            (attr::value::PATH_SLOT, "`slotlight.leg.path`: a batch slot"),
+        ],
+    );
+    table(
+        &mut out,
+        "Metrics",
+        "Served by the sidecar on `GET /metrics`. No request ids appear in labels.",
+        metric::ALL,
+        "type",
+    );
+    let labels = [
+        metric::label::INSTANCE,
+        metric::label::MODEL,
+        metric::label::FINISH_REASON,
+        metric::label::SLOT_GROUP,
+        metric::label::SLOT,
+        metric::label::REASON,
+        metric::label::SERVICE_NAME,
+        metric::label::SPAN_NAME,
+        metric::label::SPAN_KIND,
+        metric::label::STATUS_CODE,
+    ];
+    out.push_str("## Metric labels\n\n");
+    for l in labels {
+        out.push_str(&format!("- `{l}`\n"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn contract_md_matches_the_crate() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/CONTRACT.md");
+        let rendered = render_contract();
+        if std::env::var_os("SLOTLIGHT_BLESS").is_some() {
+            std::fs::write(path, &rendered).expect("write CONTRACT.md");
+        }
+        let on_disk = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            on_disk == rendered,
+            "otel/CONTRACT.md is out of date: run `SLOTLIGHT_BLESS=1 cargo test -p slotlight-otel`"
+        );
+    }
+
+    #[test]
+    fn names_are_unique_and_well_formed() {
+        let mut seen = HashSet::new();
+        for e in span::ALL.iter().chain(attr::ALL).chain(metric::ALL) {
+            assert!(seen.insert(e.name), "duplicate contract name {}", e.name);
+            assert!(!e.doc.trim().is_empty(), "{} has no doc", e.ident);
+            assert!(
+                e.name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._".contains(c)),
+                "{} is not lowercase dotted",
+                e.name
+            );
+        }
+        for m in metric::ALL {
+            assert!(
+                !m.name.contains('.'),
+                "metric {} must use underscores",
+                m.name
+            );
+            if m.kind == "counter" {
+                assert!(
+                    m.name.ends_with("_total"),
+                    "counter {} must end in _total",
+                    m.name
+                );
+            }
+        }
+    }
+}

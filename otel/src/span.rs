@@ -1,0 +1,50 @@
+//! Span names.
+//!
+//! The request span follows the GenAI convention `{operation} {model}` (see
+//! [`request_span_name`]); its children use dotted, lowercase, stable names.
+
+crate::contract! {
+    /// Arrival to admission: the time a request waited for a slot. Ends when the request is admitted to the solo path or a slot; carries the path, slot and group it was admitted to.
+    QUEUE = "slotlight.queue", "span", "";
+    /// One prefill: the prompt (or, after a preemption, the prompt plus the reply so far) computed into the KV cache, in one or more chunks. A re-prefill is a prefill span of its own.
+    PREFILL = "slotlight.prefill", "span", "";
+    /// One leg: a stretch of decoding on one path (`solo` or one `slot`). A request that moves from the solo path into a slot has two legs under the same request span; each leg links to the previous one.
+    LEG = "slotlight.leg", "span", "";
+    /// A decode progress window, a child of a leg. Ends at most every `--progress-interval-ms`; these windows are what keeps live views live, since OpenTelemetry exports a span only when it ends.
+    DECODE = "slotlight.decode", "span", "";
+}
+
+/// The `gen_ai.operation.name` of a chat completion request.
+pub const OPERATION_CHAT: &str = "chat";
+/// The `gen_ai.operation.name` of a text completion request.
+pub const OPERATION_TEXT_COMPLETION: &str = "text_completion";
+
+/// The name of the request (root) span: `{operation} {model}`, for example `chat SmolLM2-135M-Instruct`.
+pub fn request_span_name(operation: &str, model: &str) -> String {
+    format!("{operation} {model}")
+}
+
+/// True when `name` is the name of a request span (`chat …` or `text_completion …`).
+pub fn is_request_span_name(name: &str) -> bool {
+    [OPERATION_CHAT, OPERATION_TEXT_COMPLETION]
+        .iter()
+        .any(|op| {
+            name.strip_prefix(op)
+                .is_some_and(|rest| rest.starts_with(' ') && rest.len() > 1)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_span_names_round_trip() {
+        assert_eq!(request_span_name(OPERATION_CHAT, "m"), "chat m");
+        assert!(is_request_span_name("chat m"));
+        assert!(is_request_span_name("text_completion SmolLM2"));
+        assert!(!is_request_span_name("chat"));
+        assert!(!is_request_span_name("chatty m"));
+        assert!(!is_request_span_name(LEG));
+    }
+}

@@ -1,0 +1,2 @@
+//! The `slotlight-sidecar` command line.
+fn main() {}
