@@ -1,3 +1,8 @@
 //! slotlight-engine: loads Llama-family models, runs them on CPU (and CUDA), schedules requests
 //! with continuous batching, and serves an OpenAI-compatible API whose usage carries each
 //! request's own timings.
+
+pub mod chat_template;
+pub mod sampling;
+pub mod stop;
+pub mod tokenizer;
