@@ -1,1 +1,841 @@
-//! (being written)
+//! Token sampling: penalties, temperature, top-k, top-p (nucleus), min-p, and a seeded draw.
+//!
+//! One [`Sampler`] per request. It owns its random number generator (ChaCha8, seeded from the
+//! request's `seed`, or from process entropy when there is none) and the token counts the
+//! penalties need, so a request's output depends only on its own parameters and logits:
+//! same seed and same logits give the same tokens.
+//!
+//! Order of operations in [`Sampler::sample`] (the Hugging Face `generate` order):
+//! 1. repetition penalty (HF/CTRL: a positive logit is divided by the penalty, a negative one
+//!    multiplied) on every token seen in the prompt or generated so far;
+//! 2. presence and frequency penalties (OpenAI: `logit -= count * frequency + presence`) on
+//!    generated tokens only;
+//! 3. greedy (`temperature == 0`): argmax, ties to the lowest id; otherwise
+//! 4. temperature, top-k, top-p, min-p, then one draw from what is left, renormalised.
+//!
+//! The vocabulary is large (49,152 for SmolLM2), so top-k and top-p use partial selection
+//! (`select_nth_unstable`) rather than sorting the whole vocabulary, and the candidate buffer is
+//! reused from step to step.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+
+use rand_chacha::ChaCha8Rng;
+use rand_core::{RngCore, SeedableRng};
+
+/// Highest temperature accepted (OpenAI allows 2; we allow more for experiments).
+pub const MAX_TEMPERATURE: f32 = 5.0;
+
+/// A sampling parameter outside its accepted range. A caller error (HTTP 422-style).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SamplingError {
+    /// `param` was `value`, outside `expected` (a human-readable range).
+    #[error("{param} must be {expected}, got {value}")]
+    OutOfRange {
+        /// The parameter's name as the API spells it (`temperature`, `top_p`, ...).
+        param: &'static str,
+        /// The value received.
+        value: f32,
+        /// The accepted range, in words.
+        expected: &'static str,
+    },
+}
+
+impl SamplingError {
+    /// A stable label for metrics and error bodies.
+    pub fn error_type(&self) -> &'static str {
+        "validation"
+    }
+}
+
+/// How to pick the next token. Validate with [`SamplingParams::validate`] before use; a
+/// [`Sampler`] built from unvalidated values never panics but clamps them to something sane.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// Softmax temperature; `0` means greedy (argmax).
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens; `0` turns it off.
+    pub top_k: usize,
+    /// Nucleus sampling: keep the smallest set of most likely tokens whose probability mass
+    /// reaches `top_p`; `1` turns it off.
+    pub top_p: f32,
+    /// Drop tokens whose probability is below `min_p` times the most likely one's; `0` is off.
+    pub min_p: f32,
+    /// OpenAI presence penalty: subtracted once from the logit of every token generated so far.
+    pub presence_penalty: f32,
+    /// OpenAI frequency penalty: subtracted from a token's logit once per time it was generated.
+    pub frequency_penalty: f32,
+    /// HF/CTRL repetition penalty over prompt and generated tokens; `1` turns it off.
+    pub repetition_penalty: f32,
+    /// Seed for the request's random number generator; `None` draws one from process entropy.
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    /// OpenAI's defaults: temperature 1, no truncation, no penalties, no seed.
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            seed: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding: always the most likely token (no randomness at all).
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    /// Whether these parameters always pick the argmax.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0 || self.top_k == 1
+    }
+
+    /// Checks every value is in range: temperature in `0..=5`, `top_p` in `(0, 1]`, `min_p` in
+    /// `[0, 1]`, presence and frequency penalties in `-2..=2`, repetition penalty in `(0, 10]`.
+    /// NaN is always refused.
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        fn check(
+            param: &'static str,
+            value: f32,
+            ok: bool,
+            expected: &'static str,
+        ) -> Result<(), SamplingError> {
+            if ok && value.is_finite() {
+                Ok(())
+            } else {
+                Err(SamplingError::OutOfRange {
+                    param,
+                    value,
+                    expected,
+                })
+            }
+        }
+        let t = self.temperature;
+        check(
+            "temperature",
+            t,
+            (0.0..=MAX_TEMPERATURE).contains(&t),
+            "between 0 and 5",
+        )?;
+        let p = self.top_p;
+        check(
+            "top_p",
+            p,
+            p > 0.0 && p <= 1.0,
+            "greater than 0 and at most 1",
+        )?;
+        let m = self.min_p;
+        check("min_p", m, (0.0..=1.0).contains(&m), "between 0 and 1")?;
+        let pp = self.presence_penalty;
+        check(
+            "presence_penalty",
+            pp,
+            (-2.0..=2.0).contains(&pp),
+            "between -2 and 2",
+        )?;
+        let fp = self.frequency_penalty;
+        check(
+            "frequency_penalty",
+            fp,
+            (-2.0..=2.0).contains(&fp),
+            "between -2 and 2",
+        )?;
+        let rp = self.repetition_penalty;
+        check(
+            "repetition_penalty",
+            rp,
+            rp > 0.0 && rp <= 10.0,
+            "greater than 0 and at most 10",
+        )?;
+        Ok(())
+    }
+}
+
+/// Per-token bookkeeping for the penalties.
+#[derive(Clone, Copy, Debug, Default)]
+struct Seen {
+    /// Times the token was generated (presence/frequency penalties).
+    generated: u32,
+    /// Whether the token occurs in the prompt (repetition penalty only).
+    in_prompt: bool,
+}
+
+/// One surviving token during a draw: its id and its temperature-scaled logit, relative to the
+/// maximum (so always `<= 0`, and `exp` never overflows).
+#[derive(Clone, Copy, Debug)]
+struct Cand {
+    id: u32,
+    logit: f32,
+}
+
+/// Descending by logit, ties to the lower id: a total order, so partial selection is
+/// deterministic and the result never depends on the order the sort visits elements in.
+fn by_logit_desc(a: &Cand, b: &Cand) -> std::cmp::Ordering {
+    b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id))
+}
+
+/// Picks tokens for one request. See the module docs for the order of operations.
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: ChaCha8Rng,
+    seen: HashMap<u32, Seen>,
+    /// Scratch buffer, reused across steps to keep `sample` allocation-free after the first.
+    cands: Vec<Cand>,
+}
+
+impl Sampler {
+    /// Builds the sampler for a request. `prompt_tokens` feed the repetition penalty (they are
+    /// only recorded when that penalty is on).
+    pub fn new(params: SamplingParams, prompt_tokens: &[u32]) -> Self {
+        let rng = match params.seed {
+            Some(seed) => ChaCha8Rng::seed_from_u64(seed),
+            None => ChaCha8Rng::seed_from_u64(entropy_seed()),
+        };
+        let mut seen = HashMap::new();
+        if params.repetition_penalty != 1.0 {
+            for &t in prompt_tokens {
+                seen.entry(t).or_insert(Seen::default()).in_prompt = true;
+            }
+        }
+        Self {
+            params,
+            rng,
+            seen,
+            cands: Vec::new(),
+        }
+    }
+
+    /// The parameters this sampler was built with.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Picks the next token from `logits` (one per vocabulary entry) and records it as
+    /// generated. The penalties are applied to `logits` in place. Never panics: NaN logits are
+    /// ignored, a `+inf` logit wins outright, and an empty slice yields token 0.
+    pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        self.apply_penalties(logits);
+        let t = self.params.temperature;
+        let token = if self.params.is_greedy() || t.is_nan() || t <= 0.0 {
+            argmax(logits)
+        } else {
+            self.draw(logits)
+        };
+        self.accept(token);
+        token
+    }
+
+    /// Records `token` as generated without sampling it (forced or prefilled tokens), so the
+    /// penalties see it. [`Sampler::sample`] calls this itself.
+    pub fn accept(&mut self, token: u32) {
+        let e = self.seen.entry(token).or_default();
+        e.generated = e.generated.saturating_add(1);
+    }
+
+    fn apply_penalties(&self, logits: &mut [f32]) {
+        let p = &self.params;
+        let rep = p.repetition_penalty;
+        let rep_on = rep != 1.0 && rep > 0.0 && rep.is_finite();
+        let openai_on = p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+        if !rep_on && !openai_on {
+            return;
+        }
+        for (&token, seen) in &self.seen {
+            let Some(logit) = logits.get_mut(token as usize) else {
+                continue;
+            };
+            if rep_on {
+                *logit = if *logit > 0.0 {
+                    *logit / rep
+                } else {
+                    *logit * rep
+                };
+            }
+            if openai_on && seen.generated > 0 {
+                #[allow(clippy::cast_precision_loss)] // counts are far below 2^24
+                let count = seen.generated as f32;
+                *logit -= count * p.frequency_penalty + p.presence_penalty;
+            }
+        }
+    }
+
+    /// Temperature, top-k, top-p, min-p, then a draw.
+    fn draw(&mut self, logits: &[f32]) -> u32 {
+        let best = argmax(logits);
+        let max = logits
+            .get(best as usize)
+            .copied()
+            .unwrap_or(f32::NEG_INFINITY);
+        if !max.is_finite() {
+            // +inf wins outright; all -inf/NaN leaves nothing to draw from.
+            return best;
+        }
+        let inv_t = 1.0 / self.params.temperature.min(MAX_TEMPERATURE * 100.0);
+
+        let cands = &mut self.cands;
+        cands.clear();
+        cands.reserve(logits.len());
+        for (i, &l) in logits.iter().enumerate() {
+            // NaN and -inf have no probability; `l - max` is finite for everything else.
+            if l.is_finite() {
+                #[allow(clippy::cast_possible_truncation)] // vocabularies are far below 2^32
+                let id = i as u32;
+                cands.push(Cand {
+                    id,
+                    logit: (l - max) * inv_t,
+                });
+            }
+        }
+
+        let k = self.params.top_k;
+        if k > 0 && k < cands.len() {
+            cands.select_nth_unstable_by(k - 1, by_logit_desc);
+            cands.truncate(k);
+        }
+
+        let top_p = self.params.top_p;
+        if top_p < 1.0 && cands.len() > 1 {
+            nucleus(cands, f64::from(top_p.max(0.0)));
+        }
+
+        let min_p = self.params.min_p;
+        if min_p > 0.0 && min_p.is_finite() {
+            // p_i >= min_p * p_max  <=>  logit_i - logit_max >= ln(min_p); the maximum has
+            // scaled logit 0 and always survives top-k and top-p.
+            let threshold = min_p.min(1.0).ln();
+            cands.retain(|c| c.logit >= threshold);
+        }
+
+        let total: f64 = cands.iter().map(|c| f64::from(c.logit.exp())).sum();
+        let target = uniform(&mut self.rng) * total;
+        let mut acc = 0.0;
+        for c in cands.iter() {
+            acc += f64::from(c.logit.exp());
+            if acc > target {
+                return c.id;
+            }
+        }
+        // Only reachable through rounding: fall back to the most likely survivor.
+        cands
+            .iter()
+            .min_by(|a, b| by_logit_desc(a, b))
+            .map_or(best, |c| c.id)
+    }
+}
+
+/// Keeps the smallest set of most likely candidates whose mass reaches `top_p` of the total
+/// (inclusive, as llama.cpp does), leaving them sorted by decreasing probability. Sorts only
+/// a growing prefix: distributions of language models put nearly all their mass in a few dozen
+/// tokens, so the first 64 usually suffice.
+fn nucleus(cands: &mut Vec<Cand>, top_p: f64) {
+    let total: f64 = cands.iter().map(|c| f64::from(c.logit.exp())).sum();
+    let target = top_p * total;
+    let n = cands.len();
+    let mut s = n.min(64);
+    loop {
+        if s < n {
+            cands.select_nth_unstable_by(s - 1, by_logit_desc);
+        }
+        cands[..s].sort_unstable_by(by_logit_desc);
+        let mut acc = 0.0;
+        for i in 0..s {
+            acc += f64::from(cands[i].logit.exp());
+            if acc >= target {
+                cands.truncate(i + 1);
+                return;
+            }
+        }
+        if s == n {
+            return; // rounding kept the mass just short of the target: keep everything
+        }
+        s = n.min(s * 8);
+    }
+}
+
+/// Index of the largest logit, ties to the lowest index; NaN is ignored. 0 when there is no
+/// finite or infinite value at all (or the slice is empty).
+fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_val = f32::NEG_INFINITY;
+    let mut found = false;
+    for (i, &l) in logits.iter().enumerate() {
+        if l.is_nan() {
+            continue;
+        }
+        if !found || l > best_val {
+            best = i;
+            best_val = l;
+            found = true;
+        }
+    }
+    #[allow(clippy::cast_possible_truncation)] // vocabularies are far below 2^32
+    let best = best as u32;
+    best
+}
+
+/// A uniform draw in `[0, 1)` with 53 random bits.
+fn uniform(rng: &mut ChaCha8Rng) -> f64 {
+    #[allow(clippy::cast_precision_loss)] // 53-bit integers are exact in f64
+    let x = (rng.next_u64() >> 11) as f64;
+    x * (1.0 / (1u64 << 53) as f64)
+}
+
+/// A seed for requests without one: std's `RandomState` keys come from the operating system's
+/// random source (and differ per instance); the clock is mixed in for good measure.
+fn entropy_seed() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    h.write_u128(nanos);
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(temperature: f32) -> SamplingParams {
+        SamplingParams {
+            temperature,
+            seed: Some(42),
+            ..SamplingParams::default()
+        }
+    }
+
+    /// Logits whose softmax is exactly `probs`.
+    fn logits_of(probs: &[f32]) -> Vec<f32> {
+        probs.iter().map(|p| p.ln()).collect()
+    }
+
+    /// Draws `n` tokens from a fresh copy of `logits` each time; returns counts per token.
+    fn histogram(sampler: &mut Sampler, logits: &[f32], n: usize) -> Vec<usize> {
+        let mut counts = vec![0; logits.len()];
+        for _ in 0..n {
+            let mut l = logits.to_vec();
+            counts[sampler.sample(&mut l) as usize] += 1;
+        }
+        counts
+    }
+
+    /// Deterministic pseudo-random logits for a big vocabulary.
+    fn big_logits(n: usize, seed: u64) -> Vec<f32> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        (0..n)
+            .map(|_| {
+                // A skewed distribution like a language model's: most tokens far below a few.
+                #[allow(clippy::cast_possible_truncation)]
+                let u = uniform(&mut rng) as f32;
+                -20.0 * u * u * u + 5.0 * u
+            })
+            .collect()
+    }
+
+    #[test]
+    fn defaults_and_greedy() {
+        let d = SamplingParams::default();
+        assert_eq!(d.temperature, 1.0);
+        assert_eq!(d.top_p, 1.0);
+        assert!(!d.is_greedy());
+        assert!(SamplingParams::greedy().is_greedy());
+        assert!(d.validate().is_ok());
+        assert!(SamplingParams::greedy().validate().is_ok());
+    }
+
+    #[test]
+    fn validation_messages() {
+        let bad = |f: fn(&mut SamplingParams)| {
+            let mut p = SamplingParams::default();
+            f(&mut p);
+            p.validate().expect_err("out of range")
+        };
+        let e = bad(|p| p.temperature = 7.0);
+        assert_eq!(e.to_string(), "temperature must be between 0 and 5, got 7");
+        assert_eq!(e.error_type(), "validation");
+        assert!(
+            bad(|p| p.temperature = -0.5)
+                .to_string()
+                .contains("temperature")
+        );
+        assert!(
+            bad(|p| p.temperature = f32::NAN)
+                .to_string()
+                .contains("NaN")
+        );
+        assert!(bad(|p| p.top_p = 0.0).to_string().contains("top_p"));
+        assert!(bad(|p| p.top_p = 1.5).to_string().contains("top_p"));
+        assert!(bad(|p| p.min_p = -0.1).to_string().contains("min_p"));
+        assert!(
+            bad(|p| p.presence_penalty = 2.5)
+                .to_string()
+                .contains("presence_penalty")
+        );
+        assert!(
+            bad(|p| p.frequency_penalty = -3.0)
+                .to_string()
+                .contains("frequency_penalty")
+        );
+        assert!(
+            bad(|p| p.repetition_penalty = 0.0)
+                .to_string()
+                .contains("repetition_penalty")
+        );
+        assert!(
+            bad(|p| p.repetition_penalty = f32::INFINITY)
+                .to_string()
+                .contains("inf")
+        );
+    }
+
+    #[test]
+    fn greedy_is_argmax_with_ties_to_lowest_id() {
+        let mut s = Sampler::new(SamplingParams::greedy(), &[]);
+        assert_eq!(s.sample(&mut [0.1, 3.0, 3.0, -1.0]), 1);
+        assert_eq!(s.sample(&mut [f32::NAN, 2.0, f32::NAN]), 1);
+        assert_eq!(s.sample(&mut [5.0, 5.0]), 0);
+        assert_eq!(s.sample(&mut []), 0);
+        // top_k = 1 is greedy too, whatever the temperature.
+        let mut s = Sampler::new(
+            SamplingParams {
+                top_k: 1,
+                ..params(1.0)
+            },
+            &[],
+        );
+        for _ in 0..20 {
+            assert_eq!(s.sample(&mut [1.0, 1.2, 1.1]), 1);
+        }
+    }
+
+    #[test]
+    fn degenerate_logits_do_not_panic() {
+        let mut s = Sampler::new(params(1.0), &[]);
+        assert_eq!(s.sample(&mut [f32::NEG_INFINITY, f32::INFINITY, 1.0]), 1);
+        let t = s.sample(&mut [f32::NEG_INFINITY, f32::NEG_INFINITY]);
+        assert!(t < 2);
+        assert_eq!(s.sample(&mut [f32::NAN, f32::NAN, 0.0]), 2);
+        assert_eq!(s.sample(&mut []), 0);
+        // Tiny temperatures behave like greedy instead of overflowing.
+        let mut s = Sampler::new(params(1e-30), &[]);
+        assert_eq!(s.sample(&mut [1.0, 1.5, -3.0]), 1);
+        // Unvalidated parameters are tolerated.
+        let mut s = Sampler::new(
+            SamplingParams {
+                top_p: -1.0,
+                min_p: 7.0,
+                temperature: f32::NAN,
+                ..params(1.0)
+            },
+            &[],
+        );
+        assert_eq!(s.sample(&mut [0.0, 2.0, 1.0]), 1);
+    }
+
+    #[test]
+    fn same_seed_same_tokens() {
+        let logits = big_logits(49_152, 7);
+        let p = SamplingParams {
+            temperature: 0.9,
+            top_p: 0.95,
+            seed: Some(1234),
+            ..SamplingParams::default()
+        };
+        let run = |p: &SamplingParams| {
+            let mut s = Sampler::new(p.clone(), &[]);
+            (0..50)
+                .map(|_| s.sample(&mut logits.clone()))
+                .collect::<Vec<_>>()
+        };
+        let a = run(&p);
+        assert_eq!(a, run(&p));
+        let b = run(&SamplingParams {
+            seed: Some(1235),
+            ..p.clone()
+        });
+        assert_ne!(a, b, "a different seed should give a different sequence");
+        // Unseeded samplers differ from each other (with overwhelming probability).
+        let unseeded = SamplingParams { seed: None, ..p };
+        assert_ne!(run(&unseeded), run(&unseeded));
+    }
+
+    #[test]
+    fn temperature_one_follows_the_softmax() {
+        let probs = [0.5, 0.3, 0.2];
+        let mut s = Sampler::new(params(1.0), &[]);
+        let n = 20_000;
+        let h = histogram(&mut s, &logits_of(&probs), n);
+        for (i, p) in probs.iter().enumerate() {
+            #[allow(clippy::cast_precision_loss)]
+            let f = h[i] as f32 / n as f32;
+            assert!((f - p).abs() < 0.015, "token {i}: {f} vs {p}");
+        }
+    }
+
+    #[test]
+    fn temperature_sharpens_and_flattens() {
+        let logits = logits_of(&[0.5, 0.3, 0.2]);
+        let mut cold = Sampler::new(params(0.1), &[]);
+        let h = histogram(&mut cold, &logits, 2000);
+        assert!(h[0] > 1990, "{h:?}");
+        let mut hot = Sampler::new(params(5.0), &[]);
+        let h = histogram(&mut hot, &logits, 6000);
+        // At T = 5 the distribution is close to uniform: every token above 25%.
+        assert!(h.iter().all(|&c| c > 1500), "{h:?}");
+    }
+
+    #[test]
+    fn top_k_restricts_the_support() {
+        let probs = [0.05, 0.3, 0.1, 0.25, 0.2, 0.1];
+        let mut s = Sampler::new(
+            SamplingParams {
+                top_k: 3,
+                ..params(1.0)
+            },
+            &[],
+        );
+        let h = histogram(&mut s, &logits_of(&probs), 5000);
+        assert_eq!(h[0] + h[2] + h[5], 0, "{h:?}");
+        assert!(h[1] > 0 && h[3] > 0 && h[4] > 0, "{h:?}");
+        // Renormalised over {1, 3, 4}: 0.3/0.75 = 0.4.
+        assert!((h[1] as f32 / 5000.0 - 0.4).abs() < 0.03, "{h:?}");
+    }
+
+    #[test]
+    fn top_p_restricts_the_support() {
+        let probs = [0.15, 0.5, 0.05, 0.3];
+        let mut s = Sampler::new(
+            SamplingParams {
+                top_p: 0.75,
+                ..params(1.0)
+            },
+            &[],
+        );
+        let h = histogram(&mut s, &logits_of(&probs), 5000);
+        assert_eq!(h[0] + h[2], 0, "{h:?}");
+        assert!((h[1] as f32 / 5000.0 - 0.625).abs() < 0.03, "{h:?}");
+        // The most likely token always survives, even when it alone exceeds top_p.
+        let mut s = Sampler::new(
+            SamplingParams {
+                top_p: 0.1,
+                ..params(1.0)
+            },
+            &[],
+        );
+        let h = histogram(&mut s, &logits_of(&probs), 500);
+        assert_eq!(h[1], 500);
+    }
+
+    #[test]
+    fn min_p_restricts_the_support() {
+        let probs = [0.05, 0.5, 0.15, 0.3];
+        let mut s = Sampler::new(
+            SamplingParams {
+                min_p: 0.2, // keeps p >= 0.1
+                ..params(1.0)
+            },
+            &[],
+        );
+        let h = histogram(&mut s, &logits_of(&probs), 5000);
+        assert_eq!(h[0], 0, "{h:?}");
+        assert!(h[1] > 0 && h[2] > 0 && h[3] > 0, "{h:?}");
+        // min_p applies to the tempered distribution: at T = 0.5 the ratios square, so
+        // 0.15 / 0.5 = 0.3 becomes 0.09 < 0.2 and token 2 is dropped.
+        let mut s = Sampler::new(
+            SamplingParams {
+                min_p: 0.2,
+                ..params(0.5)
+            },
+            &[],
+        );
+        let h = histogram(&mut s, &logits_of(&probs), 3000);
+        assert_eq!(h[0] + h[2], 0, "{h:?}");
+    }
+
+    /// The partial-selection nucleus matches a full sort on a realistic vocabulary, and all
+    /// filters combined only ever return tokens of the reference support.
+    #[test]
+    fn nucleus_matches_a_full_sort_on_a_big_vocabulary() {
+        for (seed, top_p) in [(1u64, 0.9f32), (2, 0.5), (3, 0.999), (4, 0.2)] {
+            let logits = big_logits(49_152, seed);
+            let mut cands: Vec<Cand> = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| Cand {
+                    id: i as u32,
+                    logit: l,
+                })
+                .collect();
+            let mut reference = cands.clone();
+            nucleus(&mut cands, f64::from(top_p));
+
+            reference.sort_by(by_logit_desc);
+            let total: f64 = reference.iter().map(|c| f64::from(c.logit.exp())).sum();
+            let mut acc = 0.0;
+            let mut keep = reference.len();
+            for (i, c) in reference.iter().enumerate() {
+                acc += f64::from(c.logit.exp());
+                if acc >= f64::from(top_p) * total {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            let got: Vec<u32> = cands.iter().map(|c| c.id).collect();
+            let want: Vec<u32> = reference[..keep].iter().map(|c| c.id).collect();
+            assert_eq!(got, want, "seed {seed} top_p {top_p}");
+        }
+    }
+
+    #[test]
+    fn combined_filters_stay_in_the_reference_support() {
+        let logits = big_logits(49_152, 11);
+        let p = SamplingParams {
+            temperature: 0.7,
+            top_k: 40,
+            top_p: 0.9,
+            min_p: 0.05,
+            seed: Some(5),
+            ..SamplingParams::default()
+        };
+        // Reference support computed by brute force.
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        let top: Vec<usize> = order[..40].to_vec();
+        let max = logits[top[0]];
+        let w: Vec<f64> = top
+            .iter()
+            .map(|&i| f64::from(((logits[i] - max) / 0.7).exp()))
+            .collect();
+        let total: f64 = w.iter().sum();
+        let mut acc = 0.0;
+        let mut support = Vec::new();
+        for (j, &i) in top.iter().enumerate() {
+            acc += w[j];
+            support.push(i);
+            if acc >= 0.9 * total {
+                break;
+            }
+        }
+        support.retain(|&i| w[top.iter().position(|&x| x == i).unwrap_or(0)] >= 0.05);
+        let mut s = Sampler::new(p, &[]);
+        let mut hit = std::collections::HashSet::new();
+        for _ in 0..3000 {
+            let t = s.sample(&mut logits.clone()) as usize;
+            assert!(support.contains(&t), "token {t} outside the support");
+            hit.insert(t);
+        }
+        assert_eq!(hit.len(), support.len(), "every allowed token shows up");
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties() {
+        // Greedy makes the effect visible: logits are re-created every step.
+        let mut s = Sampler::new(
+            SamplingParams {
+                frequency_penalty: 0.3,
+                ..SamplingParams::greedy()
+            },
+            &[0, 0, 0], // prompt tokens don't count for OpenAI penalties
+        );
+        let base = [1.0, 0.5, 0.0];
+        let mut l = base;
+        assert_eq!(s.sample(&mut l), 0); // 1.0 vs 0.5
+        let mut l = base;
+        assert_eq!(s.sample(&mut l), 0); // 0.7 vs 0.5
+        assert!((l[0] - 0.7).abs() < 1e-6);
+        let mut l = base;
+        assert_eq!(s.sample(&mut l), 1); // 0.4 vs 0.5
+        assert!((l[0] - 0.4).abs() < 1e-6);
+
+        let mut s = Sampler::new(
+            SamplingParams {
+                presence_penalty: 1.0,
+                ..SamplingParams::greedy()
+            },
+            &[],
+        );
+        s.accept(0);
+        s.accept(0);
+        let mut l = [1.0, 0.5, 0.0];
+        assert_eq!(s.sample(&mut l), 1);
+        assert_eq!(l, [0.0, 0.5, 0.0], "presence counts once, however often");
+        // Negative penalties encourage repetition.
+        let mut s = Sampler::new(
+            SamplingParams {
+                presence_penalty: -1.0,
+                ..SamplingParams::greedy()
+            },
+            &[],
+        );
+        s.accept(2);
+        assert_eq!(s.sample(&mut [1.0, 0.5, 0.2]), 2);
+    }
+
+    #[test]
+    fn repetition_penalty_divides_positive_and_multiplies_negative() {
+        let s = Sampler::new(
+            SamplingParams {
+                repetition_penalty: 2.0,
+                ..SamplingParams::greedy()
+            },
+            &[0, 1, 1],
+        );
+        let mut l = [4.0, -1.0, 3.0, 99.0];
+        s.apply_penalties(&mut l);
+        assert_eq!(l, [2.0, -2.0, 3.0, 99.0]);
+        // Ids beyond the logits are ignored.
+        let mut s = s;
+        s.accept(1000);
+        let mut l = [4.0];
+        s.apply_penalties(&mut l);
+        assert_eq!(l, [2.0]);
+    }
+
+    #[test]
+    fn penalties_off_leave_logits_untouched() {
+        let mut s = Sampler::new(SamplingParams::greedy(), &[0, 1]);
+        s.accept(0);
+        let mut l = [1.0, 2.0];
+        s.apply_penalties(&mut l);
+        assert_eq!(l, [1.0, 2.0]);
+        assert!(!s.seen.contains_key(&1), "prompt not recorded when unused");
+    }
+
+    /// Not a benchmark, a guard against accidental quadratic behaviour: 200 steps over a
+    /// 49,152-token vocabulary with every filter on must finish quickly even in debug builds.
+    #[test]
+    fn big_vocabulary_is_fast_enough() {
+        let logits = big_logits(49_152, 3);
+        let mut s = Sampler::new(
+            SamplingParams {
+                temperature: 0.8,
+                top_p: 0.95,
+                min_p: 0.01,
+                repetition_penalty: 1.1,
+                frequency_penalty: 0.1,
+                seed: Some(9),
+                ..SamplingParams::default()
+            },
+            &(0..2000).collect::<Vec<u32>>(),
+        );
+        let start = std::time::Instant::now();
+        let mut buf = logits.clone();
+        for _ in 0..200 {
+            buf.copy_from_slice(&logits);
+            s.sample(&mut buf);
+        }
+        let elapsed = start.elapsed();
+        assert!(elapsed.as_secs_f32() < 5.0, "{elapsed:?}");
+    }
+}
