@@ -1,1 +1,1007 @@
-//! (being written)
+//! Chat templates: turn a conversation into the prompt text a model was trained on.
+//!
+//! Models ship a Jinja template (GGUF `tokenizer.chat_template`, or `chat_template` in a
+//! Hugging Face `tokenizer_config.json`). We render it with minijinja set up the way Hugging
+//! Face `transformers` sets up Jinja2 in `apply_chat_template`, so prompts match byte for byte:
+//!
+//! - `trim_blocks` and `lstrip_blocks` on, trailing newline of the template dropped;
+//! - Python string/dict methods (`.strip()`, `.startswith()`, `.items()`, ...) through
+//!   minijinja-contrib's pycompat callback;
+//! - `raise_exception(msg)` (templates use it to refuse a conversation, e.g. roles that do not
+//!   alternate) becomes [`TemplateError::Raised`], a caller error;
+//! - `strftime_now(fmt)` (Llama 3.x templates print today's date; here in UTC);
+//! - a `tojson` filter that behaves like HF's (`json.dumps` with `ensure_ascii=False`: no HTML
+//!   escaping, Python's `", "`/`": "` separators, `indent`, `separators`, `sort_keys`,
+//!   `ensure_ascii` keyword arguments);
+//! - `{% generation %}` / `{% endgeneration %}` (HF's assistant-mask extension) are accepted
+//!   and render their body;
+//! - variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token` (only when known),
+//!   `tools` and `documents` (`none` unless given through [`ChatTemplate::render_with`]).
+//!
+//! Message content is data: it is passed as a value, never spliced into the template source, so
+//! Jinja syntax inside a message is rendered literally. Special-token text inside a message
+//! (a user typing `<|im_end|>`) does end up in the prompt string, exactly as in HF; the prompt
+//! is then tokenized with special tokens recognised (see [`crate::tokenizer::Tokenizer::encode`]).
+//!
+//! Rendering cost is bounded: minijinja's fuel limit caps the number of instructions a render
+//! may execute ([`DEFAULT_FUEL`], adjustable with [`ChatTemplate::set_fuel`]), and its recursion
+//! limit caps nesting. A template that runs out fails with [`TemplateError::OutOfFuel`].
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::io;
+
+use minijinja::value::{Kwargs, Serde, Value};
+use minijinja::{AutoEscape, Environment, Error, ErrorKind};
+use serde::{Deserialize, Serialize};
+
+/// Name under which the template is registered in its environment (shows up in error
+/// locations, e.g. `(in chat_template:3)`).
+const TEMPLATE_NAME: &str = "chat_template";
+
+/// Instructions one render may execute. A ChatML turn costs a few dozen; tool-calling
+/// templates a few hundred per message. Ten million is far beyond any real conversation and
+/// still bounds a hostile template to a fraction of a second.
+pub const DEFAULT_FUEL: u64 = 10_000_000;
+
+/// The ChatML template used by [`ChatTemplate::chatml_fallback`] (the text of HF's former
+/// default chat template).
+pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// Why a template could not be loaded or rendered. Never a panic.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    /// The template does not compile (a model or configuration problem, found at load time).
+    #[error("chat template does not compile: {0}")]
+    Syntax(String),
+    /// The template called `raise_exception`: it refuses this conversation (for instance roles
+    /// that do not alternate). A caller error; the message is the template's own.
+    #[error("chat template rejected the conversation: {0}")]
+    Raised(String),
+    /// Rendering used up its fuel (instruction budget): the template loops too long.
+    #[error("chat template exceeded its instruction budget ({0} instructions)")]
+    OutOfFuel(u64),
+    /// Any other failure while rendering (unknown filter, bad operation on a value, ...).
+    #[error("chat template failed to render: {0}")]
+    Render(String),
+}
+
+impl TemplateError {
+    /// A stable label for metrics and error bodies: `validation` when the conversation is at
+    /// fault ([`TemplateError::Raised`]), `template` when the template is.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            TemplateError::Raised(_) => "validation",
+            _ => "template",
+        }
+    }
+}
+
+/// One message of a conversation, as the OpenAI API and HF templates see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, ... (passed to the template as is).
+    pub role: String,
+    /// The message text.
+    pub content: String,
+}
+
+impl ChatMessage {
+    /// A message with the given role and content.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// Marks an error raised by the template itself through `raise_exception`.
+#[derive(Debug)]
+struct Raised(String);
+
+impl std::fmt::Display for Raised {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Raised {}
+
+/// A compiled chat template, ready to render conversations. Cheap to share behind an `Arc`
+/// (`Send + Sync`); rendering takes `&self`.
+#[derive(Debug)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    source: String,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    fuel: u64,
+}
+
+impl ChatTemplate {
+    /// Compiles `source`. `bos_token`/`eos_token` are the special tokens' text (e.g. `<s>`),
+    /// exposed to the template as `bos_token`/`eos_token` when given.
+    pub fn new(
+        source: &str,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+    ) -> Result<Self, TemplateError> {
+        let mut env = Environment::new();
+        env.set_syntax(
+            minijinja::syntax::SyntaxConfig::builder()
+                .trim_blocks(true)
+                .lstrip_blocks(true)
+                .keep_trailing_newline(false)
+                .build()
+                .map_err(|e| TemplateError::Syntax(e.to_string()))?,
+        );
+        env.set_auto_escape_callback(|_| AutoEscape::None);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_fuel(Some(DEFAULT_FUEL));
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", tojson);
+        let prepared = rewrite_generation_tags(source).into_owned();
+        env.add_template_owned(TEMPLATE_NAME, prepared)
+            .map_err(|e| TemplateError::Syntax(describe(&e)))?;
+        Ok(Self {
+            env,
+            source: source.to_owned(),
+            bos_token,
+            eos_token,
+            fuel: DEFAULT_FUEL,
+        })
+    }
+
+    /// The ChatML template ([`CHATML_TEMPLATE`]), for models that ship none. Whether to use it
+    /// or refuse chat requests is the caller's decision: a model not trained on ChatML will
+    /// follow it poorly.
+    pub fn chatml_fallback(bos_token: Option<String>, eos_token: Option<String>) -> Self {
+        // The constant template is tested to compile; failing here would be a bug in this file.
+        #[allow(clippy::expect_used)]
+        Self::new(CHATML_TEMPLATE, bos_token, eos_token).expect("the ChatML template compiles")
+    }
+
+    /// The template text as given to [`ChatTemplate::new`].
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Changes the instruction budget of each render (see [`DEFAULT_FUEL`]).
+    pub fn set_fuel(&mut self, fuel: u64) {
+        self.fuel = fuel;
+        self.env.set_fuel(Some(fuel));
+    }
+
+    /// Renders the conversation. With `add_generation_prompt` the text ends with the header
+    /// of an assistant turn, ready for generation.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
+        self.render_with(messages, add_generation_prompt, &serde_json::Map::new())
+    }
+
+    /// Like [`ChatTemplate::render`], with extra template variables (HF's `**kwargs` of
+    /// `apply_chat_template`: `tools`, `documents`, `enable_thinking`, ...). The standard
+    /// variables (`messages`, `add_generation_prompt`, `bos_token`, `eos_token`) take precedence
+    /// over extras of the same name.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, TemplateError> {
+        let mut ctx: BTreeMap<String, Value> = BTreeMap::new();
+        ctx.insert("tools".into(), Value::from(()));
+        ctx.insert("documents".into(), Value::from(()));
+        for (k, v) in extra {
+            ctx.insert(k.clone(), Value::from(Serde(v)));
+        }
+        ctx.insert("messages".into(), Value::from(Serde(messages)));
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Value::from(add_generation_prompt),
+        );
+        if let Some(bos) = &self.bos_token {
+            ctx.insert("bos_token".into(), Value::from(bos.as_str()));
+        }
+        if let Some(eos) = &self.eos_token {
+            ctx.insert("eos_token".into(), Value::from(eos.as_str()));
+        }
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| TemplateError::Render(describe(&e)))?;
+        template
+            .render(Value::from(ctx))
+            .map_err(|e| self.classify(&e))
+    }
+
+    fn classify(&self, err: &Error) -> TemplateError {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+        while let Some(e) = source {
+            if let Some(raised) = e.downcast_ref::<Raised>() {
+                return TemplateError::Raised(raised.0.clone());
+            }
+            source = e.source();
+        }
+        if err.kind() == ErrorKind::OutOfFuel {
+            return TemplateError::OutOfFuel(self.fuel);
+        }
+        TemplateError::Render(describe(err))
+    }
+}
+
+/// A one-line description of a minijinja error, with its location when known.
+fn describe(err: &Error) -> String {
+    let mut s = err.kind().to_string();
+    if let Some(detail) = err.detail() {
+        s.push_str(": ");
+        s.push_str(detail);
+    }
+    if let Some(line) = err.line() {
+        s.push_str(&format!(" (line {line})"));
+    }
+    s
+}
+
+/// `raise_exception(message)`: fails the render with the template's message.
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message.clone()).with_source(Raised(message)))
+}
+
+/// Rewrites HF's `{% generation %}`/`{% endgeneration %}` tags, which minijinja does not know,
+/// to `{% if true %}`/`{% endif %}`: same output, same whitespace control.
+fn rewrite_generation_tags(src: &str) -> Cow<'_, str> {
+    if !src.contains("generation") {
+        return Cow::Borrowed(src);
+    }
+    let mut out = String::with_capacity(src.len());
+    let mut rest = src;
+    while let Some(pos) = rest.find("{%") {
+        out.push_str(&rest[..pos]);
+        let tag = &rest[pos..];
+        match parse_generation_tag(tag) {
+            Some((len, end, ws_open, ws_close)) => {
+                out.push_str("{%");
+                out.push_str(ws_open);
+                out.push_str(if end { " endif " } else { " if true " });
+                out.push_str(ws_close);
+                out.push_str("%}");
+                rest = &tag[len..];
+            }
+            None => {
+                out.push_str("{%");
+                rest = &tag[2..];
+            }
+        }
+    }
+    out.push_str(rest);
+    Cow::Owned(out)
+}
+
+/// If `tag` starts with a `generation`/`endgeneration` block tag, returns its length, whether
+/// it is the end tag, and its whitespace-control markers.
+fn parse_generation_tag(tag: &str) -> Option<(usize, bool, &str, &str)> {
+    let b = tag.as_bytes();
+    let mut i = 2; // after "{%"
+    let ws_open = match b.get(i) {
+        Some(b'-') | Some(b'+') => {
+            i += 1;
+            &tag[2..3]
+        }
+        _ => "",
+    };
+    while b.get(i).is_some_and(u8::is_ascii_whitespace) {
+        i += 1;
+    }
+    let word_start = i;
+    while b
+        .get(i)
+        .is_some_and(|c| c.is_ascii_alphanumeric() || *c == b'_')
+    {
+        i += 1;
+    }
+    let end = match &tag[word_start..i] {
+        "generation" => false,
+        "endgeneration" => true,
+        _ => return None,
+    };
+    while b.get(i).is_some_and(u8::is_ascii_whitespace) {
+        i += 1;
+    }
+    let ws_close = match b.get(i) {
+        Some(b'-') | Some(b'+') => {
+            i += 1;
+            &tag[i - 1..i]
+        }
+        _ => "",
+    };
+    if tag.get(i..i + 2) == Some("%}") {
+        Some((i + 2, end, ws_open, ws_close))
+    } else {
+        None
+    }
+}
+
+/// HF's `tojson`: Python's `json.dumps(x, ensure_ascii=False, indent=None, separators=None,
+/// sort_keys=False)`. Keyword arguments only, as templates call it.
+fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent: Option<Value> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
+    let separators: Option<Vec<String>> = kwargs.get("separators")?;
+    kwargs.assert_all_used()?;
+
+    let indent = match indent {
+        None => None,
+        Some(v) if v.is_none() || v.is_undefined() => None,
+        Some(v) => match (v.as_i64(), v.as_str()) {
+            (Some(n), _) => Some(" ".repeat(usize::try_from(n.clamp(0, 64)).unwrap_or(0))),
+            (None, Some(s)) => Some(s.to_owned()),
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    "tojson: indent must be an integer or a string",
+                ));
+            }
+        },
+    };
+    let (item_sep, key_sep) = match separators {
+        Some(v) => match <[String; 2]>::try_from(v) {
+            Ok([a, b]) => (a, b),
+            Err(_) => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    "tojson: separators must be a pair of strings",
+                ));
+            }
+        },
+        None if indent.is_some() => (",".to_owned(), ": ".to_owned()),
+        None => (", ".to_owned(), ": ".to_owned()),
+    };
+    let fmt = PyFormatter {
+        item_sep,
+        key_sep,
+        indent,
+        level: 0,
+        has_value: false,
+    };
+    let mut buf = Vec::new();
+    let result = if sort_keys.unwrap_or(false) {
+        let v = serde_json::to_value(value).map_err(json_error)?;
+        let mut ser = serde_json::Serializer::with_formatter(&mut buf, fmt);
+        SortedKeys(&v).serialize(&mut ser)
+    } else {
+        let mut ser = serde_json::Serializer::with_formatter(&mut buf, fmt);
+        value.serialize(&mut ser)
+    };
+    result.map_err(json_error)?;
+    let mut out = String::from_utf8(buf)
+        .map_err(|e| Error::new(ErrorKind::BadSerialization, e.to_string()))?;
+    if ensure_ascii.unwrap_or(false) {
+        out = escape_non_ascii(&out);
+    }
+    Ok(Value::from_safe_string(out))
+}
+
+fn json_error(e: serde_json::Error) -> Error {
+    Error::new(ErrorKind::BadSerialization, format!("tojson: {e}"))
+}
+
+/// Python's `ensure_ascii=True`: every non-ASCII character as `\uXXXX` (lowercase hex,
+/// surrogate pairs above the BMP). Non-ASCII only ever occurs inside JSON strings.
+fn escape_non_ascii(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_ascii() {
+            out.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for u in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{u:04x}"));
+            }
+        }
+    }
+    out
+}
+
+/// Serializes a JSON value with object keys in sorted order, whatever the map type does.
+struct SortedKeys<'a>(&'a serde_json::Value);
+
+impl Serialize for SortedKeys<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        match self.0 {
+            serde_json::Value::Array(items) => {
+                let mut seq = s.serialize_seq(Some(items.len()))?;
+                for item in items {
+                    seq.serialize_element(&SortedKeys(item))?;
+                }
+                seq.end()
+            }
+            serde_json::Value::Object(map) => {
+                let mut entries: Vec<_> = map.iter().collect();
+                entries.sort_by(|a, b| a.0.cmp(b.0));
+                let mut m = s.serialize_map(Some(entries.len()))?;
+                for (k, v) in entries {
+                    m.serialize_entry(k, &SortedKeys(v))?;
+                }
+                m.end()
+            }
+            other => other.serialize(s),
+        }
+    }
+}
+
+/// A serde_json formatter reproducing Python's `json.dumps` layout: custom item and key
+/// separators, and with `indent` one item per line.
+struct PyFormatter {
+    item_sep: String,
+    key_sep: String,
+    indent: Option<String>,
+    level: usize,
+    has_value: bool,
+}
+
+impl PyFormatter {
+    fn newline<W: ?Sized + io::Write>(&self, w: &mut W) -> io::Result<()> {
+        if let Some(indent) = &self.indent {
+            w.write_all(b"\n")?;
+            for _ in 0..self.level {
+                w.write_all(indent.as_bytes())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl serde_json::ser::Formatter for PyFormatter {
+    fn begin_array<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.level += 1;
+        self.has_value = false;
+        w.write_all(b"[")
+    }
+
+    fn end_array<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.level -= 1;
+        if self.has_value {
+            self.newline(w)?;
+        }
+        w.write_all(b"]")
+    }
+
+    fn begin_array_value<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        if !first {
+            w.write_all(self.item_sep.as_bytes())?;
+        }
+        self.newline(w)
+    }
+
+    fn end_array_value<W: ?Sized + io::Write>(&mut self, _w: &mut W) -> io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
+
+    fn begin_object<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.level += 1;
+        self.has_value = false;
+        w.write_all(b"{")
+    }
+
+    fn end_object<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.level -= 1;
+        if self.has_value {
+            self.newline(w)?;
+        }
+        w.write_all(b"}")
+    }
+
+    fn begin_object_key<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        if !first {
+            w.write_all(self.item_sep.as_bytes())?;
+        }
+        self.newline(w)
+    }
+
+    fn begin_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        w.write_all(self.key_sep.as_bytes())
+    }
+
+    fn end_object_value<W: ?Sized + io::Write>(&mut self, _w: &mut W) -> io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
+}
+
+/// `strftime_now(format)`: the current time (UTC) formatted like Python's `strftime`.
+fn strftime_now(format: String) -> Result<Value, Error> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    Ok(Value::from(strftime(&format, secs)))
+}
+
+/// Formats a Unix time (UTC) with the common `strftime` directives: `%Y %y %m %d %e %j %H %I
+/// %M %S %p %a %A %b %B %h %F %T %D %Z %z %%`. Unknown directives are kept as written.
+fn strftime(format: &str, unix_secs: u64) -> String {
+    const DAYS: [&str; 7] = [
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+    ];
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    let days = unix_secs / 86_400;
+    let secs_of_day = unix_secs % 86_400;
+    let (year, month, day) = civil_from_days(days);
+    let (hour, minute, second) = (secs_of_day / 3600, secs_of_day / 60 % 60, secs_of_day % 60);
+    // 1970-01-01 was a Thursday (index 3 from Monday).
+    let weekday = usize::try_from((days + 3) % 7).unwrap_or(0);
+    let month_name = MONTHS[usize::try_from(month - 1).unwrap_or(0) % 12];
+    let day_of_year = days - days_from_civil(year, 1, 1) + 1;
+    let hour12 = if hour % 12 == 0 { 12 } else { hour % 12 };
+
+    let mut out = String::with_capacity(format.len() + 16);
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let Some(d) = chars.next() else {
+            out.push('%');
+            break;
+        };
+        let piece = match d {
+            'Y' => year.to_string(),
+            'y' => format!("{:02}", year % 100),
+            'm' => format!("{month:02}"),
+            'd' => format!("{day:02}"),
+            'e' => format!("{day:>2}"),
+            'j' => format!("{day_of_year:03}"),
+            'H' => format!("{hour:02}"),
+            'I' => format!("{hour12:02}"),
+            'M' => format!("{minute:02}"),
+            'S' => format!("{second:02}"),
+            'p' => (if hour < 12 { "AM" } else { "PM" }).to_owned(),
+            'a' => DAYS[weekday][..3].to_owned(),
+            'A' => DAYS[weekday].to_owned(),
+            'b' | 'h' => month_name[..3].to_owned(),
+            'B' => month_name.to_owned(),
+            'F' => format!("{year}-{month:02}-{day:02}"),
+            'T' => format!("{hour:02}:{minute:02}:{second:02}"),
+            'D' => format!("{month:02}/{day:02}/{:02}", year % 100),
+            'Z' => "UTC".to_owned(),
+            'z' => "+0000".to_owned(),
+            '%' => "%".to_owned(),
+            other => format!("%{other}"),
+        };
+        out.push_str(&piece);
+    }
+    out
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
+fn civil_from_days(days: u64) -> (i64, u64, u64) {
+    let z = i64::try_from(days).unwrap_or(0) + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097); // [0, 146096]
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365; // [0, 399]
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100); // [0, 365]
+    let mp = (5 * doy + 2) / 153; // [0, 11]
+    let d = doy - (153 * mp + 2) / 5 + 1; // [1, 31]
+    let m = if mp < 10 { mp + 3 } else { mp - 9 }; // [1, 12]
+    let y = if m <= 2 { y + 1 } else { y };
+    (
+        y,
+        u64::try_from(m).unwrap_or(1),
+        u64::try_from(d).unwrap_or(1),
+    )
+}
+
+/// (year, month, day) to days since 1970-01-01 (inverse of [`civil_from_days`]).
+fn days_from_civil(year: i64, month: i64, day: i64) -> u64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    u64::try_from(era * 146_097 + doe - 719_468).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SmolLM2-135M-Instruct's template, as in its GGUF `tokenizer.chat_template`.
+    const SMOLLM2: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    /// Meta-Llama-3-8B-Instruct's template.
+    const LLAMA3: &str = "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+
+    /// Mistral-7B-Instruct-v0.1's template: refuses non-alternating roles.
+    const MISTRAL: &str = "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}";
+
+    fn msgs(pairs: &[(&str, &str)]) -> Vec<ChatMessage> {
+        pairs
+            .iter()
+            .map(|(r, c)| ChatMessage::new(*r, *c))
+            .collect()
+    }
+
+    fn smollm() -> ChatTemplate {
+        ChatTemplate::new(
+            SMOLLM2,
+            Some("<|im_start|>".into()),
+            Some("<|im_end|>".into()),
+        )
+        .expect("SmolLM2 template compiles")
+    }
+
+    #[test]
+    fn smollm2_inserts_the_default_system_message() {
+        let out = smollm()
+            .render(&msgs(&[("user", "What is 2+2?")]), true)
+            .expect("renders");
+        assert_eq!(
+            out,
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn smollm2_keeps_a_given_system_message_and_multi_turn() {
+        let out = smollm()
+            .render(
+                &msgs(&[
+                    ("system", "Be brief."),
+                    ("user", "Hi"),
+                    ("assistant", "Hello!"),
+                    ("user", "Bye"),
+                ]),
+                false,
+            )
+            .expect("renders");
+        assert_eq!(
+            out,
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
+        );
+    }
+
+    #[test]
+    fn llama3_uses_bos_and_trims_content() {
+        let t = ChatTemplate::new(
+            LLAMA3,
+            Some("<|begin_of_text|>".into()),
+            Some("<|eot_id|>".into()),
+        )
+        .expect("compiles");
+        let out = t
+            .render(&msgs(&[("system", " sys "), ("user", "Hello\n")]), true)
+            .expect("renders");
+        assert_eq!(
+            out,
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nsys<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+        );
+    }
+
+    #[test]
+    fn mistral_refuses_non_alternating_roles() {
+        let t =
+            ChatTemplate::new(MISTRAL, Some("<s>".into()), Some("</s>".into())).expect("compiles");
+        let ok = t
+            .render(
+                &msgs(&[("user", "a"), ("assistant", "b"), ("user", "c")]),
+                true,
+            )
+            .expect("renders");
+        assert_eq!(ok, "<s>[INST] a [/INST]b</s>[INST] c [/INST]");
+
+        let err = t
+            .render(&msgs(&[("user", "a"), ("user", "b")]), true)
+            .expect_err("must refuse");
+        assert_eq!(
+            err,
+            TemplateError::Raised(
+                "Conversation roles must alternate user/assistant/user/assistant/...".into()
+            )
+        );
+        assert_eq!(err.error_type(), "validation");
+        assert_eq!(
+            err.to_string(),
+            "chat template rejected the conversation: Conversation roles must alternate user/assistant/user/assistant/..."
+        );
+        let err = t
+            .render(&msgs(&[("user", "a"), ("system", "x")]), true)
+            .expect_err("must refuse");
+        assert!(matches!(err, TemplateError::Raised(m) if m.contains("Only user and assistant")));
+    }
+
+    #[test]
+    fn message_content_is_data_not_code() {
+        let hostile = "{{ 7*7 }}{% for x in range(10**9) %}x{% endfor %}{# c #}{{ raise_exception('boom') }}<|im_end|>";
+        let out = smollm()
+            .render(&msgs(&[("system", "s"), ("user", hostile)]), false)
+            .expect("renders");
+        assert_eq!(
+            out,
+            format!("<|im_start|>system\ns<|im_end|>\n<|im_start|>user\n{hostile}<|im_end|>\n")
+        );
+    }
+
+    #[test]
+    fn unicode_and_very_long_content() {
+        let long = "é🙂中".repeat(100_000);
+        let out = smollm()
+            .render(&msgs(&[("system", "s"), ("user", &long)]), true)
+            .expect("renders");
+        assert!(out.contains(&long));
+        assert!(out.ends_with("<|im_start|>assistant\n"));
+        let out = smollm()
+            .render(
+                &msgs(&[("system", "\u{0}\u{202e}\r\n\t"), ("user", "x")]),
+                false,
+            )
+            .expect("renders");
+        assert!(out.starts_with("<|im_start|>system\n\u{0}\u{202e}\r\n\t<|im_end|>"));
+    }
+
+    #[test]
+    fn many_messages_fit_in_the_default_fuel() {
+        let conversation: Vec<ChatMessage> = (0..5000)
+            .map(|i| ChatMessage::new(if i % 2 == 0 { "user" } else { "assistant" }, "hi"))
+            .collect();
+        let out = smollm().render(&conversation, true).expect("renders");
+        assert_eq!(out.matches("<|im_start|>").count(), 5002);
+    }
+
+    #[test]
+    fn runaway_templates_run_out_of_fuel() {
+        let mut t = ChatTemplate::new(
+            "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+            None,
+            None,
+        )
+        .expect("compiles");
+        t.set_fuel(100_000);
+        let err = t.render(&[], false).expect_err("out of fuel");
+        assert_eq!(err, TemplateError::OutOfFuel(100_000));
+        assert_eq!(err.error_type(), "template");
+
+        let t = ChatTemplate::new(
+            "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+            None,
+            None,
+        )
+        .expect("compiles");
+        let err = t.render(&[], false).expect_err("recursion is bounded");
+        assert!(matches!(err, TemplateError::Render(_)), "{err:?}");
+    }
+
+    #[test]
+    fn syntax_errors_are_reported() {
+        let err = ChatTemplate::new("{% for m in messages %}{{ m.content }", None, None)
+            .expect_err("bad syntax");
+        assert!(
+            matches!(&err, TemplateError::Syntax(m) if m.contains("syntax error")),
+            "{err}"
+        );
+        assert!(
+            err.to_string()
+                .starts_with("chat template does not compile: syntax error")
+        );
+        let err = ChatTemplate::new("{{ x | no_such_filter }}", None, None)
+            .and_then(|t| t.render(&[], false))
+            .expect_err("unknown filter");
+        assert!(
+            err.to_string().contains("no_such_filter")
+                || err.to_string().contains("unknown filter"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn chatml_fallback_renders_chatml() {
+        let t = ChatTemplate::chatml_fallback(None, None);
+        assert_eq!(t.source(), CHATML_TEMPLATE);
+        let out = t.render(&msgs(&[("user", "hi")]), true).expect("renders");
+        assert_eq!(
+            out,
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn trim_blocks_lstrip_blocks_and_pycompat() {
+        // Block tags on their own lines leave no blank lines behind (trim_blocks + lstrip_blocks),
+        // and Python string methods work.
+        let src = "{% for m in messages %}\n    {% if m.role == 'user' %}\n[{{ m.content.strip().upper() }}]\n    {% endif %}\n{% endfor %}\n";
+        let t = ChatTemplate::new(src, None, None).expect("compiles");
+        let out = t
+            .render(
+                &msgs(&[("user", "  hi  "), ("assistant", "x"), ("user", "yo")]),
+                false,
+            )
+            .expect("renders");
+        assert_eq!(out, "[HI]\n[YO]\n");
+        let t = ChatTemplate::new(
+            "{{ messages[0].content.startswith('/') }} {{ messages[0]['content'].split(' ') | length }}",
+            None,
+            None,
+        )
+        .expect("compiles");
+        assert_eq!(
+            t.render(&msgs(&[("user", "/cmd a b")]), false)
+                .expect("renders"),
+            "True 3"
+        );
+    }
+
+    #[test]
+    fn bos_and_eos_are_undefined_when_unknown() {
+        let t = ChatTemplate::new(
+            "{% if bos_token is defined %}B{% endif %}{{ eos_token }}|{{ tools is none }}",
+            None,
+            None,
+        )
+        .expect("compiles");
+        assert_eq!(t.render(&[], false).expect("renders"), "|True");
+    }
+
+    #[test]
+    fn tojson_matches_python_json_dumps() {
+        let mut extra = serde_json::Map::new();
+        extra.insert(
+            "tools".into(),
+            serde_json::json!([{"name": "get<weather>", "args": {"city": "Zürich & co", "n": 1.5, "ok": true, "none": null, "list": []}}]),
+        );
+        let render = |src: &str| {
+            ChatTemplate::new(src, None, None)
+                .expect("compiles")
+                .render_with(&[], false, &extra)
+                .expect("renders")
+        };
+        assert_eq!(
+            render("{{ tools | tojson }}"),
+            r#"[{"args": {"city": "Zürich & co", "list": [], "n": 1.5, "none": null, "ok": true}, "name": "get<weather>"}]"#
+        );
+        assert_eq!(
+            render("{{ tools[0].args | tojson(indent=2) }}"),
+            "{\n  \"city\": \"Zürich & co\",\n  \"list\": [],\n  \"n\": 1.5,\n  \"none\": null,\n  \"ok\": true\n}"
+        );
+        assert_eq!(
+            render("{{ tools[0].args.city | tojson(ensure_ascii=true) }}"),
+            r#""Z\u00fcrich & co""#
+        );
+        assert_eq!(
+            render("{{ {'b': 1, 'a': [1, 2]} | tojson(separators=(',', ':'), sort_keys=true) }}"),
+            r#"{"a":[1,2],"b":1}"#
+        );
+        assert_eq!(render("{{ 'a\"\\\n' | tojson }}"), r#""a\"\\\n""#);
+        assert_eq!(
+            render("{{ '🙂' | tojson(ensure_ascii=true) }}"),
+            r#""\ud83d\ude42""#
+        );
+        let err = ChatTemplate::new("{{ 1 | tojson(bogus=1) }}", None, None)
+            .expect("compiles")
+            .render(&[], false)
+            .expect_err("unknown keyword");
+        assert!(matches!(err, TemplateError::Render(_)));
+    }
+
+    #[test]
+    fn messages_serialize_for_tojson() {
+        let t = ChatTemplate::new("{{ messages | tojson }}", None, None).expect("compiles");
+        assert_eq!(
+            t.render(&msgs(&[("user", "<b>hi</b>")]), false)
+                .expect("renders"),
+            r#"[{"role": "user", "content": "<b>hi</b>"}]"#
+        );
+    }
+
+    #[test]
+    fn generation_tags_are_accepted() {
+        let src = "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{%- endgeneration %}{% else %}{{ m.content }}{% endif %}|{% endfor %}";
+        let t = ChatTemplate::new(src, None, None).expect("compiles");
+        assert_eq!(
+            t.render(&msgs(&[("user", "q"), ("assistant", "a")]), false)
+                .expect("renders"),
+            "q|a|"
+        );
+        assert_eq!(
+            rewrite_generation_tags("{{ generation }}"),
+            "{{ generation }}"
+        );
+        assert_eq!(
+            rewrite_generation_tags("{%- generation +%}x{% endgeneration -%}"),
+            "{%- if true +%}x{% endif -%}"
+        );
+        assert_eq!(
+            rewrite_generation_tags("{% generational %}{% set generation = 1 %}"),
+            "{% generational %}{% set generation = 1 %}"
+        );
+    }
+
+    #[test]
+    fn strftime_now_and_strftime() {
+        // 2024-07-23 14:05:09 UTC, a Tuesday, day 205 of a leap year.
+        let t = 1_721_743_509;
+        assert_eq!(
+            strftime(
+                "%d %b %Y|%A %a|%B|%H:%M:%S|%I %p|%j|%y %m %e|%F %T|%Z %z|%%|%Q",
+                t
+            ),
+            "23 Jul 2024|Tuesday Tue|July|14:05:09|02 PM|205|24 07 23|2024-07-23 14:05:09|UTC +0000|%|%Q"
+        );
+        assert_eq!(strftime("%Y-%m-%d %a", 0), "1970-01-01 Thu");
+        assert_eq!(strftime("%Y-%m-%d %j", 951_782_400), "2000-02-29 060");
+        assert_eq!(strftime("trailing %", 0), "trailing %");
+        let t = ChatTemplate::new("{{ strftime_now('%Y') }}", None, None).expect("compiles");
+        let year: i32 = t
+            .render(&[], false)
+            .expect("renders")
+            .parse()
+            .expect("a year");
+        assert!(year >= 2024);
+    }
+
+    #[test]
+    fn extras_are_visible_and_standard_names_win() {
+        let mut extra = serde_json::Map::new();
+        extra.insert("enable_thinking".into(), serde_json::Value::Bool(false));
+        extra.insert(
+            "add_generation_prompt".into(),
+            serde_json::Value::Bool(false),
+        );
+        let t = ChatTemplate::new(
+            "{{ enable_thinking }} {{ add_generation_prompt }}",
+            None,
+            None,
+        )
+        .expect("compiles");
+        assert_eq!(
+            t.render_with(&[], true, &extra).expect("renders"),
+            "False True"
+        );
+    }
+
+    #[test]
+    fn chat_message_serde() {
+        let m: ChatMessage =
+            serde_json::from_str(r#"{"role":"user","content":"hi"}"#).expect("parses");
+        assert_eq!(m, ChatMessage::new("user", "hi"));
+        let t = smollm();
+        fn assert_send_sync<T: Send + Sync>(_: &T) {}
+        assert_send_sync(&t);
+    }
+}
