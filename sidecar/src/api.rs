@@ -1,0 +1,194 @@
+//! The views: `/v1/slots`, `/v1/turns` (JSON and SSE), `/metrics`, and the live page `/`.
+//!
+//! Handlers only read what the assembly task published (a `watch` snapshot, the turn ring, a
+//! broadcast of new turns); they never wait on the assembly. With `--token`, `/v1/*` and
+//! `/metrics` need `Authorization: Bearer <token>` or `?token=<token>` (the page is static and
+//! passes its own `?token=` on to the API).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use futures_util::{Stream, StreamExt};
+use serde::Deserialize;
+use subtle::ConstantTimeEq;
+use tokio::sync::watch;
+use tokio_stream::wrappers::BroadcastStream;
+
+use crate::assembly::Published;
+use crate::assembly::turns::TurnQuery;
+use crate::metrics::{Metrics, negotiate};
+
+/// The live page (self-contained: no external script, style or font).
+pub const PAGE: &str = include_str!("page/index.html");
+
+/// How often a slot stream re-sends an unchanged snapshot (so ages and elapsed times move).
+const SLOTS_REFRESH: Duration = Duration::from_secs(1);
+
+/// Default and largest `limit` of `/v1/turns`.
+const DEFAULT_TURNS: usize = 100;
+
+/// What the view handlers read.
+#[derive(Debug, Clone)]
+pub struct ApiState {
+    /// The assembly's publications.
+    pub published: Published,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// `--token`.
+    pub token: Option<Arc<str>>,
+    /// Becomes true on shutdown; streams end then.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// The views' routes.
+pub fn router(state: ApiState) -> Router {
+    let protected = Router::new()
+        .route("/v1/slots", get(slots))
+        .route("/v1/slots/stream", get(slots_stream))
+        .route("/v1/turns", get(turns))
+        .route("/v1/turns/stream", get(turns_stream))
+        .route("/metrics", get(metrics))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    Router::new()
+        .route("/", get(page))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .merge(protected)
+        .with_state(state)
+}
+
+#[derive(Debug, Deserialize)]
+struct TokenParam {
+    token: Option<String>,
+}
+
+async fn require_token(
+    State(st): State<ApiState>,
+    Query(q): Query<TokenParam>,
+    headers: HeaderMap,
+    req: Request,
+    next: Next,
+) -> Response {
+    let Some(expected) = &st.token else {
+        return next.run(req).await;
+    };
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let given = bearer.or(q.token.as_deref()).unwrap_or("");
+    if bool::from(given.as_bytes().ct_eq(expected.as_bytes())) {
+        next.run(req).await
+    } else {
+        (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "a valid bearer token is required\n",
+        )
+            .into_response()
+    }
+}
+
+async fn page() -> Html<&'static str> {
+    Html(PAGE)
+}
+
+fn json_response(body: String) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+async fn slots(State(st): State<ApiState>) -> Response {
+    let snap = st.published.slots.borrow().clone();
+    json_response(serde_json::to_string(&snap.view(crate::unix_now_ns())).unwrap_or_default())
+}
+
+fn until_shutdown(mut rx: watch::Receiver<bool>) -> impl Future<Output = ()> + Send + 'static {
+    async move {
+        let _ = rx.wait_for(|v| *v).await;
+    }
+}
+
+async fn slots_stream(
+    State(st): State<ApiState>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let rx = st.published.slots.clone();
+    let stream = futures_util::stream::unfold((rx, true), |(mut rx, first)| async move {
+        if !first {
+            tokio::select! {
+                r = rx.changed() => if r.is_err() { return None },
+                _ = tokio::time::sleep(SLOTS_REFRESH) => {}
+            }
+        }
+        let snap = rx.borrow_and_update().clone();
+        let json = serde_json::to_string(&snap.view(crate::unix_now_ns())).unwrap_or_default();
+        Some((Ok(Event::default().event("slots").data(json)), (rx, false)))
+    });
+    Sse::new(stream.take_until(until_shutdown(st.shutdown.clone())))
+        .keep_alive(KeepAlive::default())
+}
+
+/// `/v1/turns` query parameters.
+#[derive(Debug, Deserialize, Default)]
+pub struct TurnsParams {
+    /// Only this session.
+    pub session_id: Option<String>,
+    /// Only this request.
+    pub request_id: Option<String>,
+    /// Only this engine instance.
+    pub instance: Option<String>,
+    /// At most this many, newest first (default 100).
+    pub limit: Option<usize>,
+}
+
+impl TurnsParams {
+    fn query(self) -> TurnQuery {
+        TurnQuery {
+            session_id: self.session_id,
+            request_id: self.request_id,
+            instance: self.instance,
+            limit: self.limit.unwrap_or(DEFAULT_TURNS),
+        }
+    }
+}
+
+async fn turns(State(st): State<ApiState>, Query(p): Query<TurnsParams>) -> Response {
+    let q = p.query();
+    let list = st.published.turns.query(&q);
+    let body = serde_json::json!({ "count": list.len(), "turns": list });
+    json_response(body.to_string())
+}
+
+async fn turns_stream(
+    State(st): State<ApiState>,
+    Query(p): Query<TurnsParams>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let q = p.query();
+    let rx = st.published.turn_events.subscribe();
+    let stream = BroadcastStream::new(rx).filter_map(move |r| {
+        let out = match r {
+            Ok(t) if q.matches(&t) => serde_json::to_string(&*t)
+                .ok()
+                .map(|j| Ok(Event::default().event("turn").data(j))),
+            _ => None,
+        };
+        std::future::ready(out)
+    });
+    Sse::new(stream.take_until(until_shutdown(st.shutdown.clone())))
+        .keep_alive(KeepAlive::default())
+}
+
+async fn metrics(State(st): State<ApiState>, headers: HeaderMap) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (openmetrics, ctype) = negotiate(accept);
+    let snap = st.published.slots.borrow().clone();
+    let body = st.metrics.render(&snap, openmetrics);
+    ([(header::CONTENT_TYPE, ctype)], body).into_response()
+}

@@ -1,0 +1,292 @@
+//! Deterministic assembly tests: spans are built with [`crate::synth`], validated with
+//! [`spans::convert`], and applied with an explicit clock.
+
+use super::*;
+use crate::synth::{self, Usage};
+use opentelemetry_proto::tonic::trace::v1::Span;
+use slots::RowState;
+use spans::{Path, convert};
+
+const MS: i64 = 1_000_000;
+const S: i64 = 1_000_000_000;
+const T0: i64 = 1_700_000_000 * S;
+
+fn engine(instance: &str, spans: Vec<Span>) -> Vec<EngineSpan> {
+    let c = convert(&synth::export(instance, spans));
+    assert_eq!(c.rejected_total(), 0, "{:?}", c.first_rejection);
+    c.spans
+}
+
+fn asm() -> Assembler {
+    Assembler::new(AssemblyConfig::default())
+}
+
+fn row<'a>(snap: &'a SlotsSnapshot, instance: &str, path: Path, index: Option<i64>) -> &'a Row {
+    snap.instances
+        .iter()
+        .find(|i| &*i.instance == instance)
+        .and_then(|i| {
+            i.rows
+                .iter()
+                .find(|r| r.key.path == path && r.key.index == index)
+        })
+        .unwrap_or_else(|| panic!("no row {path:?} {index:?} in {instance}"))
+}
+
+/// The reported bug: a request decodes alone at 50 tok/s for 3 s, then moves into slot 0 when
+/// a second request arrives. Its elapsed time keeps counting from its own start and its rate
+/// stays 50 tok/s (not the whole reply divided by the time in the new leg).
+#[test]
+fn moved_request_keeps_its_start_and_rate() {
+    let mut a = asm();
+    let mut out = Outputs::default();
+    let mut r = synth::Request::new("req-a", 1, T0);
+    let admitted = T0 + 5 * MS;
+    let first = admitted + 20 * MS;
+    r.first_token_ns = Some(first);
+    a.apply(
+        engine("e1", vec![r.queue(None, admitted)]),
+        T0 + 6 * MS,
+        &mut out,
+    );
+    let snap = a.snapshot();
+    assert_eq!(
+        row(&snap, "e1", Path::Solo, None).view(T0 + 6 * MS).state,
+        RowState::Prefill
+    );
+
+    // 3 s alone: windows of 250 ms at 50 tok/s (12.5 tokens each; counted as 1 + 50 t).
+    let solo = r.leg(0, None, admitted, 0);
+    let mut windows = Vec::new();
+    for i in 0..12 {
+        let start = first + i * 250 * MS;
+        let end = start + 250 * MS;
+        let generated = 1 + (end - first) * 50 / S;
+        windows.push(r.decode(&solo, start, end, 12, generated));
+    }
+    let moved_at = first + 3 * S;
+    a.apply(engine("e1", windows), moved_at, &mut out);
+    let snap = a.snapshot();
+    let v = row(&snap, "e1", Path::Solo, None).view(moved_at);
+    assert_eq!(v.state, RowState::Decoding);
+    assert_eq!(v.tokens_generated, Some(151));
+    assert!((v.tok_s.expect("rate") - 50.0).abs() < 1e-9);
+
+    // A second request arrives; the first moves into slot 0 carrying 151 tokens.
+    let mut b = synth::Request::new("req-b", 2, moved_at);
+    let solo_end = r.leg_span(&solo, moved_at, 151, "moved");
+    let slot_leg = r.leg(1, Some(0), moved_at, 151);
+    let w = r.decode(&slot_leg, moved_at, moved_at + 100 * MS, 5, 156);
+    let now = moved_at + 100 * MS;
+    a.apply(
+        engine("e1", vec![b.queue(Some(1), moved_at + MS), solo_end, w]),
+        now,
+        &mut out,
+    );
+    let snap = a.snapshot();
+    assert_eq!(
+        row(&snap, "e1", Path::Solo, None).view(now).state,
+        RowState::Idle,
+        "the solo row is released by the move"
+    );
+    let v = row(&snap, "e1", Path::Slot, Some(0)).view(now);
+    assert_eq!(v.request_id, Some("req-a"));
+    assert_eq!(v.state, RowState::Decoding);
+    let elapsed = v.elapsed_s.expect("elapsed");
+    assert!(
+        elapsed >= 3.1,
+        "elapsed counts from the request's start: {elapsed}"
+    );
+    let rate = v.tok_s.expect("rate");
+    assert!(
+        (rate - 50.0).abs() < 0.5,
+        "rate right after the move: {rate}"
+    );
+    assert!((v.in_slot_s.expect("in slot") - 0.1).abs() < 1e-9);
+    assert!((v.leg_tok_s.expect("leg rate") - 50.0).abs() < 1e-9);
+    assert_eq!(
+        row(&snap, "e1", Path::Slot, Some(1)).view(now).state,
+        RowState::Prefill
+    );
+    // The naive figure other engines show would be 156 tokens / 0.1 s.
+    assert!(rate < 100.0);
+}
+
+#[test]
+fn two_instances_do_not_mix() {
+    let mut a = asm();
+    let mut out = Outputs::default();
+    for (inst, per_window) in [("e1", 10), ("e2", 20)] {
+        let spans = synth::whole_request("same-id", 7, T0, Some(0), 2, per_window);
+        let n = spans.len();
+        // Everything but the leg and the request span: still decoding.
+        a.apply(engine(inst, spans[..n - 2].to_vec()), T0 + S, &mut out);
+    }
+    let snap = a.snapshot();
+    assert_eq!(snap.instances.len(), 2);
+    let t1 = row(&snap, "e1", Path::Slot, Some(0))
+        .occupant
+        .as_ref()
+        .map(|o| o.tokens_generated);
+    let t2 = row(&snap, "e2", Path::Slot, Some(0))
+        .occupant
+        .as_ref()
+        .map(|o| o.tokens_generated);
+    assert_eq!((t1, t2), (Some(21), Some(41)));
+    assert!(out.turns.is_empty());
+}
+
+#[test]
+fn root_clears_the_row_and_writes_the_turn() {
+    let mut a = asm();
+    let mut out = Outputs::default();
+    let spans = synth::whole_request("r1", 3, T0, Some(2), 3, 10);
+    let n = spans.len();
+    a.apply(engine("e1", spans[..n - 1].to_vec()), T0 + S, &mut out);
+    assert!(out.turns.is_empty());
+    a.apply(engine("e1", spans[n - 1..].to_vec()), T0 + S, &mut out);
+    assert_eq!(out.turns.len(), 1);
+    let t = &out.turns[0];
+    assert_eq!(&*t.request_id, "r1");
+    assert_eq!(t.legs.len(), 1);
+    assert_eq!(t.legs[0].slot, Some(2));
+    assert_eq!(t.completion_tokens, Some(31));
+    assert!(t.legs_complete);
+    let snap = a.snapshot();
+    assert_eq!(
+        row(&snap, "e1", Path::Slot, Some(2)).view(T0 + S).state,
+        RowState::Idle
+    );
+    assert_eq!(a.in_flight(), 0);
+    // A late window of the finished request does not bring the row back.
+    let mut r = synth::Request::new("r1", 3, T0);
+    let leg = r.leg(0, Some(2), T0, 0);
+    a.apply(
+        engine("e1", vec![r.decode(&leg, T0, T0 + MS, 1, 2)]),
+        T0 + 2 * S,
+        &mut out,
+    );
+    let snap = a.snapshot();
+    assert_eq!(
+        row(&snap, "e1", Path::Slot, Some(2)).view(T0).state,
+        RowState::Idle
+    );
+    assert_eq!(a.in_flight(), 0);
+}
+
+#[test]
+fn root_waits_for_missing_legs_then_gives_up() {
+    let mut a = asm();
+    let mut out = Outputs::default();
+    let mut r = synth::Request::new("r2", 4, T0);
+    r.first_token_ns = Some(T0 + 10 * MS);
+    let l0 = r.leg(0, None, T0, 0);
+    let l1 = r.leg(1, Some(0), T0 + S, 50);
+    let usage = Usage {
+        legs: 2,
+        moved: true,
+        ..Usage::default()
+    };
+    let leg0 = r.leg_span(&l0, T0 + S, 50, "moved");
+    let leg1 = r.leg_span(&l1, T0 + 2 * S, 50, "finished");
+    let root = r.root("m", T0 + 2 * S, &usage);
+    // Root before the second leg: held back.
+    a.apply(engine("e1", vec![leg0, root.clone()]), T0 + 2 * S, &mut out);
+    assert!(out.turns.is_empty());
+    a.apply(engine("e1", vec![leg1]), T0 + 2 * S + MS, &mut out);
+    assert_eq!(out.turns.len(), 1);
+    assert_eq!(out.turns[0].legs.len(), 2);
+    assert!(out.turns[0].moved);
+
+    // Another request whose second leg never comes: written after the wait.
+    let mut r = synth::Request::new("r3", 5, T0);
+    let l0 = r.leg(0, None, T0, 0);
+    let leg0 = r.leg_span(&l0, T0 + S, 50, "moved");
+    let root = r.root("m", T0 + 2 * S, &usage);
+    out.turns.clear();
+    a.apply(engine("e1", vec![leg0, root]), T0 + 3 * S, &mut out);
+    a.tick(T0 + 3 * S + MS, &mut out);
+    assert!(out.turns.is_empty());
+    a.tick(
+        T0 + 3 * S + AssemblyConfig::default().legs_wait_ns,
+        &mut out,
+    );
+    assert_eq!(out.turns.len(), 1);
+    assert!(!out.turns[0].legs_complete);
+    assert_eq!(out.turns[0].legs_expected, Some(2));
+}
+
+#[test]
+fn later_request_keeps_the_slot_against_late_windows() {
+    let mut a = asm();
+    let mut out = Outputs::default();
+    let mut old = synth::Request::new("old", 8, T0);
+    old.first_token_ns = Some(T0 + MS);
+    let old_leg = old.leg(0, Some(0), T0, 0);
+    let late = old.decode(&old_leg, T0, T0 + 2 * S, 10, 100);
+    let mut new = synth::Request::new("new", 9, T0 + 3 * S);
+    a.apply(
+        engine("e1", vec![new.queue(Some(0), T0 + 3 * S + MS)]),
+        T0 + 4 * S,
+        &mut out,
+    );
+    a.apply(engine("e1", vec![late]), T0 + 4 * S, &mut out);
+    let snap = a.snapshot();
+    let v = row(&snap, "e1", Path::Slot, Some(0)).view(T0 + 4 * S);
+    assert_eq!(v.request_id, Some("new"));
+}
+
+#[test]
+fn capacity_and_ttl_evictions_are_counted() {
+    let cfg = AssemblyConfig {
+        max_requests: 3,
+        request_ttl_ns: 10 * S,
+        ..AssemblyConfig::default()
+    };
+    let mut a = Assembler::new(cfg);
+    let mut out = Outputs::default();
+    for i in 0..5u64 {
+        let mut r = synth::Request::new(format!("q{i}"), 100 + i, T0);
+        a.apply(engine("e1", vec![r.queue(Some(0), T0 + MS)]), T0, &mut out);
+    }
+    assert_eq!(out.evicted_capacity, 2);
+    assert_eq!(a.in_flight(), 3);
+    a.tick(T0 + 5 * S, &mut out);
+    assert_eq!(out.evicted_ttl, 0);
+    a.tick(T0 + 11 * S, &mut out);
+    assert_eq!(out.evicted_ttl, 3);
+    assert_eq!(a.in_flight(), 0);
+    let snap = a.snapshot();
+    assert_eq!(
+        row(&snap, "e1", Path::Slot, Some(0)).view(T0).state,
+        RowState::Idle
+    );
+}
+
+#[test]
+fn running_counts_admitted_unfinished_requests() {
+    let mut a = asm();
+    let mut out = Outputs::default();
+    let mut r = synth::Request::new("x", 11, T0);
+    let mut r2 = synth::Request::new("y", 12, T0);
+    a.apply(
+        engine(
+            "e1",
+            vec![r.queue(Some(0), T0 + MS), r2.queue(Some(1), T0 + MS)],
+        ),
+        T0,
+        &mut out,
+    );
+    assert_eq!(a.snapshot().instances[0].running, 2);
+    let usage = Usage {
+        legs: 0,
+        ..Usage::default()
+    };
+    a.apply(
+        engine("e1", vec![r.root("m", T0 + S, &usage)]),
+        T0 + S,
+        &mut out,
+    );
+    assert_eq!(a.snapshot().instances[0].running, 1);
+    assert_eq!(out.turns.len(), 1);
+}

@@ -1,0 +1,358 @@
+//! Turn records: one per finished request, built from its request span and its legs.
+//!
+//! Every number a record shares with the request span is copied unchanged from the span's
+//! attribute (so it equals the engine's HTTP `usage` block exactly); only `prefill_tps` and
+//! `total_ms` (an alias of `e2e_ms`) are derived.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, RwLock};
+
+use serde::Serialize;
+
+use super::spans::{EngineSpan, LegSpan, Path, RequestSpan, TraceId, hex};
+
+/// One leg of a finished request.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TurnLeg {
+    /// `slotlight.leg.index`.
+    pub index: i64,
+    /// `solo` or `slot`.
+    pub path: Path,
+    /// Slot index (null on the solo path).
+    pub slot: Option<i64>,
+    /// Device group.
+    pub group: i64,
+    /// Tokens generated in this leg (`slotlight.leg.tokens_generated`).
+    pub tokens: Option<i64>,
+    /// Tokens carried into this leg.
+    pub tokens_carried: Option<i64>,
+    /// The leg span's duration, ms.
+    pub ms: f64,
+    /// Time in forward steps, ms.
+    pub device_ms: Option<f64>,
+    /// Largest batch of the leg.
+    pub batch_size_max: Option<i64>,
+    /// Mean batch of the leg.
+    pub batch_size_mean: Option<f64>,
+    /// Why it ended.
+    pub end_reason: Option<String>,
+    /// When it started, Unix ns.
+    pub start_time_unix_nano: i64,
+}
+
+impl TurnLeg {
+    /// A leg record from a leg span.
+    pub fn from_span(leg: &LegSpan, start_ns: i64, end_ns: i64) -> Self {
+        #[allow(clippy::cast_precision_loss)] // span durations in ns fit f64 exactly enough
+        let ms = (end_ns - start_ns) as f64 / 1e6;
+        TurnLeg {
+            index: leg.leg_index,
+            path: leg.key.path,
+            slot: leg.key.index,
+            group: leg.key.group,
+            tokens: leg.tokens_generated,
+            tokens_carried: leg.tokens_carried,
+            ms,
+            device_ms: leg.device_ms,
+            batch_size_max: leg.batch_size_max,
+            batch_size_mean: leg.batch_size_mean,
+            end_reason: leg.end_reason.clone(),
+            start_time_unix_nano: leg.leg_start_ns,
+        }
+    }
+}
+
+/// One finished request (`/v1/turns`, and one JSON line on stdout).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TurnRecord {
+    /// `service.instance.id` of the engine.
+    pub instance: Arc<str>,
+    /// `service.version` of the engine.
+    pub service_version: Option<Arc<str>>,
+    /// `slotlight.request.id`.
+    pub request_id: Arc<str>,
+    /// `slotlight.session.id`.
+    pub session_id: Option<Arc<str>>,
+    /// Trace id (hex).
+    pub trace_id: String,
+    /// Trace id (raw), for exemplars.
+    #[serde(skip)]
+    pub trace_id_bytes: TraceId,
+    /// `gen_ai.response.model`, else `gen_ai.request.model`, else the span name's model.
+    pub model: Option<String>,
+    /// `gen_ai.operation.name`.
+    pub operation: Option<String>,
+    /// The first of `gen_ai.response.finish_reasons`, else `error.type`.
+    pub finish_reason: Option<String>,
+    /// `ok` or `error` (the request span's status).
+    pub status: &'static str,
+    /// `error.type`.
+    pub error_type: Option<String>,
+    /// Request span start, Unix ns.
+    pub start_time_unix_nano: i64,
+    /// Request span end, Unix ns.
+    pub end_time_unix_nano: i64,
+    /// `gen_ai.usage.input_tokens`.
+    pub prompt_tokens: Option<i64>,
+    /// `gen_ai.usage.cache_read.input_tokens`.
+    pub cached_tokens: Option<i64>,
+    /// `slotlight.usage.prefilled_tokens`.
+    pub prefilled_tokens: Option<i64>,
+    /// `gen_ai.usage.output_tokens`.
+    pub completion_tokens: Option<i64>,
+    /// `slotlight.usage.queue_ms`.
+    pub queue_ms: Option<f64>,
+    /// `slotlight.usage.prefill_ms`.
+    pub prefill_ms: Option<f64>,
+    /// `slotlight.usage.ttft_ms`.
+    pub ttft_ms: Option<f64>,
+    /// `slotlight.usage.decode_ms`.
+    pub decode_ms: Option<f64>,
+    /// `slotlight.usage.generation_ms`.
+    pub generation_ms: Option<f64>,
+    /// `slotlight.usage.e2e_ms`.
+    pub e2e_ms: Option<f64>,
+    /// Same as `e2e_ms`.
+    pub total_ms: Option<f64>,
+    /// `slotlight.usage.decode_tps`.
+    pub decode_tps: Option<f64>,
+    /// `prefilled_tokens / (prefill_ms / 1000)` when both are known and `prefill_ms > 0`.
+    pub prefill_tps: Option<f64>,
+    /// The request's legs, by index.
+    pub legs: Vec<TurnLeg>,
+    /// `slotlight.request.legs`.
+    pub legs_expected: Option<i64>,
+    /// False when the record was written before all expected legs arrived.
+    pub legs_complete: bool,
+    /// `slotlight.request.moved`, else whether the legs ran on more than one path or slot.
+    pub moved: bool,
+    /// `slotlight.slot.group`.
+    pub slot_group: Option<i64>,
+}
+
+impl TurnRecord {
+    /// Builds the record from the request span and the legs received.
+    pub fn build(root: &EngineSpan, req: &RequestSpan, mut legs: Vec<TurnLeg>) -> Self {
+        legs.sort_by_key(|l| l.index);
+        legs.dedup_by_key(|l| l.index);
+        let model = req
+            .response_model
+            .clone()
+            .or_else(|| req.request_model.clone())
+            .or_else(|| {
+                req.name
+                    .split_once(' ')
+                    .map(|(_, m)| m.to_string())
+                    .filter(|m| !m.is_empty())
+            });
+        let finish_reason = req
+            .finish_reasons
+            .first()
+            .cloned()
+            .or_else(|| req.error_type.clone());
+        let prefill_tps = match (req.prefilled_tokens, req.prefill_ms) {
+            #[allow(clippy::cast_precision_loss)] // token counts are far below 2^53
+            (Some(t), Some(ms)) if ms > 0.0 => Some(t as f64 / (ms / 1e3)),
+            _ => None,
+        };
+        let moved = req.moved.unwrap_or_else(|| {
+            legs.windows(2)
+                .any(|w| (w[0].path, w[0].slot, w[0].group) != (w[1].path, w[1].slot, w[1].group))
+        });
+        let legs_complete = req
+            .legs
+            .is_none_or(|n| i64::try_from(legs.len()).unwrap_or(i64::MAX) >= n);
+        TurnRecord {
+            instance: root.instance.clone(),
+            service_version: root.service_version.clone(),
+            request_id: Arc::from(&*root.request_id),
+            session_id: root.session_id.as_deref().map(Arc::from),
+            trace_id: hex(&root.trace_id),
+            trace_id_bytes: root.trace_id,
+            model,
+            operation: req.operation.clone(),
+            finish_reason,
+            status: if root.error { "error" } else { "ok" },
+            error_type: req.error_type.clone(),
+            start_time_unix_nano: root.start_ns,
+            end_time_unix_nano: root.end_ns,
+            prompt_tokens: req.input_tokens,
+            cached_tokens: req.cached_tokens,
+            prefilled_tokens: req.prefilled_tokens,
+            completion_tokens: req.output_tokens,
+            queue_ms: req.queue_ms,
+            prefill_ms: req.prefill_ms,
+            ttft_ms: req.ttft_ms,
+            decode_ms: req.decode_ms,
+            generation_ms: req.generation_ms,
+            e2e_ms: req.e2e_ms,
+            total_ms: req.e2e_ms,
+            decode_tps: req.decode_tps,
+            prefill_tps,
+            legs,
+            legs_expected: req.legs,
+            legs_complete,
+            moved,
+            slot_group: req.slot_group,
+        }
+    }
+}
+
+/// Filters of `/v1/turns`.
+#[derive(Debug, Default, Clone)]
+pub struct TurnQuery {
+    /// Only this session.
+    pub session_id: Option<String>,
+    /// Only this request.
+    pub request_id: Option<String>,
+    /// Only this engine instance.
+    pub instance: Option<String>,
+    /// At most this many (newest first).
+    pub limit: usize,
+}
+
+impl TurnQuery {
+    /// True when `t` passes the filters.
+    pub fn matches(&self, t: &TurnRecord) -> bool {
+        self.session_id
+            .as_deref()
+            .is_none_or(|s| t.session_id.as_deref() == Some(s))
+            && self
+                .request_id
+                .as_deref()
+                .is_none_or(|r| &*t.request_id == r)
+            && self.instance.as_deref().is_none_or(|i| &*t.instance == i)
+    }
+}
+
+/// The bounded ring of recent turn records. Only the assembly task writes it.
+#[derive(Debug)]
+pub struct TurnStore {
+    ring: RwLock<VecDeque<Arc<TurnRecord>>>,
+    capacity: usize,
+}
+
+impl TurnStore {
+    /// A ring holding at most `capacity` records.
+    pub fn new(capacity: usize) -> Self {
+        TurnStore {
+            ring: RwLock::new(VecDeque::with_capacity(capacity.min(1 << 16))),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// Adds a record, dropping the oldest when full.
+    pub fn push(&self, t: Arc<TurnRecord>) {
+        let mut ring = self.ring.write().unwrap_or_else(|p| p.into_inner());
+        if ring.len() >= self.capacity {
+            ring.pop_front();
+        }
+        ring.push_back(t);
+    }
+
+    /// Records matching `q`, newest first.
+    pub fn query(&self, q: &TurnQuery) -> Vec<Arc<TurnRecord>> {
+        let ring = self.ring.read().unwrap_or_else(|p| p.into_inner());
+        ring.iter()
+            .rev()
+            .filter(|t| q.matches(t))
+            .take(q.limit)
+            .cloned()
+            .collect()
+    }
+
+    /// Records held.
+    pub fn len(&self) -> usize {
+        self.ring.read().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::assembly::spans::Body;
+
+    fn root(req: RequestSpan) -> EngineSpan {
+        EngineSpan {
+            instance: Arc::from("i"),
+            service_version: None,
+            trace_id: [7; 16],
+            start_ns: 10,
+            end_ns: 20,
+            error: false,
+            request_id: "r".into(),
+            session_id: Some("s".into()),
+            body: Body::Request(Box::new(req.clone())),
+        }
+    }
+
+    fn leg(index: i64, path: Path, slot: Option<i64>) -> TurnLeg {
+        TurnLeg {
+            index,
+            path,
+            slot,
+            group: 0,
+            tokens: Some(5),
+            tokens_carried: Some(0),
+            ms: 1.0,
+            device_ms: None,
+            batch_size_max: None,
+            batch_size_mean: None,
+            end_reason: None,
+            start_time_unix_nano: 0,
+        }
+    }
+
+    #[test]
+    fn copies_usage_and_derives_the_rest() {
+        let req = RequestSpan {
+            name: "chat small".into(),
+            prefilled_tokens: Some(100),
+            prefill_ms: Some(50.0),
+            e2e_ms: Some(123.456),
+            legs: Some(2),
+            ..Default::default()
+        };
+        let t = TurnRecord::build(
+            &root(req.clone()),
+            &req,
+            vec![leg(1, Path::Slot, Some(0)), leg(0, Path::Solo, None)],
+        );
+        assert_eq!(t.model.as_deref(), Some("small"));
+        assert_eq!(t.prefill_tps, Some(2000.0));
+        assert_eq!(t.total_ms, Some(123.456));
+        assert!(t.moved);
+        assert!(t.legs_complete);
+        assert_eq!(t.legs[0].index, 0);
+        let json = serde_json::to_value(&t).expect("json");
+        assert_eq!(json["e2e_ms"], serde_json::json!(123.456));
+        assert!(json.get("trace_id_bytes").is_none());
+    }
+
+    #[test]
+    fn ring_is_bounded_and_newest_first() {
+        let store = TurnStore::new(3);
+        let req = RequestSpan::default();
+        for i in 0..5 {
+            let mut t = TurnRecord::build(&root(req.clone()), &req, vec![]);
+            t.request_id = Arc::from(format!("r{i}"));
+            store.push(Arc::new(t));
+        }
+        assert_eq!(store.len(), 3);
+        let q = TurnQuery {
+            limit: 2,
+            ..Default::default()
+        };
+        let got: Vec<_> = store
+            .query(&q)
+            .iter()
+            .map(|t| t.request_id.to_string())
+            .collect();
+        assert_eq!(got, ["r4", "r3"]);
+    }
+}

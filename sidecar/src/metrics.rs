@@ -1,0 +1,889 @@
+//! Prometheus / OpenMetrics exposition, written by hand.
+//!
+//! Three sources: the sidecar's own counters (atomics, bumped by receivers and the assembly),
+//! the spanmetrics-compatible `traces_span_metrics_*` over every span received (merged once per
+//! export request), and per-request histograms and counters observed from each turn record.
+//! Live gauges (running requests, each slot's rate) are read from the latest slot snapshot at
+//! scrape time. Every name comes from [`slotlight_otel::metric`]; `# HELP` is the contract's doc.
+//!
+//! Label sets are bounded: models and span-metric series are capped (overflow goes to an
+//! `_overflow` series) and no request or trace id is ever a label (trace ids appear only as
+//! OpenMetrics exemplars).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
+use slotlight_otel::attr;
+use slotlight_otel::metric::{self, buckets, label};
+
+use crate::assembly::slots::SlotsSnapshot;
+use crate::assembly::spans::{SpanReject, TraceId, hex};
+use crate::assembly::turns::TurnRecord;
+use crate::error::IngestError;
+
+/// Label value for series beyond a cardinality cap.
+pub const OVERFLOW: &str = "_overflow";
+/// Most distinct `model` label values.
+const MAX_MODELS: usize = 64;
+
+/// Why a request was evicted from the assembly.
+#[derive(Debug, Clone, Copy)]
+pub enum EvictReason {
+    /// The in-flight map was full.
+    Capacity = 0,
+    /// No span for `--trace-ttl-s`.
+    Ttl = 1,
+}
+
+impl EvictReason {
+    fn label(self) -> &'static str {
+        match self {
+            EvictReason::Capacity => "capacity",
+            EvictReason::Ttl => "ttl",
+        }
+    }
+}
+
+const REQUEST_REJECT_LABELS: [&str; 5] = [
+    "malformed",
+    "too_large",
+    "unsupported_media_type",
+    "overloaded",
+    "forbidden",
+];
+
+/// Every metric the sidecar serves.
+#[derive(Debug)]
+pub struct Metrics {
+    spans_received: AtomicU64,
+    spans_ignored: AtomicU64,
+    spans_dropped: AtomicU64,
+    spans_rejected: [AtomicU64; 4],
+    requests_rejected: [AtomicU64; 5],
+    traces_evicted: [AtomicU64; 2],
+    traces_in_flight: AtomicU64,
+    forwarded: AtomicU64,
+    forward_dropped: AtomicU64,
+    spans: Mutex<SpanMetrics>,
+    requests: Mutex<RequestMetrics>,
+}
+
+impl Metrics {
+    /// Empty metrics; `max_span_series` caps the `traces_span_metrics_*` label sets.
+    pub fn new(max_span_series: usize) -> Self {
+        Metrics {
+            spans_received: AtomicU64::new(0),
+            spans_ignored: AtomicU64::new(0),
+            spans_dropped: AtomicU64::new(0),
+            spans_rejected: Default::default(),
+            requests_rejected: Default::default(),
+            traces_evicted: Default::default(),
+            traces_in_flight: AtomicU64::new(0),
+            forwarded: AtomicU64::new(0),
+            forward_dropped: AtomicU64::new(0),
+            spans: Mutex::new(SpanMetrics::new(max_span_series)),
+            requests: Mutex::new(RequestMetrics::default()),
+        }
+    }
+
+    /// Counts an accepted export request: spans received, ignored, rejected.
+    pub fn count_accepted(&self, received: u64, ignored: u64, rejected: &[u64; 4]) {
+        self.spans_received.fetch_add(received, Ordering::Relaxed);
+        self.spans_ignored.fetch_add(ignored, Ordering::Relaxed);
+        for (c, n) in self.spans_rejected.iter().zip(rejected) {
+            if *n > 0 {
+                c.fetch_add(*n, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Counts spans refused because the ingest queue was full.
+    pub fn count_dropped(&self, spans: u64) {
+        self.spans_dropped.fetch_add(spans, Ordering::Relaxed);
+    }
+
+    /// Counts a refused export request.
+    pub fn count_request_rejected(&self, e: &IngestError) {
+        let label = e.label();
+        if let Some(i) = REQUEST_REJECT_LABELS.iter().position(|l| *l == label) {
+            self.requests_rejected[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts evicted requests.
+    pub fn count_evicted(&self, why: EvictReason, n: u64) {
+        if n > 0 {
+            self.traces_evicted[why as usize].fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Sets the traces-in-flight gauge.
+    pub fn set_traces_in_flight(&self, n: usize) {
+        self.traces_in_flight.store(n as u64, Ordering::Relaxed);
+    }
+
+    /// Counts a forwarded export request.
+    pub fn count_forwarded(&self) {
+        self.forwarded.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts an export request that was not forwarded.
+    pub fn count_forward_dropped(&self) {
+        self.forward_dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Spans received so far (all producers).
+    pub fn spans_received(&self) -> u64 {
+        self.spans_received.load(Ordering::Relaxed)
+    }
+
+    /// Adds every span of `req` to the spanmetrics series.
+    pub fn observe_spans(&self, req: &ExportTraceServiceRequest) {
+        let mut local: HashMap<(&str, &str, i32, i32), LocalSeries> = HashMap::new();
+        for rs in &req.resource_spans {
+            let service = rs
+                .resource
+                .as_ref()
+                .and_then(|r| r.attributes.iter().find(|kv| kv.key == attr::SERVICE_NAME))
+                .and_then(|kv| kv.value.as_ref())
+                .and_then(|v| v.value.as_ref())
+                .and_then(crate::assembly::spans::as_str)
+                .unwrap_or("unknown_service");
+            for ss in &rs.scope_spans {
+                for sp in &ss.spans {
+                    let status = sp.status.as_ref().map_or(0, |s| s.code);
+                    let e = local
+                        .entry((service, sp.name.as_str(), sp.kind, status))
+                        .or_insert_with(LocalSeries::default);
+                    #[allow(clippy::cast_precision_loss)] // span durations fit f64
+                    let ms =
+                        sp.end_time_unix_nano
+                            .saturating_sub(sp.start_time_unix_nano) as f64
+                            / 1e6;
+                    e.hist.observe(
+                        ms,
+                        sp.trace_id.as_slice().try_into().ok(),
+                        sp.end_time_unix_nano,
+                    );
+                }
+            }
+        }
+        let mut g = self.spans.lock().unwrap_or_else(|p| p.into_inner());
+        for ((service, name, kind, status), l) in local {
+            g.merge(service, name, kind, status, l.hist);
+        }
+    }
+
+    /// Adds a finished request to the request metrics.
+    pub fn observe_turn(&self, t: &TurnRecord) {
+        let mut g = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+        g.observe(t);
+    }
+
+    /// Renders everything. `openmetrics` selects OpenMetrics 1.0 (with trace-id exemplars)
+    /// over the Prometheus text format 0.0.4.
+    pub fn render(&self, slots: &SlotsSnapshot, openmetrics: bool) -> String {
+        let mut w = Writer::new(openmetrics);
+        {
+            let g = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+            g.render(&mut w);
+        }
+        render_live(&mut w, slots);
+        {
+            let g = self.spans.lock().unwrap_or_else(|p| p.into_inner());
+            g.render(&mut w);
+        }
+        self.render_own(&mut w);
+        w.finish()
+    }
+
+    fn render_own(&self, w: &mut Writer) {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        w.family(metric::SIDECAR_SPANS_RECEIVED, Type::Counter);
+        w.sample(
+            metric::SIDECAR_SPANS_RECEIVED,
+            "",
+            &[],
+            &U(load(&self.spans_received)),
+        );
+        w.family(metric::SIDECAR_SPANS_REJECTED, Type::Counter);
+        for r in SpanReject::ALL {
+            w.sample(
+                metric::SIDECAR_SPANS_REJECTED,
+                "",
+                &[(label::REASON, r.label())],
+                &U(load(&self.spans_rejected[r as usize])),
+            );
+        }
+        w.family(metric::SIDECAR_SPANS_IGNORED, Type::Counter);
+        w.sample(
+            metric::SIDECAR_SPANS_IGNORED,
+            "",
+            &[],
+            &U(load(&self.spans_ignored)),
+        );
+        w.family(metric::SIDECAR_SPANS_DROPPED, Type::Counter);
+        w.sample(
+            metric::SIDECAR_SPANS_DROPPED,
+            "",
+            &[],
+            &U(load(&self.spans_dropped)),
+        );
+        w.family(metric::SIDECAR_REQUESTS_REJECTED, Type::Counter);
+        for (i, l) in REQUEST_REJECT_LABELS.iter().enumerate() {
+            w.sample(
+                metric::SIDECAR_REQUESTS_REJECTED,
+                "",
+                &[(label::REASON, l)],
+                &U(load(&self.requests_rejected[i])),
+            );
+        }
+        w.family(metric::SIDECAR_TRACES_EVICTED, Type::Counter);
+        for r in [EvictReason::Capacity, EvictReason::Ttl] {
+            w.sample(
+                metric::SIDECAR_TRACES_EVICTED,
+                "",
+                &[(label::REASON, r.label())],
+                &U(load(&self.traces_evicted[r as usize])),
+            );
+        }
+        w.family(metric::SIDECAR_TRACES_IN_FLIGHT, Type::Gauge);
+        w.sample(
+            metric::SIDECAR_TRACES_IN_FLIGHT,
+            "",
+            &[],
+            &U(load(&self.traces_in_flight)),
+        );
+        w.family(metric::SIDECAR_FORWARDED, Type::Counter);
+        w.sample(
+            metric::SIDECAR_FORWARDED,
+            "",
+            &[],
+            &U(load(&self.forwarded)),
+        );
+        w.family(metric::SIDECAR_FORWARD_DROPPED, Type::Counter);
+        w.sample(
+            metric::SIDECAR_FORWARD_DROPPED,
+            "",
+            &[],
+            &U(load(&self.forward_dropped)),
+        );
+    }
+}
+
+fn render_live(w: &mut Writer, slots: &SlotsSnapshot) {
+    w.family(metric::RUNNING_REQUESTS, Type::Gauge);
+    for i in &slots.instances {
+        w.sample(
+            metric::RUNNING_REQUESTS,
+            "",
+            &[(label::INSTANCE, &i.instance)],
+            &U(i.running),
+        );
+    }
+    w.family(metric::SLOT_TOKENS_PER_SECOND, Type::Gauge);
+    for i in &slots.instances {
+        for r in &i.rows {
+            let Some(rate) = r.occupant.as_ref().and_then(|o| o.tok_s()) else {
+                continue;
+            };
+            let group = r.key.group.to_string();
+            let slot = r
+                .key
+                .index
+                .map_or_else(|| r.key.path.as_str().to_string(), |i| i.to_string());
+            w.sample(
+                metric::SLOT_TOKENS_PER_SECOND,
+                "",
+                &[
+                    (label::INSTANCE, &i.instance),
+                    (label::SLOT_GROUP, &group),
+                    (label::SLOT, &slot),
+                ],
+                &F(rate),
+            );
+        }
+    }
+}
+
+/// The latest observation in a bucket, shown as an OpenMetrics exemplar.
+#[derive(Debug, Clone, Copy)]
+struct Exemplar {
+    trace_id: TraceId,
+    value: f64,
+    ts_ns: u64,
+}
+
+/// A fixed-bucket histogram with one exemplar per bucket.
+#[derive(Debug, Clone)]
+struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    exemplars: Vec<Option<Exemplar>>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            counts: vec![0; bounds.len() + 1],
+            exemplars: vec![None; bounds.len() + 1],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    fn observe(&mut self, v: f64, trace_id: Option<TraceId>, ts_ns: u64) {
+        if !v.is_finite() {
+            return;
+        }
+        let i = self
+            .bounds
+            .iter()
+            .position(|b| v <= *b)
+            .unwrap_or(self.bounds.len());
+        self.counts[i] += 1;
+        self.sum += v;
+        self.count += 1;
+        if let Some(trace_id) = trace_id {
+            self.exemplars[i] = Some(Exemplar {
+                trace_id,
+                value: v,
+                ts_ns,
+            });
+        }
+    }
+
+    fn merge(&mut self, o: &Histogram) {
+        for (a, b) in self.counts.iter_mut().zip(&o.counts) {
+            *a += b;
+        }
+        for (a, b) in self.exemplars.iter_mut().zip(&o.exemplars) {
+            if b.is_some() {
+                *a = *b;
+            }
+        }
+        self.sum += o.sum;
+        self.count += o.count;
+    }
+
+    fn render(&self, w: &mut Writer, name: &str, labels: &[(&str, &str)]) {
+        let mut cum = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            cum += c;
+            let le = self
+                .bounds
+                .get(i)
+                .map_or_else(|| "+Inf".to_string(), |b| format!("{b:?}"));
+            let mut with_le: Vec<(&str, &str)> = labels.to_vec();
+            with_le.push(("le", &le));
+            w.sample_ex(
+                name,
+                "_bucket",
+                &with_le,
+                &U(cum),
+                self.exemplars[i].as_ref(),
+            );
+        }
+        w.sample(name, "_sum", labels, &F(self.sum));
+        w.sample(name, "_count", labels, &U(self.count));
+    }
+}
+
+#[derive(Debug)]
+struct LocalSeries {
+    hist: Histogram,
+}
+
+impl Default for LocalSeries {
+    fn default() -> Self {
+        LocalSeries {
+            hist: Histogram::new(buckets::SPAN_DURATION_MS),
+        }
+    }
+}
+
+/// `traces_span_metrics_*`: calls and duration by service, span name, kind and status.
+#[derive(Debug)]
+struct SpanMetrics {
+    series: HashMap<(Box<str>, Box<str>, i32, i32), Histogram>,
+    max_series: usize,
+}
+
+impl SpanMetrics {
+    fn new(max_series: usize) -> Self {
+        SpanMetrics {
+            series: HashMap::new(),
+            max_series: max_series.max(1),
+        }
+    }
+
+    fn merge(&mut self, service: &str, name: &str, kind: i32, status: i32, h: Histogram) {
+        let key = if self.series.len() >= self.max_series
+            && !self
+                .series
+                .contains_key(&(Box::from(service), Box::from(name), kind, status))
+        {
+            (Box::from(OVERFLOW), Box::from(OVERFLOW), kind, status)
+        } else {
+            (Box::from(service), Box::from(name), kind, status)
+        };
+        match self.series.get_mut(&key) {
+            Some(g) => g.merge(&h),
+            None => {
+                self.series.insert(key, h);
+            }
+        }
+    }
+
+    fn render(&self, w: &mut Writer) {
+        let mut keys: Vec<_> = self.series.keys().collect();
+        keys.sort();
+        let kind_name = |k: i32| {
+            SpanKind::try_from(k)
+                .unwrap_or(SpanKind::Unspecified)
+                .as_str_name()
+        };
+        let status_name = |s: i32| {
+            StatusCode::try_from(s)
+                .unwrap_or(StatusCode::Unset)
+                .as_str_name()
+        };
+        w.family(metric::SPAN_CALLS, Type::Counter);
+        for k in &keys {
+            let labels = [
+                (label::SERVICE_NAME, &*k.0),
+                (label::SPAN_NAME, &*k.1),
+                (label::SPAN_KIND, kind_name(k.2)),
+                (label::STATUS_CODE, status_name(k.3)),
+            ];
+            w.sample(metric::SPAN_CALLS, "", &labels, &U(self.series[*k].count));
+        }
+        w.family(metric::SPAN_DURATION, Type::Histogram);
+        for k in &keys {
+            let labels = [
+                (label::SERVICE_NAME, &*k.0),
+                (label::SPAN_NAME, &*k.1),
+                (label::SPAN_KIND, kind_name(k.2)),
+                (label::STATUS_CODE, status_name(k.3)),
+            ];
+            self.series[*k].render(w, metric::SPAN_DURATION, &labels);
+        }
+    }
+}
+
+/// Per-model request metrics, observed from turn records.
+#[derive(Debug)]
+struct ModelMetrics {
+    ttft: Histogram,
+    tpot: Histogram,
+    duration: Histogram,
+    queue: Histogram,
+    prefill: Histogram,
+    decode: Histogram,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    generated_tokens: u64,
+    moves: u64,
+    requests: BTreeMap<String, u64>,
+}
+
+impl Default for ModelMetrics {
+    fn default() -> Self {
+        ModelMetrics {
+            ttft: Histogram::new(buckets::TIME_TO_FIRST_TOKEN),
+            tpot: Histogram::new(buckets::TIME_PER_OUTPUT_TOKEN),
+            duration: Histogram::new(buckets::REQUEST_DURATION),
+            queue: Histogram::new(buckets::REQUEST_DURATION),
+            prefill: Histogram::new(buckets::REQUEST_DURATION),
+            decode: Histogram::new(buckets::REQUEST_DURATION),
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            generated_tokens: 0,
+            moves: 0,
+            requests: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct RequestMetrics {
+    models: BTreeMap<String, ModelMetrics>,
+}
+
+fn nonneg(v: Option<i64>) -> u64 {
+    v.and_then(|v| u64::try_from(v).ok()).unwrap_or(0)
+}
+
+impl RequestMetrics {
+    fn observe(&mut self, t: &TurnRecord) {
+        let model = t.model.as_deref().unwrap_or("unknown");
+        let key = if self.models.len() >= MAX_MODELS && !self.models.contains_key(model) {
+            OVERFLOW
+        } else {
+            model
+        };
+        let m = self.models.entry(key.to_string()).or_default();
+        let ex = Some(t.trace_id_bytes);
+        let ts = u64::try_from(t.end_time_unix_nano).unwrap_or(0);
+        let s = |ms: Option<f64>| ms.map(|v| v / 1e3);
+        if let Some(v) = s(t.ttft_ms) {
+            m.ttft.observe(v, ex, ts);
+        }
+        if let (Some(g), Some(n)) = (s(t.generation_ms), t.completion_tokens)
+            && n > 1
+        {
+            #[allow(clippy::cast_precision_loss)] // token counts are far below 2^53
+            m.tpot.observe(g / (n - 1) as f64, ex, ts);
+        }
+        if let Some(v) = s(t.e2e_ms) {
+            m.duration.observe(v, ex, ts);
+        }
+        if let Some(v) = s(t.queue_ms) {
+            m.queue.observe(v, ex, ts);
+        }
+        if let Some(v) = s(t.prefill_ms) {
+            m.prefill.observe(v, ex, ts);
+        }
+        if let Some(v) = s(t.decode_ms) {
+            m.decode.observe(v, ex, ts);
+        }
+        m.prompt_tokens += nonneg(t.prompt_tokens);
+        m.cached_tokens += nonneg(t.cached_tokens);
+        m.generated_tokens += nonneg(t.completion_tokens);
+        if t.moved {
+            m.moves += 1;
+        }
+        let reason = t.finish_reason.as_deref().unwrap_or("unknown");
+        let reason = if m.requests.len() >= 16 && !m.requests.contains_key(reason) {
+            OVERFLOW
+        } else {
+            reason
+        };
+        *m.requests.entry(reason.to_string()).or_default() += 1;
+    }
+
+    fn render(&self, w: &mut Writer) {
+        type H = fn(&ModelMetrics) -> &Histogram;
+        let hists: [(&str, H); 6] = [
+            (metric::TIME_TO_FIRST_TOKEN, |m| &m.ttft),
+            (metric::TIME_PER_OUTPUT_TOKEN, |m| &m.tpot),
+            (metric::REQUEST_DURATION, |m| &m.duration),
+            (metric::QUEUE_TIME, |m| &m.queue),
+            (metric::PREFILL_TIME, |m| &m.prefill),
+            (metric::DECODE_TIME, |m| &m.decode),
+        ];
+        for (name, get) in hists {
+            w.family(name, Type::Histogram);
+            for (model, m) in &self.models {
+                get(m).render(w, name, &[(label::MODEL, model)]);
+            }
+        }
+        type C = fn(&ModelMetrics) -> u64;
+        let counters: [(&str, C); 4] = [
+            (metric::PROMPT_TOKENS, |m| m.prompt_tokens),
+            (metric::CACHED_TOKENS, |m| m.cached_tokens),
+            (metric::GENERATED_TOKENS, |m| m.generated_tokens),
+            (metric::MOVES, |m| m.moves),
+        ];
+        for (name, get) in counters {
+            w.family(name, Type::Counter);
+            for (model, m) in &self.models {
+                w.sample(name, "", &[(label::MODEL, model)], &U(get(m)));
+            }
+        }
+        w.family(metric::REQUESTS, Type::Counter);
+        for (model, m) in &self.models {
+            for (reason, n) in &m.requests {
+                w.sample(
+                    metric::REQUESTS,
+                    "",
+                    &[(label::MODEL, model), (label::FINISH_REASON, reason)],
+                    &U(*n),
+                );
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Type {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// An integer sample value.
+struct U(u64);
+/// A float sample value.
+struct F(f64);
+
+trait SampleValue {
+    fn write(&self, out: &mut String);
+}
+
+impl SampleValue for U {
+    fn write(&self, out: &mut String) {
+        let _ = write!(out, "{}", self.0);
+    }
+}
+
+impl SampleValue for F {
+    fn write(&self, out: &mut String) {
+        write_float(out, self.0);
+    }
+}
+
+fn write_float(out: &mut String, v: f64) {
+    if v.is_nan() {
+        out.push_str("NaN");
+    } else if v.is_infinite() {
+        out.push_str(if v > 0.0 { "+Inf" } else { "-Inf" });
+    } else {
+        let _ = write!(out, "{v:?}");
+    }
+}
+
+/// Text exposition writer for both formats.
+struct Writer {
+    out: String,
+    openmetrics: bool,
+}
+
+impl Writer {
+    fn new(openmetrics: bool) -> Self {
+        Writer {
+            out: String::with_capacity(16 << 10),
+            openmetrics,
+        }
+    }
+
+    /// `# HELP` (the contract's doc) and `# TYPE`. OpenMetrics names a counter family
+    /// without its `_total` suffix.
+    fn family(&mut self, name: &str, t: Type) {
+        let help = metric::ALL
+            .iter()
+            .find(|e| e.name == name)
+            .map_or("", |e| e.doc);
+        let family = if self.openmetrics && t == Type::Counter {
+            name.strip_suffix("_total").unwrap_or(name)
+        } else {
+            name
+        };
+        let t = match t {
+            Type::Counter => "counter",
+            Type::Gauge => "gauge",
+            Type::Histogram => "histogram",
+        };
+        let _ = writeln!(self.out, "# HELP {family} {}", escape_help(help));
+        let _ = writeln!(self.out, "# TYPE {family} {t}");
+    }
+
+    fn sample(&mut self, name: &str, suffix: &str, labels: &[(&str, &str)], v: &dyn SampleValue) {
+        self.sample_ex(name, suffix, labels, v, None);
+    }
+
+    fn sample_ex(
+        &mut self,
+        name: &str,
+        suffix: &str,
+        labels: &[(&str, &str)],
+        v: &dyn SampleValue,
+        ex: Option<&Exemplar>,
+    ) {
+        self.out.push_str(name);
+        self.out.push_str(suffix);
+        write_labels(&mut self.out, labels);
+        self.out.push(' ');
+        v.write(&mut self.out);
+        if self.openmetrics
+            && let Some(ex) = ex
+        {
+            let _ = write!(self.out, " # {{trace_id=\"{}\"}} ", hex(&ex.trace_id));
+            write_float(&mut self.out, ex.value);
+            #[allow(clippy::cast_precision_loss)] // seconds with ms precision
+            let ts = ex.ts_ns as f64 / 1e9;
+            let _ = write!(self.out, " {ts:.3}");
+        }
+        self.out.push('\n');
+    }
+
+    fn finish(mut self) -> String {
+        if self.openmetrics {
+            self.out.push_str("# EOF\n");
+        }
+        self.out
+    }
+}
+
+fn write_labels(out: &mut String, labels: &[(&str, &str)]) {
+    if labels.is_empty() {
+        return;
+    }
+    out.push('{');
+    for (i, (k, v)) in labels.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(k);
+        out.push_str("=\"");
+        for c in v.chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '"' => out.push_str("\\\""),
+                '\n' => out.push_str("\\n"),
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+    out.push('}');
+}
+
+fn escape_help(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+/// The content type for the format chosen by an `Accept` header.
+pub fn negotiate(accept: Option<&str>) -> (bool, &'static str) {
+    if accept.is_some_and(|a| a.contains("application/openmetrics-text")) {
+        (
+            true,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )
+    } else {
+        (false, "text/plain; version=0.0.4; charset=utf-8")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::assembly::spans::{Body, EngineSpan, RequestSpan};
+    use std::sync::Arc;
+
+    fn turn() -> TurnRecord {
+        let req = RequestSpan {
+            name: "chat m".into(),
+            ttft_ms: Some(30.0),
+            e2e_ms: Some(1500.0),
+            generation_ms: Some(1000.0),
+            output_tokens: Some(11),
+            input_tokens: Some(5),
+            finish_reasons: vec!["stop".into()],
+            ..Default::default()
+        };
+        let root = EngineSpan {
+            instance: Arc::from("i"),
+            service_version: None,
+            trace_id: [0xab; 16],
+            start_ns: 0,
+            end_ns: 1_700_000_000_000_000_000,
+            error: false,
+            request_id: "r".into(),
+            session_id: None,
+            body: Body::Request(Box::new(req.clone())),
+        };
+        TurnRecord::build(&root, &req, vec![])
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let m = Metrics::new(10);
+        m.observe_turn(&turn());
+        let text = m.render(&SlotsSnapshot::default(), false);
+        let ttft = metric::TIME_TO_FIRST_TOKEN;
+        assert!(
+            text.contains(&format!("{ttft}_bucket{{model=\"m\",le=\"0.02\"}} 0\n")),
+            "{text}"
+        );
+        assert!(text.contains(&format!("{ttft}_bucket{{model=\"m\",le=\"0.04\"}} 1\n")));
+        assert!(text.contains(&format!("{ttft}_bucket{{model=\"m\",le=\"+Inf\"}} 1\n")));
+        assert!(text.contains(&format!(
+            "{}_bucket{{model=\"m\",le=\"0.1\"}} 1\n",
+            metric::TIME_PER_OUTPUT_TOKEN
+        )));
+        assert!(text.contains(&format!(
+            "{}{{model=\"m\",finish_reason=\"stop\"}} 1\n",
+            metric::REQUESTS
+        )));
+        assert!(!text.contains("# EOF"));
+        assert!(
+            !text.contains("trace_id"),
+            "no exemplars in the Prometheus format"
+        );
+    }
+
+    #[test]
+    fn openmetrics_has_exemplars_and_eof() {
+        let m = Metrics::new(10);
+        m.observe_turn(&turn());
+        let text = m.render(&SlotsSnapshot::default(), true);
+        assert!(text.ends_with("# EOF\n"));
+        let family = metric::PROMPT_TOKENS
+            .strip_suffix("_total")
+            .expect("counter");
+        assert!(text.contains(&format!("# TYPE {family} counter\n")));
+        let hex = "ab".repeat(16);
+        assert!(
+            text.contains(&format!(
+                "le=\"0.04\"}} 1 # {{trace_id=\"{hex}\"}} 0.03 1700000000.000"
+            )),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn span_series_are_capped() {
+        use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+        let m = Metrics::new(2);
+        let spans = (0..5)
+            .map(|i| Span {
+                name: format!("s{i}"),
+                trace_id: vec![1; 16],
+                start_time_unix_nano: 0,
+                end_time_unix_nano: 3_000_000,
+                ..Default::default()
+            })
+            .collect();
+        let req = ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                scope_spans: vec![ScopeSpans {
+                    spans,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        };
+        m.observe_spans(&req);
+        let text = m.render(&SlotsSnapshot::default(), false);
+        let calls: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with(metric::SPAN_CALLS))
+            .collect();
+        assert_eq!(calls.len(), 3, "{calls:?}");
+        assert!(text.contains(&format!("{}=\"{OVERFLOW}\"", label::SPAN_NAME)));
+        assert!(text.contains(&format!("{}=\"unknown_service\"", label::SERVICE_NAME)));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut s = String::new();
+        write_labels(&mut s, &[("a", "x\"y\\z\n")]);
+        assert_eq!(s, "{a=\"x\\\"y\\\\z\\n\"}");
+    }
+
+    #[test]
+    fn negotiation() {
+        assert!(negotiate(Some("application/openmetrics-text;version=1.0.0")).0);
+        assert!(!negotiate(Some("text/plain")).0);
+        assert!(!negotiate(None).0);
+    }
+}

@@ -1,0 +1,224 @@
+//! Start-up and shutdown: binds the three listeners and spawns the tasks.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::serve::ListenerExt;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::api::{self, ApiState};
+use crate::assembly::{self, Assembly, AssemblyConfig, Published, TurnLog};
+use crate::config::Config;
+use crate::error::StartError;
+use crate::forward::{Forwarder, Upstream};
+use crate::metrics::Metrics;
+use crate::net::AllowList;
+use crate::receiver::grpc::GrpcReceiver;
+use crate::receiver::{Ingest, http};
+
+/// A running sidecar.
+#[derive(Debug)]
+pub struct Sidecar {
+    /// The OTLP/gRPC receiver's address.
+    pub otlp_grpc: SocketAddr,
+    /// The OTLP/HTTP receiver's address.
+    pub otlp_http: SocketAddr,
+    /// The views' address.
+    pub listen: SocketAddr,
+    /// What the assembly publishes (for in-process readers and tests).
+    pub published: Published,
+    /// The metrics.
+    pub metrics: Arc<Metrics>,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Sidecar {
+    /// The start-up line: where everything listens, and whether it is reachable from outside.
+    pub fn startup_line(&self) -> String {
+        let all_loopback = [self.otlp_grpc, self.otlp_http, self.listen]
+            .iter()
+            .all(|a| a.ip().is_loopback());
+        let scope = if all_loopback {
+            "loopback only"
+        } else {
+            "NOT loopback only: reachable from the network"
+        };
+        format!(
+            "slotlight-sidecar {} listening otlp_grpc={} otlp_http={} views={} ({scope})",
+            env!("CARGO_PKG_VERSION"),
+            self.otlp_grpc,
+            self.otlp_http,
+            self.listen
+        )
+    }
+
+    /// Stops accepting, ends streams, lets the assembly drain, and waits (briefly) for tasks.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for t in self.tasks {
+            let abort = t.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(3), t)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
+        }
+    }
+}
+
+async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { what, addr, source })
+}
+
+fn local(l: &TcpListener, what: &'static str, addr: SocketAddr) -> Result<SocketAddr, StartError> {
+    l.local_addr()
+        .map_err(|source| StartError::Bind { what, addr, source })
+}
+
+/// Starts a sidecar on the current tokio runtime.
+pub async fn start(cfg: Config) -> Result<Sidecar, StartError> {
+    let metrics = Arc::new(Metrics::new(cfg.max_span_metric_series));
+    // Servers first, then the assembly and the forwarder (they end when the servers drop their
+    // ends of the queues), so shutdown waits in dependency order.
+    let mut tasks = Vec::new();
+    let mut tail = Vec::new();
+    let forwarder = match &cfg.forward_otlp {
+        Some(url) => {
+            let (f, task) = Forwarder::start(
+                Upstream::parse(url)?,
+                cfg.forward_queue,
+                Duration::from_millis(cfg.forward_timeout_ms.max(1)),
+                metrics.clone(),
+            )?;
+            tail.push(task);
+            Some(f)
+        }
+        None => None,
+    };
+
+    let grpc_l = bind("otlp-grpc", cfg.otlp_grpc).await?;
+    let http_l = bind("otlp-http", cfg.otlp_http).await?;
+    let views_l = bind("listen", cfg.listen).await?;
+    let otlp_grpc = local(&grpc_l, "otlp-grpc", cfg.otlp_grpc)?;
+    let otlp_http = local(&http_l, "otlp-http", cfg.otlp_http)?;
+    let listen = local(&views_l, "listen", cfg.listen)?;
+
+    let assembly = Assembly::new(AssemblyConfig::from_config(&cfg), cfg.turns);
+    let published = assembly.published.clone();
+    let (tx, rx) = mpsc::channel(4096);
+    let turn_log = if cfg.no_turn_log {
+        None
+    } else {
+        match TurnLog::stdout() {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::warn!(error = %e, "TurnLog.Unavailable");
+                None
+            }
+        }
+    };
+    tail.insert(
+        0,
+        tokio::spawn(assembly::run(
+            rx,
+            assembly,
+            metrics.clone(),
+            turn_log,
+            cfg.publish_interval(),
+        )),
+    );
+
+    let ingest = Ingest::new(
+        tx,
+        cfg.ingest_queue_spans,
+        metrics.clone(),
+        forwarder,
+        AllowList::new(cfg.allow_otlp_from.clone()),
+        cfg.max_body_bytes,
+    );
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let until = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|v| *v).await;
+    };
+
+    // OTLP/gRPC.
+    let incoming = futures_util::stream::unfold(grpc_l, |l| async move {
+        let r = l.accept().await.map(|(s, _)| {
+            let _ = s.set_nodelay(true);
+            s
+        });
+        if r.is_err() {
+            // Out of descriptors and the like: do not spin.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Some((r, l))
+    });
+    let svc = GrpcReceiver::service(ingest.clone());
+    let grpc_shutdown = until(shutdown_rx.clone());
+    tasks.push(tokio::spawn(async move {
+        let r = tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming_shutdown(incoming, grpc_shutdown)
+            .await;
+        if let Err(e) = r {
+            tracing::error!(error = %e, "Receiver.GrpcStopped");
+        }
+    }));
+
+    // OTLP/HTTP.
+    let app = http::router(ingest);
+    let http_shutdown = until(shutdown_rx.clone());
+    tasks.push(tokio::spawn(async move {
+        let l = http_l.tap_io(|s| {
+            let _ = s.set_nodelay(true);
+        });
+        let r = axum::serve(l, app.into_make_service_with_connect_info::<SocketAddr>())
+            .with_graceful_shutdown(http_shutdown)
+            .await;
+        if let Err(e) = r {
+            tracing::error!(error = %e, "Receiver.HttpStopped");
+        }
+    }));
+
+    // Views.
+    let api = api::router(ApiState {
+        published: published.clone(),
+        metrics: metrics.clone(),
+        token: cfg
+            .token
+            .as_deref()
+            .filter(|t| !t.is_empty())
+            .map(Arc::from),
+        shutdown: shutdown_rx.clone(),
+    });
+    let views_shutdown = until(shutdown_rx);
+    tasks.push(tokio::spawn(async move {
+        let l = views_l.tap_io(|s| {
+            let _ = s.set_nodelay(true);
+        });
+        let r = axum::serve(l, api)
+            .with_graceful_shutdown(views_shutdown)
+            .await;
+        if let Err(e) = r {
+            tracing::error!(error = %e, "Views.Stopped");
+        }
+    }));
+
+    tasks.extend(tail);
+    Ok(Sidecar {
+        otlp_grpc,
+        otlp_http,
+        listen,
+        published,
+        metrics,
+        shutdown,
+        tasks,
+    })
+}
