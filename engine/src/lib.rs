@@ -2,7 +2,10 @@
 //! with continuous batching, and serves an OpenAI-compatible API whose usage carries each
 //! request's own timings.
 
+pub mod backend;
 pub mod chat_template;
+pub mod kv_cache;
 pub mod sampling;
+pub mod model;
 pub mod stop;
 pub mod tokenizer;

@@ -1,0 +1,104 @@
+//! Element-wise and row-wise operations of the forward pass.
+
+/// RMSNorm of each `n`-wide row of `x` into `out`, scaled by `w`.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let n = w.len();
+    for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        let ss = super::matmul::dot_f32(xr, xr);
+        #[allow(clippy::cast_precision_loss)]
+        let scale = 1.0 / (ss / n as f32 + eps).sqrt();
+        for ((o, v), g) in or.iter_mut().zip(xr).zip(w) {
+            *o = v * scale * g;
+        }
+    }
+}
+
+/// Adds `bias` to each row of `x`.
+pub fn add_bias(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        for (v, b) in row.iter_mut().zip(bias) {
+            *v += b;
+        }
+    }
+}
+
+/// `x += y`.
+pub fn add_in_place(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// `gate = silu(gate) * up`.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// Cosines and sines for each (token, pair): `table[t * half + i] = (cos, sin)` of
+/// `pos[t] * inv_freq[i]`.
+pub fn rope_table(positions: &[usize], inv_freq: &[f32], out: &mut Vec<(f32, f32)>) {
+    out.clear();
+    for &p in positions {
+        for &f in inv_freq {
+            #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
+            let theta = (p as f64 * f64::from(f)) as f32;
+            let (s, c) = theta.sin_cos();
+            out.push((c, s));
+        }
+    }
+}
+
+/// Rotates each head of each row of `x` (`rows × heads × head_dim`) in place.
+pub fn rope(x: &mut [f32], heads: usize, head_dim: usize, table: &[(f32, f32)], neox: bool) {
+    let half = head_dim / 2;
+    for (t, row) in x.chunks_exact_mut(heads * head_dim).enumerate() {
+        let cs = &table[t * half..(t + 1) * half];
+        for head in row.chunks_exact_mut(head_dim) {
+            for (i, &(c, s)) in cs.iter().enumerate() {
+                let (a, b) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * c - x1 * s;
+                head[b] = x0 * s + x1 * c;
+            }
+        }
+    }
+}
+
+/// In-place softmax.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_conventions_rotate_the_right_pairs() {
+        let table = vec![(0.0f32, 1.0f32), (1.0, 0.0)]; // pair 0 by 90°, pair 1 unchanged
+        let mut x = vec![1.0, 2.0, 3.0, 4.0];
+        rope(&mut x, 1, 4, &table, false);
+        assert_eq!(x, vec![-2.0, 1.0, 3.0, 4.0]);
+        let mut y = vec![1.0, 2.0, 3.0, 4.0];
+        rope(&mut y, 1, 4, &table, true);
+        assert_eq!(y, vec![-3.0, 2.0, 1.0, 4.0]);
+    }
+
+    #[test]
+    fn rms_norm_unit_rows() {
+        let mut out = vec![0.0; 4];
+        rms_norm(&[2.0, 2.0, 2.0, 2.0], &[1.0, 1.0, 1.0, 0.5], 0.0, &mut out);
+        assert_eq!(out, vec![1.0, 1.0, 1.0, 0.5]);
+    }
+}

@@ -1,0 +1,275 @@
+//! Host-side KV block bookkeeping: which blocks each sequence owns, and the prefix cache.
+//!
+//! Blocks are reference counted. A block that fills up is registered under the hash of its
+//! whole token prefix (the chain of its own tokens and every earlier block's), so a later
+//! sequence with the same prefix reuses it instead of recomputing it (automatic prefix caching;
+//! this is what makes warm resume cheap). When the last owner releases a registered block it is
+//! kept, evictable, in least-recently-used order; unregistered blocks return to the free list.
+//! Only full blocks are ever shared, so a sequence never writes into a shared block.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+
+/// Blocks owned by one sequence, in position order.
+#[derive(Debug, Default, Clone)]
+pub struct SeqBlocks {
+    /// Block ids; position `p` lives in `table[p / block_size]`.
+    pub table: Vec<u32>,
+    /// Prefix hashes of the leading full blocks that are registered (or were found) in the cache.
+    hashes: Vec<u64>,
+}
+
+impl SeqBlocks {
+    /// Number of blocks held.
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Whether no blocks are held.
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct Meta {
+    refs: u32,
+    /// Prefix hash and the block's tokens, when registered.
+    key: Option<(u64, Vec<u32>)>,
+    /// LRU tick while evictable.
+    lru: Option<u64>,
+}
+
+/// Not enough free blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("KV cache exhausted: {needed} blocks needed, {available} available")]
+pub struct OutOfBlocks {
+    /// Blocks the request needed.
+    pub needed: usize,
+    /// Blocks that were free or evictable.
+    pub available: usize,
+}
+
+/// Allocates KV blocks and keeps the prefix cache.
+#[derive(Debug)]
+pub struct BlockManager {
+    block_size: usize,
+    meta: Vec<Meta>,
+    free: Vec<u32>,
+    evictable: BTreeMap<u64, u32>,
+    by_hash: HashMap<u64, u32>,
+    tick: u64,
+    evictions: u64,
+}
+
+fn chain_hash(parent: u64, tokens: &[u32]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    parent.hash(&mut h);
+    tokens.hash(&mut h);
+    h.finish()
+}
+
+impl BlockManager {
+    /// A manager of `blocks` blocks of `block_size` positions.
+    pub fn new(blocks: usize, block_size: usize) -> Self {
+        let n = u32::try_from(blocks).expect("block count fits u32");
+        Self {
+            block_size,
+            meta: vec![Meta::default(); blocks],
+            free: (0..n).rev().collect(),
+            evictable: BTreeMap::new(),
+            by_hash: HashMap::new(),
+            tick: 0,
+            evictions: 0,
+        }
+    }
+
+    /// Positions per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Total blocks.
+    pub fn total(&self) -> usize {
+        self.meta.len()
+    }
+
+    /// Blocks that can be handed out now (free plus evictable cached ones).
+    pub fn available(&self) -> usize {
+        self.free.len() + self.evictable.len()
+    }
+
+    /// Registered blocks evicted so far.
+    pub fn evictions(&self) -> u64 {
+        self.evictions
+    }
+
+    /// Blocks needed to hold `positions` positions.
+    pub fn blocks_for(&self, positions: usize) -> usize {
+        positions.div_ceil(self.block_size)
+    }
+
+    fn take_one(&mut self) -> Option<u32> {
+        if let Some(b) = self.free.pop() {
+            return Some(b);
+        }
+        let (&tick, &b) = self.evictable.iter().next()?;
+        self.evictable.remove(&tick);
+        let m = &mut self.meta[b as usize];
+        m.lru = None;
+        if let Some((hash, _)) = m.key.take() {
+            self.by_hash.remove(&hash);
+        }
+        self.evictions += 1;
+        Some(b)
+    }
+
+    /// Finds the longest cached prefix of `tokens` made of full blocks, leaving at least one
+    /// token to compute, and takes a reference on each block found. Returns the sequence's
+    /// blocks and the number of cached positions.
+    pub fn match_prefix(&mut self, tokens: &[u32]) -> (SeqBlocks, usize) {
+        let mut seq = SeqBlocks::default();
+        let bs = self.block_size;
+        let max_blocks = tokens.len().saturating_sub(1) / bs;
+        let mut parent = 0u64;
+        for i in 0..max_blocks {
+            let chunk = &tokens[i * bs..(i + 1) * bs];
+            let hash = chain_hash(parent, chunk);
+            let Some(&b) = self.by_hash.get(&hash) else { break };
+            let m = &mut self.meta[b as usize];
+            if m.key.as_ref().is_none_or(|(_, t)| t != chunk) {
+                break;
+            }
+            if let Some(tick) = m.lru.take() {
+                self.evictable.remove(&tick);
+            }
+            m.refs += 1;
+            seq.table.push(b);
+            seq.hashes.push(hash);
+            parent = hash;
+        }
+        let cached = seq.table.len() * bs;
+        (seq, cached)
+    }
+
+    /// Grows `seq` to hold `positions` positions.
+    pub fn reserve(&mut self, seq: &mut SeqBlocks, positions: usize) -> Result<(), OutOfBlocks> {
+        let need = self.blocks_for(positions).saturating_sub(seq.table.len());
+        if need > self.available() {
+            return Err(OutOfBlocks {
+                needed: need,
+                available: self.available(),
+            });
+        }
+        for _ in 0..need {
+            // Unwrap is safe: availability was checked above.
+            let b = self.take_one().expect("checked availability");
+            self.meta[b as usize].refs = 1;
+            seq.table.push(b);
+        }
+        Ok(())
+    }
+
+    /// Registers every full block of `seq` whose tokens (`tokens[..computed]`) are now computed.
+    pub fn register_full(&mut self, seq: &mut SeqBlocks, tokens: &[u32], computed: usize) {
+        let bs = self.block_size;
+        let full = (computed.min(tokens.len()) / bs).min(seq.table.len());
+        while seq.hashes.len() < full {
+            let i = seq.hashes.len();
+            let parent = seq.hashes.last().copied().unwrap_or(0);
+            let chunk = &tokens[i * bs..(i + 1) * bs];
+            let hash = chain_hash(parent, chunk);
+            let b = seq.table[i];
+            if !self.by_hash.contains_key(&hash) && self.meta[b as usize].key.is_none() {
+                self.by_hash.insert(hash, b);
+                self.meta[b as usize].key = Some((hash, chunk.to_vec()));
+            }
+            seq.hashes.push(hash);
+        }
+    }
+
+    /// Releases every block of `seq`: registered blocks become evictable (most recent last),
+    /// others free.
+    pub fn release(&mut self, seq: &mut SeqBlocks) {
+        for b in seq.table.drain(..) {
+            let m = &mut self.meta[b as usize];
+            debug_assert!(m.refs > 0, "double release of block {b}");
+            m.refs = m.refs.saturating_sub(1);
+            if m.refs == 0 {
+                if m.key.is_some() {
+                    self.tick += 1;
+                    m.lru = Some(self.tick);
+                    self.evictable.insert(self.tick, b);
+                } else {
+                    self.free.push(b);
+                }
+            }
+        }
+        seq.hashes.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_is_reused_after_release() {
+        let mut m = BlockManager::new(8, 4);
+        let toks: Vec<u32> = (0..10).collect();
+        let (mut a, cached) = m.match_prefix(&toks);
+        assert_eq!(cached, 0);
+        m.reserve(&mut a, 10).expect("reserve");
+        assert_eq!(a.len(), 3);
+        m.register_full(&mut a, &toks, 10);
+        m.release(&mut a);
+        assert_eq!(m.available(), 8);
+        // Same prefix plus more: two full blocks (8 positions) are reused.
+        let longer: Vec<u32> = (0..14).collect();
+        let (mut b, cached) = m.match_prefix(&longer);
+        assert_eq!(cached, 8);
+        m.reserve(&mut b, 14).expect("reserve");
+        assert_eq!(b.len(), 4);
+        // A prompt that is entirely cached still computes its last token.
+        let (c, cached) = m.match_prefix(&toks[..8]);
+        assert_eq!(cached, 4);
+        assert_eq!(c.len(), 1);
+    }
+
+    #[test]
+    fn different_prefix_misses_and_eviction_is_lru() {
+        let mut m = BlockManager::new(4, 2);
+        let a_toks = [1, 2, 3, 4, 5];
+        let (mut a, _) = m.match_prefix(&a_toks);
+        m.reserve(&mut a, 5).expect("reserve");
+        m.register_full(&mut a, &a_toks, 5);
+        m.release(&mut a);
+        let (mut b, cached) = m.match_prefix(&[9, 9, 9, 9, 9]);
+        assert_eq!(cached, 0);
+        // Needs all 4 blocks: evicts cached ones rather than failing.
+        m.reserve(&mut b, 8).expect("reserve");
+        assert!(m.evictions() > 0);
+        assert_eq!(m.reserve(&mut b, 10), Err(OutOfBlocks { needed: 1, available: 0 }));
+        m.release(&mut b);
+        let (_, cached) = m.match_prefix(&a_toks);
+        assert_eq!(cached, 0, "evicted blocks must not match");
+    }
+
+    #[test]
+    fn shared_blocks_are_refcounted() {
+        let mut m = BlockManager::new(6, 2);
+        let t = [1, 2, 3, 4, 5];
+        let (mut a, _) = m.match_prefix(&t);
+        m.reserve(&mut a, 5).expect("reserve");
+        m.register_full(&mut a, &t, 5);
+        let (mut b, cached) = m.match_prefix(&t);
+        assert_eq!(cached, 4);
+        assert_eq!(&b.table[..], &a.table[..2]);
+        m.reserve(&mut b, 5).expect("reserve");
+        m.release(&mut a);
+        // b still holds the shared blocks: they are not evictable.
+        assert_eq!(m.available(), 6 - 3);
+        m.release(&mut b);
+        assert_eq!(m.available(), 6);
+    }
+}

@@ -1,0 +1,264 @@
+//! Loading a model from a path: a GGUF file, or a Hugging Face folder (`config.json`,
+//! `*.safetensors`, `tokenizer.json`, `tokenizer_config.json`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::config::{ConfigError, ModelConfig};
+use super::gguf::{GgufError, GgufFile, Value};
+use super::llama::{GGUF_NAMES, HF_NAMES, LlamaWeights, WeightsError};
+use super::safetensors::{Checkpoint, SafetensorsError};
+use crate::chat_template::{ChatTemplate, TemplateError};
+use crate::tokenizer::{GgufVocab, Tokenizer, TokenizerConfig, TokenizerError};
+
+/// Why a model could not be loaded. Every variant names the file and what is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The path does not exist.
+    #[error("{0}: no such file or directory")]
+    NotFound(PathBuf),
+    /// The GGUF file is unreadable.
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    /// The safetensors checkpoint is unreadable.
+    #[error(transparent)]
+    Safetensors(#[from] SafetensorsError),
+    /// The configuration is missing or invalid.
+    #[error("{path}: {source}")]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        source: ConfigError,
+    },
+    /// A weight is missing or mis-shaped.
+    #[error("{path}: {source}")]
+    Weights {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        source: WeightsError,
+    },
+    /// The tokenizer cannot be built.
+    #[error("{path}: tokenizer: {source}")]
+    Tokenizer {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        source: TokenizerError,
+    },
+    /// The chat template does not compile.
+    #[error("{path}: chat template: {source}")]
+    Template {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        source: TemplateError,
+    },
+    /// Some other file problem.
+    #[error("{path}: {message}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The source format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// A GGUF file.
+    Gguf,
+    /// A Hugging Face folder.
+    HuggingFace,
+}
+
+/// A loaded model: configuration, weights (mapped, not copied), tokenizer and chat template.
+pub struct Model {
+    /// Where it came from.
+    pub path: PathBuf,
+    /// Format.
+    pub format: Format,
+    /// The name clients use (`model` in requests): the file or folder name without extension.
+    pub id: String,
+    /// Shape.
+    pub config: ModelConfig,
+    /// Weights.
+    pub weights: Arc<LlamaWeights>,
+    /// Tokenizer.
+    pub tokenizer: Arc<Tokenizer>,
+    /// The model's chat template, or `None` when it has none.
+    pub chat_template: Option<Arc<ChatTemplate>>,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model").field("path", &self.path).field("config", &self.config).finish()
+    }
+}
+
+fn model_id(path: &Path) -> String {
+    path.file_stem()
+        .or_else(|| path.file_name())
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into())
+}
+
+impl Model {
+    /// Loads a GGUF file or a Hugging Face folder.
+    pub fn load(path: &Path) -> Result<Self, LoadError> {
+        if !path.exists() {
+            return Err(LoadError::NotFound(path.to_path_buf()));
+        }
+        if path.is_dir() {
+            Self::load_hf(path)
+        } else {
+            Self::load_gguf(path)
+        }
+    }
+
+    /// Loads weights and configuration only (no tokenizer); for kernels benchmarks and tests.
+    pub fn load_weights(path: &Path) -> Result<(ModelConfig, Arc<LlamaWeights>), LoadError> {
+        let g = GgufFile::open(path)?;
+        let cfg = ModelConfig::from_gguf(&g).map_err(|source| LoadError::Config {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let w = LlamaWeights::assemble(&cfg, &GGUF_NAMES, |n| g.tensor(n)).map_err(|source| LoadError::Weights {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok((cfg, Arc::new(w)))
+    }
+
+    fn load_gguf(path: &Path) -> Result<Self, LoadError> {
+        let g = GgufFile::open(path)?;
+        let cfg = ModelConfig::from_gguf(&g).map_err(|source| LoadError::Config {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let weights = LlamaWeights::assemble(&cfg, &GGUF_NAMES, |n| g.tensor(n)).map_err(|source| LoadError::Weights {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let tok_err = |source| LoadError::Tokenizer {
+            path: path.to_path_buf(),
+            source,
+        };
+        let strings = |k: &str| -> Option<Vec<String>> {
+            g.get(k)?
+                .as_array()?
+                .iter()
+                .map(|v| v.as_str().map(str::to_string))
+                .collect()
+        };
+        let tokens = strings("tokenizer.ggml.tokens").ok_or_else(|| LoadError::File {
+            path: path.to_path_buf(),
+            message: "no tokenizer.ggml.tokens: this GGUF carries no vocabulary".into(),
+        })?;
+        let merges = strings("tokenizer.ggml.merges");
+        #[allow(clippy::cast_possible_truncation)]
+        let token_types: Option<Vec<i32>> = g
+            .get("tokenizer.ggml.token_type")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().map(|v| v.as_f64().unwrap_or(1.0) as i32).collect());
+        #[allow(clippy::cast_possible_truncation)]
+        let scores: Option<Vec<f32>> = g
+            .get("tokenizer.ggml.scores")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().map(|v| v.as_f64().unwrap_or(0.0) as f32).collect());
+        let id = |k: &str| g.get(k).and_then(Value::as_u64).and_then(|v| u32::try_from(v).ok());
+        let model_kind = g.get("tokenizer.ggml.model").and_then(Value::as_str).unwrap_or("gpt2");
+        let vocab = GgufVocab {
+            model: model_kind,
+            pre: g.get("tokenizer.ggml.pre").and_then(Value::as_str),
+            tokens: &tokens,
+            token_types: token_types.as_deref(),
+            merges: merges.as_deref(),
+            scores: scores.as_deref(),
+            bos_id: id("tokenizer.ggml.bos_token_id"),
+            eos_id: id("tokenizer.ggml.eos_token_id"),
+            eot_id: id("tokenizer.ggml.eot_token_id"),
+            add_bos: g
+                .get("tokenizer.ggml.add_bos_token")
+                .and_then(Value::as_bool)
+                .unwrap_or(model_kind == "llama"),
+            add_eos: g.get("tokenizer.ggml.add_eos_token").and_then(Value::as_bool).unwrap_or(false),
+        };
+        let tokenizer = Tokenizer::from_gguf_vocab(&vocab).map_err(tok_err)?;
+        let chat_template = match g.get("tokenizer.chat_template").and_then(Value::as_str) {
+            Some(src) => Some(Arc::new(
+                ChatTemplate::new(src, tokenizer.bos_token(), tokenizer.eos_token()).map_err(|source| {
+                    LoadError::Template {
+                        path: path.to_path_buf(),
+                        source,
+                    }
+                })?,
+            )),
+            None => None,
+        };
+        Ok(Self {
+            path: path.to_path_buf(),
+            format: Format::Gguf,
+            id: model_id(path),
+            config: cfg,
+            weights: Arc::new(weights),
+            tokenizer: Arc::new(tokenizer),
+            chat_template,
+        })
+    }
+
+    fn load_hf(dir: &Path) -> Result<Self, LoadError> {
+        let cfg_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&cfg_path).map_err(|e| LoadError::File {
+            path: cfg_path.clone(),
+            message: e.to_string(),
+        })?;
+        let cfg = ModelConfig::from_hf_json(&text).map_err(|source| LoadError::Config {
+            path: cfg_path.clone(),
+            source,
+        })?;
+        let ckpt = Checkpoint::open(dir)?;
+        let weights = LlamaWeights::assemble(&cfg, &HF_NAMES, |n| ckpt.tensor(n)).map_err(|source| LoadError::Weights {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let tc_path = dir.join("tokenizer_config.json");
+        let tc = if tc_path.exists() {
+            Some(TokenizerConfig::from_file(&tc_path).map_err(|source| LoadError::Tokenizer {
+                path: tc_path.clone(),
+                source,
+            })?)
+        } else {
+            None
+        };
+        let tj = dir.join("tokenizer.json");
+        let tokenizer = Tokenizer::from_file(&tj, tc.as_ref()).map_err(|source| LoadError::Tokenizer {
+            path: tj.clone(),
+            source,
+        })?;
+        let chat_template = match tc.as_ref().and_then(TokenizerConfig::chat_template) {
+            Some(src) => Some(Arc::new(
+                ChatTemplate::new(&src, tokenizer.bos_token(), tokenizer.eos_token()).map_err(|source| {
+                    LoadError::Template {
+                        path: tc_path.clone(),
+                        source,
+                    }
+                })?,
+            )),
+            None => None,
+        };
+        let mut config = cfg;
+        config.name = model_id(dir);
+        Ok(Self {
+            path: dir.to_path_buf(),
+            format: Format::HuggingFace,
+            id: model_id(dir),
+            config,
+            weights: Arc::new(weights),
+            tokenizer: Arc::new(tokenizer),
+            chat_template,
+        })
+    }
+}
