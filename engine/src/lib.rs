@@ -5,7 +5,7 @@
 pub mod backend;
 pub mod chat_template;
 pub mod kv_cache;
-pub mod sampling;
 pub mod model;
+pub mod sampling;
 pub mod stop;
 pub mod tokenizer;

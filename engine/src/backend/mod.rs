@@ -63,7 +63,11 @@ pub enum BackendError {
 /// A device that can run the model.
 pub trait Backend: Send {
     /// Runs one forward step; appends `vocab`-wide logit rows to `logits` in chunk order.
-    fn forward(&mut self, chunks: &[SeqChunk<'_>], logits: &mut Vec<f32>) -> Result<StepStats, BackendError>;
+    fn forward(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        logits: &mut Vec<f32>,
+    ) -> Result<StepStats, BackendError>;
     /// The model's configuration.
     fn config(&self) -> &ModelConfig;
     /// Positions per KV block.

@@ -135,7 +135,9 @@ impl BlockManager {
         for i in 0..max_blocks {
             let chunk = &tokens[i * bs..(i + 1) * bs];
             let hash = chain_hash(parent, chunk);
-            let Some(&b) = self.by_hash.get(&hash) else { break };
+            let Some(&b) = self.by_hash.get(&hash) else {
+                break;
+            };
             let m = &mut self.meta[b as usize];
             if m.key.as_ref().is_none_or(|(_, t)| t != chunk) {
                 break;
@@ -249,7 +251,13 @@ mod tests {
         // Needs all 4 blocks: evicts cached ones rather than failing.
         m.reserve(&mut b, 8).expect("reserve");
         assert!(m.evictions() > 0);
-        assert_eq!(m.reserve(&mut b, 10), Err(OutOfBlocks { needed: 1, available: 0 }));
+        assert_eq!(
+            m.reserve(&mut b, 10),
+            Err(OutOfBlocks {
+                needed: 1,
+                available: 0
+            })
+        );
         m.release(&mut b);
         let (_, cached) = m.match_prefix(&a_toks);
         assert_eq!(cached, 0, "evicted blocks must not match");

@@ -120,20 +120,40 @@ impl ModelConfig {
             .get("tokenizer.ggml.tokens")
             .and_then(Value::as_array)
             .map(<[Value]>::len)
-            .or_else(|| g.get(&key("vocab_size")).and_then(Value::as_u64).and_then(|v| usize::try_from(v).ok()))
-            .or_else(|| g.tensor_infos().get("token_embd.weight").map(|t| t.shape[0]))
+            .or_else(|| {
+                g.get(&key("vocab_size"))
+                    .and_then(Value::as_u64)
+                    .and_then(|v| usize::try_from(v).ok())
+            })
+            .or_else(|| {
+                g.tensor_infos()
+                    .get("token_embd.weight")
+                    .map(|t| t.shape[0])
+            })
             .ok_or_else(|| ConfigError::Missing("tokenizer.ggml.tokens".into()))?;
         #[allow(clippy::cast_possible_truncation)]
         let rms_eps = g
             .get(&key("attention.layer_norm_rms_epsilon"))
             .and_then(Value::as_f64)
             .unwrap_or(1e-5) as f32;
-        let rope_theta = g.get(&key("rope.freq_base")).and_then(Value::as_f64).unwrap_or(10000.0);
+        let rope_theta = g
+            .get(&key("rope.freq_base"))
+            .and_then(Value::as_f64)
+            .unwrap_or(10000.0);
         let rope_scaling = match g.get(&key("rope.scaling.type")).and_then(Value::as_str) {
             Some("llama3") => Some(Llama3Scaling {
-                factor: g.get(&key("rope.scaling.factor")).and_then(Value::as_f64).unwrap_or(8.0),
-                low_freq_factor: g.get(&key("rope.scaling.low_freq_factor")).and_then(Value::as_f64).unwrap_or(1.0),
-                high_freq_factor: g.get(&key("rope.scaling.high_freq_factor")).and_then(Value::as_f64).unwrap_or(4.0),
+                factor: g
+                    .get(&key("rope.scaling.factor"))
+                    .and_then(Value::as_f64)
+                    .unwrap_or(8.0),
+                low_freq_factor: g
+                    .get(&key("rope.scaling.low_freq_factor"))
+                    .and_then(Value::as_f64)
+                    .unwrap_or(1.0),
+                high_freq_factor: g
+                    .get(&key("rope.scaling.high_freq_factor"))
+                    .and_then(Value::as_f64)
+                    .unwrap_or(4.0),
                 original_max_position: g
                     .get(&key("rope.scaling.original_context_length"))
                     .and_then(Value::as_f64)
@@ -158,7 +178,11 @@ impl ModelConfig {
             context: int("context_length")?,
             rms_eps,
             rope_theta,
-            rope_style: if arch == Arch::Qwen2 { RopeStyle::Neox } else { RopeStyle::Interleaved },
+            rope_style: if arch == Arch::Qwen2 {
+                RopeStyle::Neox
+            } else {
+                RopeStyle::Interleaved
+            },
             rope_scaling,
             qkv_bias: arch == Arch::Qwen2,
         };
@@ -177,12 +201,14 @@ impl ModelConfig {
         };
         let heads = c.num_attention_heads;
         let rope_scaling = match c.rope_scaling {
-            Some(s) if s.rope_type.as_deref().or(s.r#type.as_deref()) == Some("llama3") => Some(Llama3Scaling {
-                factor: s.factor.unwrap_or(8.0),
-                low_freq_factor: s.low_freq_factor.unwrap_or(1.0),
-                high_freq_factor: s.high_freq_factor.unwrap_or(4.0),
-                original_max_position: s.original_max_position_embeddings.unwrap_or(8192.0),
-            }),
+            Some(s) if s.rope_type.as_deref().or(s.r#type.as_deref()) == Some("llama3") => {
+                Some(Llama3Scaling {
+                    factor: s.factor.unwrap_or(8.0),
+                    low_freq_factor: s.low_freq_factor.unwrap_or(1.0),
+                    high_freq_factor: s.high_freq_factor.unwrap_or(4.0),
+                    original_max_position: s.original_max_position_embeddings.unwrap_or(8192.0),
+                })
+            }
             _ => None,
         };
         let cfg = Self {
@@ -193,7 +219,9 @@ impl ModelConfig {
             layers: c.num_hidden_layers,
             heads,
             kv_heads: c.num_key_value_heads.unwrap_or(heads),
-            head_dim: c.head_dim.unwrap_or(if heads > 0 { c.hidden_size / heads } else { 0 }),
+            head_dim: c
+                .head_dim
+                .unwrap_or(if heads > 0 { c.hidden_size / heads } else { 0 }),
             ffn: c.intermediate_size,
             context: c.max_position_embeddings.unwrap_or(2048),
             #[allow(clippy::cast_possible_truncation)]
@@ -209,22 +237,34 @@ impl ModelConfig {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Shape(m));
-        if self.hidden == 0 || self.layers == 0 || self.heads == 0 || self.kv_heads == 0 || self.vocab == 0 {
+        if self.hidden == 0
+            || self.layers == 0
+            || self.heads == 0
+            || self.kv_heads == 0
+            || self.vocab == 0
+        {
             return bad(format!(
                 "hidden {}, layers {}, heads {}, kv heads {}, vocab {} must all be positive",
                 self.hidden, self.layers, self.heads, self.kv_heads, self.vocab
             ));
         }
         if self.heads % self.kv_heads != 0 {
-            return bad(format!("{} heads is not a multiple of {} kv heads", self.heads, self.kv_heads));
+            return bad(format!(
+                "{} heads is not a multiple of {} kv heads",
+                self.heads, self.kv_heads
+            ));
         }
         if self.head_dim == 0 || self.head_dim % 2 != 0 || self.head_dim > 512 {
-            return bad(format!("head size {} must be even and at most 512", self.head_dim));
+            return bad(format!(
+                "head size {} must be even and at most 512",
+                self.head_dim
+            ));
         }
         if self.context == 0 || self.context > 1 << 20 {
             return bad(format!("context length {} is out of range", self.context));
         }
-        if self.hidden > 1 << 16 || self.ffn > 1 << 18 || self.layers > 1024 || self.vocab > 1 << 22 {
+        if self.hidden > 1 << 16 || self.ffn > 1 << 18 || self.layers > 1024 || self.vocab > 1 << 22
+        {
             return bad("a dimension is implausibly large".into());
         }
         Ok(())

@@ -210,7 +210,8 @@ impl<'a> Reader<'a> {
     /// A count: u64 in v2+, checked so that `count * min_size` fits in what is left.
     fn count(&mut self, what: &str, min_size: usize) -> Result<usize, GgufError> {
         let n = self.u64(what)?;
-        let n = usize::try_from(n).map_err(|_| self.corrupt(format!("{what}: {n} is too large")))?;
+        let n =
+            usize::try_from(n).map_err(|_| self.corrupt(format!("{what}: {n} is too large")))?;
         if n.saturating_mul(min_size.max(1)) > self.remaining() {
             return Err(self.corrupt(format!(
                 "{what}: {n} items cannot fit in the {} bytes left",
@@ -360,15 +361,13 @@ impl GgufFile {
                 .iter()
                 .try_fold(1usize, |a, &d| a.checked_mul(d))
                 .ok_or_else(|| corrupt(format!("tensor {name}: element count overflows")))?;
-            let len = dtype
-                .bytes_for(ne[0], elems)
-                .ok_or_else(|| {
-                    corrupt(format!(
-                        "tensor {name}: row of {} is not a whole number of {} blocks",
-                        ne[0],
-                        dtype.name()
-                    ))
-                })?;
+            let len = dtype.bytes_for(ne[0], elems).ok_or_else(|| {
+                corrupt(format!(
+                    "tensor {name}: row of {} is not a whole number of {} blocks",
+                    ne[0],
+                    dtype.name()
+                ))
+            })?;
             let start = data_start
                 .checked_add(offset)
                 .and_then(|s| usize::try_from(s).ok())
@@ -380,7 +379,9 @@ impl GgufFile {
                 )));
             }
             if offset % alignment != 0 {
-                return Err(corrupt(format!("tensor {name} is not aligned to {alignment}")));
+                return Err(corrupt(format!(
+                    "tensor {name} is not aligned to {alignment}"
+                )));
             }
             tensors.insert(
                 name.clone(),
@@ -459,9 +460,17 @@ pub(crate) mod tests {
         let (_dir, path) = b.write_temp();
         let g = GgufFile::open(&path).expect("parse");
         assert_eq!(g.version(), 3);
-        assert_eq!(g.get("general.architecture").and_then(Value::as_str), Some("llama"));
+        assert_eq!(
+            g.get("general.architecture").and_then(Value::as_str),
+            Some("llama")
+        );
         assert_eq!(g.get("llama.block_count").and_then(Value::as_u64), Some(2));
-        assert_eq!(g.get("tokenizer.ggml.tokens").and_then(Value::as_array).map(<[_]>::len), Some(2));
+        assert_eq!(
+            g.get("tokenizer.ggml.tokens")
+                .and_then(Value::as_array)
+                .map(<[_]>::len),
+            Some(2)
+        );
         let t = g.tensor("x").expect("tensor");
         assert_eq!(t.shape(), &[2, 3]);
         assert_eq!(t.dtype(), DType::F32);
@@ -503,12 +512,18 @@ pub(crate) mod tests {
         let dir = tempdir();
         let p = dir.join("notgguf.bin");
         std::fs::write(&p, b"hello world, not a model").expect("write");
-        assert!(matches!(GgufFile::open(&p), Err(GgufError::BadMagic { .. })));
+        assert!(matches!(
+            GgufFile::open(&p),
+            Err(GgufError::BadMagic { .. })
+        ));
         let mut bytes = MAGIC.to_le_bytes().to_vec();
         bytes.extend_from_slice(&9u32.to_le_bytes());
         bytes.extend_from_slice(&[0; 16]);
         std::fs::write(&p, &bytes).expect("write");
-        assert!(matches!(GgufFile::open(&p), Err(GgufError::Version { version: 9, .. })));
+        assert!(matches!(
+            GgufFile::open(&p),
+            Err(GgufError::Version { version: 9, .. })
+        ));
     }
 
     #[test]
@@ -517,7 +532,10 @@ pub(crate) mod tests {
         b.tensor_raw("w", &[32], 17, &[0u8; 64]);
         let (_dir, path) = b.write_temp();
         let err = GgufFile::open(&path).expect_err("must fail");
-        assert!(err.to_string().contains("tensor w has unsupported type"), "{err}");
+        assert!(
+            err.to_string().contains("tensor w has unsupported type"),
+            "{err}"
+        );
     }
 
     pub(crate) fn tempdir() -> PathBuf {

@@ -152,7 +152,11 @@ impl LlamaWeights {
         for l in 0..cfg.layers {
             let n = |p: &str| (names.block)(l, p);
             let bias = |p: &str, len: usize| -> Result<Option<Vec<f32>>, WeightsError> {
-                if cfg.qkv_bias { vec(&n(p), len).map(Some) } else { Ok(None) }
+                if cfg.qkv_bias {
+                    vec(&n(p), len).map(Some)
+                } else {
+                    Ok(None)
+                }
             };
             blocks.push(Block {
                 attn_norm: vec(&n("attn_norm"), h)?,

@@ -94,7 +94,10 @@ pub struct Model {
 
 impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Model").field("path", &self.path).field("config", &self.config).finish()
+        f.debug_struct("Model")
+            .field("path", &self.path)
+            .field("config", &self.config)
+            .finish()
     }
 }
 
@@ -125,9 +128,11 @@ impl Model {
             path: path.to_path_buf(),
             source,
         })?;
-        let w = LlamaWeights::assemble(&cfg, &GGUF_NAMES, |n| g.tensor(n)).map_err(|source| LoadError::Weights {
-            path: path.to_path_buf(),
-            source,
+        let w = LlamaWeights::assemble(&cfg, &GGUF_NAMES, |n| g.tensor(n)).map_err(|source| {
+            LoadError::Weights {
+                path: path.to_path_buf(),
+                source,
+            }
         })?;
         Ok((cfg, Arc::new(w)))
     }
@@ -138,10 +143,13 @@ impl Model {
             path: path.to_path_buf(),
             source,
         })?;
-        let weights = LlamaWeights::assemble(&cfg, &GGUF_NAMES, |n| g.tensor(n)).map_err(|source| LoadError::Weights {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let weights =
+            LlamaWeights::assemble(&cfg, &GGUF_NAMES, |n| g.tensor(n)).map_err(|source| {
+                LoadError::Weights {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
         let tok_err = |source| LoadError::Tokenizer {
             path: path.to_path_buf(),
             source,
@@ -168,8 +176,15 @@ impl Model {
             .get("tokenizer.ggml.scores")
             .and_then(Value::as_array)
             .map(|a| a.iter().map(|v| v.as_f64().unwrap_or(0.0) as f32).collect());
-        let id = |k: &str| g.get(k).and_then(Value::as_u64).and_then(|v| u32::try_from(v).ok());
-        let model_kind = g.get("tokenizer.ggml.model").and_then(Value::as_str).unwrap_or("gpt2");
+        let id = |k: &str| {
+            g.get(k)
+                .and_then(Value::as_u64)
+                .and_then(|v| u32::try_from(v).ok())
+        };
+        let model_kind = g
+            .get("tokenizer.ggml.model")
+            .and_then(Value::as_str)
+            .unwrap_or("gpt2");
         let vocab = GgufVocab {
             model: model_kind,
             pre: g.get("tokenizer.ggml.pre").and_then(Value::as_str),
@@ -184,17 +199,20 @@ impl Model {
                 .get("tokenizer.ggml.add_bos_token")
                 .and_then(Value::as_bool)
                 .unwrap_or(model_kind == "llama"),
-            add_eos: g.get("tokenizer.ggml.add_eos_token").and_then(Value::as_bool).unwrap_or(false),
+            add_eos: g
+                .get("tokenizer.ggml.add_eos_token")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
         };
         let tokenizer = Tokenizer::from_gguf_vocab(&vocab).map_err(tok_err)?;
         let chat_template = match g.get("tokenizer.chat_template").and_then(Value::as_str) {
             Some(src) => Some(Arc::new(
-                ChatTemplate::new(src, tokenizer.bos_token(), tokenizer.eos_token()).map_err(|source| {
-                    LoadError::Template {
+                ChatTemplate::new(src, tokenizer.bos_token(), tokenizer.eos_token()).map_err(
+                    |source| LoadError::Template {
                         path: path.to_path_buf(),
                         source,
-                    }
-                })?,
+                    },
+                )?,
             )),
             None => None,
         };
@@ -220,32 +238,38 @@ impl Model {
             source,
         })?;
         let ckpt = Checkpoint::open(dir)?;
-        let weights = LlamaWeights::assemble(&cfg, &HF_NAMES, |n| ckpt.tensor(n)).map_err(|source| LoadError::Weights {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        let weights =
+            LlamaWeights::assemble(&cfg, &HF_NAMES, |n| ckpt.tensor(n)).map_err(|source| {
+                LoadError::Weights {
+                    path: dir.to_path_buf(),
+                    source,
+                }
+            })?;
         let tc_path = dir.join("tokenizer_config.json");
         let tc = if tc_path.exists() {
-            Some(TokenizerConfig::from_file(&tc_path).map_err(|source| LoadError::Tokenizer {
-                path: tc_path.clone(),
-                source,
-            })?)
+            Some(
+                TokenizerConfig::from_file(&tc_path).map_err(|source| LoadError::Tokenizer {
+                    path: tc_path.clone(),
+                    source,
+                })?,
+            )
         } else {
             None
         };
         let tj = dir.join("tokenizer.json");
-        let tokenizer = Tokenizer::from_file(&tj, tc.as_ref()).map_err(|source| LoadError::Tokenizer {
-            path: tj.clone(),
-            source,
-        })?;
+        let tokenizer =
+            Tokenizer::from_file(&tj, tc.as_ref()).map_err(|source| LoadError::Tokenizer {
+                path: tj.clone(),
+                source,
+            })?;
         let chat_template = match tc.as_ref().and_then(TokenizerConfig::chat_template) {
             Some(src) => Some(Arc::new(
-                ChatTemplate::new(&src, tokenizer.bos_token(), tokenizer.eos_token()).map_err(|source| {
-                    LoadError::Template {
+                ChatTemplate::new(&src, tokenizer.bos_token(), tokenizer.eos_token()).map_err(
+                    |source| LoadError::Template {
                         path: tc_path.clone(),
                         source,
-                    }
-                })?,
+                    },
+                )?,
             )),
             None => None,
         };

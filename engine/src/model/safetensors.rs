@@ -73,7 +73,9 @@ impl Checkpoint {
                     other => {
                         return Err(SafetensorsError::Format {
                             path: path.clone(),
-                            message: format!("tensor {name} has unsupported dtype {other:?} (F32, F16, BF16 are supported)"),
+                            message: format!(
+                                "tensor {name} has unsupported dtype {other:?} (F32, F16, BF16 are supported)"
+                            ),
                         });
                     }
                 };

@@ -83,11 +83,27 @@ impl GgufBuilder {
         self.tensor_raw(name, shape, 0, &bytes)
     }
     /// A tensor of `dtype`, quantized from f32 values.
-    pub fn tensor_quantized(&mut self, name: &str, shape: &[usize], dtype: DType, data: &[f32]) -> &mut Self {
+    pub fn tensor_quantized(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        dtype: DType,
+        data: &[f32],
+    ) -> &mut Self {
         let (id, bytes): (u32, Vec<u8>) = match dtype {
             DType::F32 => (0, data.iter().flat_map(|v| v.to_le_bytes()).collect()),
-            DType::F16 => (1, data.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect()),
-            DType::BF16 => (30, data.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect()),
+            DType::F16 => (
+                1,
+                data.iter()
+                    .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+                    .collect(),
+            ),
+            DType::BF16 => (
+                30,
+                data.iter()
+                    .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                    .collect(),
+            ),
             DType::Q8_0 => (8, quantize_q8_0(data)),
             DType::Q4_0 => (2, quantize_q4_0(data)),
             DType::Q4_1 => (3, quantize_q4_1(data)),
@@ -96,8 +112,15 @@ impl GgufBuilder {
         self.tensor_raw(name, shape, id, &bytes)
     }
     /// A tensor with a raw GGML type id and bytes.
-    pub fn tensor_raw(&mut self, name: &str, shape: &[usize], type_id: u32, bytes: &[u8]) -> &mut Self {
-        self.tensors.push((name.into(), shape.to_vec(), type_id, bytes.to_vec()));
+    pub fn tensor_raw(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        type_id: u32,
+        bytes: &[u8],
+    ) -> &mut Self {
+        self.tensors
+            .push((name.into(), shape.to_vec(), type_id, bytes.to_vec()));
         self
     }
     /// The file's bytes.
@@ -169,7 +192,9 @@ pub fn quantize_q8_0(x: &[f32]) -> Vec<u8> {
 pub fn quantize_q4_0(x: &[f32]) -> Vec<u8> {
     let mut out = Vec::new();
     for b in x.chunks(32) {
-        let max = b.iter().fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+        let max = b
+            .iter()
+            .fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
         let d = max / -8.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         out.extend_from_slice(&f16b(d));
@@ -284,12 +309,19 @@ impl TinyLlama {
         b.kv_u32(&format!("{arch}.block_count"), self.layers as u32);
         b.kv_u32(&format!("{arch}.feed_forward_length"), self.ffn as u32);
         b.kv_u32(&format!("{arch}.attention.head_count"), self.heads as u32);
-        b.kv_u32(&format!("{arch}.attention.head_count_kv"), self.kv_heads as u32);
+        b.kv_u32(
+            &format!("{arch}.attention.head_count_kv"),
+            self.kv_heads as u32,
+        );
         b.kv_f32(&format!("{arch}.attention.layer_norm_rms_epsilon"), 1e-5);
         b.kv_f32(&format!("{arch}.rope.freq_base"), 10000.0);
         b.kv_u32(&format!("{arch}.rope.dimension_count"), head_dim as u32);
         // Vocabulary: three specials, then printable ASCII bytes in GPT-2 byte-level form.
-        let mut tokens: Vec<String> = vec!["<|endoftext|>".into(), "<|im_start|>".into(), "<|im_end|>".into()];
+        let mut tokens: Vec<String> = vec![
+            "<|endoftext|>".into(),
+            "<|im_start|>".into(),
+            "<|im_end|>".into(),
+        ];
         let mut types = vec![3, 3, 3];
         let alphabet: Vec<char> = (b'!'..=b'~').map(char::from).chain(['Ġ', 'Ċ']).collect();
         for c in alphabet.iter().take(self.vocab.saturating_sub(3)) {
@@ -315,7 +347,12 @@ impl TinyLlama {
         );
         let h = self.hidden;
         let kv = self.kv_heads * head_dim;
-        let mat = |b: &mut GgufBuilder, rng: &mut FixtureRng, name: &str, rows: usize, cols: usize, dtype: DType| {
+        let mat = |b: &mut GgufBuilder,
+                   rng: &mut FixtureRng,
+                   name: &str,
+                   rows: usize,
+                   cols: usize,
+                   dtype: DType| {
             let scale = 1.0 / (cols as f32).sqrt() * 1.7;
             b.tensor_quantized(name, &[rows, cols], dtype, &rng.vec(rows * cols, scale));
         };
@@ -323,24 +360,82 @@ impl TinyLlama {
             let v: Vec<f32> = rng.vec(n, 0.2).iter().map(|x| 1.0 + x).collect();
             b.tensor_f32(name, &[n], &v);
         };
-        let embd_type = if self.dtype.is_quantized() { DType::Q8_0 } else { self.dtype };
-        b.tensor_quantized("token_embd.weight", &[self.vocab, h], embd_type, &rng.vec(self.vocab * h, 1.0));
+        let embd_type = if self.dtype.is_quantized() {
+            DType::Q8_0
+        } else {
+            self.dtype
+        };
+        b.tensor_quantized(
+            "token_embd.weight",
+            &[self.vocab, h],
+            embd_type,
+            &rng.vec(self.vocab * h, 1.0),
+        );
         for l in 0..self.layers {
             let p = format!("blk.{l}");
             norm(&mut b, &mut rng, &format!("{p}.attn_norm.weight"), h);
-            mat(&mut b, &mut rng, &format!("{p}.attn_q.weight"), h, h, self.dtype);
-            mat(&mut b, &mut rng, &format!("{p}.attn_k.weight"), kv, h, self.dtype);
-            mat(&mut b, &mut rng, &format!("{p}.attn_v.weight"), kv, h, self.dtype);
+            mat(
+                &mut b,
+                &mut rng,
+                &format!("{p}.attn_q.weight"),
+                h,
+                h,
+                self.dtype,
+            );
+            mat(
+                &mut b,
+                &mut rng,
+                &format!("{p}.attn_k.weight"),
+                kv,
+                h,
+                self.dtype,
+            );
+            mat(
+                &mut b,
+                &mut rng,
+                &format!("{p}.attn_v.weight"),
+                kv,
+                h,
+                self.dtype,
+            );
             if self.qkv_bias {
                 b.tensor_f32(&format!("{p}.attn_q.bias"), &[h], &rng.vec(h, 0.1));
                 b.tensor_f32(&format!("{p}.attn_k.bias"), &[kv], &rng.vec(kv, 0.1));
                 b.tensor_f32(&format!("{p}.attn_v.bias"), &[kv], &rng.vec(kv, 0.1));
             }
-            mat(&mut b, &mut rng, &format!("{p}.attn_output.weight"), h, h, self.dtype);
+            mat(
+                &mut b,
+                &mut rng,
+                &format!("{p}.attn_output.weight"),
+                h,
+                h,
+                self.dtype,
+            );
             norm(&mut b, &mut rng, &format!("{p}.ffn_norm.weight"), h);
-            mat(&mut b, &mut rng, &format!("{p}.ffn_gate.weight"), self.ffn, h, self.dtype);
-            mat(&mut b, &mut rng, &format!("{p}.ffn_up.weight"), self.ffn, h, self.dtype);
-            mat(&mut b, &mut rng, &format!("{p}.ffn_down.weight"), h, self.ffn, self.dtype);
+            mat(
+                &mut b,
+                &mut rng,
+                &format!("{p}.ffn_gate.weight"),
+                self.ffn,
+                h,
+                self.dtype,
+            );
+            mat(
+                &mut b,
+                &mut rng,
+                &format!("{p}.ffn_up.weight"),
+                self.ffn,
+                h,
+                self.dtype,
+            );
+            mat(
+                &mut b,
+                &mut rng,
+                &format!("{p}.ffn_down.weight"),
+                h,
+                self.ffn,
+                self.dtype,
+            );
         }
         norm(&mut b, &mut rng, "output_norm.weight", h);
         if !self.tied {

@@ -161,7 +161,13 @@ pub struct Tensor {
 
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Tensor({} {} {:?})", self.name, self.dtype.name(), self.shape)
+        write!(
+            f,
+            "Tensor({} {} {:?})",
+            self.name,
+            self.dtype.name(),
+            self.shape
+        )
     }
 }
 
@@ -179,7 +185,12 @@ impl Tensor {
     /// An owned F32 tensor.
     pub fn from_f32(name: &str, shape: Vec<usize>, values: &[f32]) -> Self {
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        Self::new(name.to_string(), DType::F32, shape, Storage::Owned(Arc::new(bytes)))
+        Self::new(
+            name.to_string(),
+            DType::F32,
+            shape,
+            Storage::Owned(Arc::new(bytes)),
+        )
     }
 
     /// Name.

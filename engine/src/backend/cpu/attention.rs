@@ -47,7 +47,8 @@ pub fn attend(
         for g in 0..group {
             let qh = &q[g * head_dim..(g + 1) * head_dim];
             for s in 0..len {
-                scores[g * n + start + s] = dot_f32(qh, &buf[s * head_dim..(s + 1) * head_dim]) * scale;
+                scores[g * n + start + s] =
+                    dot_f32(qh, &buf[s * head_dim..(s + 1) * head_dim]) * scale;
             }
         }
     }

@@ -30,10 +30,20 @@ pub fn has_int_kernel(dtype: DType) -> bool {
 
 /// `out[t] = w · x[t]` for each of `xs` (at most [`MAX_TOKENS`]); `scratch` holds at least
 /// [`scratch_len`] floats.
-pub fn dot_row(isa: Isa, dtype: DType, w: &[u8], xs: &[QRow<'_>], out: &mut [f32], scratch: &mut [f32]) {
+pub fn dot_row(
+    isa: Isa,
+    dtype: DType,
+    w: &[u8],
+    xs: &[QRow<'_>],
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
     assert!(xs.len() <= MAX_TOKENS && xs.len() == out.len());
     let nb = xs.first().map_or(0, |x| x.d.len());
-    assert!(scratch.len() >= MAX_TOKENS * nb, "dot_row scratch too small");
+    assert!(
+        scratch.len() >= MAX_TOKENS * nb,
+        "dot_row scratch too small"
+    );
     assert!(w.len() >= nb * dtype.block_bytes() && xs.iter().all(|x| x.q.len() >= nb * QK));
     match isa {
         #[cfg(target_arch = "x86_64")]
@@ -63,7 +73,9 @@ mod scalar {
                 #[allow(clippy::cast_precision_loss)]
                 let term = match dtype {
                     DType::Q8_0 => {
-                        let s: i32 = (0..QK).map(|j| i32::from(blk[2 + j].cast_signed()) * i32::from(q[j])).sum();
+                        let s: i32 = (0..QK)
+                            .map(|j| i32::from(blk[2 + j].cast_signed()) * i32::from(q[j]))
+                            .sum();
                         dw * x.d[b] * s as f32
                     }
                     DType::Q4_0 => {
@@ -189,7 +201,8 @@ mod avx512 {
                     let d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z, x);
                     let scale = _mm512_mul_ps(dwv, _mm512_loadu_ps(xs[t].dv.as_ptr().add(pv)));
                     acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), scale, acc[t]);
-                    acc[t] = _mm512_fmadd_ps(cwv, _mm512_loadu_ps(xs[t].sv.as_ptr().add(pv)), acc[t]);
+                    acc[t] =
+                        _mm512_fmadd_ps(cwv, _mm512_loadu_ps(xs[t].sv.as_ptr().add(pv)), acc[t]);
                 }
             }
             b += 2;
@@ -244,14 +257,16 @@ mod avx512 {
                 let cwv = _mm512_mul_ps(dwv, minus128);
                 let w0 = _mm256_loadu_si256(p0.add(2).cast());
                 let w1 = _mm256_loadu_si256(p1.add(2).cast());
-                let z = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1), flip);
+                let z =
+                    _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1), flip);
                 let pv = b / 2 * 16;
                 for t in 0..NT {
                     let x = _mm512_loadu_si512(xs[t].q.as_ptr().add(b * QK).cast());
                     let d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z, x);
                     let scale = _mm512_mul_ps(dwv, _mm512_loadu_ps(xs[t].dv.as_ptr().add(pv)));
                     acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), scale, acc[t]);
-                    acc[t] = _mm512_fmadd_ps(cwv, _mm512_loadu_ps(xs[t].sv.as_ptr().add(pv)), acc[t]);
+                    acc[t] =
+                        _mm512_fmadd_ps(cwv, _mm512_loadu_ps(xs[t].sv.as_ptr().add(pv)), acc[t]);
                 }
             }
             b += 2;
@@ -262,7 +277,10 @@ mod avx512 {
             unsafe {
                 let p = wp.add(b * bb);
                 let dw = h2f(p);
-                let z = _mm256_xor_si256(_mm256_loadu_si256(p.add(2).cast()), _mm512_castsi512_si256(flip));
+                let z = _mm256_xor_si256(
+                    _mm256_loadu_si256(p.add(2).cast()),
+                    _mm512_castsi512_si256(flip),
+                );
                 for t in 0..NT {
                     let x = _mm256_loadu_si256(xs[t].q.as_ptr().add(b * QK).cast());
                     let d = _mm256_dpbusd_epi32(_mm256_setzero_si256(), z, x);
@@ -337,7 +355,10 @@ mod avx2 {
                     let dw = h2f(p);
                     corr += if MIN { h2f(p.add(2)) } else { -8.0 * dw } * x.xs[b];
                     let v = _mm_loadu_si128(p.add(off).cast());
-                    let z = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask), _mm_and_si128(v, mask));
+                    let z = _mm256_set_m128i(
+                        _mm_and_si128(_mm_srli_epi16(v, 4), mask),
+                        _mm_and_si128(v, mask),
+                    );
                     let q = _mm256_loadu_si256(x.q.as_ptr().add(b * QK).cast());
                     let s = _mm256_madd_epi16(_mm256_maddubs_epi16(z, q), ones);
                     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * x.d[b]), acc);
@@ -393,18 +414,46 @@ mod tests {
         qa.quantize(&x, 4, k);
         let rows: Vec<QRow<'_>> = (0..4).map(|r| qa.row(r)).collect();
         let exact: Vec<f32> = (0..4)
-            .map(|t| wd.iter().zip(&x[t * k..(t + 1) * k]).map(|(a, b)| a * b).sum())
+            .map(|t| {
+                wd.iter()
+                    .zip(&x[t * k..(t + 1) * k])
+                    .map(|(a, b)| a * b)
+                    .sum()
+            })
             .collect();
         for isa in Isa::available() {
             let mut all = [0f32; 4];
-            dot_row(isa, dtype, &w, &rows, &mut all, &mut vec![0.0; scratch_len(k)]);
+            dot_row(
+                isa,
+                dtype,
+                &w,
+                &rows,
+                &mut all,
+                &mut vec![0.0; scratch_len(k)],
+            );
             for t in 0..4 {
                 let tol = 0.02 * (k as f32).sqrt();
-                assert!((all[t] - exact[t]).abs() < tol, "{isa:?} {dtype:?} k={k} t={t}: {} vs {}", all[t], exact[t]);
+                assert!(
+                    (all[t] - exact[t]).abs() < tol,
+                    "{isa:?} {dtype:?} k={k} t={t}: {} vs {}",
+                    all[t],
+                    exact[t]
+                );
                 // Batch invariance: the same token alone gives bit-identical output.
                 let mut one = [0f32; 1];
-                dot_row(isa, dtype, &w, &rows[t..t + 1], &mut one, &mut vec![0.0; scratch_len(k)]);
-                assert_eq!(one[0].to_bits(), all[t].to_bits(), "{isa:?} {dtype:?} batch variance");
+                dot_row(
+                    isa,
+                    dtype,
+                    &w,
+                    &rows[t..t + 1],
+                    &mut one,
+                    &mut vec![0.0; scratch_len(k)],
+                );
+                assert_eq!(
+                    one[0].to_bits(),
+                    all[t].to_bits(),
+                    "{isa:?} {dtype:?} batch variance"
+                );
             }
         }
     }

@@ -20,7 +20,13 @@ pub struct KvStore {
 
 impl KvStore {
     /// Storage for `blocks` blocks.
-    pub fn new(layers: usize, kv_heads: usize, head_dim: usize, block_size: usize, blocks: usize) -> Self {
+    pub fn new(
+        layers: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        block_size: usize,
+        blocks: usize,
+    ) -> Self {
         let n = blocks * layers * 2 * kv_heads * block_size * head_dim;
         Self {
             layers,
@@ -48,7 +54,9 @@ impl KvStore {
     }
 
     fn base(&self, block: usize, layer: usize, kind: usize, head: usize) -> usize {
-        (((block * self.layers + layer) * 2 + kind) * self.kv_heads + head) * self.block_size * self.head_dim
+        (((block * self.layers + layer) * 2 + kind) * self.kv_heads + head)
+            * self.block_size
+            * self.head_dim
     }
 
     /// Stores the keys and values (`kv_heads * head_dim` each) of one position.
@@ -64,7 +72,15 @@ impl KvStore {
 
     /// Converts the first `n` positions of one head's keys (`kind` 0) or values (1) in a block
     /// into `out` (`n * head_dim`).
-    pub fn read(&self, block: usize, layer: usize, kind: usize, head: usize, n: usize, out: &mut [f32]) {
+    pub fn read(
+        &self,
+        block: usize,
+        layer: usize,
+        kind: usize,
+        head: usize,
+        n: usize,
+        out: &mut [f32],
+    ) {
         let b = self.base(block, layer, kind, head);
         let len = n * self.head_dim;
         self.data[b..b + len].convert_to_f32_slice(&mut out[..len]);

@@ -48,40 +48,54 @@ pub fn matmul(isa: Isa, w: &Tensor, input: &Input<'_>, out: &mut [f32]) {
     let tasks = n.div_ceil(ROWS_PER_TASK);
     let int = dot::has_int_kernel(w.dtype());
     if int {
-        assert!(input.q.is_some(), "matmul {}: quantized activations missing", w.name());
+        assert!(
+            input.q.is_some(),
+            "matmul {}: quantized activations missing",
+            w.name()
+        );
     }
-    (0..tasks).into_par_iter().for_each_init(Vec::new, |scratch: &mut Vec<f32>, task| {
-        scratch.resize(input.k.max(dot::scratch_len(input.k)), 0.0);
-        let r0 = task * ROWS_PER_TASK;
-        let r1 = (r0 + ROWS_PER_TASK).min(n);
-        let ptr = ptr;
-        if let (true, Some(q)) = (int, input.q) {
-            let mut res = [0f32; MAX_TOKENS];
-            let mut t0 = 0;
-            while t0 < t_count {
-                let nt = (t_count - t0).min(MAX_TOKENS);
-                let rows: [_; MAX_TOKENS] = std::array::from_fn(|i| q.row((t0 + i).min(t_count - 1)));
+    (0..tasks)
+        .into_par_iter()
+        .for_each_init(Vec::new, |scratch: &mut Vec<f32>, task| {
+            scratch.resize(input.k.max(dot::scratch_len(input.k)), 0.0);
+            let r0 = task * ROWS_PER_TASK;
+            let r1 = (r0 + ROWS_PER_TASK).min(n);
+            let ptr = ptr;
+            if let (true, Some(q)) = (int, input.q) {
+                let mut res = [0f32; MAX_TOKENS];
+                let mut t0 = 0;
+                while t0 < t_count {
+                    let nt = (t_count - t0).min(MAX_TOKENS);
+                    let rows: [_; MAX_TOKENS] =
+                        std::array::from_fn(|i| q.row((t0 + i).min(t_count - 1)));
+                    for r in r0..r1 {
+                        dot::dot_row(
+                            isa,
+                            w.dtype(),
+                            w.row_bytes_of(r),
+                            &rows[..nt],
+                            &mut res[..nt],
+                            scratch,
+                        );
+                        for (i, v) in res[..nt].iter().enumerate() {
+                            // SAFETY: row r belongs to this task only; (t0+i) < t_count.
+                            unsafe { *ptr.0.add((t0 + i) * n + r) = *v };
+                        }
+                    }
+                    t0 += nt;
+                }
+            } else {
+                let row = &mut scratch[..input.k];
                 for r in r0..r1 {
-                    dot::dot_row(isa, w.dtype(), w.row_bytes_of(r), &rows[..nt], &mut res[..nt], scratch);
-                    for (i, v) in res[..nt].iter().enumerate() {
-                        // SAFETY: row r belongs to this task only; (t0+i) < t_count.
-                        unsafe { *ptr.0.add((t0 + i) * n + r) = *v };
+                    dequantize(w.dtype(), w.row_bytes_of(r), row);
+                    for t in 0..t_count {
+                        let v = dot_f32(row, &input.x[t * input.k..(t + 1) * input.k]);
+                        // SAFETY: as above.
+                        unsafe { *ptr.0.add(t * n + r) = v };
                     }
                 }
-                t0 += nt;
             }
-        } else {
-            let row = &mut scratch[..input.k];
-            for r in r0..r1 {
-                dequantize(w.dtype(), w.row_bytes_of(r), row);
-                for t in 0..t_count {
-                    let v = dot_f32(row, &input.x[t * input.k..(t + 1) * input.k]);
-                    // SAFETY: as above.
-                    unsafe { *ptr.0.add(t * n + r) = v };
-                }
-            }
-        }
-    });
+        });
 }
 
 /// f32 dot product with eight independent partial sums (vectorizes well).
@@ -110,7 +124,14 @@ mod tests {
     #[test]
     fn matmul_matches_dequantized_reference_for_every_type() {
         let (n, k, t) = (40, 96, 7);
-        for dtype in [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+        for dtype in [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::Q8_0,
+            DType::Q4_0,
+            DType::Q4_1,
+        ] {
             let mut rng = FixtureRng::new(3);
             let wf = rng.vec(n * k, 1.0);
             let mut b = GgufBuilder::new();
@@ -122,14 +143,22 @@ mod tests {
             let x = rng.vec(t * k, 1.0);
             let mut qa = QActs::default();
             qa.quantize(&x, t, k);
-            let input = Input { x: &x, q: Some(&qa), rows: t, k };
+            let input = Input {
+                x: &x,
+                q: Some(&qa),
+                rows: t,
+                k,
+            };
             let mut out = vec![0.0; t * n];
             matmul(crate::backend::cpu::isa::detect(), &w, &input, &mut out);
             for ti in 0..t {
                 for r in 0..n {
                     let exact: f32 = (0..k).map(|j| wd[r * k + j] * x[ti * k + j]).sum();
                     let got = out[ti * n + r];
-                    assert!((got - exact).abs() < 0.15, "{dtype:?} t={ti} r={r}: {got} vs {exact}");
+                    assert!(
+                        (got - exact).abs() < 0.15,
+                        "{dtype:?} t={ti} r={r}: {got} vs {exact}"
+                    );
                 }
             }
         }

@@ -70,7 +70,13 @@ impl CpuBackend {
         pool: Arc<rayon::ThreadPool>,
     ) -> Self {
         let inv_freq = cfg.rope_inv_freq(weights.rope_freqs.as_deref());
-        let kv = KvStore::new(cfg.layers, cfg.kv_heads, cfg.head_dim, block_size, kv_blocks);
+        let kv = KvStore::new(
+            cfg.layers,
+            cfg.kv_heads,
+            cfg.head_dim,
+            block_size,
+            kv_blocks,
+        );
         Self {
             cfg,
             weights,
@@ -137,7 +143,9 @@ impl CpuBackend {
                 return Err(BackendError::Invalid(format!("block {b} out of range")));
             }
             if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= cfg.vocab) {
-                return Err(BackendError::Invalid(format!("token {t} out of vocabulary")));
+                return Err(BackendError::Invalid(format!(
+                    "token {t} out of vocabulary"
+                )));
             }
             for i in 0..c.tokens.len() {
                 s.positions.push(c.start_pos + i);
@@ -152,7 +160,8 @@ impl CpuBackend {
         let mut t = 0;
         for c in chunks {
             for &tok in c.tokens {
-                w.embed.dequantize_row(tok as usize, &mut s.x[t * h..(t + 1) * h]);
+                w.embed
+                    .dequantize_row(tok as usize, &mut s.x[t * h..(t + 1) * h]);
                 t += 1;
             }
         }
@@ -198,8 +207,19 @@ impl CpuBackend {
                         let off = ti * qd + g * group * hd;
                         let out = out;
                         // SAFETY: each (token, kv head) item owns its own output slice.
-                        let o = unsafe { std::slice::from_raw_parts_mut(out.0.add(off), group * hd) };
-                        attend(kv_ref, l, g, ctxs_ref[ti], &q[off..off + group * hd], hd, o, scores, buf);
+                        let o =
+                            unsafe { std::slice::from_raw_parts_mut(out.0.add(off), group * hd) };
+                        attend(
+                            kv_ref,
+                            l,
+                            g,
+                            ctxs_ref[ti],
+                            &q[off..off + group * hd],
+                            hd,
+                            o,
+                            scores,
+                            buf,
+                        );
                     },
                 );
             });
@@ -228,7 +248,12 @@ impl CpuBackend {
         if rows > 0 {
             s.last_h.resize(rows * h, 0.0);
             for (i, &r) in s.logit_rows.iter().enumerate() {
-                ops::rms_norm(&s.x[r * h..(r + 1) * h], &w.norm, cfg.rms_eps, &mut s.last_h[i * h..(i + 1) * h]);
+                ops::rms_norm(
+                    &s.x[r * h..(r + 1) * h],
+                    &w.norm,
+                    cfg.rms_eps,
+                    &mut s.last_h[i * h..(i + 1) * h],
+                );
             }
             Self::quantize_if_needed(&mut s.qa, &s.last_h, rows, h, &[&w.output]);
             let start = logits.len();
@@ -247,7 +272,11 @@ impl CpuBackend {
 }
 
 impl Backend for CpuBackend {
-    fn forward(&mut self, chunks: &[SeqChunk<'_>], logits: &mut Vec<f32>) -> Result<StepStats, BackendError> {
+    fn forward(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        logits: &mut Vec<f32>,
+    ) -> Result<StepStats, BackendError> {
         let started = Instant::now();
         let pool = Arc::clone(&self.pool);
         pool.install(|| self.run(chunks, logits))?;

@@ -57,7 +57,11 @@ pub fn rope(x: &mut [f32], heads: usize, head_dim: usize, table: &[(f32, f32)], 
         let cs = &table[t * half..(t + 1) * half];
         for head in row.chunks_exact_mut(head_dim) {
             for (i, &(c, s)) in cs.iter().enumerate() {
-                let (a, b) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+                let (a, b) = if neox {
+                    (i, i + half)
+                } else {
+                    (2 * i, 2 * i + 1)
+                };
                 let (x0, x1) = (head[a], head[b]);
                 head[a] = x0 * c - x1 * s;
                 head[b] = x0 * s + x1 * c;

@@ -109,7 +109,9 @@ mod tests {
 
     #[test]
     fn quantization_error_is_small() {
-        let x: Vec<f32> = (0..64).map(|i| ((i * 37 % 17) as f32 - 8.0) * 0.13).collect();
+        let x: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 17) as f32 - 8.0) * 0.13)
+            .collect();
         let mut q = QActs::default();
         q.quantize(&x, 2, 32);
         for r in 0..2 {
