@@ -110,10 +110,8 @@ async fn slots(State(st): State<ApiState>) -> Response {
     json_response(serde_json::to_string(&snap.view(crate::unix_now_ns())).unwrap_or_default())
 }
 
-fn until_shutdown(mut rx: watch::Receiver<bool>) -> impl Future<Output = ()> + Send + 'static {
-    async move {
-        let _ = rx.wait_for(|v| *v).await;
-    }
+async fn until_shutdown(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| *v).await;
 }
 
 async fn slots_stream(

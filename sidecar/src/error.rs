@@ -12,7 +12,7 @@ pub enum IngestError {
     #[error("malformed OTLP payload: {0}")]
     Malformed(String),
     /// The payload (after decompression) is bigger than `--max-body-bytes`. Not retryable.
-    /// HTTP 413, gRPC `RESOURCE_EXHAUSTED` (tonic's own limit).
+    /// HTTP 413 (over gRPC, tonic enforces the limit itself and answers `OUT_OF_RANGE`).
     #[error("payload larger than {limit} bytes")]
     TooLarge {
         /// The limit in bytes.

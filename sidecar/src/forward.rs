@@ -172,7 +172,7 @@ async fn run(
             Err(e) => {
                 metrics.count_forward_dropped();
                 // Warn on the first failure and then every 1000th, not per request.
-                if failures % 1000 == 0 {
+                if failures.is_multiple_of(1000) {
                     tracing::warn!(upstream = ?up, error = %e, failures = failures + 1, "Forward.Failed");
                 }
                 failures += 1;

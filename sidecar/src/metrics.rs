@@ -159,7 +159,7 @@ impl Metrics {
                     let status = sp.status.as_ref().map_or(0, |s| s.code);
                     let e = local
                         .entry((service, sp.name.as_str(), sp.kind, status))
-                        .or_insert_with(LocalSeries::default);
+                        .or_default();
                     #[allow(clippy::cast_precision_loss)] // span durations fit f64
                     let ms =
                         sp.end_time_unix_nano

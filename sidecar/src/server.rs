@@ -160,7 +160,7 @@ pub async fn start(cfg: Config) -> Result<Sidecar, StartError> {
         }
         Some((r, l))
     });
-    let svc = GrpcReceiver::service(ingest.clone());
+    let svc = GrpcReceiver::service(ingest.clone(), metrics.clone());
     let grpc_shutdown = until(shutdown_rx.clone());
     tasks.push(tokio::spawn(async move {
         let r = tonic::transport::Server::builder()

@@ -571,16 +571,11 @@ impl TurnLog {
                         return;
                     }
                     // Flush whenever the queue is drained, so lines appear promptly.
-                    loop {
-                        match rx.try_recv() {
-                            Ok(t) => {
-                                let mut line = serde_json::to_vec(&*t).unwrap_or_default();
-                                line.push(b'\n');
-                                if w.write_all(&line).is_err() {
-                                    return;
-                                }
-                            }
-                            Err(_) => break,
+                    while let Ok(t) = rx.try_recv() {
+                        let mut line = serde_json::to_vec(&*t).unwrap_or_default();
+                        line.push(b'\n');
+                        if w.write_all(&line).is_err() {
+                            return;
                         }
                     }
                     if w.flush().is_err() {

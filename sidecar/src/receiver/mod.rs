@@ -157,3 +157,98 @@ impl Ingest {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth;
+
+    fn ingest(room: usize) -> (Ingest, mpsc::Receiver<Batch>, Arc<Metrics>) {
+        let (tx, rx) = mpsc::channel(8);
+        let metrics = Arc::new(Metrics::new(16));
+        let i = Ingest::new(
+            tx,
+            room,
+            metrics.clone(),
+            None,
+            AllowList::default(),
+            1 << 20,
+        );
+        (i, rx, metrics)
+    }
+
+    fn three_spans(id: &str) -> ExportTraceServiceRequest {
+        let spans = synth::whole_request(id, 1, 1_000, Some(0), 1, 1);
+        synth::export("e", spans[..3].to_vec())
+    }
+
+    #[test]
+    fn full_queue_refuses_whole_requests_until_drained() {
+        let (i, mut rx, metrics) = ingest(5);
+        i.accept(three_spans("a"), None).expect("room for 3");
+        match i.accept(three_spans("b"), None) {
+            Err(IngestError::Overloaded) => {}
+            other => panic!("expected Overloaded, got {other:?}"),
+        }
+        let batch = rx.try_recv().expect("first batch queued");
+        assert_eq!(batch.spans.len(), 3);
+        assert!(
+            rx.try_recv().is_err(),
+            "nothing of the refused request was queued"
+        );
+        drop(batch); // the assembly applied it: its room comes back
+        i.accept(three_spans("b"), None).expect("room again");
+        let text = metrics.render(&Default::default(), false);
+        assert!(text.contains(&format!(
+            "{} 3\n",
+            slotlight_otel::metric::SIDECAR_SPANS_DROPPED
+        )));
+        assert!(text.contains(&format!(
+            "{} 6\n",
+            slotlight_otel::metric::SIDECAR_SPANS_RECEIVED
+        )));
+    }
+
+    #[tokio::test]
+    async fn http_overload_is_503_with_retry_after() {
+        let (i, _rx, _) = ingest(3);
+        i.accept(three_spans("a"), None).expect("fills the queue");
+        let app = http::router(i);
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = l.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let _ = axum::serve(
+                l,
+                app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+            )
+            .await;
+        });
+        let resp = reqwest::Client::new()
+            .post(format!("http://{addr}/v1/traces"))
+            .header("content-type", "application/x-protobuf")
+            .body(three_spans("b").encode_to_vec())
+            .send()
+            .await
+            .expect("POST");
+        assert_eq!(resp.status(), 503);
+        assert_eq!(resp.headers()["retry-after"], "1");
+        let body = resp.bytes().await.expect("body");
+        let st = tonic_types::Status::decode(body).expect("Status body");
+        assert_eq!(st.code, tonic::Code::Unavailable as i32);
+    }
+
+    #[test]
+    fn grpc_overload_carries_retry_info() {
+        use tonic_types::StatusExt;
+        let st = grpc::to_status(&IngestError::Overloaded);
+        assert_eq!(st.code(), tonic::Code::Unavailable);
+        let info = st.get_details_retry_info().expect("RetryInfo");
+        assert_eq!(info.retry_delay, Some(std::time::Duration::from_secs(1)));
+        assert_eq!(
+            grpc::to_status(&IngestError::Malformed("x".into())).code(),
+            tonic::Code::InvalidArgument
+        );
+    }
+}

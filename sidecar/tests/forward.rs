@@ -1,0 +1,83 @@
+//! `--forward-otlp`: engine → sidecar → upstream over OTLP/HTTP and OTLP/gRPC (the upstream
+//! here is a second sidecar), and a dead upstream never blocks ingest.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+mod support;
+
+use slotlight_otel::metric;
+use slotlight_sidecar::synth;
+use support::*;
+
+async fn forwards_to(scheme_url: impl FnOnce(&TestSidecar) -> String) {
+    let upstream = TestSidecar::start().await;
+    let url = scheme_url(&upstream);
+    let t = TestSidecar::start_with(|c| c.forward_otlp = Some(url)).await;
+    let spans = synth::whole_request("fwd", 1, now_ns() - S, Some(0), 2, 5);
+    // Over gRPC and over HTTP JSON into the first sidecar; both arrive upstream.
+    t.send_grpc(synth::export("engine-f", spans[..3].to_vec()))
+        .await
+        .expect("export");
+    let json = serde_json::to_vec(&synth::export("engine-f", spans[3..].to_vec())).unwrap();
+    let (status, _, _) = t.post(json, "application/json", None).await;
+    assert_eq!(status, 200);
+    let here = t.wait_turn("fwd").await;
+    let there = upstream.wait_turn("fwd").await;
+    assert_eq!(here, there, "the upstream assembled the same record");
+    let m = wait_metric(&t, metric::SIDECAR_FORWARDED, 2.0).await;
+    assert_eq!(sample(&m, metric::SIDECAR_FORWARD_DROPPED), Some(0.0));
+}
+
+/// Polls `/metrics` until `name` reaches `value` (bounded; correctness, not speed).
+async fn wait_metric(t: &TestSidecar, name: &str, value: f64) -> String {
+    for _ in 0..1000 {
+        let m = t.metrics().await;
+        if sample(&m, name) == Some(value) {
+            return m;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("{name} never reached {value}:\n{}", t.metrics().await);
+}
+
+#[tokio::test]
+async fn forwards_over_http() {
+    forwards_to(|u| format!("http://{}", u.sc.otlp_http)).await;
+}
+
+#[tokio::test]
+async fn forwards_over_grpc() {
+    forwards_to(|u| format!("grpc://{}", u.sc.otlp_grpc)).await;
+}
+
+#[tokio::test]
+async fn dead_upstream_never_blocks_ingest() {
+    // A port that was just free: nothing listens there.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let t = TestSidecar::start_with(|c| {
+        c.forward_otlp = Some(format!("http://{dead}"));
+        c.forward_queue = 2;
+    })
+    .await;
+    for i in 0..50u64 {
+        let spans = synth::whole_request(&format!("d{i}"), i, now_ns() - S, Some(0), 1, 5);
+        t.send_grpc(synth::export("engine-d", spans))
+            .await
+            .expect("export");
+    }
+    // Every request was accepted and assembled while the upstream was dead...
+    t.wait_for("/v1/turns", |v| v["count"] == 50).await;
+    // ...and every forward was dropped (queue full or connection refused) and counted.
+    let text = wait_metric(&t, metric::SIDECAR_FORWARD_DROPPED, 50.0).await;
+    assert_eq!(sample(&text, metric::SIDECAR_FORWARDED), Some(0.0));
+}
+
+#[tokio::test]
+async fn tls_upstream_is_refused_at_start() {
+    let mut cfg = slotlight_sidecar::Config::ephemeral();
+    cfg.forward_otlp = Some("https://collector.example:4318".into());
+    let err = slotlight_sidecar::start(cfg).await.expect_err("refused");
+    assert!(err.to_string().contains("TLS"), "{err}");
+}

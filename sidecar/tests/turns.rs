@@ -1,0 +1,166 @@
+//! `/v1/turns`: records equal the spans they came from; filters; the SSE stream.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+mod support;
+
+use serde_json::Value;
+use slotlight_sidecar::synth::{self, Request, Usage};
+use support::*;
+
+/// Sends one finished request with the given usage and returns its record.
+async fn finished(
+    t: &TestSidecar,
+    inst: &str,
+    id: &str,
+    session: &str,
+    seed: u64,
+    usage: &Usage,
+) -> Value {
+    let start = now_ns() - 2 * S;
+    let mut r = Request::new(id, seed, start).with_session(session);
+    r.first_token_ns = Some(start + 30 * MS);
+    let leg = r.leg(0, Some(1), start + 2 * MS, 0);
+    let spans = vec![
+        r.queue(Some(1), start + 2 * MS),
+        r.prefill(
+            start + 2 * MS,
+            start + 30 * MS,
+            usage.prompt_tokens,
+            usage.cached_tokens,
+        ),
+        r.decode(
+            &leg,
+            start + 30 * MS,
+            start + 400 * MS,
+            usage.completion_tokens - 1,
+            usage.completion_tokens,
+        ),
+        r.leg_span(&leg, start + 400 * MS, usage.completion_tokens, "finished"),
+        r.root("small-model", start + 401 * MS, usage),
+    ];
+    t.send_grpc(synth::export(inst, spans))
+        .await
+        .expect("export");
+    t.wait_turn(id).await
+}
+
+#[tokio::test]
+async fn turn_record_equals_the_request_span() {
+    let t = TestSidecar::start().await;
+    let usage = Usage {
+        finish_reason: "length".into(),
+        prompt_tokens: 123,
+        cached_tokens: 64,
+        prefilled_tokens: 59,
+        completion_tokens: 17,
+        queue_ms: 1.234_567_891,
+        prefill_ms: 27.000_000_1,
+        ttft_ms: 30.1,
+        decode_ms: 333.333_333_333_333_3,
+        generation_ms: 370.000_000_000_1,
+        decode_tps: Some(48.000_000_000_01),
+        e2e_ms: 401.987_654_321,
+        legs: 1,
+        moved: false,
+        error_type: None,
+    };
+    let turn = finished(&t, "engine-t", "req-eq", "sess-1", 1, &usage).await;
+    // Exactly the attribute values (JSON numbers round-trip f64 exactly).
+    assert_eq!(turn["request_id"], "req-eq");
+    assert_eq!(turn["session_id"], "sess-1");
+    assert_eq!(turn["instance"], "engine-t");
+    assert_eq!(turn["model"], "small-model");
+    assert_eq!(turn["finish_reason"], "length");
+    assert_eq!(turn["status"], "ok");
+    assert_eq!(turn["prompt_tokens"], usage.prompt_tokens);
+    assert_eq!(turn["cached_tokens"], usage.cached_tokens);
+    assert_eq!(turn["prefilled_tokens"], usage.prefilled_tokens);
+    assert_eq!(turn["completion_tokens"], usage.completion_tokens);
+    assert_eq!(turn["queue_ms"].as_f64(), Some(usage.queue_ms));
+    assert_eq!(turn["prefill_ms"].as_f64(), Some(usage.prefill_ms));
+    assert_eq!(turn["ttft_ms"].as_f64(), Some(usage.ttft_ms));
+    assert_eq!(turn["decode_ms"].as_f64(), Some(usage.decode_ms));
+    assert_eq!(turn["generation_ms"].as_f64(), Some(usage.generation_ms));
+    assert_eq!(turn["e2e_ms"].as_f64(), Some(usage.e2e_ms));
+    assert_eq!(turn["total_ms"].as_f64(), Some(usage.e2e_ms));
+    assert_eq!(turn["decode_tps"].as_f64(), usage.decode_tps);
+    assert_eq!(
+        turn["prefill_tps"].as_f64(),
+        Some(usage.prefilled_tokens as f64 / (usage.prefill_ms / 1e3))
+    );
+    assert_eq!(turn["moved"], false);
+    assert_eq!(turn["legs_complete"], true);
+    let leg = &turn["legs"][0];
+    assert_eq!(leg["path"], "slot");
+    assert_eq!(leg["slot"], 1);
+    assert_eq!(leg["group"], 0);
+    assert_eq!(leg["tokens"], usage.completion_tokens);
+    assert!((leg["ms"].as_f64().unwrap() - 398.0).abs() < 1e-6);
+    let trace = turn["trace_id"].as_str().unwrap();
+    assert_eq!(trace.len(), 32);
+
+    // No decode step: decode_tps absent → null.
+    let no_decode = Usage {
+        completion_tokens: 1,
+        decode_tps: None,
+        ..Usage::default()
+    };
+    let turn = finished(&t, "engine-t", "req-one", "sess-1", 2, &no_decode).await;
+    assert!(turn["decode_tps"].is_null());
+
+    // A failed request: error status and error.type.
+    let failed = Usage {
+        finish_reason: "cancelled".into(),
+        error_type: Some("cancelled".into()),
+        ..Usage::default()
+    };
+    let turn = finished(&t, "engine-t", "req-fail", "sess-2", 3, &failed).await;
+    assert_eq!(turn["status"], "error");
+    assert_eq!(turn["error_type"], "cancelled");
+}
+
+#[tokio::test]
+async fn turns_filter_limit_and_order() {
+    let t = TestSidecar::start_with(|c| c.turns = 4).await;
+    for i in 0..6u64 {
+        let session = if i % 2 == 0 { "even" } else { "odd" };
+        finished(
+            &t,
+            "engine-f",
+            &format!("r{i}"),
+            session,
+            10 + i,
+            &Usage::default(),
+        )
+        .await;
+    }
+    let all = t.get_json("/v1/turns").await;
+    let ids: Vec<&str> = all["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["request_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["r5", "r4", "r3", "r2"], "a ring of 4, newest first");
+    let even = t.get_json("/v1/turns?session_id=even&limit=1").await;
+    assert_eq!(even["count"], 1);
+    assert_eq!(even["turns"][0]["request_id"], "r4");
+    let (status, _) = t.get("/v1/turns?limit=banana").await;
+    assert_eq!(status, 400);
+}
+
+#[tokio::test]
+async fn turns_stream_delivers_new_records() {
+    let t = TestSidecar::start().await;
+    let mut resp = t
+        .http
+        .get(t.view_url("/v1/turns/stream?session_id=watched"))
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(resp.status(), 200);
+    finished(&t, "engine-s", "not-me", "other", 1, &Usage::default()).await;
+    finished(&t, "engine-s", "me", "watched", 2, &Usage::default()).await;
+    let got = read_sse(&mut resp, "turn", 1).await;
+    assert_eq!(got[0]["request_id"], "me");
+}
