@@ -25,7 +25,15 @@
 //!
 //! Rendering cost is bounded: minijinja's fuel limit caps the number of instructions a render
 //! may execute ([`DEFAULT_FUEL`], adjustable with [`ChatTemplate::set_fuel`]), and its recursion
-//! limit caps nesting. A template that runs out fails with [`TemplateError::OutOfFuel`].
+//! limit caps nesting. A template that runs out fails with [`TemplateError::OutOfFuel`]. Memory
+//! is not metered: the template is trusted configuration (it ships with the model, and a
+//! template that doubles a string in a loop can exhaust memory within its fuel), while messages
+//! are untrusted data that no usual template copies more than a few times.
+//!
+//! JSON objects given as extra variables (`tools`) reach the template through serde_json's map,
+//! which orders keys alphabetically unless serde_json's `preserve_order` feature is on (and
+//! minijinja's, for its own maps): HF keeps the caller's key order, so tool schemas may render
+//! with their keys in a different order than `transformers` would.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -649,6 +657,77 @@ mod tests {
     /// Meta-Llama-3-8B-Instruct's template.
     const LLAMA3: &str = "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
 
+    /// A Llama-3.1-style template (date, tools in the first user message, `tojson(indent=4)`,
+    /// slicing, `in` on a message, `raise_exception`), abridged from Meta's.
+    const LLAMA31: &str = r#"{{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- if strftime_now is defined %}
+        {%- set date_string = strftime_now("%d %b %Y") %}
+    {%- else %}
+        {%- set date_string = "26 Jul 2024" %}
+    {%- endif %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- This block extracts the system message, so we can slot it into the right place. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{#- System message #}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "You have access to the following functions.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{%- if tools_in_user_message and not tools is none %}
+    {%- if messages | length != 0 %}
+        {%- set first_user_message = messages[0]['content']|trim %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Cannot put tools in the first user message when there's no first user message!") }}
+    {%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\n\n' -}}
+    {{- "Given the following functions, please respond with a JSON for a function call.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+"#;
+
     /// Mistral-7B-Instruct-v0.1's template: refuses non-alternating roles.
     const MISTRAL: &str = "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}";
 
@@ -713,6 +792,53 @@ mod tests {
             out,
             "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nsys<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
         );
+    }
+
+    #[test]
+    fn llama31_style_template_with_date_and_tools() {
+        let t = ChatTemplate::new(
+            LLAMA31,
+            Some("<|begin_of_text|>".into()),
+            Some("<|eot_id|>".into()),
+        )
+        .expect("compiles");
+        let conversation = msgs(&[
+            ("system", "You are terse. "),
+            ("user", "Weather in Paris?"),
+            ("assistant", "Let me check."),
+            ("user", "Thanks"),
+        ]);
+        let mut extra = serde_json::Map::new();
+        extra.insert("date_string".into(), "26 Jul 2024".into());
+        // Expected strings rendered by Jinja2 the way transformers sets it up.
+        assert_eq!(
+            t.render_with(&conversation, true, &extra).expect("renders"),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\nYou are terse.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWeather in Paris?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nLet me check.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nThanks<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+        );
+        // Tools go into the first user message. (Object keys are given in sorted order: JSON
+        // objects reach the template through serde_json's map, which sorts them.)
+        extra.insert(
+            "tools".into(),
+            serde_json::json!([{"function": {"name": "get_weather", "parameters": {"properties": {"city": {"type": "string"}}, "type": "object"}}, "type": "function"}]),
+        );
+        assert_eq!(
+            t.render_with(&conversation, true, &extra).expect("renders"),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\nYou are terse.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for a function call.\n\n{\n    \"function\": {\n        \"name\": \"get_weather\",\n        \"parameters\": {\n            \"properties\": {\n                \"city\": {\n                    \"type\": \"string\"\n                }\n            },\n            \"type\": \"object\"\n        }\n    },\n    \"type\": \"function\"\n}\n\nWeather in Paris?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nLet me check.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nThanks<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+        );
+        // Without a date the template asks strftime_now for today's.
+        let out = t.render(&conversation, true).expect("renders");
+        let today = strftime(
+            "%d %b %Y",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        );
+        assert!(out.contains(&format!("Today Date: {today}\n")), "{out}");
+        // Tools without any user message: the template refuses.
+        let err = t
+            .render_with(&msgs(&[("system", "s")]), true, &extra)
+            .expect_err("refused");
+        assert!(matches!(err, TemplateError::Raised(m) if m.contains("no first user message")));
     }
 
     #[test]
