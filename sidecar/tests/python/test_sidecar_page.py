@@ -1,0 +1,167 @@
+"""The live page in headless Chromium: it loads empty, then a slot's tile appears over SSE
+when the engine's spans arrive (driven through the DevTools protocol on a pipe).
+
+Skips, saying why, only when Chromium is not installed (Debian package `chromium`)."""
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import pytest
+
+from sidecar_support import ATTR, ENGINE_SERVICE, PATH_SLOT, SPAN
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+class DevTools:
+    """Chromium with --remote-debugging-pipe: NUL-terminated JSON on fds 3 (in) and 4 (out)."""
+
+    def __init__(self, profile_dir):
+        to_chrome_r, self._to_chrome = os.pipe()
+        self._from_chrome, from_chrome_w = os.pipe()
+
+        def wire_fds():
+            # Move both ends above 4 first, so neither dup2 below clobbers the other.
+            r = os.dup(to_chrome_r) if to_chrome_r <= 4 else to_chrome_r
+            w = os.dup(from_chrome_w) if from_chrome_w <= 4 else from_chrome_w
+            r = os.dup(r) if r <= 4 else r
+            w = os.dup(w) if w <= 4 else w
+            os.dup2(r, 3)
+            os.dup2(w, 4)
+
+        self.proc = subprocess.Popen(
+            [
+                CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--no-first-run", "--disable-dev-shm-usage", f"--user-data-dir={profile_dir}",
+                "--remote-debugging-pipe", "about:blank",
+            ],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=wire_fds, pass_fds=(3, 4), start_new_session=True,
+        )
+        os.close(to_chrome_r)
+        os.close(from_chrome_w)
+        self._buf = b""
+        self._next = 0
+
+    def call(self, method, params=None, session=None):
+        self._next += 1
+        msg = {"id": self._next, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        os.write(self._to_chrome, json.dumps(msg).encode() + b"\0")
+        while True:
+            while b"\0" not in self._buf:
+                chunk = os.read(self._from_chrome, 1 << 16)
+                if not chunk:
+                    raise RuntimeError("chromium closed the DevTools pipe")
+                self._buf += chunk
+            raw, self._buf = self._buf.split(b"\0", 1)
+            reply = json.loads(raw)
+            if reply.get("id") == self._next:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply.get("result", {})
+
+    def close(self):
+        try:
+            self.call("Browser.close")
+        except Exception:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # the process we started, by its own handle
+            self.proc.wait()
+        # Helpers Chromium forked stay in the session we created for it (its group id is the
+        # PID we started); end any that outlive the browser.
+        try:
+            os.killpg(self.proc.pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for fd in (self._to_chrome, self._from_chrome):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def post_decode_window(sidecar, instance, request_id, slot, tokens):
+    """One decode window as hand-written OTLP/JSON."""
+    t0 = time.time_ns() - 2_000_000_000
+    t1 = t0 + 1_000_000_000
+
+    def kv(k, v):
+        if isinstance(v, str):
+            return {"key": k, "value": {"stringValue": v}}
+        return {"key": k, "value": {"intValue": str(v)}}
+
+    body = {"resourceSpans": [{
+        "resource": {"attributes": [kv(ATTR["SERVICE_NAME"], ENGINE_SERVICE), kv(ATTR["SERVICE_INSTANCE_ID"], instance)]},
+        "scopeSpans": [{"spans": [{
+            "traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331",
+            "name": SPAN["DECODE"], "kind": 1,
+            "startTimeUnixNano": str(t0), "endTimeUnixNano": str(t1),
+            "attributes": [
+                kv(ATTR["REQUEST_ID"], request_id), kv(ATTR["LEG_PATH"], PATH_SLOT), kv(ATTR["SLOT_INDEX"], slot),
+                kv(ATTR["SLOT_GROUP"], 0), kv(ATTR["LEG_INDEX"], 0), kv(ATTR["LEG_START_TIME"], t0),
+                kv(ATTR["DECODE_TOKENS_GENERATED"], tokens), kv(ATTR["DECODE_WINDOW_TOKENS"], tokens),
+                kv(ATTR["DECODE_LAST_TOKEN_TIME"], t1), kv(ATTR["REQUEST_START_TIME"], t0),
+                kv(ATTR["REQUEST_FIRST_TOKEN_TIME"], t0 + 100_000_000),
+            ],
+        }]}],
+    }]}
+    req = urllib.request.Request(
+        f"http://{sidecar.http}/v1/traces", data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian package `chromium`); CI installs it")
+def test_page_shows_a_slot_tile_over_sse(sidecar):
+    with tempfile.TemporaryDirectory() as profile:
+        chrome = DevTools(profile)
+        try:
+            target = chrome.call("Target.createTarget", {"url": sidecar.url("/")})["targetId"]
+            session = chrome.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+
+            def evaluate(expr):
+                r = chrome.call("Runtime.evaluate", {"expression": expr, "returnByValue": True}, session)
+                return r.get("result", {}).get("value")
+
+            def wait_until(expr, what):
+                for _ in range(1000):
+                    v = evaluate(expr)
+                    if v:
+                        return v
+                    time.sleep(0.01)
+                raise AssertionError(f"the page never showed {what}; DOM: "
+                                     + str(evaluate("document.body.innerHTML"))[:3000])
+
+            # The page is up and its slot stream connected (empty view).
+            wait_until("document.getElementById('conn').className === 'ok'", "a live stream")
+            assert evaluate("document.querySelectorAll('.tile').length") == 0
+
+            post_decode_window(sidecar, "page-engine", "req-page", 2, 42)
+            tile = wait_until(
+                "(() => { const t = document.querySelector('.tile[data-request-id=\"req-page\"]');"
+                " return t && {slot: t.dataset.slot, state: t.dataset.state, instance: t.dataset.instance,"
+                " text: t.textContent}; })()",
+                "the slot's tile",
+            )
+            assert tile["slot"] == "slot 2"
+            assert tile["state"] == "decoding"
+            assert tile["instance"] == "page-engine"
+            assert "42" in tile["text"]
+            # Self-contained: nothing but same-origin resources.
+            urls = evaluate("performance.getEntriesByType('resource').map(e => e.name)")
+            assert all(u.startswith(sidecar.url("")) for u in urls), urls
+        finally:
+            chrome.close()
