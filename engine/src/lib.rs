@@ -4,8 +4,14 @@
 
 pub mod backend;
 pub mod chat_template;
+pub mod cli;
+pub mod default_model;
 pub mod kv_cache;
 pub mod model;
+pub mod prompt;
+pub mod runtime;
 pub mod sampling;
+pub mod scheduler;
 pub mod stop;
+pub mod timing;
 pub mod tokenizer;

@@ -1,2 +1,5 @@
-//! The `slotlight-engine` command line.
-fn main() {}
+//! The `slotlight-engine` binary.
+
+fn main() -> std::process::ExitCode {
+    slotlight_engine::cli::main()
+}

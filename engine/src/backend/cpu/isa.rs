@@ -5,8 +5,8 @@ use std::sync::OnceLock;
 /// The instruction set the quantized kernels use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
-    /// AVX-512 (F, BW, VL) with VNNI and F16C: 64 weights per integer dot instruction.
-    Avx512Vnni,
+    /// AVX-512 (F, BW, VL): one 32-weight block per 16-bit multiply-add.
+    Avx512,
     /// AVX2 with FMA and F16C.
     Avx2,
     /// Portable Rust, no SIMD assumptions.
@@ -17,7 +17,7 @@ impl Isa {
     /// Display name.
     pub fn name(self) -> &'static str {
         match self {
-            Isa::Avx512Vnni => "avx512-vnni",
+            Isa::Avx512 => "avx512",
             Isa::Avx2 => "avx2-fma",
             Isa::Scalar => "scalar",
         }
@@ -26,7 +26,7 @@ impl Isa {
     /// Every ISA this CPU can run, best first (used by tests to compare kernels).
     pub fn available() -> Vec<Isa> {
         let best = detect_uncached();
-        [Isa::Avx512Vnni, Isa::Avx2, Isa::Scalar]
+        [Isa::Avx512, Isa::Avx2, Isa::Scalar]
             .into_iter()
             .filter(|i| i.rank() <= best.rank())
             .collect()
@@ -34,7 +34,7 @@ impl Isa {
 
     fn rank(self) -> u8 {
         match self {
-            Isa::Avx512Vnni => 2,
+            Isa::Avx512 => 2,
             Isa::Avx2 => 1,
             Isa::Scalar => 0,
         }
@@ -56,10 +56,9 @@ fn detect_uncached() -> Isa {
     let avx512 = avx2
         && std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx512bw")
-        && std::arch::is_x86_feature_detected!("avx512vl")
-        && std::arch::is_x86_feature_detected!("avx512vnni");
+        && std::arch::is_x86_feature_detected!("avx512vl");
     if avx512 {
-        Isa::Avx512Vnni
+        Isa::Avx512
     } else if avx2 {
         Isa::Avx2
     } else {

@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 
-use super::dot::{self, MAX_TOKENS};
+use super::dot;
 use super::isa::Isa;
 use super::quant::QActs;
 use crate::model::weights::{Tensor, dequantize};
@@ -54,35 +54,25 @@ pub fn matmul(isa: Isa, w: &Tensor, input: &Input<'_>, out: &mut [f32]) {
             w.name()
         );
     }
+    let qrows: Option<Vec<_>> = input
+        .q
+        .filter(|_| int)
+        .map(|q| (0..t_count).map(|t| q.row(t)).collect());
     (0..tasks)
         .into_par_iter()
         .for_each_init(Vec::new, |scratch: &mut Vec<f32>, task| {
-            scratch.resize(input.k.max(dot::scratch_len(input.k)), 0.0);
+            scratch.resize(t_count + input.k.max(dot::scratch_len(input.k)), 0.0);
+            let (res, scratch) = scratch.split_at_mut(t_count);
             let r0 = task * ROWS_PER_TASK;
             let r1 = (r0 + ROWS_PER_TASK).min(n);
             let ptr = ptr;
-            if let (true, Some(q)) = (int, input.q) {
-                let mut res = [0f32; MAX_TOKENS];
-                let mut t0 = 0;
-                while t0 < t_count {
-                    let nt = (t_count - t0).min(MAX_TOKENS);
-                    let rows: [_; MAX_TOKENS] =
-                        std::array::from_fn(|i| q.row((t0 + i).min(t_count - 1)));
-                    for r in r0..r1 {
-                        dot::dot_row(
-                            isa,
-                            w.dtype(),
-                            w.row_bytes_of(r),
-                            &rows[..nt],
-                            &mut res[..nt],
-                            scratch,
-                        );
-                        for (i, v) in res[..nt].iter().enumerate() {
-                            // SAFETY: row r belongs to this task only; (t0+i) < t_count.
-                            unsafe { *ptr.0.add((t0 + i) * n + r) = *v };
-                        }
+            if let Some(rows) = qrows.as_deref() {
+                for r in r0..r1 {
+                    dot::dot_row(isa, w.dtype(), w.row_bytes_of(r), rows, res, scratch);
+                    for (t, v) in res.iter().enumerate() {
+                        // SAFETY: row r belongs to this task only; t < t_count.
+                        unsafe { *ptr.0.add(t * n + r) = *v };
                     }
-                    t0 += nt;
                 }
             } else {
                 let row = &mut scratch[..input.k];

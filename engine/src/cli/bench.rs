@@ -1,0 +1,301 @@
+//! `slotlight-engine bench`: prefill and decode speed, and aggregate decode under concurrency.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde_json::json;
+
+use super::ModelArgs;
+use crate::backend::SeqChunk;
+use crate::model::loader::Model;
+use crate::runtime::{self, RuntimeConfig};
+use crate::sampling::SamplingParams;
+use crate::scheduler::{Event, GenerateRequest, SchedulerConfig};
+
+/// Arguments of `bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Prompt lengths to time prefill at.
+    #[arg(long, value_delimiter = ',', default_value = "128,512")]
+    pub prompt_tokens: Vec<usize>,
+    /// Tokens to decode per repetition.
+    #[arg(long, default_value_t = 128)]
+    pub gen_tokens: usize,
+    /// Repetitions (median and spread are reported).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Concurrent requests for aggregate decode through the scheduler (for example 1,2,4,8).
+    #[arg(long, value_delimiter = ',')]
+    pub concurrency: Vec<usize>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Model and device.
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+/// Median, min and max.
+#[derive(Debug, Clone, Copy)]
+struct Spread {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+fn spread(mut v: Vec<f64>) -> Spread {
+    v.sort_by(f64::total_cmp);
+    Spread {
+        median: v.get(v.len() / 2).copied().unwrap_or(0.0),
+        min: v.first().copied().unwrap_or(0.0),
+        max: v.last().copied().unwrap_or(0.0),
+    }
+}
+
+/// Resident and peak resident memory of this process, in MiB (Linux).
+fn memory_mib() -> (f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(0.0, |kib| kib / 1024.0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Prompt tokens for the benchmark: a passage of real text, repeated to length.
+fn bench_tokens(model: &Model, n: usize) -> anyhow::Result<Vec<u32>> {
+    let text = "The history of computing is a story of people who wanted machines to do arithmetic \
+                faster than any clerk could. Early mechanical calculators gave way to relays, then \
+                to vacuum tubes and transistors, and every step made programs longer and data larger. ";
+    let base = model.tokenizer.encode(text, false)?;
+    anyhow::ensure!(!base.is_empty(), "the tokenizer produced no tokens");
+    Ok(base.iter().copied().cycle().take(n).collect())
+}
+
+#[allow(clippy::cast_precision_loss)]
+pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
+    let model = a.model.load()?;
+    let devices = runtime::parse_devices(&a.model.device)?;
+    let rc = RuntimeConfig {
+        threads: a.model.threads,
+        ctx_size: a.model.ctx_size,
+        kv_tokens: a.model.ctx_size,
+        block_size: 16,
+    };
+    let mut backend = runtime::build_backends(&model, &devices[..1], &rc)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("no backend"))?;
+    let ctx = backend.config().context;
+    let blocks: Vec<u32> = (0..u32::try_from(backend.num_blocks())?).collect();
+    let reps = a.reps.max(1);
+    let mut logits = Vec::new();
+    if !a.json {
+        eprintln!(
+            "model {} ({:?}); {}",
+            model.id,
+            model.weights.dtypes(),
+            backend.describe()
+        );
+    }
+    // Prefill.
+    let mut prefill = Vec::new();
+    for &p in &a.prompt_tokens {
+        anyhow::ensure!(
+            p > 0 && p < ctx,
+            "prompt of {p} tokens does not fit the context of {ctx}"
+        );
+        let toks = bench_tokens(&model, p)?;
+        let mut runs = Vec::new();
+        for _ in 0..=reps {
+            logits.clear();
+            let t = Instant::now();
+            backend.forward(
+                &[SeqChunk {
+                    tokens: &toks,
+                    start_pos: 0,
+                    blocks: &blocks,
+                    all_logits: false,
+                    no_logits: false,
+                }],
+                &mut logits,
+            )?;
+            runs.push(p as f64 / t.elapsed().as_secs_f64());
+        }
+        runs.remove(0); // warm-up
+        let s = spread(runs);
+        if !a.json {
+            println!(
+                "prefill {p:>5} tokens: {:>8.1} tok/s (min {:.1}, max {:.1})",
+                s.median, s.min, s.max
+            );
+        }
+        prefill.push((p, s));
+    }
+    // Decode at batch 1, after a short prompt.
+    let toks = bench_tokens(&model, 16)?;
+    let gen_n = a.gen_tokens.min(ctx - toks.len() - 1).max(1);
+    let mut runs = Vec::new();
+    for _ in 0..=reps {
+        logits.clear();
+        backend.forward(
+            &[SeqChunk {
+                tokens: &toks,
+                start_pos: 0,
+                blocks: &blocks,
+                all_logits: false,
+                no_logits: false,
+            }],
+            &mut logits,
+        )?;
+        let vocab = backend.config().vocab;
+        let mut pos = toks.len();
+        let t = Instant::now();
+        for _ in 0..gen_n {
+            let next = argmax(&logits[logits.len() - vocab..]);
+            logits.clear();
+            backend.forward(
+                &[SeqChunk {
+                    tokens: &[next],
+                    start_pos: pos,
+                    blocks: &blocks,
+                    all_logits: false,
+                    no_logits: false,
+                }],
+                &mut logits,
+            )?;
+            pos += 1;
+        }
+        runs.push(gen_n as f64 / t.elapsed().as_secs_f64());
+    }
+    runs.remove(0);
+    let decode = spread(runs);
+    let (rss, peak) = memory_mib();
+    if !a.json {
+        println!(
+            "decode  batch 1    : {:>8.1} tok/s (min {:.1}, max {:.1}) over {gen_n} tokens",
+            decode.median, decode.min, decode.max
+        );
+        println!("memory: resident {rss:.0} MiB, peak {peak:.0} MiB (context {ctx})");
+    }
+    drop(backend);
+    // Aggregate decode through the scheduler.
+    let mut conc = Vec::new();
+    for &c in &a.concurrency {
+        let s = concurrent_decode(&model, &a.model, c.max(1), a.gen_tokens, reps)?;
+        if !a.json {
+            println!(
+                "decode concurrency {c:>2}: {:>8.1} tok/s aggregate (min {:.1}, max {:.1})",
+                s.median, s.min, s.max
+            );
+        }
+        conc.push((c, s));
+    }
+    if a.json {
+        let sp = |s: Spread| json!({"median": s.median, "min": s.min, "max": s.max});
+        println!(
+            "{}",
+            json!({
+                "model": model.id,
+                "backend": "cpu",
+                "prefill_tps": prefill.iter().map(|(p, s)| json!({"prompt_tokens": p, "tps": sp(*s)})).collect::<Vec<_>>(),
+                "decode_tps": sp(decode),
+                "gen_tokens": gen_n,
+                "concurrency": conc.iter().map(|(c, s)| json!({"concurrency": c, "aggregate_tps": sp(*s)})).collect::<Vec<_>>(),
+                "rss_mib": rss,
+                "peak_rss_mib": peak,
+                "context": ctx,
+            })
+        );
+    }
+    Ok(())
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    u32::try_from(best).unwrap_or(0)
+}
+
+/// Aggregate decode rate with `c` requests decoding at once: tokens produced while all of them
+/// were decoding, divided by the length of that window.
+#[allow(clippy::cast_precision_loss)]
+fn concurrent_decode(
+    model: &Model,
+    args: &ModelArgs,
+    c: usize,
+    gen_n: usize,
+    reps: usize,
+) -> anyhow::Result<Spread> {
+    let sched = SchedulerConfig {
+        batch: c.max(1),
+        max_queue: c * 2,
+        ..SchedulerConfig::default()
+    };
+    let ctx = args.ctx_size;
+    let engine = super::start_engine(model, args, ctx * c.max(1), sched)?;
+    let prompt = bench_tokens(model, 32)?;
+    let mut runs = Vec::new();
+    for rep in 0..=reps {
+        let receivers: Vec<_> = (0..c)
+            .map(|i| {
+                engine.submit(GenerateRequest {
+                    id: format!("bench-{rep}-{i}"),
+                    // Distinct prompts so no request reuses another's cache.
+                    prompt: std::iter::once(u32::try_from(i + 10).unwrap_or(10))
+                        .chain(prompt.iter().copied())
+                        .collect(),
+                    max_tokens: gen_n,
+                    sampling: SamplingParams::greedy(),
+                    stop: Vec::new(),
+                    ignore_eos: true,
+                    session: None,
+                    received: Instant::now(),
+                    cancel: Arc::new(AtomicBool::new(false)),
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        let handles: Vec<_> = receivers
+            .into_iter()
+            .map(|mut rx| {
+                std::thread::spawn(move || {
+                    let mut times = Vec::new();
+                    while let Some(ev) = rx.blocking_recv() {
+                        match ev {
+                            Event::Token { at, .. } => times.push(at),
+                            Event::Done(_) => break,
+                            _ => {}
+                        }
+                    }
+                    times
+                })
+            })
+            .collect();
+        let all: Vec<Vec<Instant>> = handles.into_iter().filter_map(|h| h.join().ok()).collect();
+        let start = all.iter().filter_map(|t| t.first().copied()).max();
+        let end = all.iter().filter_map(|t| t.last().copied()).min();
+        if let (Some(s), Some(e)) = (start, end)
+            && e > s
+        {
+            let n: usize = all
+                .iter()
+                .map(|t| t.iter().filter(|&&x| x > s && x <= e).count())
+                .sum();
+            let secs = (e - s).max(Duration::from_micros(1)).as_secs_f64();
+            if rep > 0 {
+                runs.push(n as f64 / secs);
+            }
+        }
+    }
+    Ok(spread(runs))
+}

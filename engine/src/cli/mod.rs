@@ -1,0 +1,111 @@
+//! The `slotlight-engine` command line (the binary's front end; uses `anyhow` for errors).
+
+mod bench;
+mod generate;
+pub mod serve;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::model::loader::Model;
+use crate::runtime::{self, RuntimeConfig};
+use crate::scheduler::{EngineHandle, SchedulerConfig};
+
+/// slotlight-engine: an LLM inference engine that tells the truth about its own timing.
+#[derive(Debug, Parser)]
+#[command(name = "slotlight-engine", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Commands,
+}
+
+/// Commands.
+#[derive(Debug, Subcommand)]
+pub enum Commands {
+    /// Fetch the default model (SmolLM2-135M-Instruct Q4_1) into the cache folder.
+    FetchModel,
+    /// Generate text from a prompt and stream it to stdout.
+    Generate(generate::GenerateArgs),
+    /// Measure prefill and decode speed on the model.
+    Bench(bench::BenchArgs),
+    /// Serve the OpenAI-compatible API.
+    Serve(serve::ServeArgs),
+}
+
+/// Options shared by every command that runs the model.
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// A GGUF file or a Hugging Face folder. Default: the default model, fetched when missing.
+    #[arg(long, env = "SLOTLIGHT_MODEL")]
+    pub model: Option<PathBuf>,
+    /// Compute device(s): cpu, cpu,cpu (several CPU groups), cuda, cuda:N, cuda:0,1 or auto.
+    #[arg(long, default_value = "cpu", env = "SLOTLIGHT_DEVICE")]
+    pub device: String,
+    /// Compute threads (all CPU groups together). Default: every core.
+    #[arg(long, env = "SLOTLIGHT_THREADS")]
+    pub threads: Option<usize>,
+    /// Context length (capped by the model's own).
+    #[arg(long, default_value_t = 4096)]
+    pub ctx_size: usize,
+}
+
+impl ModelArgs {
+    /// The model path, fetching the default model when none was given.
+    pub fn resolve(&self) -> anyhow::Result<PathBuf> {
+        match &self.model {
+            Some(p) => Ok(p.clone()),
+            None => Ok(crate::default_model::ensure(true)?),
+        }
+    }
+
+    /// Loads the model.
+    pub fn load(&self) -> anyhow::Result<Model> {
+        let path = self.resolve()?;
+        Ok(Model::load(&path)?)
+    }
+}
+
+/// Starts the scheduler over `model`.
+pub fn start_engine(
+    model: &Model,
+    args: &ModelArgs,
+    kv_tokens: usize,
+    sched: SchedulerConfig,
+) -> anyhow::Result<EngineHandle> {
+    let devices = runtime::parse_devices(&args.device)?;
+    let rc = RuntimeConfig {
+        threads: args.threads,
+        ctx_size: args.ctx_size,
+        kv_tokens,
+        block_size: 16,
+    };
+    let backends = runtime::build_backends(model, &devices, &rc)?;
+    Ok(EngineHandle::start(
+        backends,
+        Arc::clone(&model.tokenizer),
+        sched,
+    ))
+}
+
+/// Parses the command line and runs it.
+pub fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Commands::FetchModel => crate::default_model::ensure(true)
+            .map(|p| println!("{}", p.display()))
+            .map_err(anyhow::Error::from),
+        Commands::Generate(a) => generate::run(a),
+        Commands::Bench(a) => bench::run(a),
+        Commands::Serve(a) => serve::run(a),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("slotlight-engine: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

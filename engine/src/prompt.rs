@@ -1,0 +1,65 @@
+//! Turning a chat or a raw prompt into token ids.
+//!
+//! Chat messages are rendered with the model's chat template; a model that ships none is
+//! rendered with ChatML (documented fallback, logged once at load). The rendered text is
+//! encoded with special tokens recognized, as Hugging Face does for templated prompts. Raw
+//! prompts are used as they are: no BOS unless the model's metadata asks for one.
+
+use std::sync::Arc;
+
+use crate::chat_template::{ChatMessage, ChatTemplate, TemplateError};
+use crate::model::loader::Model;
+use crate::tokenizer::{Tokenizer, TokenizerError};
+
+/// Why a prompt could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum PromptError {
+    /// The chat template refused the conversation or failed.
+    #[error("chat template: {0}")]
+    Template(#[from] TemplateError),
+    /// Tokenization failed.
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] TokenizerError),
+}
+
+/// Builds prompts for one model.
+#[derive(Clone)]
+pub struct PromptBuilder {
+    tokenizer: Arc<Tokenizer>,
+    template: Arc<ChatTemplate>,
+    /// Whether `template` is the ChatML fallback.
+    pub fallback: bool,
+}
+
+impl PromptBuilder {
+    /// For `model`, falling back to ChatML when it has no template.
+    pub fn new(model: &Model) -> Self {
+        let (template, fallback) = match &model.chat_template {
+            Some(t) => (Arc::clone(t), false),
+            None => (
+                Arc::new(ChatTemplate::chatml_fallback(
+                    model.tokenizer.bos_token(),
+                    model.tokenizer.eos_token(),
+                )),
+                true,
+            ),
+        };
+        Self {
+            tokenizer: Arc::clone(&model.tokenizer),
+            template,
+            fallback,
+        }
+    }
+
+    /// Renders and encodes a conversation ending with a generation prompt.
+    pub fn chat(&self, messages: &[ChatMessage]) -> Result<(String, Vec<u32>), PromptError> {
+        let text = self.template.render(messages, true)?;
+        let ids = self.tokenizer.encode(&text, true)?;
+        Ok((text, ids))
+    }
+
+    /// Encodes a raw prompt as it is.
+    pub fn raw(&self, text: &str) -> Result<Vec<u32>, PromptError> {
+        Ok(self.tokenizer.encode(text, true)?)
+    }
+}

@@ -1,0 +1,166 @@
+//! Building backends from a model and a device list (`cpu`, `cpu,cpu`, `cuda:0`, `auto`).
+
+use std::sync::Arc;
+
+use crate::backend::Backend;
+use crate::backend::cpu::CpuBackend;
+use crate::model::loader::Model;
+
+/// One device group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    /// The CPU.
+    Cpu,
+    /// A CUDA GPU by ordinal.
+    Cuda(usize),
+}
+
+/// Why a device list is unusable.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum DeviceError {
+    /// The text does not parse.
+    #[error("invalid --device {0:?}: expected cpu, cpu,cpu, cuda, cuda:N, cuda:N,M or auto")]
+    Parse(String),
+    /// CUDA cannot be used here.
+    #[error("--device {device}: {reason}")]
+    Unavailable {
+        /// The device asked for.
+        device: String,
+        /// Why not.
+        reason: String,
+    },
+}
+
+/// Parses `--device`: `cpu`, `cpu,cpu` (several CPU groups), `cuda`, `cuda:N`, `cuda:0,1,2`
+/// (one group per GPU), or `auto` (a GPU when one is usable, else the CPU).
+pub fn parse_devices(spec: &str) -> Result<Vec<Device>, DeviceError> {
+    let bad = || DeviceError::Parse(spec.to_string());
+    let spec = spec.trim();
+    if spec == "auto" {
+        return Ok(vec![if crate::backend::cuda::probe(0).is_ok() {
+            Device::Cuda(0)
+        } else {
+            Device::Cpu
+        }]);
+    }
+    if let Some(rest) = spec.strip_prefix("cuda") {
+        let list = rest.strip_prefix(':').unwrap_or(if rest.is_empty() {
+            "0"
+        } else {
+            return Err(bad());
+        });
+        return list
+            .split(',')
+            .map(|n| {
+                n.trim()
+                    .parse::<usize>()
+                    .map(Device::Cuda)
+                    .map_err(|_| bad())
+            })
+            .collect();
+    }
+    let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
+    if parts.is_empty() || parts.len() > 64 || parts.iter().any(|p| *p != "cpu") {
+        return Err(bad());
+    }
+    Ok(vec![Device::Cpu; parts.len()])
+}
+
+/// Sizes of the runtime.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Compute threads for all CPU groups together (`None`: all cores).
+    pub threads: Option<usize>,
+    /// Context length (capped by the model's).
+    pub ctx_size: usize,
+    /// KV cache positions per group.
+    pub kv_tokens: usize,
+    /// Positions per KV block.
+    pub block_size: usize,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            threads: None,
+            ctx_size: 4096,
+            kv_tokens: 8192,
+            block_size: 16,
+        }
+    }
+}
+
+/// Builds one backend per device.
+pub fn build_backends(
+    model: &Model,
+    devices: &[Device],
+    rc: &RuntimeConfig,
+) -> Result<Vec<Box<dyn Backend>>, DeviceError> {
+    let mut cfg = model.config.clone();
+    cfg.context = cfg.context.min(rc.ctx_size.max(1));
+    // One sequence must always fit, whatever else the cache holds.
+    let blocks = rc.kv_tokens.max(cfg.context).div_ceil(rc.block_size) + 1;
+    let total = rc
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    let cpu_groups = devices.iter().filter(|d| **d == Device::Cpu).count().max(1);
+    let mut out: Vec<Box<dyn Backend>> = Vec::new();
+    for d in devices {
+        match *d {
+            Device::Cpu => {
+                let threads = (total / cpu_groups).max(1);
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(|i| format!("slotlight-cpu-{i}"))
+                    .build()
+                    .map_err(|e| DeviceError::Unavailable {
+                        device: "cpu".into(),
+                        reason: e.to_string(),
+                    })?;
+                out.push(Box::new(CpuBackend::new(
+                    cfg.clone(),
+                    Arc::clone(&model.weights),
+                    rc.block_size,
+                    blocks,
+                    Arc::new(pool),
+                )));
+            }
+            Device::Cuda(n) => {
+                let reason = match crate::backend::cuda::probe(n) {
+                    Ok(name) => {
+                        format!("{name} found, but the CUDA backend cannot run this model yet")
+                    }
+                    Err(e) => e.to_string(),
+                };
+                return Err(DeviceError::Unavailable {
+                    device: format!("cuda:{n}"),
+                    reason,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_lists_parse() {
+        assert_eq!(parse_devices("cpu").ok(), Some(vec![Device::Cpu]));
+        assert_eq!(
+            parse_devices("cpu,cpu").ok(),
+            Some(vec![Device::Cpu, Device::Cpu])
+        );
+        assert_eq!(parse_devices("cuda").ok(), Some(vec![Device::Cuda(0)]));
+        assert_eq!(
+            parse_devices("cuda:0,1,2").ok(),
+            Some(vec![Device::Cuda(0), Device::Cuda(1), Device::Cuda(2)])
+        );
+        for bad in ["", "gpu", "cuda:x", "cudax", "cpu,gpu"] {
+            assert!(parse_devices(bad).is_err(), "{bad}");
+        }
+    }
+}

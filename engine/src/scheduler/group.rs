@@ -1,0 +1,577 @@
+//! The step loop of one device group.
+//!
+//! Step order (after llama.cpp's server): take commands; drop cancelled requests; admit from
+//! the queue while slots and KV blocks allow; settle paths (one request alone runs solo, two
+//! or more run in slots, and a request that changes path ends its leg and starts another,
+//! carrying its reply); then one forward step over every decoding request plus prefill chunks
+//! within a token budget; then sample and emit, per request, on its own channel.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use super::sequence::{Phase, PrefillProgress, Seq};
+use super::slots::Slots;
+use super::{Command, Completion, Event, FinishReason, InFlight, Placement, SchedulerConfig};
+use crate::backend::{Backend, SeqChunk};
+use crate::kv_cache::BlockManager;
+use crate::sampling::Sampler;
+use crate::stop::StopMatcher;
+use crate::timing::{LegEnd, PathKind, PrefillReason, PrefillRecord, RequestTimings};
+use crate::tokenizer::Tokenizer;
+
+/// Cumulative counters of one group (not per-request timing: those live in each request).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GroupStats {
+    /// Group index.
+    pub group: usize,
+    /// Requests admitted and running.
+    pub active: usize,
+    /// Requests waiting.
+    pub queued: usize,
+    /// KV blocks in all.
+    pub kv_blocks: usize,
+    /// KV blocks free or evictable.
+    pub kv_blocks_available: usize,
+    /// Cached prefix blocks evicted so far.
+    pub kv_evictions: u64,
+    /// Forward steps taken.
+    pub steps: u64,
+    /// Requests preempted so far.
+    pub preemptions: u64,
+}
+
+struct Loop<'t> {
+    group: usize,
+    backend: Box<dyn Backend>,
+    tok: &'t Tokenizer,
+    cfg: SchedulerConfig,
+    blocks: BlockManager,
+    slots: Slots,
+    queue: VecDeque<Seq<'t>>,
+    active: Vec<Seq<'t>>,
+    queued_total: Arc<AtomicUsize>,
+    load: Arc<AtomicUsize>,
+    next_order: u64,
+    stats: GroupStats,
+    logits: Vec<f32>,
+}
+
+/// Runs the loop until shutdown.
+pub(super) fn run(
+    group: usize,
+    backend: Box<dyn Backend>,
+    tokenizer: Arc<crate::tokenizer::Tokenizer>,
+    cfg: SchedulerConfig,
+    mut rx: mpsc::UnboundedReceiver<Command>,
+    queued_total: Arc<AtomicUsize>,
+    load: Arc<AtomicUsize>,
+) {
+    let tok: &Tokenizer = &tokenizer;
+    let blocks = BlockManager::new(backend.num_blocks(), backend.block_size());
+    let mut lp = Loop {
+        group,
+        slots: Slots::new(cfg.batch),
+        backend,
+        tok,
+        cfg,
+        blocks,
+        queue: VecDeque::new(),
+        active: Vec::new(),
+        queued_total,
+        load,
+        next_order: 0,
+        stats: GroupStats {
+            group,
+            ..GroupStats::default()
+        },
+        logits: Vec::new(),
+    };
+    loop {
+        // Commands: wait when idle, otherwise take what is there.
+        let mut shutdown = false;
+        if lp.active.is_empty() && lp.queue.is_empty() {
+            match rx.blocking_recv() {
+                Some(c) => shutdown |= lp.command(c),
+                None => shutdown = true,
+            }
+        }
+        while let Ok(c) = rx.try_recv() {
+            shutdown |= lp.command(c);
+        }
+        if shutdown {
+            lp.abort_all("the engine is shutting down");
+            return;
+        }
+        lp.drop_cancelled();
+        lp.admit();
+        lp.settle_paths();
+        if let Err(e) = lp.step() {
+            tracing::error!(group, error = %e, "Scheduler.StepFailed");
+            lp.abort_all(&format!("internal error: {e}"));
+        }
+    }
+}
+
+impl<'t> Loop<'t> {
+    /// Handles one command; returns true on shutdown.
+    fn command(&mut self, c: Command) -> bool {
+        match c {
+            Command::Submit(req, events) => {
+                let timings = RequestTimings::new(req.received, req.prompt.len());
+                let stop = match StopMatcher::new(&req.stop) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        // Validated by the HTTP layer; refuse rather than panic if not.
+                        self.queued_total.fetch_sub(1, Ordering::AcqRel);
+                        self.load.fetch_sub(1, Ordering::Relaxed);
+                        let _ = events.send(Event::Done(Box::new(Completion {
+                            finish_reason: FinishReason::Error(e.to_string()),
+                            tokens: Vec::new(),
+                            tail_text: String::new(),
+                            timings,
+                            group: self.group,
+                        })));
+                        return false;
+                    }
+                };
+                let sampler = Sampler::new(req.sampling.clone(), &req.prompt);
+                let tokens = req.prompt.clone();
+                let decoder = self.tok.decoder_after(&tokens);
+                self.queue.push_back(Seq {
+                    req,
+                    events,
+                    timings,
+                    tokens,
+                    computed: 0,
+                    blocks: Default::default(),
+                    sampler,
+                    decoder,
+                    stop,
+                    phase: Phase::Prefill,
+                    placement: None,
+                    prefill: None,
+                    order: 0,
+                    ever_slotted: false,
+                });
+                false
+            }
+            Command::Snapshot(reply) => {
+                let _ = reply.send((self.in_flight(), self.group_stats()));
+                false
+            }
+            Command::Shutdown => true,
+        }
+    }
+
+    fn group_stats(&self) -> GroupStats {
+        GroupStats {
+            active: self.active.len(),
+            queued: self.queue.len(),
+            kv_blocks: self.blocks.total(),
+            kv_blocks_available: self.blocks.available(),
+            kv_evictions: self.blocks.evictions(),
+            ..self.stats.clone()
+        }
+    }
+
+    fn in_flight(&self) -> Vec<InFlight> {
+        let now = Instant::now();
+        let view = |s: &Seq<'_>, state: &'static str| InFlight {
+            id: s.req.id.clone(),
+            state,
+            path: s.placement.map(|p| p.path),
+            group: self.group,
+            slot: s.placement.and_then(|p| p.slot),
+            generated_tokens: s.timings.generated_tokens,
+            elapsed_s: now
+                .saturating_duration_since(s.timings.received)
+                .as_secs_f64(),
+            tok_s: s.timings.tok_s(),
+            legs: s.timings.legs.len(),
+            session_id: s.req.session.clone(),
+        };
+        self.active
+            .iter()
+            .map(|s| {
+                view(
+                    s,
+                    if s.phase == Phase::Prefill {
+                        "prefill"
+                    } else {
+                        "decoding"
+                    },
+                )
+            })
+            .chain(self.queue.iter().map(|s| view(s, "queued")))
+            .collect()
+    }
+
+    fn finish(&mut self, mut seq: Seq<'t>, reason: FinishReason) {
+        let now = Instant::now();
+        let leg_end = match reason {
+            FinishReason::Stop | FinishReason::Length => LegEnd::Finished,
+            _ => LegEnd::Cancelled,
+        };
+        if let Some(leg) = seq.timings.end_leg(now, leg_end).cloned() {
+            seq.emit(Event::LegEnded(leg));
+        }
+        if let Some(slot) = seq.placement.and_then(|p| p.slot) {
+            self.slots.free(slot);
+        }
+        let computed = seq.computed;
+        self.blocks
+            .register_full(&mut seq.blocks, &seq.tokens, computed);
+        self.blocks.release(&mut seq.blocks);
+        seq.timings.mark_finished(now);
+        let mut tail = seq.decoder.flush();
+        if !seq.stop.is_stopped() {
+            tail = seq.stop.push(&tail).text;
+            tail.push_str(&seq.stop.finish());
+        } else {
+            tail.clear();
+        }
+        self.load.fetch_sub(1, Ordering::Relaxed);
+        let completion = Completion {
+            finish_reason: reason,
+            tokens: seq.generated().to_vec(),
+            tail_text: tail,
+            timings: seq.timings.clone(),
+            group: self.group,
+        };
+        seq.emit(Event::Done(Box::new(completion)));
+    }
+
+    fn abort_all(&mut self, why: &str) {
+        let seqs: Vec<Seq<'t>> = self.active.drain(..).chain(self.queue.drain(..)).collect();
+        for s in seqs {
+            if s.timings.admitted.is_none() {
+                self.queued_total.fetch_sub(1, Ordering::AcqRel);
+            }
+            self.finish(s, FinishReason::Error(why.to_string()));
+        }
+    }
+
+    fn drop_cancelled(&mut self) {
+        let mut i = 0;
+        while i < self.active.len() {
+            if self.active[i].is_cancelled() {
+                let s = self.active.swap_remove(i);
+                self.finish(s, FinishReason::Cancelled);
+            } else {
+                i += 1;
+            }
+        }
+        let mut i = 0;
+        while i < self.queue.len() {
+            if self.queue[i].is_cancelled() {
+                if let Some(s) = self.queue.remove(i) {
+                    if s.placement.is_none() && s.timings.admitted.is_none() {
+                        self.queued_total.fetch_sub(1, Ordering::AcqRel);
+                    }
+                    self.finish(s, FinishReason::Cancelled);
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn admit(&mut self) {
+        while self.active.len() < self.cfg.batch {
+            let Some(front) = self.queue.front() else {
+                break;
+            };
+            let need = self.blocks.blocks_for(front.tokens.len() + 1);
+            if need > self.blocks.available() && !self.active.is_empty() {
+                break; // wait for blocks to free up
+            }
+            let Some(mut seq) = self.queue.pop_front() else {
+                break;
+            };
+            let (mut blocks, cached) = self.blocks.match_prefix(&seq.tokens);
+            if let Err(e) = self.blocks.reserve(&mut blocks, seq.tokens.len() + 1) {
+                // Only possible when alone: the pool is smaller than this sequence.
+                self.blocks.release(&mut blocks);
+                let first = seq.timings.admitted.is_none();
+                if first {
+                    self.queued_total.fetch_sub(1, Ordering::AcqRel);
+                }
+                self.finish(seq, FinishReason::Error(e.to_string()));
+                continue;
+            }
+            let now = Instant::now();
+            let first = seq.timings.admitted.is_none();
+            if first {
+                self.queued_total.fetch_sub(1, Ordering::AcqRel);
+                seq.timings.cached_tokens = cached;
+            }
+            seq.blocks = blocks;
+            seq.computed = cached;
+            seq.phase = Phase::Prefill;
+            seq.prefill = Some(PrefillProgress {
+                start: None,
+                target: seq.tokens.len(),
+                cached,
+                chunks: 0,
+                device: Duration::ZERO,
+                reason: if first {
+                    PrefillReason::Initial
+                } else {
+                    PrefillReason::Preempted
+                },
+            });
+            seq.timings.mark_admitted(now);
+            seq.order = self.next_order;
+            self.next_order += 1;
+            self.active.push(seq);
+        }
+    }
+
+    /// One request alone runs solo; two or more run in slots.
+    fn settle_paths(&mut self) {
+        let n = self.active.len();
+        let now = Instant::now();
+        for i in 0..n {
+            let seq = &self.active[i];
+            let want = if n == 1 && (self.cfg.return_to_solo || !seq.ever_slotted) {
+                PathKind::Solo
+            } else {
+                PathKind::Slot
+            };
+            if seq.placement.is_some_and(|p| p.path == want) {
+                continue;
+            }
+            let seq = &mut self.active[i];
+            if let Some(leg) = seq.timings.end_leg(now, LegEnd::Moved).cloned() {
+                seq.emit(Event::LegEnded(leg));
+            }
+            if let Some(slot) = seq.placement.and_then(|p| p.slot) {
+                self.slots.free(slot);
+            }
+            let slot = match want {
+                PathKind::Slot => self.slots.take(),
+                PathKind::Solo => None,
+            };
+            let placement = Placement {
+                path: if slot.is_some() {
+                    PathKind::Slot
+                } else {
+                    PathKind::Solo
+                },
+                group: self.group,
+                slot,
+            };
+            seq.ever_slotted |= slot.is_some();
+            let first_admission = seq.placement.is_none() && seq.timings.legs.is_empty();
+            seq.placement = Some(placement);
+            if first_admission && let Some(at) = seq.timings.admitted {
+                seq.emit(Event::Admitted { at, placement });
+            }
+            let leg = seq
+                .timings
+                .start_leg(placement.path, self.group, slot, now)
+                .clone();
+            seq.emit(Event::LegStarted(leg));
+        }
+    }
+
+    /// Frees KV blocks by preempting the newest request other than `keep` (an admission
+    /// order); it goes back to the front of the queue and re-prefills when admitted again.
+    fn preempt_newest_except(&mut self, keep: u64) -> bool {
+        let victim = self
+            .active
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.order != keep)
+            .max_by_key(|(_, s)| s.order)
+            .map(|(i, _)| i);
+        let Some(v) = victim else { return false };
+        let mut seq = self.active.swap_remove(v);
+        let now = Instant::now();
+        if let Some(leg) = seq.timings.end_leg(now, LegEnd::Preempted).cloned() {
+            seq.emit(Event::LegEnded(leg));
+        }
+        if let Some(slot) = seq.placement.and_then(|p| p.slot) {
+            self.slots.free(slot);
+        }
+        let computed = seq.computed;
+        self.blocks
+            .register_full(&mut seq.blocks, &seq.tokens, computed);
+        self.blocks.release(&mut seq.blocks);
+        seq.placement = None;
+        seq.computed = 0;
+        self.stats.preemptions += 1;
+        self.queue.push_front(seq);
+        true
+    }
+
+    fn step(&mut self) -> Result<(), crate::backend::BackendError> {
+        if self.active.is_empty() {
+            return Ok(());
+        }
+        // Make sure every decoding sequence has room for one more position, preempting the
+        // newest other request when the cache is full.
+        let decoding: Vec<u64> = self
+            .active
+            .iter()
+            .filter(|s| s.phase == Phase::Decode)
+            .map(|s| s.order)
+            .collect();
+        for order in decoding {
+            loop {
+                let Some(i) = self.active.iter().position(|s| s.order == order) else {
+                    break;
+                };
+                let need = self.active[i].computed + 1;
+                let mut blocks = std::mem::take(&mut self.active[i].blocks);
+                let ok = self.blocks.reserve(&mut blocks, need).is_ok();
+                self.active[i].blocks = blocks;
+                if ok {
+                    break;
+                }
+                if !self.preempt_newest_except(order) {
+                    let s = self.active.swap_remove(i);
+                    self.finish(s, FinishReason::Error("KV cache exhausted".into()));
+                    break;
+                }
+            }
+        }
+        self.settle_paths();
+        if self.active.is_empty() {
+            return Ok(());
+        }
+        // Build the step: decodes first, then prefill chunks within the budget.
+        let decoding = self.active.iter().any(|s| s.phase == Phase::Decode);
+        let mut budget = if decoding {
+            self.cfg.mixed_prefill_chunk
+        } else {
+            self.cfg.prefill_chunk
+        }
+        .max(1);
+        let mut plan: Vec<(usize, usize, usize)> = Vec::new(); // (seq, start, len)
+        for (i, s) in self.active.iter().enumerate() {
+            if s.phase == Phase::Decode {
+                plan.push((i, s.computed, 1));
+            }
+        }
+        let mut order: Vec<usize> = (0..self.active.len())
+            .filter(|&i| self.active[i].phase == Phase::Prefill)
+            .collect();
+        order.sort_by_key(|&i| self.active[i].order);
+        for i in order {
+            if budget == 0 {
+                break;
+            }
+            let s = &self.active[i];
+            let len = (s.tokens.len() - s.computed).min(budget);
+            plan.push((i, s.computed, len));
+            budget -= len;
+        }
+        let chunks: Vec<SeqChunk<'_>> = plan
+            .iter()
+            .map(|&(i, start, len)| {
+                let s = &self.active[i];
+                let last = start + len == s.tokens.len();
+                SeqChunk {
+                    tokens: &s.tokens[start..start + len],
+                    start_pos: start,
+                    blocks: &s.blocks.table,
+                    all_logits: false,
+                    no_logits: !last,
+                }
+            })
+            .collect();
+        let rows: Vec<usize> = chunks.iter().map(SeqChunk::logit_rows).collect();
+        self.logits.clear();
+        let started = Instant::now();
+        let stats = self.backend.forward(&chunks, &mut self.logits)?;
+        drop(chunks);
+        self.stats.steps += 1;
+        let batch = plan.len();
+        let vocab = self.backend.config().vocab;
+        let mut row = 0;
+        let mut done: Vec<(usize, FinishReason)> = Vec::new();
+        for (pi, &(i, start, len)) in plan.iter().enumerate() {
+            let is_prefill = self.active[i].phase == Phase::Prefill;
+            let s = &mut self.active[i];
+            s.computed = start + len;
+            s.timings.add_step(stats.device_time, batch, is_prefill);
+            if is_prefill && let Some(p) = s.prefill.as_mut() {
+                p.start.get_or_insert(started);
+                p.chunks += 1;
+                p.device += stats.device_time;
+            }
+            let computed = s.computed;
+            self.blocks
+                .register_full(&mut s.blocks, &s.tokens, computed);
+            if rows[pi] == 0 {
+                continue;
+            }
+            let logits = &mut self.logits[row * vocab..(row + 1) * vocab];
+            row += 1;
+            let id = s.sampler.sample(logits);
+            let now = Instant::now();
+            if is_prefill {
+                if let Some(p) = s.prefill.take() {
+                    let computed_tokens = p.target - p.cached;
+                    s.timings.prefilled_tokens += computed_tokens;
+                    let rec = PrefillRecord {
+                        start: p.start.unwrap_or(started),
+                        end: now,
+                        prompt_tokens: p.target,
+                        cached_tokens: p.cached,
+                        computed_tokens,
+                        chunks: p.chunks,
+                        device: p.device,
+                        reason: p.reason,
+                    };
+                    s.timings.prefills.push(rec.clone());
+                    s.emit(Event::Prefilled(rec));
+                }
+                s.phase = Phase::Decode;
+            }
+            s.tokens.push(id);
+            s.timings.mark_token(now);
+            let is_eos = !s.req.ignore_eos && self.tok.is_stop_token(id);
+            let delta = if is_eos {
+                String::new()
+            } else {
+                s.decoder.push(id).unwrap_or_default()
+            };
+            let out = s.stop.push(&delta);
+            // Unwrap is safe: a sequence in a step always has a placement.
+            let placement = s.placement.unwrap_or(Placement {
+                path: PathKind::Solo,
+                group: self.group,
+                slot: None,
+            });
+            s.emit(Event::Token {
+                id,
+                text: out.text,
+                at: now,
+                generated: s.timings.generated_tokens,
+                step_device: stats.device_time,
+                placement,
+            });
+            let generated = s.tokens.len() - s.req.prompt.len();
+            if is_eos || out.matched.is_some() {
+                done.push((i, FinishReason::Stop));
+            } else if generated >= s.req.max_tokens
+                || s.tokens.len() >= self.backend.config().context
+            {
+                done.push((i, FinishReason::Length));
+            }
+        }
+        done.sort_by_key(|d| std::cmp::Reverse(d.0));
+        for (i, reason) in done {
+            let s = self.active.swap_remove(i);
+            self.finish(s, reason);
+        }
+        Ok(())
+    }
+}

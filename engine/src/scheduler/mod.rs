@@ -1,0 +1,399 @@
+//! Continuous batching: a request starts alone on the **solo path** and moves into a **batch
+//! slot**, carrying its reply so far, when others arrive.
+//!
+//! Each device group runs one step loop on its own thread ([`group`]); the loop owns the
+//! backend (model and KV storage), the block manager and every sequence. The HTTP side talks
+//! to it only through channels: [`EngineHandle::submit`] returns the request's own event
+//! channel, on which its tokens, its leg and prefill records, and finally its completion with
+//! its own [`RequestTimings`] arrive.
+
+mod group;
+mod sequence;
+mod slots;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::backend::Backend;
+use crate::sampling::SamplingParams;
+use crate::timing::{LegRecord, PathKind, PrefillRecord, RequestTimings};
+use crate::tokenizer::Tokenizer;
+
+pub use group::GroupStats;
+
+/// Scheduler settings.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Batch slots per group.
+    pub batch: usize,
+    /// Requests that may wait for admission, over all groups.
+    pub max_queue: usize,
+    /// Prefill tokens per step while nothing else is decoding.
+    pub prefill_chunk: usize,
+    /// Prefill tokens per step while other requests decode (keeps their token rate steady).
+    pub mixed_prefill_chunk: usize,
+    /// Return a request to the solo path when the batch drains to it.
+    pub return_to_solo: bool,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            batch: 8,
+            max_queue: 256,
+            prefill_chunk: 512,
+            mixed_prefill_chunk: 64,
+            return_to_solo: true,
+        }
+    }
+}
+
+/// A validated generation request.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    /// The request id (also the response id).
+    pub id: String,
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Sampling.
+    pub sampling: SamplingParams,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Keep generating past end-of-sequence tokens.
+    pub ignore_eos: bool,
+    /// Session (affinity to a group, for warm resume).
+    pub session: Option<String>,
+    /// Arrival time.
+    pub received: Instant,
+    /// Set by the caller to cancel the request; checked at every step.
+    pub cancel: Arc<AtomicBool>,
+}
+
+/// Why a request finished.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end-of-sequence token or a stop string.
+    Stop,
+    /// `max_tokens` or the context was reached.
+    Length,
+    /// The client cancelled (disconnected).
+    Cancelled,
+    /// The engine failed or is shutting down.
+    Error(String),
+}
+
+impl FinishReason {
+    /// The OpenAI `finish_reason` label.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+            FinishReason::Error(_) => "error",
+        }
+    }
+}
+
+/// Where a request was admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    /// Path.
+    pub path: PathKind,
+    /// Device group.
+    pub group: usize,
+    /// Slot (slot path only).
+    pub slot: Option<usize>,
+}
+
+/// What a request's channel carries, in order.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// Admitted at `at` (first admission only).
+    Admitted {
+        /// When.
+        at: Instant,
+        /// Where.
+        placement: Placement,
+    },
+    /// A leg started.
+    LegStarted(LegRecord),
+    /// A leg ended.
+    LegEnded(LegRecord),
+    /// A prefill finished.
+    Prefilled(PrefillRecord),
+    /// A token was produced.
+    Token {
+        /// Token id.
+        id: u32,
+        /// Text it completes (may be empty; stop strings are held back and never sent).
+        text: String,
+        /// When it was produced.
+        at: Instant,
+        /// Tokens generated so far, this one included.
+        generated: usize,
+        /// Time of the forward step that produced it.
+        step_device: Duration,
+        /// Where.
+        placement: Placement,
+    },
+    /// The request finished; its own timings come with it.
+    Done(Box<Completion>),
+}
+
+/// A finished request.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    /// Why it finished.
+    pub finish_reason: FinishReason,
+    /// Generated token ids.
+    pub tokens: Vec<u32>,
+    /// Text held back at the end (flushed from the detokenizer and the stop matcher).
+    pub tail_text: String,
+    /// The request's own clocks.
+    pub timings: RequestTimings,
+    /// Group it finished on.
+    pub group: usize,
+}
+
+/// Why a request was not accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// The queue is full.
+    #[error("the queue is full ({0} requests waiting); retry later")]
+    QueueFull(usize),
+    /// The engine is shutting down.
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+    /// The prompt plus `max_tokens` does not fit the context.
+    #[error(
+        "prompt ({prompt} tokens) plus max_tokens ({max_tokens}) exceeds the context length of {context} tokens"
+    )]
+    ContextOverflow {
+        /// Prompt tokens.
+        prompt: usize,
+        /// Requested completion tokens.
+        max_tokens: usize,
+        /// Context length.
+        context: usize,
+    },
+    /// The prompt is empty.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+}
+
+/// One request in flight, as the step loop sees it.
+#[derive(Debug, Clone, Serialize)]
+pub struct InFlight {
+    /// Request id.
+    pub id: String,
+    /// `queued`, `prefill` or `decoding`.
+    pub state: &'static str,
+    /// `solo` or `slot` (absent while queued).
+    pub path: Option<PathKind>,
+    /// Device group.
+    pub group: usize,
+    /// Slot index.
+    pub slot: Option<usize>,
+    /// Tokens generated.
+    pub generated_tokens: usize,
+    /// Seconds since the request's own arrival.
+    pub elapsed_s: f64,
+    /// The request's own rate since its first token, over all its legs.
+    pub tok_s: Option<f64>,
+    /// Legs so far.
+    pub legs: usize,
+    /// Session.
+    pub session_id: Option<String>,
+}
+
+enum Command {
+    Submit(Box<GenerateRequest>, mpsc::UnboundedSender<Event>),
+    Snapshot(oneshot::Sender<(Vec<InFlight>, GroupStats)>),
+    Shutdown,
+}
+
+struct GroupHandle {
+    tx: mpsc::UnboundedSender<Command>,
+    load: Arc<AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The engine as the HTTP layer sees it: submit requests, look at what is in flight.
+pub struct EngineHandle {
+    groups: Vec<GroupHandle>,
+    queued: Arc<AtomicUsize>,
+    max_queue: usize,
+    context: usize,
+    shutting_down: AtomicBool,
+}
+
+impl EngineHandle {
+    /// Starts one step loop per backend (one per device group).
+    pub fn start(
+        backends: Vec<Box<dyn Backend>>,
+        tokenizer: Arc<Tokenizer>,
+        cfg: SchedulerConfig,
+    ) -> Self {
+        let queued = Arc::new(AtomicUsize::new(0));
+        let context = backends
+            .iter()
+            .map(|b| b.config().context)
+            .min()
+            .unwrap_or(0);
+        let groups = backends
+            .into_iter()
+            .enumerate()
+            .map(|(g, backend)| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                let load = Arc::new(AtomicUsize::new(0));
+                let tok = Arc::clone(&tokenizer);
+                let (cfg, queued, l2) = (cfg.clone(), Arc::clone(&queued), Arc::clone(&load));
+                let thread = std::thread::Builder::new()
+                    .name(format!("slotlight-group-{g}"))
+                    .spawn(move || group::run(g, backend, tok, cfg, rx, queued, l2))
+                    .expect("spawn step loop thread");
+                GroupHandle {
+                    tx,
+                    load,
+                    thread: Some(thread),
+                }
+            })
+            .collect();
+        Self {
+            groups,
+            queued,
+            max_queue: cfg.max_queue,
+            context,
+            shutting_down: AtomicBool::new(false),
+        }
+    }
+
+    /// The context length (the smallest over groups).
+    pub fn context(&self) -> usize {
+        self.context
+    }
+
+    /// Number of device groups.
+    pub fn groups(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// Requests waiting for admission.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
+    }
+
+    /// Submits a request; its events arrive on the returned channel.
+    pub fn submit(
+        &self,
+        req: GenerateRequest,
+    ) -> Result<mpsc::UnboundedReceiver<Event>, SubmitError> {
+        if self.shutting_down.load(Ordering::Relaxed) {
+            return Err(SubmitError::ShuttingDown);
+        }
+        if req.prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        if req.prompt.len() + req.max_tokens > self.context {
+            return Err(SubmitError::ContextOverflow {
+                prompt: req.prompt.len(),
+                max_tokens: req.max_tokens,
+                context: self.context,
+            });
+        }
+        // Admission control: reserve a queue place or refuse.
+        let reserved = self
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q < self.max_queue).then_some(q + 1)
+            });
+        if reserved.is_err() {
+            return Err(SubmitError::QueueFull(self.max_queue));
+        }
+        let g = self.pick_group(req.session.as_deref());
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.groups[g].load.fetch_add(1, Ordering::Relaxed);
+        if self.groups[g]
+            .tx
+            .send(Command::Submit(Box::new(req), tx))
+            .is_err()
+        {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            self.groups[g].load.fetch_sub(1, Ordering::Relaxed);
+            return Err(SubmitError::ShuttingDown);
+        }
+        Ok(rx)
+    }
+
+    /// Session affinity keeps a chat on one group (its KV prefix lives there); otherwise the
+    /// least loaded group.
+    fn pick_group(&self, session: Option<&str>) -> usize {
+        let n = self.groups.len();
+        if n == 1 {
+            return 0;
+        }
+        if let Some(s) = session {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            s.hash(&mut h);
+            return usize::try_from(h.finish() % n as u64).unwrap_or(0);
+        }
+        (0..n)
+            .min_by_key(|&g| self.groups[g].load.load(Ordering::Relaxed))
+            .unwrap_or(0)
+    }
+
+    /// The requests in flight and per-group statistics, as each step loop reports them.
+    pub async fn snapshot(&self) -> (Vec<InFlight>, Vec<GroupStats>) {
+        let mut all = Vec::new();
+        let mut stats = Vec::new();
+        for g in &self.groups {
+            let (tx, rx) = oneshot::channel();
+            if g.tx.send(Command::Snapshot(tx)).is_ok()
+                && let Ok((mut v, s)) = rx.await
+            {
+                all.append(&mut v);
+                stats.push(s);
+            }
+        }
+        (all, stats)
+    }
+
+    /// Stops accepting requests; the loops finish what they hold, then exit.
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether shutdown has begun.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Relaxed)
+    }
+
+    /// Requests currently admitted or queued, over all groups.
+    pub fn in_flight(&self) -> usize {
+        self.groups
+            .iter()
+            .map(|g| g.load.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+impl Drop for EngineHandle {
+    fn drop(&mut self) {
+        for g in &self.groups {
+            let _ = g.tx.send(Command::Shutdown);
+        }
+        for g in &mut self.groups {
+            if let Some(t) = g.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
