@@ -44,10 +44,11 @@ pub fn parse_devices(spec: &str) -> Result<Vec<Device>, DeviceError> {
         }]);
     }
     if let Some(rest) = spec.strip_prefix("cuda") {
-        let list = rest.strip_prefix(':').unwrap_or(if rest.is_empty() {
-            "0"
-        } else {
-            return Err(bad());
+        let list = match rest.strip_prefix(':') {
+            Some(l) => l,
+            None if rest.is_empty() => "0",
+            None => return Err(bad()),
+        };
         });
         return list
             .split(',')
