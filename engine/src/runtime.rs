@@ -49,7 +49,6 @@ pub fn parse_devices(spec: &str) -> Result<Vec<Device>, DeviceError> {
             None if rest.is_empty() => "0",
             None => return Err(bad()),
         };
-        });
         return list
             .split(',')
             .map(|n| {
