@@ -12,6 +12,8 @@ pub mod prompt;
 pub mod runtime;
 pub mod sampling;
 pub mod scheduler;
+pub mod server;
 pub mod stop;
+pub mod telemetry;
 pub mod timing;
 pub mod tokenizer;

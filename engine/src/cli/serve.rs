@@ -1,17 +1,166 @@
 //! `slotlight-engine serve`: the OpenAI-compatible API.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use clap::Args;
 
 use super::ModelArgs;
+use crate::prompt::PromptBuilder;
+use crate::scheduler::SchedulerConfig;
+use crate::server::openai::types::Limits;
+use crate::server::{AppState, ServeConfig};
+use crate::telemetry::{LogFormat, Telemetry, TelemetryConfig};
+use crate::timing::TimeAnchor;
 
 /// Arguments of `serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
+    /// Address to bind (loopback by default; use 0.0.0.0 to listen on every interface).
+    #[arg(long, default_value = "127.0.0.1", env = "SLOTLIGHT_HOST")]
+    pub host: String,
+    /// Port to bind.
+    #[arg(long, default_value_t = 8080, env = "SLOTLIGHT_PORT")]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on the API (not on /health).
+    #[arg(long, env = "SLOTLIGHT_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Extra name clients may use for the model (repeatable).
+    #[arg(long)]
+    pub served_model_name: Vec<String>,
+    /// Batch slots per device group.
+    #[arg(long, default_value_t = 8)]
+    pub batch: usize,
+    /// Requests that may wait for a slot; more get 429.
+    #[arg(long, default_value_t = 256)]
+    pub max_queue: usize,
+    /// KV cache positions per device group (default: 2 × context or 512 per slot, whichever is larger).
+    #[arg(long)]
+    pub kv_cache_tokens: Option<usize>,
+    /// Prefill tokens per step while nothing else decodes.
+    #[arg(long, default_value_t = 512)]
+    pub prefill_chunk: usize,
+    /// Prefill tokens per step while other requests decode.
+    #[arg(long, default_value_t = 64)]
+    pub mixed_prefill_chunk: usize,
+    /// Largest request body, bytes.
+    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+    /// Largest `max_tokens` a request may ask for.
+    #[arg(long, default_value_t = 4096)]
+    pub max_tokens_limit: usize,
+    /// `max_tokens` when a request gives none.
+    #[arg(long, default_value_t = 256)]
+    pub default_max_tokens: usize,
+    /// Most messages in one chat request.
+    #[arg(long, default_value_t = 512)]
+    pub max_messages: usize,
+    /// Seconds in-flight requests may run after SIGTERM before they are cancelled.
+    #[arg(long, default_value_t = 30)]
+    pub drain_timeout_s: u64,
+    /// OTLP endpoint (default: `OTEL_EXPORTER_OTLP_ENDPOINT`, else http://127.0.0.1:4317).
+    #[arg(long)]
+    pub otlp_endpoint: Option<String>,
+    /// OTLP protocol: grpc or http/protobuf (default: `OTEL_EXPORTER_OTLP_PROTOCOL`, else grpc).
+    #[arg(long)]
+    pub otlp_protocol: Option<String>,
+    /// Export no spans.
+    #[arg(long)]
+    pub no_telemetry: bool,
+    /// Length of decode progress windows (`slotlight.decode` spans), ms; 0 turns them off.
+    #[arg(long, default_value_t = 250)]
+    pub progress_interval_ms: u64,
+    /// Record prompt and completion text on spans (off by default: no content leaves the engine).
+    #[arg(long)]
+    pub trace_content: bool,
+    /// Log format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
     /// Model and device.
     #[command(flatten)]
     pub model: ModelArgs,
 }
 
-pub(super) fn run(_a: ServeArgs) -> anyhow::Result<()> {
-    anyhow::bail!("serve is not built yet")
+pub(super) fn run(a: ServeArgs) -> anyhow::Result<()> {
+    crate::telemetry::init_logs(a.log_format);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("slotlight-http")
+        .build()?;
+    rt.block_on(serve(a))
+}
+
+async fn serve(a: ServeArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(a.batch >= 1, "--batch must be at least 1");
+    let model = a.model.load()?;
+    let context = a.model.ctx_size.min(model.config.context);
+    let groups = crate::runtime::parse_devices(&a.model.device)?.len();
+    let kv = a
+        .kv_cache_tokens
+        .unwrap_or_else(|| (2 * context).max(512 * a.batch));
+    let sched = SchedulerConfig {
+        batch: a.batch,
+        max_queue: a.max_queue,
+        prefill_chunk: a.prefill_chunk.max(1),
+        mixed_prefill_chunk: a.mixed_prefill_chunk.max(1),
+        return_to_solo: true,
+    };
+    let engine = Arc::new(super::start_engine(&model, &a.model, kv, sched)?);
+    let telemetry = Telemetry::init(&TelemetryConfig {
+        disabled: a.no_telemetry,
+        endpoint: a.otlp_endpoint.clone(),
+        protocol: a.otlp_protocol.clone(),
+    })
+    .map_err(anyhow::Error::msg)?;
+    let prompts = PromptBuilder::new(&model);
+    if prompts.fallback {
+        tracing::warn!("the model has no chat template: chat requests use ChatML");
+    }
+    let mut names = vec![model.id.clone()];
+    names.extend(a.served_model_name.iter().cloned());
+    let cfg = ServeConfig {
+        api_key: a.api_key.clone().filter(|k| !k.is_empty()),
+        max_body_bytes: a.max_body_bytes,
+        limits: Limits {
+            max_tokens: a.max_tokens_limit.min(context),
+            default_max_tokens: a.default_max_tokens,
+            max_messages: a.max_messages,
+            ..Limits::default()
+        },
+        progress_interval: Duration::from_millis(a.progress_interval_ms),
+        trace_content: a.trace_content,
+        model_names: names,
+        drain_timeout: Duration::from_secs(a.drain_timeout_s),
+    };
+    let st = Arc::new(AppState {
+        engine,
+        prompts,
+        cfg,
+        vocab: model.config.vocab,
+        context,
+        telemetry: Arc::new(telemetry),
+        anchor: TimeAnchor::now(),
+        started: crate::server::openai::created(),
+    });
+    let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port)).await?;
+    let addr = listener.local_addr()?;
+    let counts = st.telemetry.counts();
+    tracing::info!(
+        listen = %addr,
+        loopback_only = addr.ip().is_loopback(),
+        model = %model.id,
+        context,
+        batch = a.batch,
+        groups,
+        kv_tokens = kv,
+        telemetry = counts.endpoint.as_deref().unwrap_or("off"),
+        instance_id = %st.telemetry.instance_id,
+        auth = st.cfg.api_key.is_some(),
+        "slotlight-engine listening on http://{addr} ({})",
+        if addr.ip().is_loopback() { "loopback only" } else { "all interfaces" }
+    );
+    crate::server::serve(listener, st, crate::server::shutdown_signal()).await?;
+    tracing::info!("slotlight-engine stopped");
+    Ok(())
 }

@@ -164,6 +164,10 @@ impl<'t> Loop<'t> {
                 let _ = reply.send((self.in_flight(), self.group_stats()));
                 false
             }
+            Command::AbortAll => {
+                self.abort_all("the engine is shutting down");
+                false
+            }
             Command::Shutdown => true,
         }
     }

@@ -216,6 +216,7 @@ pub struct InFlight {
 enum Command {
     Submit(Box<GenerateRequest>, mpsc::UnboundedSender<Event>),
     Snapshot(oneshot::Sender<(Vec<InFlight>, GroupStats)>),
+    AbortAll,
     Shutdown,
 }
 
@@ -364,6 +365,14 @@ impl EngineHandle {
             }
         }
         (all, stats)
+    }
+
+    /// Cancels every request in flight (they finish with an error: the engine is shutting
+    /// down); used when a drain times out.
+    pub fn abort_all(&self) {
+        for g in &self.groups {
+            let _ = g.tx.send(Command::AbortAll);
+        }
     }
 
     /// Stops accepting requests; the loops finish what they hold, then exit.

@@ -1,0 +1,266 @@
+//! The HTTP server: OpenAI-compatible chat and completions, plus `/v1/models`, `/health` and
+//! `/v1/requests`. Routing, authentication and limits live here; request handling in
+//! [`openai`]; the per-request task and its telemetry in [`pipeline`] and [`trace`].
+
+pub mod error;
+pub mod openai;
+pub mod pipeline;
+pub mod trace;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use opentelemetry::Context;
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use serde_json::json;
+
+use self::error::ApiError;
+use self::openai::types::Limits;
+use crate::prompt::PromptBuilder;
+use crate::scheduler::EngineHandle;
+use crate::telemetry::Telemetry;
+use crate::timing::TimeAnchor;
+
+/// Server settings.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Required bearer token, when set.
+    pub api_key: Option<String>,
+    /// Largest request body, bytes.
+    pub max_body_bytes: usize,
+    /// Request limits.
+    pub limits: Limits,
+    /// Decode progress window (`slotlight.decode` spans); zero turns them off.
+    pub progress_interval: Duration,
+    /// Record prompt and completion text on spans.
+    pub trace_content: bool,
+    /// Names the model answers to (the first is reported).
+    pub model_names: Vec<String>,
+    /// How long in-flight requests may run after SIGTERM before they are cancelled.
+    pub drain_timeout: Duration,
+}
+
+/// When the request arrived (stamped by the outermost middleware).
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival(pub Instant);
+
+/// Everything handlers share.
+pub struct AppState {
+    /// The engine.
+    pub engine: Arc<EngineHandle>,
+    /// Prompt building for the served model.
+    pub prompts: PromptBuilder,
+    /// Settings.
+    pub cfg: ServeConfig,
+    /// Telemetry.
+    pub telemetry: Arc<Telemetry>,
+    /// Converts request instants to wall-clock time.
+    pub anchor: TimeAnchor,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Context length.
+    pub context: usize,
+    /// When the server started (unix seconds).
+    pub started: u64,
+}
+
+/// Shared state handle.
+pub type SharedState = Arc<AppState>;
+
+impl AppState {
+    /// The served model's name, or 404 for another one.
+    pub fn check_model(&self, asked: Option<&str>) -> Result<String, ApiError> {
+        let served = self.cfg.model_names.first().cloned().unwrap_or_default();
+        match asked {
+            None | Some("") => Ok(served),
+            Some(m) if self.cfg.model_names.iter().any(|n| n == m) => Ok(served),
+            Some(m) => Err(ApiError::model_not_found(m, &served)),
+        }
+    }
+}
+
+struct HeaderExtractor<'a>(&'a HeaderMap);
+
+impl Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(|k| k.as_str()).collect()
+    }
+}
+
+/// The caller's trace context from W3C `traceparent`/`tracestate`, or an empty context.
+pub fn parent_context(headers: &HeaderMap) -> Context {
+    TraceContextPropagator::new().extract(&HeaderExtractor(headers))
+}
+
+async fn stamp_arrival(mut req: Request, next: Next) -> Response {
+    req.extensions_mut().insert(Arrival(Instant::now()));
+    next.run(req).await
+}
+
+async fn authenticate(State(st): State<SharedState>, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.cfg.api_key {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        use subtle::ConstantTimeEq;
+        let ok: bool = given.as_bytes().ct_eq(key.as_bytes()).into();
+        if !ok {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn refuse_when_draining(State(st): State<SharedState>, req: Request, next: Next) -> Response {
+    if st.engine.is_shutting_down() {
+        return ApiError::shutting_down().into_response();
+    }
+    next.run(req).await
+}
+
+async fn models(State(st): State<SharedState>) -> Response {
+    let data: Vec<_> = st
+        .cfg
+        .model_names
+        .iter()
+        .take(1)
+        .map(|id| {
+            json!({
+                "id": id,
+                "object": "model",
+                "created": st.started,
+                "owned_by": "slotlight",
+                "max_model_len": st.context,
+            })
+        })
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+async fn health(State(st): State<SharedState>) -> Response {
+    let (_, groups) = st.engine.snapshot().await;
+    let draining = st.engine.is_shutting_down();
+    let body = json!({
+        "status": if draining { "shutting_down" } else { "ok" },
+        "model": st.cfg.model_names.first(),
+        "instance_id": st.telemetry.instance_id,
+        "queued": st.engine.queued(),
+        "in_flight": st.engine.in_flight(),
+        "groups": groups,
+        "telemetry": st.telemetry.counts(),
+    });
+    let code = if draining {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    (code, axum::Json(body)).into_response()
+}
+
+async fn requests(State(st): State<SharedState>) -> Response {
+    let (data, groups) = st.engine.snapshot().await;
+    axum::Json(json!({"object": "list", "data": data, "groups": groups})).into_response()
+}
+
+async fn fallback(req: Request) -> ApiError {
+    ApiError::not_found(req.uri().path())
+}
+
+/// The router.
+pub fn router(st: SharedState) -> Router {
+    let api = Router::new()
+        .route("/v1/chat/completions", post(openai::chat::handle))
+        .route("/v1/completions", post(openai::completions::handle))
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(&st),
+            refuse_when_draining,
+        ))
+        .route("/v1/models", get(models))
+        .route("/v1/requests", get(requests))
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(&st),
+            authenticate,
+        ));
+    Router::new()
+        .merge(api)
+        .route("/health", get(health))
+        .fallback(fallback)
+        .layer(middleware::from_fn(stamp_arrival))
+        .with_state(st)
+}
+
+/// Waits for Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+/// Serves until `shutdown` resolves, then drains: new requests get 503, in-flight ones finish
+/// within the drain timeout (then they are cancelled), and telemetry is flushed.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    st: SharedState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let addr: SocketAddr = listener.local_addr()?;
+    let engine = Arc::clone(&st.engine);
+    let drain = st.cfg.drain_timeout;
+    let app = router(Arc::clone(&st));
+    let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
+    let signal = async move {
+        shutdown.await;
+        tracing::info!(%addr, drain_s = drain.as_secs_f64(), "Server.Draining");
+        engine.begin_shutdown();
+        let e2 = Arc::clone(&engine);
+        tokio::spawn(async move {
+            let deadline = Instant::now() + drain;
+            while e2.in_flight() > 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if e2.in_flight() > 0 {
+                tracing::warn!(
+                    in_flight = e2.in_flight(),
+                    "Server.DrainTimeout: cancelling what is left"
+                );
+                e2.abort_all();
+            }
+            let _ = drained_tx.send(());
+        });
+    };
+    axum::serve(listener, app.into_make_service())
+        .with_graceful_shutdown(signal)
+        .await?;
+    let _ = tokio::time::timeout(drain + Duration::from_secs(5), drained_rx).await;
+    st.telemetry.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,154 @@
+//! `POST /v1/chat/completions`.
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use super::types::ChatRequest;
+use super::{created, new_id, read_json, session, sse};
+use crate::server::error::ApiError;
+use crate::server::pipeline::{CancelOnDrop, Out, launch};
+use crate::server::trace::RequestInfo;
+use crate::server::{Arrival, SharedState};
+
+/// Handles a chat completion, streamed or not.
+pub async fn handle(
+    State(st): State<SharedState>,
+    Extension(Arrival(received)): Extension<Arrival>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let req: ChatRequest = read_json(body, st.cfg.max_body_bytes).await?;
+    let opts = req.common.validate(&st.cfg.limits)?;
+    let model = st.check_model(req.common.model.as_deref())?;
+    let messages = req.messages(&st.cfg.limits)?;
+    let (text, prompt) = st.prompts.chat(&messages).map_err(|e| {
+        let mut a = ApiError::invalid_param("messages", e.to_string());
+        a.code = Some("invalid_messages");
+        a
+    })?;
+    let id = new_id("chatcmpl");
+    let info = RequestInfo {
+        id: id.clone(),
+        operation: slotlight_otel::span::OPERATION_CHAT,
+        request_model: req.common.model.clone().unwrap_or_else(|| model.clone()),
+        response_model: model.clone(),
+        session: session(&headers, opts.user.as_deref()),
+        max_tokens: opts.max_tokens,
+        temperature: opts.sampling.temperature,
+        top_p: opts.sampling.top_p,
+        top_k: opts.sampling.top_k,
+        seed: opts.sampling.seed,
+        stream: opts.stream,
+        received,
+        prompt_text: st.cfg.trace_content.then_some(text),
+    };
+    let parent = crate::server::parent_context(&headers);
+    let prompt_len = prompt.len();
+    let (out, cancel) = launch(&st, info, prompt, &opts, &parent)?;
+    let created = created();
+    if !opts.stream {
+        let mut guard = CancelOnDrop::new(cancel);
+        let mut out = out;
+        let mut text = String::new();
+        while let Some(o) = out.recv().await {
+            match o {
+                Out::Delta { text: t, .. } => text.push_str(&t),
+                Out::Done(f) => {
+                    guard.disarm();
+                    if let Some(e) = f.error {
+                        return Err(ApiError::internal(e));
+                    }
+                    text.push_str(&f.tail);
+                    return Ok(Json(json!({
+                        "id": id,
+                        "object": "chat.completion",
+                        "created": created,
+                        "model": model,
+                        "system_fingerprint": Value::Null,
+                        "choices": [{
+                            "index": 0,
+                            "message": {"role": "assistant", "content": text},
+                            "logprobs": Value::Null,
+                            "finish_reason": f.finish_reason,
+                        }],
+                        "usage": f.usage,
+                        "timings": f.timings,
+                    }))
+                    .into_response());
+                }
+            }
+        }
+        return Err(ApiError::internal("the request ended without a result"));
+    }
+    let chunk = move |delta: Value, finish: Value| {
+        json!({
+            "id": id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "system_fingerprint": Value::Null,
+            "choices": [{"index": 0, "delta": delta, "logprobs": Value::Null, "finish_reason": finish}],
+        })
+    };
+    let include_usage = opts.include_usage;
+    let continuous = opts.continuous_usage;
+    let mut guard = Some(CancelOnDrop::new(cancel));
+    let first = futures_util::stream::once({
+        let c = chunk.clone();
+        async move { c(json!({"role": "assistant", "content": ""}), Value::Null) }
+    });
+    let body = UnboundedReceiverStream::new(out).flat_map(move |o| {
+        let items: Vec<Value> = match o {
+            Out::Delta { text, generated } => {
+                if text.is_empty() && !continuous {
+                    Vec::new()
+                } else {
+                    let mut c = chunk(json!({"content": text}), Value::Null);
+                    if continuous {
+                        c["usage"] = json!({
+                            "prompt_tokens": prompt_len,
+                            "completion_tokens": generated,
+                            "total_tokens": prompt_len + generated,
+                        });
+                    }
+                    vec![c]
+                }
+            }
+            Out::Done(f) => {
+                if let Some(g) = guard.as_mut() {
+                    g.disarm();
+                }
+                let mut v = Vec::new();
+                if let Some(e) = &f.error {
+                    v.push(json!({"error": {"message": e, "type": "server_error", "param": Value::Null, "code": "internal_error"}}));
+                    return futures_util::stream::iter(v);
+                }
+                if !f.tail.is_empty() {
+                    v.push(chunk(json!({"content": f.tail}), Value::Null));
+                }
+                let mut last = chunk(json!({}), json!(f.finish_reason));
+                last["timings"] = json!(f.timings);
+                if continuous {
+                    last["usage"] = json!(f.usage);
+                }
+                v.push(last);
+                if include_usage {
+                    let mut u = chunk(json!({}), Value::Null);
+                    u["choices"] = json!([]);
+                    u["usage"] = json!(f.usage);
+                    u["timings"] = json!(f.timings);
+                    v.push(u);
+                }
+                v
+            }
+        };
+        futures_util::stream::iter(items)
+    });
+    Ok(sse(first.chain(body)).into_response())
+}

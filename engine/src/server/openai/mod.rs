@@ -1,0 +1,98 @@
+//! The OpenAI-compatible endpoints.
+
+pub mod chat;
+pub mod completions;
+pub mod types;
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use futures_util::Stream;
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+
+/// Reads the body up to `limit` bytes and parses it as JSON; errors in OpenAI's shape.
+pub async fn read_json<T: DeserializeOwned>(body: Body, limit: usize) -> Result<T, ApiError> {
+    let bytes = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(e) => {
+            let mut too_large = false;
+            let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+            while let Some(err) = cur {
+                too_large |= err.to_string().contains("length limit");
+                cur = err.source();
+            }
+            return Err(if too_large {
+                ApiError::too_large(limit)
+            } else {
+                ApiError::invalid(format!("could not read the request body: {e}"))
+            });
+        }
+    };
+    if bytes.is_empty() {
+        return Err(ApiError::invalid(
+            "the request body is empty; send a JSON object",
+        ));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| {
+        let what = match e.classify() {
+            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+                "malformed JSON"
+            }
+            _ => "invalid request",
+        };
+        ApiError::invalid(format!("{what}: {e}"))
+    })
+}
+
+/// A fresh response id with `prefix` (`chatcmpl` or `cmpl`).
+pub fn new_id(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    use std::hash::{BuildHasher, Hasher};
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(n);
+    h.write_u128(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    format!("{prefix}-{:016x}{:04x}", h.finish(), n & 0xffff)
+}
+
+/// Unix seconds now.
+pub fn created() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs()
+}
+
+/// The session: the `x-session-id` header, else the request's `user`.
+pub fn session(headers: &HeaderMap, user: Option<&str>) -> Option<String> {
+    headers
+        .get("x-session-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|s| !s.is_empty() && s.len() <= 256)
+        .map(str::to_string)
+        .or_else(|| user.filter(|u| !u.is_empty()).map(str::to_string))
+}
+
+/// Wraps a stream of JSON chunks as SSE ending with `[DONE]`.
+pub fn sse(
+    stream: impl Stream<Item = serde_json::Value> + Send + 'static,
+) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    use futures_util::StreamExt;
+    let events = stream
+        .map(|v| Ok(SseEvent::default().data(v.to_string())))
+        .chain(futures_util::stream::once(async {
+            Ok(SseEvent::default().data("[DONE]"))
+        }));
+    Sse::new(events).keep_alive(KeepAlive::default())
+}

@@ -1,0 +1,447 @@
+//! One request's spans, built from the events on its own channel.
+//!
+//! Every timestamp comes from the request's own clocks (the instants the step loop recorded),
+//! converted to wall-clock time once, here. The root span is `{operation} {model}`; its
+//! children are `slotlight.queue`, one `slotlight.prefill` per prefill, one `slotlight.leg`
+//! per leg (each linked to the previous), and `slotlight.decode` windows under each leg.
+
+use std::borrow::Cow;
+use std::time::{Duration, Instant};
+
+use opentelemetry::global::BoxedTracer;
+use opentelemetry::trace::{Link, SpanContext, SpanKind, Status, TraceContextExt, Tracer};
+use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
+use slotlight_otel::{attr, span};
+
+use crate::scheduler::{Completion, Event, FinishReason, Placement};
+use crate::timing::{LegRecord, PathKind, PrefillRecord, TimeAnchor};
+
+/// What the root span needs to know at the start.
+#[derive(Debug, Clone)]
+pub struct RequestInfo {
+    /// Request id (also the response id).
+    pub id: String,
+    /// `chat` or `text_completion`.
+    pub operation: &'static str,
+    /// Model asked for.
+    pub request_model: String,
+    /// Model served.
+    pub response_model: String,
+    /// Session.
+    pub session: Option<String>,
+    /// Completion limit.
+    pub max_tokens: usize,
+    /// Temperature.
+    pub temperature: f32,
+    /// Top-p.
+    pub top_p: f32,
+    /// Top-k.
+    pub top_k: usize,
+    /// Seed.
+    pub seed: Option<u64>,
+    /// Streaming.
+    pub stream: bool,
+    /// Arrival.
+    pub received: Instant,
+    /// Prompt text, only with `--trace-content`.
+    pub prompt_text: Option<String>,
+}
+
+struct Window {
+    start: Instant,
+    last: Instant,
+    tokens: usize,
+    device: Duration,
+}
+
+struct OpenLeg {
+    cx: Context,
+    record: LegRecord,
+}
+
+/// The spans of one request in progress.
+pub struct RequestTrace {
+    tracer: std::sync::Arc<BoxedTracer>,
+    anchor: TimeAnchor,
+    info: RequestInfo,
+    root: Context,
+    leg: Option<OpenLeg>,
+    prev_leg: Option<SpanContext>,
+    window: Option<Window>,
+    window_floor: Option<Instant>,
+    first_token: Option<Instant>,
+    generated: usize,
+    placement: Option<Placement>,
+    trace_content: bool,
+    completion_text: String,
+}
+
+fn kv_i(k: &'static str, v: usize) -> KeyValue {
+    KeyValue::new(k, i64::try_from(v).unwrap_or(i64::MAX))
+}
+
+fn kv_u(k: &'static str, v: u64) -> KeyValue {
+    KeyValue::new(k, i64::try_from(v).unwrap_or(i64::MAX))
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+impl RequestTrace {
+    /// Starts the request span at the request's arrival, as a child of `parent` (the caller's
+    /// `traceparent`, or an empty context).
+    pub fn start(
+        tracer: std::sync::Arc<BoxedTracer>,
+        anchor: TimeAnchor,
+        info: RequestInfo,
+        parent: &Context,
+        trace_content: bool,
+    ) -> Self {
+        let mut attrs = vec![
+            KeyValue::new(attr::GEN_AI_OPERATION_NAME, info.operation),
+            KeyValue::new(attr::GEN_AI_PROVIDER_NAME, attr::value::PROVIDER),
+            KeyValue::new(attr::GEN_AI_REQUEST_MODEL, info.request_model.clone()),
+            kv_i(attr::GEN_AI_REQUEST_MAX_TOKENS, info.max_tokens),
+            KeyValue::new(
+                attr::GEN_AI_REQUEST_TEMPERATURE,
+                f64::from(info.temperature),
+            ),
+            KeyValue::new(attr::GEN_AI_REQUEST_TOP_P, f64::from(info.top_p)),
+            #[allow(clippy::cast_precision_loss)]
+            KeyValue::new(attr::GEN_AI_REQUEST_TOP_K, info.top_k as f64),
+            KeyValue::new(attr::GEN_AI_REQUEST_STREAM, info.stream),
+            KeyValue::new(attr::GEN_AI_RESPONSE_ID, info.id.clone()),
+            KeyValue::new(attr::REQUEST_ID, info.id.clone()),
+            kv_u(attr::REQUEST_START_TIME, anchor.unix_nanos(info.received)),
+        ];
+        if let Some(seed) = info.seed {
+            attrs.push(kv_u(attr::GEN_AI_REQUEST_SEED, seed));
+        }
+        if let Some(s) = &info.session {
+            attrs.push(KeyValue::new(attr::SESSION_ID, s.clone()));
+        }
+        if let (true, Some(p)) = (trace_content, &info.prompt_text) {
+            attrs.push(KeyValue::new(attr::CONTENT_PROMPT, p.clone()));
+        }
+        let name = span::request_span_name(info.operation, &info.response_model);
+        let root_span = tracer
+            .span_builder(Cow::Owned(name))
+            .with_kind(SpanKind::Server)
+            .with_start_time(anchor.system_time(info.received))
+            .with_attributes(attrs)
+            .start_with_context(tracer.as_ref(), parent);
+        let root = parent.with_span(root_span);
+        Self {
+            tracer,
+            anchor,
+            info,
+            root,
+            leg: None,
+            prev_leg: None,
+            window: None,
+            window_floor: None,
+            first_token: None,
+            generated: 0,
+            placement: None,
+            trace_content,
+            completion_text: String::new(),
+        }
+    }
+
+    /// The request span's trace id (hex), for logs.
+    pub fn trace_id(&self) -> String {
+        self.root.span().span_context().trace_id().to_string()
+    }
+
+    fn ids(&self) -> Vec<KeyValue> {
+        let mut v = vec![KeyValue::new(attr::REQUEST_ID, self.info.id.clone())];
+        if let Some(s) = &self.info.session {
+            v.push(KeyValue::new(attr::SESSION_ID, s.clone()));
+        }
+        v
+    }
+
+    fn clocks(&self) -> Vec<KeyValue> {
+        let mut v = vec![kv_u(
+            attr::REQUEST_START_TIME,
+            self.anchor.unix_nanos(self.info.received),
+        )];
+        if let Some(f) = self.first_token {
+            v.push(kv_u(
+                attr::REQUEST_FIRST_TOKEN_TIME,
+                self.anchor.unix_nanos(f),
+            ));
+        }
+        v
+    }
+
+    fn placement_attrs(path: PathKind, group: usize, slot: Option<usize>) -> Vec<KeyValue> {
+        let mut v = vec![
+            KeyValue::new(attr::LEG_PATH, path.as_str()),
+            kv_i(attr::SLOT_GROUP, group),
+        ];
+        if let Some(s) = slot {
+            v.push(kv_i(attr::SLOT_INDEX, s));
+        }
+        v
+    }
+
+    fn child(
+        &self,
+        name: &'static str,
+        parent: &Context,
+        start: Instant,
+        end: Instant,
+        attrs: Vec<KeyValue>,
+        links: Vec<Link>,
+    ) {
+        let mut s = self
+            .tracer
+            .span_builder(name)
+            .with_kind(SpanKind::Internal)
+            .with_start_time(self.anchor.system_time(start))
+            .with_attributes(attrs)
+            .with_links(links)
+            .start_with_context(self.tracer.as_ref(), parent);
+        opentelemetry::trace::Span::end_with_timestamp(
+            &mut s,
+            self.anchor.system_time(end.max(start)),
+        );
+    }
+
+    /// Records one event.
+    pub fn on_event(&mut self, ev: &Event) {
+        match ev {
+            Event::Admitted { at, placement } => {
+                self.placement = Some(*placement);
+                let mut attrs = self.ids();
+                attrs.extend(Self::placement_attrs(
+                    placement.path,
+                    placement.group,
+                    placement.slot,
+                ));
+                self.child(
+                    span::QUEUE,
+                    &self.root.clone(),
+                    self.info.received,
+                    *at,
+                    attrs,
+                    Vec::new(),
+                );
+            }
+            Event::Prefilled(rec) => self.prefill(rec),
+            Event::LegStarted(leg) => self.leg_started(leg),
+            Event::LegEnded(leg) => self.leg_ended(leg),
+            Event::Token {
+                at,
+                step_device,
+                generated,
+                text,
+                placement,
+                ..
+            } => {
+                self.placement = Some(*placement);
+                self.first_token.get_or_insert(*at);
+                self.generated = *generated;
+                if self.trace_content {
+                    self.completion_text.push_str(text);
+                }
+                let floor = self
+                    .window_floor
+                    .or_else(|| self.leg.as_ref().map(|l| l.record.start))
+                    .unwrap_or(*at);
+                let w = self.window.get_or_insert(Window {
+                    start: floor.min(*at),
+                    last: *at,
+                    tokens: 0,
+                    device: Duration::ZERO,
+                });
+                w.tokens += 1;
+                w.device += *step_device;
+                w.last = *at;
+            }
+            Event::Done(c) => self.finish(c),
+        }
+    }
+
+    fn prefill(&mut self, rec: &PrefillRecord) {
+        let mut attrs = self.ids();
+        attrs.extend([
+            kv_i(attr::PREFILL_PROMPT_TOKENS, rec.prompt_tokens),
+            kv_i(attr::PREFILL_CACHED_TOKENS, rec.cached_tokens),
+            kv_i(attr::PREFILL_COMPUTED_TOKENS, rec.computed_tokens),
+            kv_i(attr::PREFILL_CHUNKS, rec.chunks),
+            KeyValue::new(attr::PREFILL_DEVICE_MS, ms(rec.device)),
+            KeyValue::new(attr::PREFILL_REASON, rec.reason.as_str()),
+        ]);
+        self.child(
+            span::PREFILL,
+            &self.root.clone(),
+            rec.start,
+            rec.end,
+            attrs,
+            Vec::new(),
+        );
+    }
+
+    fn leg_started(&mut self, leg: &LegRecord) {
+        self.flush_window();
+        let mut attrs = self.ids();
+        attrs.extend(Self::placement_attrs(leg.path, leg.group, leg.slot));
+        attrs.extend([
+            kv_i(attr::LEG_INDEX, leg.index),
+            kv_u(attr::LEG_START_TIME, self.anchor.unix_nanos(leg.start)),
+            kv_i(attr::LEG_TOKENS_CARRIED, leg.tokens_carried),
+        ]);
+        let links = self
+            .prev_leg
+            .clone()
+            .map(|sc| vec![Link::with_context(sc)])
+            .unwrap_or_default();
+        let s = self
+            .tracer
+            .span_builder(span::LEG)
+            .with_kind(SpanKind::Internal)
+            .with_start_time(self.anchor.system_time(leg.start))
+            .with_attributes(attrs)
+            .with_links(links)
+            .start_with_context(self.tracer.as_ref(), &self.root);
+        let cx = self.root.with_span(s);
+        self.window_floor = Some(leg.start);
+        self.leg = Some(OpenLeg {
+            cx,
+            record: leg.clone(),
+        });
+    }
+
+    fn leg_ended(&mut self, leg: &LegRecord) {
+        self.flush_window();
+        let Some(open) = self.leg.take() else { return };
+        let sp = open.cx.span();
+        let mut attrs = vec![
+            kv_i(attr::LEG_TOKENS_GENERATED, leg.tokens_generated),
+            kv_i(attr::LEG_BATCH_SIZE_MAX, leg.batch_max),
+            KeyValue::new(attr::LEG_BATCH_SIZE_MEAN, leg.batch_mean()),
+            KeyValue::new(attr::LEG_DEVICE_MS, ms(leg.device)),
+        ];
+        if let Some(r) = leg.end_reason {
+            attrs.push(KeyValue::new(attr::LEG_END_REASON, r.as_str()));
+        }
+        attrs.extend(self.clocks());
+        sp.set_attributes(attrs);
+        self.prev_leg = Some(sp.span_context().clone());
+        sp.end_with_timestamp(self.anchor.system_time(leg.end.unwrap_or(leg.start)));
+    }
+
+    /// Closes the current decode window, if it holds tokens, as a `slotlight.decode` span.
+    pub fn flush_window(&mut self) {
+        let Some(w) = self.window.take() else { return };
+        self.window_floor = Some(w.last);
+        let Some(open) = &self.leg else { return };
+        let mut attrs = self.ids();
+        let l = &open.record;
+        attrs.extend(Self::placement_attrs(l.path, l.group, l.slot));
+        attrs.extend([
+            kv_i(attr::LEG_INDEX, l.index),
+            kv_u(attr::LEG_START_TIME, self.anchor.unix_nanos(l.start)),
+            kv_i(attr::LEG_TOKENS_CARRIED, l.tokens_carried),
+            kv_i(attr::DECODE_WINDOW_TOKENS, w.tokens),
+            kv_i(attr::DECODE_TOKENS_GENERATED, self.generated),
+            kv_u(attr::DECODE_LAST_TOKEN_TIME, self.anchor.unix_nanos(w.last)),
+            KeyValue::new(attr::DECODE_DEVICE_MS, ms(w.device)),
+        ]);
+        attrs.extend(self.clocks());
+        let parent = open.cx.clone();
+        self.child(span::DECODE, &parent, w.start, w.last, attrs, Vec::new());
+    }
+
+    fn finish(&mut self, c: &Completion) {
+        self.flush_window();
+        if let Some(open) = self.leg.take() {
+            open.cx.span().end();
+        }
+        let t = &c.timings;
+        let u = t.usage();
+        let sp = self.root.span();
+        let mut attrs = vec![
+            KeyValue::new(
+                attr::GEN_AI_RESPONSE_MODEL,
+                self.info.response_model.clone(),
+            ),
+            KeyValue::new(
+                attr::GEN_AI_RESPONSE_FINISH_REASONS,
+                Value::Array(Array::String(vec![StringValue::from(
+                    c.finish_reason.as_str(),
+                )])),
+            ),
+            kv_i(attr::GEN_AI_USAGE_INPUT_TOKENS, t.prompt_tokens),
+            kv_i(attr::GEN_AI_USAGE_OUTPUT_TOKENS, t.generated_tokens),
+            kv_i(attr::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, t.cached_tokens),
+            KeyValue::new(attr::GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN, u.ttft_ms / 1000.0),
+            KeyValue::new(attr::GEN_AI_LATENCY_E2E, u.e2e_ms / 1000.0),
+            KeyValue::new(attr::GEN_AI_LATENCY_TIME_IN_QUEUE, u.queue_ms / 1000.0),
+            KeyValue::new(
+                attr::GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL,
+                u.prefill_ms / 1000.0,
+            ),
+            KeyValue::new(
+                attr::GEN_AI_LATENCY_TIME_IN_MODEL_DECODE,
+                u.decode_ms / 1000.0,
+            ),
+            KeyValue::new(attr::USAGE_QUEUE_MS, u.queue_ms),
+            KeyValue::new(attr::USAGE_PREFILL_MS, u.prefill_ms),
+            KeyValue::new(attr::USAGE_TTFT_MS, u.ttft_ms),
+            KeyValue::new(attr::USAGE_DECODE_MS, u.decode_ms),
+            KeyValue::new(attr::USAGE_GENERATION_MS, u.generation_ms),
+            KeyValue::new(attr::USAGE_E2E_MS, u.e2e_ms),
+            kv_i(attr::USAGE_PREFILLED_TOKENS, t.prefilled_tokens),
+            kv_i(attr::REQUEST_LEGS, t.legs.len()),
+            KeyValue::new(attr::REQUEST_MOVED, t.legs.len() > 1),
+            kv_i(attr::SLOT_GROUP, c.group),
+        ];
+        if let Some(tps) = u.decode_tps {
+            attrs.push(KeyValue::new(attr::USAGE_DECODE_TPS, tps));
+        }
+        if let Some(f) = t.first_token {
+            attrs.push(kv_u(
+                attr::REQUEST_FIRST_TOKEN_TIME,
+                self.anchor.unix_nanos(f),
+            ));
+        }
+        if self.trace_content {
+            let mut text = std::mem::take(&mut self.completion_text);
+            text.push_str(&c.tail_text);
+            attrs.push(KeyValue::new(attr::CONTENT_COMPLETION, text));
+        }
+        match &c.finish_reason {
+            FinishReason::Stop | FinishReason::Length => {}
+            FinishReason::Cancelled => {
+                attrs.push(KeyValue::new(attr::ERROR_TYPE, "cancelled"));
+                sp.set_status(Status::error("cancelled by the client"));
+            }
+            FinishReason::Error(e) => {
+                let label = if e.contains("shutting down") {
+                    "shutdown"
+                } else {
+                    "internal"
+                };
+                attrs.push(KeyValue::new(attr::ERROR_TYPE, label));
+                sp.set_status(Status::error(e.clone()));
+            }
+        }
+        sp.set_attributes(attrs);
+        sp.end_with_timestamp(
+            self.anchor
+                .system_time(t.finished.unwrap_or_else(Instant::now)),
+        );
+    }
+
+    /// Ends the request span for a request refused before reaching the engine.
+    pub fn refuse(self, error_type: &'static str, message: &str) {
+        let sp = self.root.span();
+        sp.set_attribute(KeyValue::new(attr::ERROR_TYPE, error_type));
+        sp.set_status(Status::error(message.to_string()));
+        sp.end();
+    }
+}

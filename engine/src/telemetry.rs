@@ -1,0 +1,352 @@
+//! All telemetry wiring: logs (text or JSON) and the OTLP span exporter.
+//!
+//! The exporter is configured by the standard variables (`OTEL_EXPORTER_OTLP_ENDPOINT`,
+//! `OTEL_EXPORTER_OTLP_PROTOCOL`, `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`,
+//! `OTEL_TRACES_SAMPLER`, `OTEL_SDK_DISABLED`, `OTEL_BSP_SCHEDULE_DELAY`) and by flags, which
+//! win. Spans are exported every 200 ms by default so that live views stay live. Export runs on
+//! the batch processor's own thread and a bounded queue: a dead collector never slows serving;
+//! its failure is logged once and the spans it lost are counted.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use opentelemetry::KeyValue;
+use opentelemetry::global::BoxedTracer;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, SpanData, SpanExporter,
+};
+use serde::Serialize;
+use slotlight_otel::attr;
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Installs the log subscriber (`RUST_LOG` filters; default `info`).
+pub fn init_logs(format: LogFormat) {
+    use tracing_subscriber::prelude::*;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,opentelemetry_sdk=warn"));
+    let registry = tracing_subscriber::registry().with(filter);
+    let _ = match format {
+        LogFormat::Text => registry
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .try_init(),
+        LogFormat::Json => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .flatten_event(true)
+                    .with_writer(std::io::stderr),
+            )
+            .try_init(),
+    };
+}
+
+/// Exporter configuration from flags (each overrides its variable).
+#[derive(Debug, Clone, Default)]
+pub struct TelemetryConfig {
+    /// `--no-telemetry` (or `OTEL_SDK_DISABLED=true`).
+    pub disabled: bool,
+    /// `--otlp-endpoint`.
+    pub endpoint: Option<String>,
+    /// `--otlp-protocol` (`grpc` or `http/protobuf`).
+    pub protocol: Option<String>,
+}
+
+/// Counts of what the exporter did.
+#[derive(Debug, Default)]
+pub struct ExportStats {
+    /// Spans handed to the collector successfully.
+    pub exported: AtomicU64,
+    /// Spans lost because an export failed.
+    pub dropped: AtomicU64,
+    /// Export failures.
+    pub failures: AtomicU64,
+    logged: AtomicBool,
+}
+
+/// A snapshot of [`ExportStats`].
+#[derive(Debug, Clone, Serialize)]
+pub struct ExportCounts {
+    /// Whether spans are exported at all.
+    pub enabled: bool,
+    /// Where to.
+    pub endpoint: Option<String>,
+    /// Spans exported.
+    pub exported: u64,
+    /// Spans lost to failed exports.
+    pub dropped: u64,
+    /// Failed exports.
+    pub failures: u64,
+}
+
+/// Wraps the OTLP exporter to count exported and lost spans and log the first failure.
+#[derive(Debug)]
+struct CountingExporter<E> {
+    inner: E,
+    stats: Arc<ExportStats>,
+    endpoint: String,
+}
+
+impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let n = batch.len() as u64;
+        let r = self.inner.export(batch).await;
+        match &r {
+            Ok(()) => {
+                self.stats.exported.fetch_add(n, Ordering::Relaxed);
+                if self.stats.logged.swap(false, Ordering::Relaxed) {
+                    tracing::info!(endpoint = %self.endpoint, "Telemetry.ExportRecovered");
+                }
+            }
+            Err(e) => {
+                self.stats.dropped.fetch_add(n, Ordering::Relaxed);
+                self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                if !self.stats.logged.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(endpoint = %self.endpoint, error = %e, "Telemetry.ExportFailed: spans are being dropped until the collector answers (logged once)");
+                }
+            }
+        }
+        r
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The engine's tracer and its provider.
+pub struct Telemetry {
+    /// Tracer for request spans (a no-op tracer when disabled).
+    pub tracer: Arc<BoxedTracer>,
+    provider: Option<SdkTracerProvider>,
+    stats: Arc<ExportStats>,
+    endpoint: Option<String>,
+    /// This process's `service.instance.id`.
+    pub instance_id: String,
+}
+
+fn env_true(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
+/// A fresh instance id: host, pid and a random suffix.
+fn new_instance_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    use std::hash::{BuildHasher, Hasher};
+    let rs = std::collections::hash_map::RandomState::new();
+    h.write_u64(rs.hash_one(std::time::SystemTime::now()));
+    let host = if host.is_empty() {
+        "engine".to_string()
+    } else {
+        host
+    };
+    format!("{host}-{}-{:08x}", std::process::id(), h.finish() as u32)
+}
+
+impl Telemetry {
+    /// A tracer that records nothing.
+    pub fn disabled() -> Self {
+        Self {
+            tracer: Arc::new(BoxedTracer::new(Box::new(
+                opentelemetry::trace::noop::NoopTracer::new(),
+            ))),
+            provider: None,
+            stats: Arc::default(),
+            endpoint: None,
+            instance_id: new_instance_id(),
+        }
+    }
+
+    /// Uses a caller-built provider (tests pass one with an in-memory exporter).
+    pub fn with_provider(provider: SdkTracerProvider, instance_id: String) -> Self {
+        let tracer = provider.tracer("slotlight-engine");
+        Self {
+            tracer: Arc::new(BoxedTracer::new(Box::new(tracer))),
+            provider: Some(provider),
+            stats: Arc::default(),
+            endpoint: None,
+            instance_id,
+        }
+    }
+
+    /// Builds the OTLP exporter from flags and variables. Must run inside a tokio runtime
+    /// (the gRPC client needs one).
+    pub fn init(cfg: &TelemetryConfig) -> Result<Self, String> {
+        if cfg.disabled || env_true("OTEL_SDK_DISABLED") {
+            return Ok(Self::disabled());
+        }
+        let protocol = cfg
+            .protocol
+            .clone()
+            .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").ok())
+            .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL").ok())
+            .unwrap_or_else(|| "grpc".into());
+        let env_endpoint = std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .ok()
+            .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok());
+        let stats: Arc<ExportStats> = Arc::default();
+        let (exporter, endpoint): (
+            Box<dyn FnOnce(SdkTracerProviderBuilderFn) -> SdkTracerProvider>,
+            String,
+        ) = match protocol.as_str() {
+            "grpc" => {
+                let endpoint = cfg
+                    .endpoint
+                    .clone()
+                    .or(env_endpoint)
+                    .unwrap_or_else(|| "http://127.0.0.1:4317".into());
+                let e = opentelemetry_otlp::SpanExporter::builder()
+                    .with_tonic()
+                    .with_endpoint(endpoint.clone())
+                    .with_timeout(Duration::from_secs(2))
+                    .build()
+                    .map_err(|e| format!("OTLP gRPC exporter: {e}"))?;
+                let e = CountingExporter {
+                    inner: e,
+                    stats: Arc::clone(&stats),
+                    endpoint: endpoint.clone(),
+                };
+                (
+                    Box::new(move |f: SdkTracerProviderBuilderFn| {
+                        f(BatchSpanProcessor::builder(e)
+                            .with_batch_config(batch_config())
+                            .build())
+                    }),
+                    endpoint,
+                )
+            }
+            "http/protobuf" | "http" => {
+                let base = cfg
+                    .endpoint
+                    .clone()
+                    .or(env_endpoint)
+                    .unwrap_or_else(|| "http://127.0.0.1:4318".into());
+                let endpoint = if base.trim_end_matches('/').ends_with("/v1/traces") {
+                    base
+                } else {
+                    format!("{}/v1/traces", base.trim_end_matches('/'))
+                };
+                let e = opentelemetry_otlp::SpanExporter::builder()
+                    .with_http()
+                    .with_protocol(Protocol::HttpBinary)
+                    .with_endpoint(endpoint.clone())
+                    .with_timeout(Duration::from_secs(2))
+                    .build()
+                    .map_err(|e| format!("OTLP HTTP exporter: {e}"))?;
+                let e = CountingExporter {
+                    inner: e,
+                    stats: Arc::clone(&stats),
+                    endpoint: endpoint.clone(),
+                };
+                (
+                    Box::new(move |f: SdkTracerProviderBuilderFn| {
+                        f(BatchSpanProcessor::builder(e)
+                            .with_batch_config(batch_config())
+                            .build())
+                    }),
+                    endpoint,
+                )
+            }
+            other => {
+                return Err(format!(
+                    "unsupported OTLP protocol {other:?} (use grpc or http/protobuf)"
+                ));
+            }
+        };
+        let instance_id = resource_attr("service.instance.id").unwrap_or_else(new_instance_id);
+        let mut rb = Resource::builder();
+        if std::env::var_os("OTEL_SERVICE_NAME").is_none()
+            && resource_attr("service.name").is_none()
+        {
+            rb = rb.with_service_name(attr::value::SERVICE_NAME_ENGINE);
+        }
+        rb = rb.with_attributes([
+            KeyValue::new(attr::SERVICE_INSTANCE_ID, instance_id.clone()),
+            KeyValue::new(attr::SERVICE_VERSION, env!("CARGO_PKG_VERSION")),
+        ]);
+        let resource = rb.build();
+        let provider = exporter(Box::new(move |bsp| {
+            SdkTracerProvider::builder()
+                .with_span_processor(bsp)
+                .with_resource(resource)
+                .build()
+        }));
+        let tracer = provider.tracer("slotlight-engine");
+        Ok(Self {
+            tracer: Arc::new(BoxedTracer::new(Box::new(tracer))),
+            provider: Some(provider),
+            stats,
+            endpoint: Some(endpoint),
+            instance_id,
+        })
+    }
+
+    /// What the exporter did so far.
+    pub fn counts(&self) -> ExportCounts {
+        ExportCounts {
+            enabled: self.provider.is_some(),
+            endpoint: self.endpoint.clone(),
+            exported: self.stats.exported.load(Ordering::Relaxed),
+            dropped: self.stats.dropped.load(Ordering::Relaxed),
+            failures: self.stats.failures.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Flushes pending spans and shuts the exporter down (off the async runtime's threads).
+    pub async fn shutdown(&self) {
+        if let Some(p) = self.provider.clone() {
+            let _ = tokio::task::spawn_blocking(move || {
+                let _ = p.force_flush();
+                let _ = p.shutdown();
+            })
+            .await;
+        }
+    }
+
+    /// Flushes pending spans now.
+    pub async fn flush(&self) {
+        if let Some(p) = self.provider.clone() {
+            let _ = tokio::task::spawn_blocking(move || p.force_flush()).await;
+        }
+    }
+}
+
+type SdkTracerProviderBuilderFn = Box<dyn FnOnce(BatchSpanProcessor) -> SdkTracerProvider>;
+
+/// 200 ms between exports unless `OTEL_BSP_SCHEDULE_DELAY` says otherwise.
+fn batch_config() -> opentelemetry_sdk::trace::BatchConfig {
+    let b = BatchConfigBuilder::default().with_max_queue_size(65_536);
+    if std::env::var_os("OTEL_BSP_SCHEDULE_DELAY").is_some() {
+        b.build()
+    } else {
+        b.with_scheduled_delay(Duration::from_millis(200)).build()
+    }
+}
+
+/// A key from `OTEL_RESOURCE_ATTRIBUTES`.
+fn resource_attr(key: &str) -> Option<String> {
+    let all = std::env::var("OTEL_RESOURCE_ATTRIBUTES").ok()?;
+    all.split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| k.trim() == key)
+        .map(|(_, v)| v.trim().to_string())
+}
