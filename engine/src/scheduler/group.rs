@@ -185,19 +185,28 @@ impl<'t> Loop<'t> {
 
     fn in_flight(&self) -> Vec<InFlight> {
         let now = Instant::now();
-        let view = |s: &Seq<'_>, state: &'static str| InFlight {
-            id: s.req.id.clone(),
-            state,
-            path: s.placement.map(|p| p.path),
-            group: self.group,
-            slot: s.placement.and_then(|p| p.slot),
-            generated_tokens: s.timings.generated_tokens,
-            elapsed_s: now
-                .saturating_duration_since(s.timings.received)
-                .as_secs_f64(),
-            tok_s: s.timings.tok_s(),
-            legs: s.timings.legs.len(),
-            session_id: s.req.session.clone(),
+        let view = |s: &Seq<'_>, state: &'static str| {
+            let leg = s.timings.current_leg();
+            let in_leg = leg.map(|l| now.saturating_duration_since(l.start).as_secs_f64());
+            let leg_tokens = leg.map_or(0, |l| l.tokens_generated);
+            InFlight {
+                id: s.req.id.clone(),
+                state,
+                path: s.placement.map(|p| p.path),
+                group: self.group,
+                slot: s.placement.and_then(|p| p.slot),
+                generated_tokens: s.timings.generated_tokens,
+                elapsed_s: now
+                    .saturating_duration_since(s.timings.received)
+                    .as_secs_f64(),
+                tok_s: s.timings.tok_s(),
+                legs: s.timings.legs.len(),
+                in_leg_s: in_leg,
+                leg_tokens,
+                #[allow(clippy::cast_precision_loss)]
+                leg_tok_s: in_leg.filter(|t| *t > 0.0).map(|t| leg_tokens as f64 / t),
+                session_id: s.req.session.clone(),
+            }
         };
         self.active
             .iter()

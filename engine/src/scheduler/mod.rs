@@ -209,6 +209,12 @@ pub struct InFlight {
     pub tok_s: Option<f64>,
     /// Legs so far.
     pub legs: usize,
+    /// Seconds in the current leg.
+    pub in_leg_s: Option<f64>,
+    /// Tokens generated in the current leg.
+    pub leg_tokens: usize,
+    /// The current leg's own rate (its tokens over its time so far).
+    pub leg_tok_s: Option<f64>,
     /// Session.
     pub session_id: Option<String>,
 }

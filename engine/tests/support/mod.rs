@@ -83,3 +83,5 @@ pub fn argmax(v: &[f32]) -> u32 {
     }
     u32::try_from(best).expect("index")
 }
+
+pub mod server;
