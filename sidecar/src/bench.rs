@@ -509,11 +509,63 @@ mod tests {
         assert!(n > 0);
         assert_eq!(a.len(), b.len());
         assert_ne!(a, b);
-        let req =
-            opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest::decode(b)
-                .expect("still valid protobuf");
-        let conv = crate::assembly::spans::convert(&req);
+        let mut batch = crate::assembly::spans::SpanBatch::default();
+        let conv = crate::assembly::spans::convert(&b, &mut batch).expect("still valid protobuf");
         assert_eq!(conv.rejected_total(), 0);
         assert!(conv.spans[0].request_id.starts_with("bench-c00000002-"));
+    }
+}
+
+/// Where the time of one span goes inside the sidecar (no network): run with
+/// `cargo test --release -p slotlight-sidecar --lib -- --ignored span_cost --nocapture`.
+#[cfg(test)]
+mod breakdown {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    #[ignore]
+    fn span_cost() {
+        let args = match crate::config::Cli::parse_from(["x", "bench"]).command {
+            Some(crate::config::Command::Bench(b)) => b,
+            None => panic!("bench args"),
+        };
+        let mut w = Workload::new("i", &args, 1_000);
+        let metrics = crate::metrics::Metrics::new(100);
+        let mut asm = crate::assembly::Assembler::new(Default::default());
+        let mut out = crate::assembly::Outputs::default();
+        let (mut t_read, mut t_merge, mut t_apply, mut t_turn) = (0.0, 0.0, 0.0, 0.0);
+        let mut n = 0u64;
+        for cycle in 1..40 {
+            for i in 0..w.batches.len() {
+                let (b, k) = w.get(i, cycle);
+                n += k;
+                let t = Instant::now();
+                let mut batch = crate::assembly::spans::SpanBatch::default();
+                let c = crate::assembly::spans::convert(&b, &mut batch).expect("decodes");
+                t_read += t.elapsed().as_secs_f64();
+                let t = Instant::now();
+                metrics.merge_spans(batch);
+                t_merge += t.elapsed().as_secs_f64();
+                let t = Instant::now();
+                asm.apply(c.spans, 0, &mut out);
+                t_apply += t.elapsed().as_secs_f64();
+                let t = Instant::now();
+                for turn in out.turns.drain(..) {
+                    metrics.observe_turn(&turn);
+                    let _ = serde_json::to_vec(&turn);
+                }
+                t_turn += t.elapsed().as_secs_f64();
+            }
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let per = |t: f64| t / n as f64 * 1e9;
+        println!(
+            "ns/span: read+validate {:.0}, spanmetrics merge {:.0}, assembly {:.0}, turns {:.0}",
+            per(t_read),
+            per(t_merge),
+            per(t_apply),
+            per(t_turn)
+        );
     }
 }

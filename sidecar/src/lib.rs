@@ -27,6 +27,7 @@ pub mod error;
 pub mod forward;
 pub mod metrics;
 pub mod net;
+pub mod otlp;
 pub mod raw;
 pub mod receiver;
 pub mod server;

@@ -15,14 +15,12 @@ use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
-use slotlight_otel::attr;
 use slotlight_otel::metric::{self, buckets, label};
 
 use crate::assembly::slots::SlotsSnapshot;
-use crate::assembly::spans::{SpanReject, TraceId, hex};
+use crate::assembly::spans::{SpanBatch, SpanReject, TraceId, hex};
 use crate::assembly::turns::TurnRecord;
 use crate::error::IngestError;
 
@@ -142,40 +140,14 @@ impl Metrics {
         self.spans_received.load(Ordering::Relaxed)
     }
 
-    /// Adds every span of `req` to the spanmetrics series.
-    pub fn observe_spans(&self, req: &ExportTraceServiceRequest) {
-        let mut local: HashMap<(&str, &str, i32, i32), LocalSeries> = HashMap::new();
-        for rs in &req.resource_spans {
-            let service = rs
-                .resource
-                .as_ref()
-                .and_then(|r| r.attributes.iter().find(|kv| kv.key == attr::SERVICE_NAME))
-                .and_then(|kv| kv.value.as_ref())
-                .and_then(|v| v.value.as_ref())
-                .and_then(crate::assembly::spans::as_str)
-                .unwrap_or("unknown_service");
-            for ss in &rs.scope_spans {
-                for sp in &ss.spans {
-                    let status = sp.status.as_ref().map_or(0, |s| s.code);
-                    let e = local
-                        .entry((service, sp.name.as_str(), sp.kind, status))
-                        .or_default();
-                    #[allow(clippy::cast_precision_loss)] // span durations fit f64
-                    let ms =
-                        sp.end_time_unix_nano
-                            .saturating_sub(sp.start_time_unix_nano) as f64
-                            / 1e6;
-                    e.hist.observe(
-                        ms,
-                        sp.trace_id.as_slice().try_into().ok(),
-                        sp.end_time_unix_nano,
-                    );
-                }
-            }
+    /// Merges one export request's spanmetrics (every span, all producers).
+    pub fn merge_spans(&self, batch: SpanBatch<'_>) {
+        if batch.series.is_empty() {
+            return;
         }
         let mut g = self.spans.lock().unwrap_or_else(|p| p.into_inner());
-        for ((service, name, kind, status), l) in local {
-            g.merge(service, name, kind, status, l.hist);
+        for ((service, name, kind, status), l) in batch.series {
+            g.merge(service, name, kind, status, l.0);
         }
     }
 
@@ -397,16 +369,20 @@ impl Histogram {
     }
 }
 
-#[derive(Debug)]
-struct LocalSeries {
-    hist: Histogram,
+/// One spanmetrics series being collected (calls and duration histogram).
+#[derive(Debug, Clone)]
+pub struct SpanSeries(Histogram);
+
+impl Default for SpanSeries {
+    fn default() -> Self {
+        SpanSeries(Histogram::new(buckets::SPAN_DURATION_MS))
+    }
 }
 
-impl Default for LocalSeries {
-    fn default() -> Self {
-        LocalSeries {
-            hist: Histogram::new(buckets::SPAN_DURATION_MS),
-        }
+impl SpanSeries {
+    /// Adds one span of `ms` milliseconds, ending at `end_ns`.
+    pub fn observe(&mut self, ms: f64, trace_id: Option<TraceId>, end_ns: u64) {
+        self.0.observe(ms, trace_id, end_ns);
     }
 }
 
@@ -842,6 +818,7 @@ mod tests {
 
     #[test]
     fn span_series_are_capped() {
+        use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
         use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
         let m = Metrics::new(2);
         let spans = (0..5)
@@ -862,7 +839,10 @@ mod tests {
                 ..Default::default()
             }],
         };
-        m.observe_spans(&req);
+        let buf = prost::Message::encode_to_vec(&req);
+        let mut batch = SpanBatch::default();
+        crate::assembly::spans::convert(&buf, &mut batch).expect("decodes");
+        m.merge_spans(batch);
         let text = m.render(&SlotsSnapshot::default(), false);
         let calls: Vec<&str> = text
             .lines()

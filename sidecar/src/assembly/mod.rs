@@ -609,18 +609,29 @@ pub async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut out = Outputs::default();
     let mut warned_log = false;
+    // Leading-edge throttle: a change is published at once when the last publication is older
+    // than the interval (an idle sidecar shows a window within milliseconds), otherwise at the
+    // next tick (a busy one publishes at most once per interval).
+    let mut last_publish = tokio::time::Instant::now();
+    let publish = |asm: &mut Assembler, last: &mut tokio::time::Instant| {
+        if asm.take_dirty() {
+            slots_tx.send_replace(Arc::new(asm.snapshot()));
+            *last = tokio::time::Instant::now();
+        }
+    };
     loop {
         tokio::select! {
             batch = rx.recv() => {
                 let Some(batch) = batch else { break };
                 assembler.apply(batch.spans, crate::unix_now_ns(), &mut out);
                 drop(batch.permit);
+                if last_publish.elapsed() >= publish_interval {
+                    publish(&mut assembler, &mut last_publish);
+                }
             }
             _ = tick.tick() => {
                 assembler.tick(crate::unix_now_ns(), &mut out);
-                if assembler.take_dirty() {
-                    slots_tx.send_replace(Arc::new(assembler.snapshot()));
-                }
+                publish(&mut assembler, &mut last_publish);
                 metrics.set_traces_in_flight(assembler.in_flight());
             }
         }
@@ -645,7 +656,8 @@ pub async fn run(
             }
         }
     }
-    slots_tx.send_replace(Arc::new(assembler.snapshot()));
+    assembler.dirty = true;
+    publish(&mut assembler, &mut last_publish);
 }
 
 #[cfg(test)]

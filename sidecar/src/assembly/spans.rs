@@ -1,6 +1,7 @@
 //! Wire spans to typed engine spans: the receivers' validation step.
 //!
-//! [`convert`] reads an OTLP export request once, keeps the engine's spans as [`EngineSpan`]s
+//! [`convert`] reads an encoded OTLP export request once, with the zero-copy reader in
+//! [`crate::otlp`], keeps the engine's spans as [`EngineSpan`]s
 //! (typed, with every attribute the assembly needs already parsed), counts spans from other
 //! producers as ignored, and rejects engine spans that lack a required attribute (the
 //! OTLP partial-success answer reports them). Nothing here touches shared state.
@@ -8,11 +9,12 @@
 use std::sync::Arc;
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::KeyValue;
-use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
+use prost::Message;
 use serde::Serialize;
 use slotlight_otel::{attr, span as names};
+
+use crate::otlp::{self, Value, WireError};
 
 /// A trace id (16 bytes).
 pub type TraceId = [u8; 16];
@@ -283,56 +285,167 @@ impl Converted {
     }
 }
 
-/// Reads every span of `req`; see the module doc.
-pub fn convert(req: &ExportTraceServiceRequest) -> Converted {
+/// Reads every span of an encoded `ExportTraceServiceRequest` in one pass; see the module
+/// doc. Every span (all producers) is also added to `stats` for the spanmetrics series.
+pub fn convert<'a>(buf: &'a [u8], stats: &mut SpanBatch<'a>) -> Result<Converted, WireError> {
     let mut out = Converted::default();
-    for rs in &req.resource_spans {
-        let mut service_name = None;
-        let mut instance = None;
-        let mut version = None;
-        if let Some(res) = &rs.resource {
-            for kv in &res.attributes {
-                let v = kv.value.as_ref().and_then(|v| v.value.as_ref());
-                match kv.key.as_str() {
-                    attr::SERVICE_NAME => service_name = v.and_then(as_str),
-                    attr::SERVICE_INSTANCE_ID => instance = v.and_then(as_str),
-                    attr::SERVICE_VERSION => version = v.and_then(as_str),
-                    _ => {}
+    let mut top = otlp::Fields::new(buf);
+    while let Some((n, w)) = top.next()? {
+        if n == 1 {
+            resource_spans(otlp::bytes(w)?, &mut out, stats)?;
+        }
+    }
+    Ok(out)
+}
+
+/// [`convert`] for an owned request (encodes it first): the JSON path and tests.
+pub fn convert_request(req: &ExportTraceServiceRequest) -> Result<Converted, WireError> {
+    let buf = req.encode_to_vec();
+    let mut stats = SpanBatch::default();
+    convert(&buf, &mut stats)
+}
+
+struct ResourceCtx<'a> {
+    service: &'a str,
+    engine: bool,
+    instance: Option<Arc<str>>,
+    version: Option<Arc<str>>,
+}
+
+fn resource_spans<'a>(
+    buf: &'a [u8],
+    out: &mut Converted,
+    stats: &mut SpanBatch<'a>,
+) -> Result<(), WireError> {
+    let mut service = None;
+    let mut instance = None;
+    let mut version = None;
+    let mut scopes: Vec<&'a [u8]> = Vec::new();
+    let mut f = otlp::Fields::new(buf);
+    while let Some((n, w)) = f.next()? {
+        match n {
+            1 => {
+                let mut r = otlp::Fields::new(otlp::bytes(w)?);
+                while let Some((n, w)) = r.next()? {
+                    if n != 1 {
+                        continue;
+                    }
+                    let (k, v) = otlp::key_value(otlp::bytes(w)?)?;
+                    let slot = if k == attr::SERVICE_NAME.as_bytes() {
+                        &mut service
+                    } else if k == attr::SERVICE_INSTANCE_ID.as_bytes() {
+                        &mut instance
+                    } else if k == attr::SERVICE_VERSION.as_bytes() {
+                        &mut version
+                    } else {
+                        continue;
+                    };
+                    *slot = Value::decode(v)?.as_str();
                 }
             }
+            2 => scopes.push(otlp::bytes(w)?),
+            _ => {}
         }
-        let n: u64 = rs.scope_spans.iter().map(|s| s.spans.len() as u64).sum();
-        out.received += n;
-        if service_name != Some(attr::value::SERVICE_NAME_ENGINE) {
-            out.ignored += n;
-            continue;
-        }
-        let instance: Option<Arc<str>> = instance.filter(|s| !s.is_empty()).map(Arc::from);
-        let version: Option<Arc<str>> = version.map(Arc::from);
-        for ss in &rs.scope_spans {
-            for span in &ss.spans {
-                if !is_engine_span_name(&span.name) {
-                    out.ignored += 1;
-                    continue;
-                }
-                let Some(instance) = instance.clone() else {
-                    out.reject(SpanReject::MissingInstance, || {
-                        format!(
-                            "span {:?}: the resource lacks {}",
-                            span.name,
-                            attr::SERVICE_INSTANCE_ID
-                        )
-                    });
-                    continue;
-                };
-                match convert_span(span, instance, version.clone()) {
-                    Ok(s) => out.spans.push(s),
-                    Err((why, msg)) => out.reject(why, || msg),
-                }
+    }
+    let engine = service == Some(attr::value::SERVICE_NAME_ENGINE);
+    let ctx = ResourceCtx {
+        service: service.unwrap_or(UNKNOWN_SERVICE),
+        engine,
+        instance: if engine {
+            instance.filter(|s| !s.is_empty()).map(Arc::from)
+        } else {
+            None
+        },
+        version: if engine { version.map(Arc::from) } else { None },
+    };
+    for scope in scopes {
+        let mut f = otlp::Fields::new(scope);
+        while let Some((n, w)) = f.next()? {
+            if n == 2 {
+                span(otlp::bytes(w)?, &ctx, out, stats)?;
             }
         }
     }
-    out
+    Ok(())
+}
+
+/// The `service_name` of spans whose resource has none (as the OpenTelemetry SDKs default).
+pub const UNKNOWN_SERVICE: &str = "unknown_service";
+
+/// The parts of a span every producer's spans are read for.
+struct SpanHead<'a> {
+    trace_id: &'a [u8],
+    name: &'a str,
+    start: u64,
+    end: u64,
+    status: i32,
+}
+
+fn span<'a>(
+    buf: &'a [u8],
+    ctx: &ResourceCtx<'a>,
+    out: &mut Converted,
+    stats: &mut SpanBatch<'a>,
+) -> Result<(), WireError> {
+    out.received += 1;
+    let mut head = SpanHead {
+        trace_id: &[],
+        name: "",
+        start: 0,
+        end: 0,
+        status: 0,
+    };
+    let mut kind = 0;
+    let mut fields = Fields::default();
+    let mut f = otlp::Fields::new(buf);
+    while let Some((n, w)) = f.next()? {
+        match n {
+            1 => head.trace_id = otlp::bytes(w)?,
+            5 => head.name = otlp::string(w)?,
+            #[allow(clippy::cast_possible_truncation)] // an enum: protobuf truncates to 32 bits
+            6 => kind = otlp::varint(w)? as i32,
+            7 => head.start = otlp::fixed64(w)?,
+            8 => head.end = otlp::fixed64(w)?,
+            9 if ctx.engine => {
+                let (k, v) = otlp::key_value(otlp::bytes(w)?)?;
+                if let Some(id) = field_id(k) {
+                    fields.0[id as usize] = Some(Value::decode(v)?).filter(|v| *v != Value::Other);
+                }
+            }
+            15 => {
+                let mut st = otlp::Fields::new(otlp::bytes(w)?);
+                while let Some((n, w)) = st.next()? {
+                    if n == 3 {
+                        #[allow(clippy::cast_possible_truncation)] // an enum, as above
+                        {
+                            head.status = otlp::varint(w)? as i32;
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    stats.observe(ctx.service, &head, kind);
+    if !ctx.engine || !is_engine_span_name(head.name) {
+        out.ignored += 1;
+        return Ok(());
+    }
+    let Some(instance) = ctx.instance.clone() else {
+        out.reject(SpanReject::MissingInstance, || {
+            format!(
+                "span {:?}: the resource lacks {}",
+                head.name,
+                attr::SERVICE_INSTANCE_ID
+            )
+        });
+        return Ok(());
+    };
+    match convert_span(&head, &fields, instance, ctx.version.clone()) {
+        Ok(s) => out.spans.push(s),
+        Err((why, msg)) => out.reject(why, || msg),
+    }
+    Ok(())
 }
 
 fn is_engine_span_name(name: &str) -> bool {
@@ -345,13 +458,13 @@ fn is_engine_span_name(name: &str) -> bool {
 type Rejection = (SpanReject, String);
 
 fn convert_span(
-    span: &opentelemetry_proto::tonic::trace::v1::Span,
+    head: &SpanHead<'_>,
+    f: &Fields<'_>,
     instance: Arc<str>,
     service_version: Option<Arc<str>>,
 ) -> Result<EngineSpan, Rejection> {
-    let trace_id: TraceId = span
+    let trace_id: TraceId = head
         .trace_id
-        .as_slice()
         .try_into()
         .ok()
         .filter(|t: &TraceId| t.iter().any(|b| *b != 0))
@@ -360,81 +473,84 @@ fn convert_span(
                 SpanReject::InvalidId,
                 format!(
                     "span {:?}: trace id must be 16 bytes, not all zero (got {} bytes)",
-                    span.name,
-                    span.trace_id.len()
+                    head.name,
+                    head.trace_id.len()
                 ),
             )
         })?;
-    let f = Fields::scan(&span.attributes);
     let req = Req {
-        span_name: &span.name,
+        span_name: head.name,
     };
-    let request_id: Box<str> = req.string(attr::REQUEST_ID, f.request_id)?.into();
-    let session_id = f.session_id.and_then(as_str).map(Box::from);
-    let start_ns = clamp_ns(span.start_time_unix_nano);
-    let end_ns = clamp_ns(span.end_time_unix_nano);
-    let error = span
-        .status
-        .as_ref()
-        .is_some_and(|s| s.code == StatusCode::Error as i32);
-    let body = match span.name.as_str() {
+    let request_id: Box<str> = req.string(attr::REQUEST_ID, f.get(F::RequestId))?.into();
+    let session_id = f.get(F::SessionId).and_then(Value::as_str).map(Box::from);
+    let start_ns = clamp_ns(head.start);
+    let end_ns = clamp_ns(head.end);
+    let error = head.status == StatusCode::Error as i32;
+    let int = |v: Option<Value<'_>>| v.and_then(Value::as_i64);
+    let dbl = |v: Option<Value<'_>>| v.and_then(Value::as_f64);
+    let text = |v: Option<Value<'_>>| v.and_then(Value::as_str).map(String::from);
+    let body = match head.name {
         names::QUEUE => Body::Queue(QueueSpan {
-            key: req.slot_key(&f)?,
+            key: req.slot_key(f)?,
         }),
         names::PREFILL => Body::Prefill(PrefillSpan {
-            prompt_tokens: f.prefill_prompt.and_then(as_i64),
-            cached_tokens: f.prefill_cached.and_then(as_i64),
-            computed_tokens: f.prefill_computed.and_then(as_i64),
-            device_ms: f.prefill_device_ms.and_then(as_f64),
+            prompt_tokens: int(f.get(F::PrefillPrompt)),
+            cached_tokens: int(f.get(F::PrefillCached)),
+            computed_tokens: int(f.get(F::PrefillComputed)),
+            device_ms: dbl(f.get(F::PrefillDeviceMs)),
         }),
         names::LEG => Body::Leg(Box::new(LegSpan {
-            key: req.slot_key(&f)?,
-            leg_index: req.int(attr::LEG_INDEX, f.leg_index)?,
-            leg_start_ns: f.leg_start.and_then(as_i64).unwrap_or(start_ns),
-            tokens_carried: f.tokens_carried.and_then(as_i64),
-            tokens_generated: f.leg_tokens_generated.and_then(as_i64),
-            batch_size_max: f.batch_max.and_then(as_i64),
-            batch_size_mean: f.batch_mean.and_then(as_f64),
-            device_ms: f.leg_device_ms.and_then(as_f64),
-            end_reason: f.leg_end_reason.and_then(as_str).map(String::from),
+            key: req.slot_key(f)?,
+            leg_index: req.int(attr::LEG_INDEX, f.get(F::LegIndex))?,
+            leg_start_ns: int(f.get(F::LegStart)).unwrap_or(start_ns),
+            tokens_carried: int(f.get(F::TokensCarried)),
+            tokens_generated: int(f.get(F::LegTokensGenerated)),
+            batch_size_max: int(f.get(F::BatchMax)),
+            batch_size_mean: dbl(f.get(F::BatchMean)),
+            device_ms: dbl(f.get(F::LegDeviceMs)),
+            end_reason: text(f.get(F::LegEndReason)),
         })),
         names::DECODE => {
-            let request_start_ns = req.int(attr::REQUEST_START_TIME, f.request_start)?;
+            let request_start_ns = req.int(attr::REQUEST_START_TIME, f.get(F::RequestStart))?;
             Body::Decode(DecodeSpan {
-                key: req.slot_key(&f)?,
-                leg_index: f.leg_index.and_then(as_i64).unwrap_or(0),
-                leg_start_ns: f.leg_start.and_then(as_i64).unwrap_or(request_start_ns),
-                tokens_carried: f.tokens_carried.and_then(as_i64).unwrap_or(0),
-                window_tokens: f.window_tokens.and_then(as_i64),
-                tokens_generated: req.int(attr::DECODE_TOKENS_GENERATED, f.decode_generated)?,
-                last_token_ns: req.int(attr::DECODE_LAST_TOKEN_TIME, f.last_token_time)?,
+                key: req.slot_key(f)?,
+                leg_index: int(f.get(F::LegIndex)).unwrap_or(0),
+                leg_start_ns: int(f.get(F::LegStart)).unwrap_or(request_start_ns),
+                tokens_carried: int(f.get(F::TokensCarried)).unwrap_or(0),
+                window_tokens: int(f.get(F::WindowTokens)),
+                tokens_generated: req
+                    .int(attr::DECODE_TOKENS_GENERATED, f.get(F::DecodeGenerated))?,
+                last_token_ns: req.int(attr::DECODE_LAST_TOKEN_TIME, f.get(F::LastTokenTime))?,
                 request_start_ns,
-                first_token_ns: f.first_token.and_then(as_i64),
+                first_token_ns: int(f.get(F::FirstToken)),
             })
         }
         _ => Body::Request(Box::new(RequestSpan {
-            name: span.name.clone(),
-            operation: f.op_name.and_then(as_str).map(String::from),
-            request_model: f.request_model.and_then(as_str).map(String::from),
-            response_model: f.response_model.and_then(as_str).map(String::from),
-            finish_reasons: f.finish_reasons.map(as_str_array).unwrap_or_default(),
-            input_tokens: f.input_tokens.and_then(as_i64),
-            output_tokens: f.output_tokens.and_then(as_i64),
-            cached_tokens: f.cache_read.and_then(as_i64),
-            prefilled_tokens: f.prefilled_tokens.and_then(as_i64),
-            queue_ms: f.queue_ms.and_then(as_f64),
-            prefill_ms: f.prefill_ms.and_then(as_f64),
-            ttft_ms: f.ttft_ms.and_then(as_f64),
-            decode_ms: f.decode_ms.and_then(as_f64),
-            generation_ms: f.generation_ms.and_then(as_f64),
-            decode_tps: f.decode_tps.and_then(as_f64),
-            e2e_ms: f.e2e_ms.and_then(as_f64),
-            request_start_ns: f.request_start.and_then(as_i64),
-            first_token_ns: f.first_token.and_then(as_i64),
-            legs: f.legs.and_then(as_i64),
-            moved: f.moved.and_then(as_bool),
-            slot_group: f.slot_group.and_then(as_i64),
-            error_type: f.error_type.and_then(as_str).map(String::from),
+            name: head.name.to_string(),
+            operation: text(f.get(F::OpName)),
+            request_model: text(f.get(F::RequestModel)),
+            response_model: text(f.get(F::ResponseModel)),
+            finish_reasons: f
+                .get(F::FinishReasons)
+                .map(Value::as_str_array)
+                .unwrap_or_default(),
+            input_tokens: int(f.get(F::InputTokens)),
+            output_tokens: int(f.get(F::OutputTokens)),
+            cached_tokens: int(f.get(F::CacheRead)),
+            prefilled_tokens: int(f.get(F::PrefilledTokens)),
+            queue_ms: dbl(f.get(F::QueueMs)),
+            prefill_ms: dbl(f.get(F::PrefillMs)),
+            ttft_ms: dbl(f.get(F::TtftMs)),
+            decode_ms: dbl(f.get(F::DecodeMs)),
+            generation_ms: dbl(f.get(F::GenerationMs)),
+            decode_tps: dbl(f.get(F::DecodeTps)),
+            e2e_ms: dbl(f.get(F::E2eMs)),
+            request_start_ns: int(f.get(F::RequestStart)),
+            first_token_ns: int(f.get(F::FirstToken)),
+            legs: int(f.get(F::Legs)),
+            moved: f.get(F::Moved).and_then(Value::as_bool),
+            slot_group: int(f.get(F::SlotGroup)),
+            error_type: text(f.get(F::ErrorType)),
         })),
     };
     Ok(EngineSpan {
@@ -474,183 +590,225 @@ impl Req<'_> {
         )
     }
 
-    fn string<'v>(&self, key: &str, v: Option<&'v Value>) -> Result<&'v str, Rejection> {
+    fn string<'v>(&self, key: &str, v: Option<Value<'v>>) -> Result<&'v str, Rejection> {
         let v = v.ok_or_else(|| self.missing(key))?;
-        as_str(v)
+        v.as_str()
             .filter(|s| !s.is_empty())
             .ok_or_else(|| self.invalid(key, "a non-empty string"))
     }
 
-    fn int(&self, key: &str, v: Option<&Value>) -> Result<i64, Rejection> {
+    fn int(&self, key: &str, v: Option<Value<'_>>) -> Result<i64, Rejection> {
         let v = v.ok_or_else(|| self.missing(key))?;
-        as_i64(v).ok_or_else(|| self.invalid(key, "an int"))
+        v.as_i64().ok_or_else(|| self.invalid(key, "an int"))
     }
 
     fn slot_key(&self, f: &Fields<'_>) -> Result<SlotKey, Rejection> {
-        let path = self.string(attr::LEG_PATH, f.leg_path)?;
+        let path = self.string(attr::LEG_PATH, f.get(F::LegPath))?;
         let path =
             Path::parse(path).ok_or_else(|| self.invalid(attr::LEG_PATH, "`solo` or `slot`"))?;
-        let group = f.slot_group.and_then(as_i64).unwrap_or(0);
+        let group = f.get(F::SlotGroup).and_then(Value::as_i64).unwrap_or(0);
         let index = match path {
             Path::Solo => None,
-            Path::Slot => Some(self.int(attr::SLOT_INDEX, f.slot_index)?),
+            Path::Slot => Some(self.int(attr::SLOT_INDEX, f.get(F::SlotIndex))?),
         };
         Ok(SlotKey { group, path, index })
     }
 }
 
+/// The attributes the sidecar reads, by position in [`Fields`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum F {
+    RequestId,
+    SessionId,
+    LegPath,
+    SlotIndex,
+    SlotGroup,
+    LegIndex,
+    LegStart,
+    TokensCarried,
+    LegTokensGenerated,
+    BatchMax,
+    BatchMean,
+    LegDeviceMs,
+    LegEndReason,
+    RequestStart,
+    FirstToken,
+    WindowTokens,
+    DecodeGenerated,
+    LastTokenTime,
+    PrefillPrompt,
+    PrefillCached,
+    PrefillComputed,
+    PrefillDeviceMs,
+    OpName,
+    RequestModel,
+    ResponseModel,
+    FinishReasons,
+    InputTokens,
+    OutputTokens,
+    CacheRead,
+    PrefilledTokens,
+    QueueMs,
+    PrefillMs,
+    TtftMs,
+    DecodeMs,
+    GenerationMs,
+    DecodeTps,
+    E2eMs,
+    Legs,
+    Moved,
+    ErrorType,
+}
+
+/// Number of [`F`] variants.
+const N_FIELDS: usize = F::ErrorType as usize + 1;
+
+/// Every attribute key the sidecar reads, and where it goes.
+const KEYS: [(&str, F); N_FIELDS] = [
+    (attr::REQUEST_ID, F::RequestId),
+    (attr::SESSION_ID, F::SessionId),
+    (attr::LEG_PATH, F::LegPath),
+    (attr::SLOT_INDEX, F::SlotIndex),
+    (attr::SLOT_GROUP, F::SlotGroup),
+    (attr::LEG_INDEX, F::LegIndex),
+    (attr::LEG_START_TIME, F::LegStart),
+    (attr::LEG_TOKENS_CARRIED, F::TokensCarried),
+    (attr::LEG_TOKENS_GENERATED, F::LegTokensGenerated),
+    (attr::LEG_BATCH_SIZE_MAX, F::BatchMax),
+    (attr::LEG_BATCH_SIZE_MEAN, F::BatchMean),
+    (attr::LEG_DEVICE_MS, F::LegDeviceMs),
+    (attr::LEG_END_REASON, F::LegEndReason),
+    (attr::REQUEST_START_TIME, F::RequestStart),
+    (attr::REQUEST_FIRST_TOKEN_TIME, F::FirstToken),
+    (attr::DECODE_WINDOW_TOKENS, F::WindowTokens),
+    (attr::DECODE_TOKENS_GENERATED, F::DecodeGenerated),
+    (attr::DECODE_LAST_TOKEN_TIME, F::LastTokenTime),
+    (attr::PREFILL_PROMPT_TOKENS, F::PrefillPrompt),
+    (attr::PREFILL_CACHED_TOKENS, F::PrefillCached),
+    (attr::PREFILL_COMPUTED_TOKENS, F::PrefillComputed),
+    (attr::PREFILL_DEVICE_MS, F::PrefillDeviceMs),
+    (attr::GEN_AI_OPERATION_NAME, F::OpName),
+    (attr::GEN_AI_REQUEST_MODEL, F::RequestModel),
+    (attr::GEN_AI_RESPONSE_MODEL, F::ResponseModel),
+    (attr::GEN_AI_RESPONSE_FINISH_REASONS, F::FinishReasons),
+    (attr::GEN_AI_USAGE_INPUT_TOKENS, F::InputTokens),
+    (attr::GEN_AI_USAGE_OUTPUT_TOKENS, F::OutputTokens),
+    (attr::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, F::CacheRead),
+    (attr::USAGE_PREFILLED_TOKENS, F::PrefilledTokens),
+    (attr::USAGE_QUEUE_MS, F::QueueMs),
+    (attr::USAGE_PREFILL_MS, F::PrefillMs),
+    (attr::USAGE_TTFT_MS, F::TtftMs),
+    (attr::USAGE_DECODE_MS, F::DecodeMs),
+    (attr::USAGE_GENERATION_MS, F::GenerationMs),
+    (attr::USAGE_DECODE_TPS, F::DecodeTps),
+    (attr::USAGE_E2E_MS, F::E2eMs),
+    (attr::REQUEST_LEGS, F::Legs),
+    (attr::REQUEST_MOVED, F::Moved),
+    (attr::ERROR_TYPE, F::ErrorType),
+];
+
+/// The longest key in [`KEYS`] plus one (keys are looked up by length first).
+const MAX_KEY: usize = 64;
+
+/// [`KEYS`] bucketed by key length: an attribute key costs one or two comparisons instead of
+/// a walk over every known key.
+type Bucket = Vec<(&'static [u8], F)>;
+
+fn key_buckets() -> &'static [Bucket] {
+    static BUCKETS: std::sync::OnceLock<Vec<Bucket>> = std::sync::OnceLock::new();
+    BUCKETS.get_or_init(|| {
+        let mut b = vec![Vec::new(); MAX_KEY];
+        for (k, f) in KEYS {
+            debug_assert!(k.len() < MAX_KEY, "{k} is longer than MAX_KEY");
+            if let Some(bucket) = b.get_mut(k.len()) {
+                bucket.push((k.as_bytes(), f));
+            }
+        }
+        b
+    })
+}
+
+fn field_id(key: &[u8]) -> Option<F> {
+    key_buckets()
+        .get(key.len())?
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, f)| *f)
+}
+
 /// The attributes of one span the sidecar reads, found in one pass.
-#[derive(Default)]
-struct Fields<'a> {
-    request_id: Option<&'a Value>,
-    session_id: Option<&'a Value>,
-    leg_path: Option<&'a Value>,
-    slot_index: Option<&'a Value>,
-    slot_group: Option<&'a Value>,
-    leg_index: Option<&'a Value>,
-    leg_start: Option<&'a Value>,
-    tokens_carried: Option<&'a Value>,
-    leg_tokens_generated: Option<&'a Value>,
-    batch_max: Option<&'a Value>,
-    batch_mean: Option<&'a Value>,
-    leg_device_ms: Option<&'a Value>,
-    leg_end_reason: Option<&'a Value>,
-    request_start: Option<&'a Value>,
-    first_token: Option<&'a Value>,
-    window_tokens: Option<&'a Value>,
-    decode_generated: Option<&'a Value>,
-    last_token_time: Option<&'a Value>,
-    prefill_prompt: Option<&'a Value>,
-    prefill_cached: Option<&'a Value>,
-    prefill_computed: Option<&'a Value>,
-    prefill_device_ms: Option<&'a Value>,
-    op_name: Option<&'a Value>,
-    request_model: Option<&'a Value>,
-    response_model: Option<&'a Value>,
-    finish_reasons: Option<&'a Value>,
-    input_tokens: Option<&'a Value>,
-    output_tokens: Option<&'a Value>,
-    cache_read: Option<&'a Value>,
-    prefilled_tokens: Option<&'a Value>,
-    queue_ms: Option<&'a Value>,
-    prefill_ms: Option<&'a Value>,
-    ttft_ms: Option<&'a Value>,
-    decode_ms: Option<&'a Value>,
-    generation_ms: Option<&'a Value>,
-    decode_tps: Option<&'a Value>,
-    e2e_ms: Option<&'a Value>,
-    legs: Option<&'a Value>,
-    moved: Option<&'a Value>,
-    error_type: Option<&'a Value>,
+struct Fields<'a>([Option<Value<'a>>; N_FIELDS]);
+
+impl Default for Fields<'_> {
+    fn default() -> Self {
+        Fields([None; N_FIELDS])
+    }
 }
 
 impl<'a> Fields<'a> {
-    fn scan(attrs: &'a [KeyValue]) -> Self {
-        let mut f = Fields::default();
-        for kv in attrs {
-            let Some(v) = kv.value.as_ref().and_then(|v| v.value.as_ref()) else {
-                continue;
-            };
-            let slot = match kv.key.as_str() {
-                attr::REQUEST_ID => &mut f.request_id,
-                attr::SESSION_ID => &mut f.session_id,
-                attr::LEG_PATH => &mut f.leg_path,
-                attr::SLOT_INDEX => &mut f.slot_index,
-                attr::SLOT_GROUP => &mut f.slot_group,
-                attr::LEG_INDEX => &mut f.leg_index,
-                attr::LEG_START_TIME => &mut f.leg_start,
-                attr::LEG_TOKENS_CARRIED => &mut f.tokens_carried,
-                attr::LEG_TOKENS_GENERATED => &mut f.leg_tokens_generated,
-                attr::LEG_BATCH_SIZE_MAX => &mut f.batch_max,
-                attr::LEG_BATCH_SIZE_MEAN => &mut f.batch_mean,
-                attr::LEG_DEVICE_MS => &mut f.leg_device_ms,
-                attr::LEG_END_REASON => &mut f.leg_end_reason,
-                attr::REQUEST_START_TIME => &mut f.request_start,
-                attr::REQUEST_FIRST_TOKEN_TIME => &mut f.first_token,
-                attr::DECODE_WINDOW_TOKENS => &mut f.window_tokens,
-                attr::DECODE_TOKENS_GENERATED => &mut f.decode_generated,
-                attr::DECODE_LAST_TOKEN_TIME => &mut f.last_token_time,
-                attr::PREFILL_PROMPT_TOKENS => &mut f.prefill_prompt,
-                attr::PREFILL_CACHED_TOKENS => &mut f.prefill_cached,
-                attr::PREFILL_COMPUTED_TOKENS => &mut f.prefill_computed,
-                attr::PREFILL_DEVICE_MS => &mut f.prefill_device_ms,
-                attr::GEN_AI_OPERATION_NAME => &mut f.op_name,
-                attr::GEN_AI_REQUEST_MODEL => &mut f.request_model,
-                attr::GEN_AI_RESPONSE_MODEL => &mut f.response_model,
-                attr::GEN_AI_RESPONSE_FINISH_REASONS => &mut f.finish_reasons,
-                attr::GEN_AI_USAGE_INPUT_TOKENS => &mut f.input_tokens,
-                attr::GEN_AI_USAGE_OUTPUT_TOKENS => &mut f.output_tokens,
-                attr::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS => &mut f.cache_read,
-                attr::USAGE_PREFILLED_TOKENS => &mut f.prefilled_tokens,
-                attr::USAGE_QUEUE_MS => &mut f.queue_ms,
-                attr::USAGE_PREFILL_MS => &mut f.prefill_ms,
-                attr::USAGE_TTFT_MS => &mut f.ttft_ms,
-                attr::USAGE_DECODE_MS => &mut f.decode_ms,
-                attr::USAGE_GENERATION_MS => &mut f.generation_ms,
-                attr::USAGE_DECODE_TPS => &mut f.decode_tps,
-                attr::USAGE_E2E_MS => &mut f.e2e_ms,
-                attr::REQUEST_LEGS => &mut f.legs,
-                attr::REQUEST_MOVED => &mut f.moved,
-                attr::ERROR_TYPE => &mut f.error_type,
-                _ => continue,
-            };
-            *slot = Some(v);
+    fn get(&self, f: F) -> Option<Value<'a>> {
+        self.0[f as usize]
+    }
+}
+
+/// Labels of one spanmetrics series: service, span name, kind, status code.
+pub type SpanKey<'a> = (&'a str, &'a str, i32, i32);
+
+/// One export request's contribution to the spanmetrics series, keyed by borrowed labels;
+/// merged into [`crate::metrics::Metrics`] once per request. A request has a handful of
+/// distinct label sets, so they are found by a short scan (the previous span's first),
+/// with a hash index only for requests that carry many.
+#[derive(Debug, Default)]
+pub struct SpanBatch<'a> {
+    /// The series, in first-seen order.
+    pub series: Vec<(SpanKey<'a>, crate::metrics::SpanSeries)>,
+    index: std::collections::HashMap<SpanKey<'a>, usize>,
+    last: usize,
+}
+
+impl<'a> SpanBatch<'a> {
+    const SCAN: usize = 16;
+
+    fn observe(&mut self, service: &'a str, head: &SpanHead<'a>, kind: i32) {
+        #[allow(clippy::cast_precision_loss)] // span durations fit f64
+        let ms = head.end.saturating_sub(head.start) as f64 / 1e6;
+        let key = (service, head.name, kind, head.status);
+        let i = if self.series.get(self.last).is_some_and(|(k, _)| *k == key) {
+            self.last
+        } else if self.series.len() <= Self::SCAN {
+            match self.series.iter().position(|(k, _)| *k == key) {
+                Some(i) => i,
+                None => self.push(key),
+            }
+        } else {
+            match self.index.get(&key) {
+                Some(&i) => i,
+                None => self.push(key),
+            }
+        };
+        self.last = i;
+        self.series[i]
+            .1
+            .observe(ms, head.trace_id.try_into().ok(), head.end);
+    }
+
+    fn push(&mut self, key: SpanKey<'a>) -> usize {
+        let i = self.series.len();
+        self.series.push((key, Default::default()));
+        if self.series.len() > Self::SCAN {
+            if self.index.is_empty() {
+                self.index = self
+                    .series
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (k, _))| (*k, i))
+                    .collect();
+            } else {
+                self.index.insert(key, i);
+            }
         }
-        f
-    }
-}
-
-/// A string value.
-pub fn as_str(v: &Value) -> Option<&str> {
-    match v {
-        Value::StringValue(s) => Some(s),
-        _ => None,
-    }
-}
-
-/// An int value; a double holding a whole number also counts.
-pub fn as_i64(v: &Value) -> Option<i64> {
-    match v {
-        Value::IntValue(i) => Some(*i),
-        #[allow(clippy::cast_possible_truncation)] // checked: whole and in range
-        Value::DoubleValue(d)
-            if d.is_finite() && d.fract() == 0.0 && d.abs() < 9.007_199_254_740_992e15 =>
-        {
-            Some(*d as i64)
-        }
-        _ => None,
-    }
-}
-
-/// A double value; an int also counts.
-pub fn as_f64(v: &Value) -> Option<f64> {
-    match v {
-        Value::DoubleValue(d) => Some(*d),
-        #[allow(clippy::cast_precision_loss)] // token counts and ms are far below 2^53
-        Value::IntValue(i) => Some(*i as f64),
-        _ => None,
-    }
-}
-
-/// A bool value.
-pub fn as_bool(v: &Value) -> Option<bool> {
-    match v {
-        Value::BoolValue(b) => Some(*b),
-        _ => None,
-    }
-}
-
-/// A string array (a lone string counts as one element).
-pub fn as_str_array(v: &Value) -> Vec<String> {
-    match v {
-        Value::ArrayValue(a) => a
-            .values
-            .iter()
-            .filter_map(|v| v.value.as_ref().and_then(as_str))
-            .map(String::from)
-            .collect(),
-        Value::StringValue(s) => vec![s.clone()],
-        _ => Vec::new(),
+        i
     }
 }
 
@@ -658,10 +816,12 @@ pub fn as_str_array(v: &Value) -> Vec<String> {
 mod tests {
     use super::*;
     use opentelemetry_proto::tonic::common::v1::AnyValue;
+    use opentelemetry_proto::tonic::common::v1::KeyValue;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as PValue;
     use opentelemetry_proto::tonic::resource::v1::Resource;
     use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 
-    fn kv(k: &str, v: Value) -> KeyValue {
+    fn kv(k: &str, v: PValue) -> KeyValue {
         KeyValue {
             key: k.into(),
             value: Some(AnyValue { value: Some(v) }),
@@ -669,8 +829,8 @@ mod tests {
         }
     }
 
-    fn s(v: &str) -> Value {
-        Value::StringValue(v.into())
+    fn s(v: &str) -> PValue {
+        PValue::StringValue(v.into())
     }
 
     fn request(
@@ -719,15 +879,15 @@ mod tests {
                 vec![
                     kv(attr::REQUEST_ID, s("r1")),
                     kv(attr::LEG_PATH, s(attr::value::PATH_SLOT)),
-                    kv(attr::SLOT_INDEX, Value::IntValue(3)),
-                    kv(attr::SLOT_GROUP, Value::IntValue(1)),
-                    kv(attr::DECODE_TOKENS_GENERATED, Value::IntValue(10)),
-                    kv(attr::DECODE_LAST_TOKEN_TIME, Value::IntValue(5)),
-                    kv(attr::REQUEST_START_TIME, Value::IntValue(1)),
+                    kv(attr::SLOT_INDEX, PValue::IntValue(3)),
+                    kv(attr::SLOT_GROUP, PValue::IntValue(1)),
+                    kv(attr::DECODE_TOKENS_GENERATED, PValue::IntValue(10)),
+                    kv(attr::DECODE_LAST_TOKEN_TIME, PValue::IntValue(5)),
+                    kv(attr::REQUEST_START_TIME, PValue::IntValue(1)),
                 ],
             )],
         );
-        let c = convert(&req);
+        let c = convert_request(&req).expect("decodes");
         assert_eq!((c.received, c.ignored, c.rejected_total()), (1, 0, 0));
         let Body::Decode(d) = &c.spans[0].body else {
             panic!("not a decode span")
@@ -768,7 +928,7 @@ mod tests {
                 ),
             ],
         );
-        let c = convert(&req);
+        let c = convert_request(&req).expect("decodes");
         assert_eq!(c.spans.len(), 1);
         assert_eq!(c.rejected[SpanReject::MissingAttribute as usize], 2);
         assert_eq!(c.rejected[SpanReject::InvalidAttribute as usize], 1);
@@ -788,7 +948,7 @@ mod tests {
             vec![span("some.other.span", vec![])],
         );
         req.resource_spans.extend(engine.resource_spans);
-        let c = convert(&req);
+        let c = convert_request(&req).expect("decodes");
         assert_eq!((c.received, c.ignored, c.rejected_total()), (2, 2, 0));
     }
 
@@ -799,7 +959,7 @@ mod tests {
             None,
             vec![span("chat m", vec![kv(attr::REQUEST_ID, s("r"))])],
         );
-        let c = convert(&req);
+        let c = convert_request(&req).expect("decodes");
         assert_eq!(c.rejected[SpanReject::MissingInstance as usize], 1);
     }
 
@@ -807,11 +967,12 @@ mod tests {
     fn bad_trace_id_is_rejected() {
         let mut sp = span("chat m", vec![kv(attr::REQUEST_ID, s("r"))]);
         sp.trace_id = vec![0; 16];
-        let c = convert(&request(
+        let c = convert_request(&request(
             attr::value::SERVICE_NAME_ENGINE,
             Some("i"),
             vec![sp],
-        ));
+        ))
+        .expect("decodes");
         assert_eq!(c.rejected[SpanReject::InvalidId as usize], 1);
     }
 
@@ -824,20 +985,20 @@ mod tests {
                 "chat m",
                 vec![
                     kv(attr::REQUEST_ID, s("r")),
-                    kv(attr::USAGE_TTFT_MS, Value::DoubleValue(12.5)),
+                    kv(attr::USAGE_TTFT_MS, PValue::DoubleValue(12.5)),
                     kv(
                         attr::GEN_AI_RESPONSE_FINISH_REASONS,
-                        Value::ArrayValue(opentelemetry_proto::tonic::common::v1::ArrayValue {
+                        PValue::ArrayValue(opentelemetry_proto::tonic::common::v1::ArrayValue {
                             values: vec![AnyValue {
                                 value: Some(s("stop")),
                             }],
                         }),
                     ),
-                    kv(attr::GEN_AI_USAGE_OUTPUT_TOKENS, Value::IntValue(7)),
+                    kv(attr::GEN_AI_USAGE_OUTPUT_TOKENS, PValue::IntValue(7)),
                 ],
             )],
         );
-        let c = convert(&req);
+        let c = convert_request(&req).expect("decodes");
         let Body::Request(r) = &c.spans[0].body else {
             panic!("not a request span")
         };

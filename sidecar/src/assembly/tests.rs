@@ -5,14 +5,14 @@ use super::*;
 use crate::synth::{self, Usage};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use slots::RowState;
-use spans::{Path, convert};
+use spans::{Path, convert_request};
 
 const MS: i64 = 1_000_000;
 const S: i64 = 1_000_000_000;
 const T0: i64 = 1_700_000_000 * S;
 
 fn engine(instance: &str, spans: Vec<Span>) -> Vec<EngineSpan> {
-    let c = convert(&synth::export(instance, spans));
+    let c = convert_request(&synth::export(instance, spans)).expect("decodes");
     assert_eq!(c.rejected_total(), 0, "{:?}", c.first_rejection);
     c.spans
 }

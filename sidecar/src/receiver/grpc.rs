@@ -1,25 +1,23 @@
-//! OTLP/gRPC: the `TraceService/Export` method (gzip accepted).
+//! OTLP/gRPC: the `TraceService/Export` method, gzip accepted.
 //!
-//! tonic enforces `--max-body-bytes` (a gzip bomb is cut off while inflating) and decodes the
-//! message before the handler runs; [`OtlpStatus`] rewrites its answers to the codes OTLP
-//! exporters treat as final: an oversized message is `RESOURCE_EXHAUSTED` without `RetryInfo`
-//! (tonic says `OUT_OF_RANGE`, which OTLP retries) and one that does not decode is
-//! `INVALID_ARGUMENT` (tonic says `INTERNAL`). A full ingest queue is `UNAVAILABLE` with a
-//! `RetryInfo` detail, which exporters retry.
+//! The service is written against tonic's server machinery with a pass-through codec, so the
+//! request reaches [`Ingest::accept`] as the bytes tonic received (decompressed, within
+//! `--max-body-bytes`; a gzip bomb is cut off while inflating) and is read without copying.
+//! Answers follow OTLP's retry rules: a message that does not decode is `INVALID_ARGUMENT`, an
+//! oversized one `RESOURCE_EXHAUSTED` without `RetryInfo` (both final; tonic's own answer to
+//! an oversized message, `OUT_OF_RANGE`, would make exporters retry it, so it is rewritten),
+//! and a full ingest queue `UNAVAILABLE` with a `RetryInfo` detail, which exporters retry.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
-    TraceService, TraceServiceServer,
-};
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
-use tonic::codec::CompressionEncoding;
+use bytes::{Buf, Bytes};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
+use prost::Message;
+use tonic::codec::{Codec, CompressionEncoding, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::{self, HeaderValue};
-use tonic::codegen::{BoxFuture, Context, Poll, Service};
+use tonic::codegen::{BoxFuture, Context, Poll, Service, StdError};
 use tonic::server::NamedService;
 use tonic_types::{ErrorDetails, StatusExt};
 
@@ -27,95 +25,22 @@ use super::Ingest;
 use super::http::RETRY_AFTER_S;
 use crate::error::IngestError;
 use crate::metrics::Metrics;
+use crate::raw::EXPORT_PATH;
+
+/// The OTLP trace service's gRPC name.
+pub const SERVICE_NAME: &str = "opentelemetry.proto.collector.trace.v1.TraceService";
 
 /// The gRPC trace service.
 #[derive(Debug, Clone)]
 pub struct GrpcReceiver {
     ingest: Ingest,
+    metrics: Arc<Metrics>,
 }
 
 impl GrpcReceiver {
-    /// The tonic service, with gzip and the size limit set.
-    pub fn service(
-        ingest: Ingest,
-        metrics: Arc<Metrics>,
-    ) -> OtlpStatus<TraceServiceServer<GrpcReceiver>> {
-        let max = ingest.max_body();
-        let inner = TraceServiceServer::new(GrpcReceiver { ingest })
-            .accept_compressed(CompressionEncoding::Gzip)
-            .send_compressed(CompressionEncoding::Gzip)
-            .max_decoding_message_size(max);
-        OtlpStatus {
-            inner,
-            metrics,
-            limit: max,
-        }
-    }
-}
-
-/// Rewrites tonic's own decode errors to OTLP's non-retryable codes (see the module doc) and
-/// counts them.
-#[derive(Debug, Clone)]
-pub struct OtlpStatus<S> {
-    inner: S,
-    metrics: Arc<Metrics>,
-    limit: usize,
-}
-
-impl<S: NamedService> NamedService for OtlpStatus<S> {
-    const NAME: &'static str = S::NAME;
-}
-
-impl<S, B> Service<http::Request<B>> for OtlpStatus<S>
-where
-    S: Service<http::Request<B>, Response = http::Response<tonic::body::Body>, Error = Infallible>,
-    S::Future: Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Self::Response, Infallible>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let fut = self.inner.call(req);
-        let metrics = self.metrics.clone();
-        let limit = self.limit;
-        Box::pin(async move {
-            let mut resp = fut.await?;
-            let h = resp.headers_mut();
-            let code = h
-                .get("grpc-status")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<i32>().ok());
-            let message = h
-                .get("grpc-message")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_ascii_lowercase();
-            let rewrite = match code.map(tonic::Code::from) {
-                Some(tonic::Code::OutOfRange) | Some(tonic::Code::ResourceExhausted)
-                    if message.contains("too%20large") || message.contains("size%20limit") =>
-                {
-                    Some(IngestError::TooLarge { limit })
-                }
-                Some(tonic::Code::Internal) if message.contains("decod") => Some(
-                    IngestError::Malformed("the protobuf message does not decode".into()),
-                ),
-                _ => None,
-            };
-            if let Some(e) = rewrite {
-                metrics.count_request_rejected(&e);
-                let code = match e {
-                    IngestError::TooLarge { .. } => tonic::Code::ResourceExhausted,
-                    _ => tonic::Code::InvalidArgument,
-                };
-                h.insert("grpc-status", HeaderValue::from(code as i32));
-            }
-            Ok(resp)
-        })
+    /// The service, ready for `tonic::transport::Server::add_service`.
+    pub fn service(ingest: Ingest, metrics: Arc<Metrics>) -> GrpcReceiver {
+        GrpcReceiver { ingest, metrics }
     }
 }
 
@@ -131,21 +56,146 @@ pub fn to_status(e: &IngestError) -> tonic::Status {
     }
 }
 
-#[tonic::async_trait]
-impl TraceService for GrpcReceiver {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let peer = request.remote_addr().map(|a| a.ip());
-        if !self.ingest.allow().allows(peer) {
-            let e = IngestError::Forbidden(peer);
-            self.ingest.reject(&e);
-            return Err(to_status(&e));
+impl NamedService for GrpcReceiver {
+    const NAME: &'static str = SERVICE_NAME;
+}
+
+/// Request: the message's bytes as received; response: the export response.
+#[derive(Debug, Clone, Copy, Default)]
+struct PassThrough;
+
+#[derive(Debug, Clone, Copy, Default)]
+struct BytesDecoder;
+
+#[derive(Debug, Clone, Copy, Default)]
+struct ResponseEncoder;
+
+impl Codec for PassThrough {
+    type Encode = ExportTraceServiceResponse;
+    type Decode = Bytes;
+    type Encoder = ResponseEncoder;
+    type Decoder = BytesDecoder;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        ResponseEncoder
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        BytesDecoder
+    }
+}
+
+impl Decoder for BytesDecoder {
+    type Item = Bytes;
+    type Error = tonic::Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Self::Error> {
+        Ok(Some(src.copy_to_bytes(src.remaining())))
+    }
+}
+
+impl Encoder for ResponseEncoder {
+    type Item = ExportTraceServiceResponse;
+    type Error = tonic::Status;
+
+    fn encode(&mut self, item: Self::Item, dst: &mut EncodeBuf<'_>) -> Result<(), Self::Error> {
+        item.encode(dst)
+            .map_err(|e| tonic::Status::internal(format!("encoding the response: {e}")))
+    }
+}
+
+/// The unary handler.
+#[derive(Debug, Clone)]
+struct Export(GrpcReceiver);
+
+impl tonic::server::UnaryService<Bytes> for Export {
+    type Response = ExportTraceServiceResponse;
+    type Future = BoxFuture<tonic::Response<Self::Response>, tonic::Status>;
+
+    fn call(&mut self, request: tonic::Request<Bytes>) -> Self::Future {
+        let rx = self.0.clone();
+        Box::pin(async move {
+            let peer = request.remote_addr().map(|a| a.ip());
+            let result = if rx.ingest.allow().allows(peer) {
+                rx.ingest.accept(request.into_inner())
+            } else {
+                Err(IngestError::Forbidden(peer))
+            };
+            result.map(tonic::Response::new).map_err(|e| {
+                rx.ingest.reject(&e);
+                to_status(&e)
+            })
+        })
+    }
+}
+
+impl<B> Service<http::Request<B>> for GrpcReceiver
+where
+    B: tonic::codegen::Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Infallible>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if req.uri().path() != EXPORT_PATH {
+            return Box::pin(async move {
+                let mut resp = http::Response::new(tonic::body::Body::default());
+                let h = resp.headers_mut();
+                h.insert(
+                    tonic::Status::GRPC_STATUS,
+                    HeaderValue::from(tonic::Code::Unimplemented as i32),
+                );
+                h.insert(
+                    http::header::CONTENT_TYPE,
+                    tonic::metadata::GRPC_CONTENT_TYPE,
+                );
+                Ok(resp)
+            });
         }
-        self.ingest
-            .accept(request.into_inner(), None)
-            .map(tonic::Response::new)
-            .map_err(|e| to_status(&e))
+        let svc = self.clone();
+        let limit = svc.ingest.max_body();
+        Box::pin(async move {
+            let mut grpc = tonic::server::Grpc::new(PassThrough)
+                .accept_compressed(CompressionEncoding::Gzip)
+                .send_compressed(CompressionEncoding::Gzip)
+                .max_decoding_message_size(limit);
+            let metrics = svc.metrics.clone();
+            let mut resp = grpc.unary(Export(svc), req).await;
+            rewrite_size_status(resp.headers_mut(), limit, &metrics);
+            Ok(resp)
+        })
+    }
+}
+
+/// tonic refuses an oversized message itself (before the handler), as `OUT_OF_RANGE`
+/// (declared length) or `RESOURCE_EXHAUSTED` (while inflating); both become a counted,
+/// final `RESOURCE_EXHAUSTED`.
+fn rewrite_size_status(h: &mut http::HeaderMap, limit: usize, metrics: &Metrics) {
+    let code = h
+        .get(tonic::Status::GRPC_STATUS)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<i32>().ok())
+        .map(tonic::Code::from);
+    if matches!(
+        code,
+        Some(tonic::Code::OutOfRange) | Some(tonic::Code::ResourceExhausted)
+    ) {
+        let message = h
+            .get(tonic::Status::GRPC_MESSAGE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if message.contains("too%20large") || message.contains("size%20limit") {
+            metrics.count_request_rejected(&IngestError::TooLarge { limit });
+            h.insert(
+                tonic::Status::GRPC_STATUS,
+                HeaderValue::from(tonic::Code::ResourceExhausted as i32),
+            );
+        }
     }
 }

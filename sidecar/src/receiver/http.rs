@@ -114,19 +114,17 @@ async fn handle(
     } else {
         wire
     };
-    let (req, raw) = match fmt {
-        Format::Protobuf => {
-            let req = ExportTraceServiceRequest::decode(payload.clone())
-                .map_err(|e| IngestError::Malformed(format!("protobuf: {e}")))?;
-            (req, Some(payload))
-        }
+    let proto = match fmt {
+        Format::Protobuf => payload,
         Format::Json => {
+            // JSON is the slow path: decoded into owned messages, then encoded once so that
+            // both formats share the zero-copy reader (and the forwarder sends protobuf).
             let req: ExportTraceServiceRequest = serde_json::from_slice(&payload)
                 .map_err(|e| IngestError::Malformed(format!("JSON: {e}")))?;
-            (req, None)
+            Bytes::from(req.encode_to_vec())
         }
     };
-    let resp = ingest.accept(req, raw)?;
+    let resp = ingest.accept(proto)?;
     Ok(match fmt {
         Format::Protobuf => {
             ([(header::CONTENT_TYPE, PROTOBUF)], resp.encode_to_vec()).into_response()

@@ -1,10 +1,10 @@
 //! OTLP receivers: decode, validate, count, hand over, map errors to a status. No state.
 //!
-//! Both transports end in [`Ingest::accept`], which converts the request into typed spans
-//! ([`crate::assembly::spans::convert`]), takes room in the bounded ingest queue (counted in
+//! Both transports end in [`Ingest::accept`], which reads the encoded request into typed
+//! spans without copying it ([`crate::assembly::spans::convert`]), takes room in the bounded ingest queue (counted in
 //! spans, so one huge export cannot hold the queue hostage), sends the batch to the assembly
-//! task without waiting, updates the counters and span metrics, and offers the request to the
-//! forwarder. A full queue refuses the whole request (retryable), so a sender that retries
+//! task without waiting, updates the counters and span metrics, and offers the request's
+//! bytes, unchanged, to the forwarder. A full queue refuses the whole request (retryable), so a sender that retries
 //! loses nothing.
 
 pub mod grpc;
@@ -14,13 +14,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
+    ExportTracePartialSuccess, ExportTraceServiceResponse,
 };
-use prost::Message;
 use tokio::sync::{Semaphore, mpsc};
 
 use crate::assembly::Batch;
-use crate::assembly::spans::convert;
+use crate::assembly::spans::{SpanBatch, convert};
 use crate::error::IngestError;
 use crate::forward::Forwarder;
 use crate::metrics::Metrics;
@@ -77,84 +76,53 @@ impl Ingest {
         &self.inner.allow
     }
 
-    /// Counts a refused request (and its spans, when the queue was full).
+    /// Counts a refused request.
     pub fn reject(&self, e: &IngestError) {
         self.inner.metrics.count_request_rejected(e);
         tracing::debug!(reason = e.label(), error = %e, "Receiver.Rejected");
     }
 
-    /// Accepts one decoded export request. `raw` is its protobuf encoding when the receiver
-    /// already has it (saves re-encoding for the forwarder).
-    pub fn accept(
-        &self,
-        req: ExportTraceServiceRequest,
-        raw: Option<Bytes>,
-    ) -> Result<ExportTraceServiceResponse, IngestError> {
+    /// Accepts one export request, protobuf-encoded (decompressed, within the size limit).
+    /// Errors are not counted here: the caller counts them with [`Ingest::reject`].
+    pub fn accept(&self, body: Bytes) -> Result<ExportTraceServiceResponse, IngestError> {
         let inner = &*self.inner;
-        let conv = convert(&req);
+        let mut stats = SpanBatch::default();
+        let conv = convert(&body, &mut stats).map_err(|e| IngestError::Malformed(e.to_string()))?;
         if !conv.spans.is_empty() {
             let n = u32::try_from(conv.spans.len())
                 .unwrap_or(u32::MAX)
                 .min(inner.max_room);
-            let overloaded = |e: IngestError| {
+            let overloaded = || {
                 inner.metrics.count_dropped(conv.received);
-                self.reject(&e);
-                e
+                IngestError::Overloaded
             };
             let permit = inner
                 .room
                 .clone()
                 .try_acquire_many_owned(n)
-                .map_err(|_| overloaded(IngestError::Overloaded))?;
-            let slot = inner
-                .tx
-                .try_reserve()
-                .map_err(|_| overloaded(IngestError::Overloaded))?;
-            let rejected = conv.rejected;
-            let (received, ignored) = (conv.received, conv.ignored);
-            let msg = conv.first_rejection.clone();
+                .map_err(|_| overloaded())?;
+            let slot = inner.tx.try_reserve().map_err(|_| overloaded())?;
             slot.send(Batch {
                 spans: conv.spans,
                 permit: Some(permit),
             });
-            return Ok(self.finish(req, raw, received, ignored, &rejected, msg));
         }
-        let rejected = conv.rejected;
-        Ok(self.finish(
-            req,
-            raw,
-            conv.received,
-            conv.ignored,
-            &rejected,
-            conv.first_rejection,
-        ))
-    }
-
-    fn finish(
-        &self,
-        req: ExportTraceServiceRequest,
-        raw: Option<Bytes>,
-        received: u64,
-        ignored: u64,
-        rejected: &[u64; 4],
-        msg: Option<String>,
-    ) -> ExportTraceServiceResponse {
-        let inner = &*self.inner;
-        inner.metrics.count_accepted(received, ignored, rejected);
-        inner.metrics.observe_spans(&req);
+        let metrics = &inner.metrics;
+        metrics.count_accepted(conv.received, conv.ignored, &conv.rejected);
+        metrics.merge_spans(stats);
         if let Some(f) = &inner.forwarder {
-            f.offer(|| raw.unwrap_or_else(|| Bytes::from(req.encode_to_vec())));
+            f.offer(|| body.clone());
         }
-        let n_rejected: u64 = rejected.iter().sum();
-        ExportTraceServiceResponse {
+        let n_rejected: u64 = conv.rejected.iter().sum();
+        Ok(ExportTraceServiceResponse {
             partial_success: (n_rejected > 0).then(|| ExportTracePartialSuccess {
                 rejected_spans: i64::try_from(n_rejected).unwrap_or(i64::MAX),
                 error_message: format!(
                     "{n_rejected} slotlight-engine span(s) rejected; first: {}",
-                    msg.unwrap_or_default()
+                    conv.first_rejection.unwrap_or_default()
                 ),
             }),
-        }
+        })
     }
 }
 
@@ -177,16 +145,19 @@ mod tests {
         (i, rx, metrics)
     }
 
-    fn three_spans(id: &str) -> ExportTraceServiceRequest {
+    fn three_spans(id: &str) -> Bytes {
         let spans = synth::whole_request(id, 1, 1_000, Some(0), 1, 1);
-        synth::export("e", spans[..3].to_vec())
+        Bytes::from(prost::Message::encode_to_vec(&synth::export(
+            "e",
+            spans[..3].to_vec(),
+        )))
     }
 
     #[test]
     fn full_queue_refuses_whole_requests_until_drained() {
         let (i, mut rx, metrics) = ingest(5);
-        i.accept(three_spans("a"), None).expect("room for 3");
-        match i.accept(three_spans("b"), None) {
+        i.accept(three_spans("a")).expect("room for 3");
+        match i.accept(three_spans("b")) {
             Err(IngestError::Overloaded) => {}
             other => panic!("expected Overloaded, got {other:?}"),
         }
@@ -197,7 +168,7 @@ mod tests {
             "nothing of the refused request was queued"
         );
         drop(batch); // the assembly applied it: its room comes back
-        i.accept(three_spans("b"), None).expect("room again");
+        i.accept(three_spans("b")).expect("room again");
         let text = metrics.render(&Default::default(), false);
         assert!(text.contains(&format!(
             "{} 3\n",
@@ -212,7 +183,7 @@ mod tests {
     #[tokio::test]
     async fn http_overload_is_503_with_retry_after() {
         let (i, _rx, _) = ingest(3);
-        i.accept(three_spans("a"), None).expect("fills the queue");
+        i.accept(three_spans("a")).expect("fills the queue");
         let app = http::router(i);
         let l = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -228,14 +199,14 @@ mod tests {
         let resp = reqwest::Client::new()
             .post(format!("http://{addr}/v1/traces"))
             .header("content-type", "application/x-protobuf")
-            .body(three_spans("b").encode_to_vec())
+            .body(three_spans("b"))
             .send()
             .await
             .expect("POST");
         assert_eq!(resp.status(), 503);
         assert_eq!(resp.headers()["retry-after"], "1");
         let body = resp.bytes().await.expect("body");
-        let st = tonic_types::Status::decode(body).expect("Status body");
+        let st = <tonic_types::Status as prost::Message>::decode(body).expect("Status body");
         assert_eq!(st.code, tonic::Code::Unavailable as i32);
     }
 
