@@ -277,6 +277,7 @@ class Scrape:
         self.types: dict[str, str] = {}
         self.labels: dict[str, set[str]] = {}  # sample name -> label names seen
         self.exemplars: dict[str, list[tuple[str, str]]] = {}  # sample name -> (label, value)
+        self.totals: dict[str, float] = {}  # sample name -> sum over its series
         for line in text.splitlines():
             if line.startswith("# TYPE "):
                 _, _, fam, typ = line.split(" ", 3)
@@ -286,6 +287,7 @@ class Scrape:
                 continue
             name, labels, rest = self._split(line)
             self.labels.setdefault(name, set()).update(labels)
+            self.totals[name] = self.totals.get(name, 0.0) + float(rest.split()[0])
             if " # " in rest:
                 ex = rest.split(" # ", 1)[1]
                 self.exemplars.setdefault(name, []).extend(
@@ -360,11 +362,12 @@ class Sidecar:
     def metrics(self, openmetrics: bool = False) -> str:
         headers = {"accept": "application/openmetrics-text; version=1.0.0"} if openmetrics else {}
         req = urllib.request.Request(f"http://{self.views}/metrics", headers=headers)
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with _NO_PROXY.open(req, timeout=10) as r:
             return r.read().decode()
 
 
 MS = 1_000_000
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def engine_spans(instance: str, model: str):
@@ -575,6 +578,15 @@ def test_dashboard_covers_the_required_views():
         "cached / prompt token ratio")
     has(lambda q: METRIC["MOVES"] in promql_metric_names(q["expr"]), "solo to slot moves")
     assert all(promql_metric_names(e) for e in exprs)
+
+
+def test_the_sidecar_took_the_spans_as_engine_spans(scraped):
+    text: Scrape = scraped["text"]
+    for key in ("SIDECAR_SPANS_REJECTED", "SIDECAR_SPANS_IGNORED", "SIDECAR_SPANS_DROPPED"):
+        assert text.totals.get(METRIC[key]) == 0, (METRIC[key], scraped["stderr"][-3000:])
+    assert text.totals[METRIC["SIDECAR_SPANS_RECEIVED"]] > 0
+    assert text.totals[METRIC["MOVES"]] == 1
+    assert text.totals[METRIC["CACHED_TOKENS"]] > 0
 
 
 def test_every_dashboard_metric_and_label_is_in_a_real_scrape(scraped):
