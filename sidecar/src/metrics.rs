@@ -534,9 +534,18 @@ impl RequestMetrics {
         m.prompt_tokens += nonneg(t.prompt_tokens);
         m.cached_tokens += nonneg(t.cached_tokens);
         m.generated_tokens += nonneg(t.completion_tokens);
-        if t.moved {
-            m.moves += 1;
-        }
+        // Each change of path or slot between consecutive legs is one move; a request that
+        // says it moved but whose legs did not all arrive counts once.
+        let transitions = t
+            .legs
+            .windows(2)
+            .filter(|w| (w[0].path, w[0].slot, w[0].group) != (w[1].path, w[1].slot, w[1].group))
+            .count() as u64;
+        m.moves += if transitions > 0 {
+            transitions
+        } else {
+            u64::from(t.moved)
+        };
         let reason = t.finish_reason.as_deref().unwrap_or("unknown");
         let reason = if m.requests.len() >= 16 && !m.requests.contains_key(reason) {
             OVERFLOW

@@ -312,4 +312,39 @@ mod tests {
             assert!(r.is_err(), "{bad:?}");
         }
     }
+
+    /// The reader faces the network: mutated and random input must give `Ok` or `Err`,
+    /// never a panic (a deterministic stand-in for a fuzzer).
+    #[test]
+    fn mutated_requests_never_panic() {
+        let spans = crate::synth::whole_request("r", 1, 1_000, Some(0), 2, 3);
+        let good = crate::synth::export("i", spans).encode_to_vec();
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rand = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let len = u64::try_from(good.len()).expect("len");
+        for round in 0..3000u64 {
+            let mut buf = good.clone();
+            for _ in 0..(1 + round % 8) {
+                let at = usize::try_from(rand() % len).expect("index");
+                buf[at] = u8::try_from(rand() & 0xff).expect("byte");
+            }
+            if round % 3 == 0 {
+                buf.truncate(usize::try_from(rand() % len).expect("index"));
+            }
+            let mut batch = crate::assembly::spans::SpanBatch::default();
+            let _ = crate::assembly::spans::convert(&buf, &mut batch);
+        }
+        for n in 0..500usize {
+            let junk: Vec<u8> = (0..n)
+                .map(|_| u8::try_from(rand() & 0xff).expect("byte"))
+                .collect();
+            let mut batch = crate::assembly::spans::SpanBatch::default();
+            let _ = crate::assembly::spans::convert(&junk, &mut batch);
+        }
+    }
 }
