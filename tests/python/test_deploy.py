@@ -186,7 +186,9 @@ def sidecar_bin() -> Path:
 
 def help_flags(*cmd: str) -> set[str]:
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
-    return set(re.findall(r"(--[a-z0-9][a-z0-9-]*)", out))
+    found = set(re.findall(r"(--[a-z0-9][a-z0-9-]*)", out))
+    assert found, f"`{' '.join(cmd)}` printed no flags (a stale build? rebuild the workspace)"
+    return found
 
 
 # --- PromQL --------------------------------------------------------------------------------
@@ -203,17 +205,21 @@ def _grafana_vars(expr: str) -> str:
     return re.sub(r"\$\{?(\w+)(:\w+)?\}?", "VAR", expr)
 
 
-def promql_selectors(expr: str) -> list[tuple[str, set[str]]]:
-    """(metric name, label names in its matchers) for every vector selector in `expr`."""
+def promql_selectors(expr: str) -> list[tuple[str, dict[str, str | None]]]:
+    """(metric name, {label: literal value of an `=` matcher, else None}) for every vector
+    selector in `expr`."""
     expr = _grafana_vars(expr)
     out = []
     names_only = promql_metric_names(expr)
     for m in re.finditer(rf"(?<![\w:.$])({_IDENT})\s*\{{([^}}]*)\}}", expr):
         if m.group(1) in names_only:
-            out.append((m.group(1), set(re.findall(rf"({_IDENT})\s*(?:=~|!~|!=|=)", m.group(2)))))
+            matchers = {}
+            for lbl, op, val in re.findall(rf'({_IDENT})\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"', m.group(2)):
+                matchers[lbl] = val if op == "=" and val != "VAR" else None
+            out.append((m.group(1), matchers))
     for n in names_only:
         if not any(n == s for s, _ in out):
-            out.append((n, set()))
+            out.append((n, {}))
     return out
 
 
@@ -278,6 +284,7 @@ class Scrape:
         self.labels: dict[str, set[str]] = {}  # sample name -> label names seen
         self.exemplars: dict[str, list[tuple[str, str]]] = {}  # sample name -> (label, value)
         self.totals: dict[str, float] = {}  # sample name -> sum over its series
+        self.values: dict[tuple[str, str], set[str]] = {}  # (sample name, label) -> values seen
         for line in text.splitlines():
             if line.startswith("# TYPE "):
                 _, _, fam, typ = line.split(" ", 3)
@@ -287,6 +294,8 @@ class Scrape:
                 continue
             name, labels, rest = self._split(line)
             self.labels.setdefault(name, set()).update(labels)
+            for k, v in labels.items():
+                self.values.setdefault((name, k), set()).add(v)
             self.totals[name] = self.totals.get(name, 0.0) + float(rest.split()[0])
             if " # " in rest:
                 ex = rest.split(" # ", 1)[1]
@@ -294,10 +303,10 @@ class Scrape:
                     re.findall(r'(' + _IDENT + r')="((?:[^"\\]|\\.)*)"', ex.split("}", 1)[0]))
 
     @staticmethod
-    def _split(line: str) -> tuple[str, set[str], str]:
+    def _split(line: str) -> tuple[str, dict[str, str], str]:
         m = re.match(_IDENT, line)
         name, i = m.group(0), m.end()
-        labels: set[str] = set()
+        labels: dict[str, str] = {}
         if i < len(line) and line[i] == "{":
             j, quoted, esc = i + 1, False, False
             while j < len(line):
@@ -311,7 +320,7 @@ class Scrape:
                 elif c == "}" and not quoted:
                     break
                 j += 1
-            labels = set(re.findall(r"(" + _IDENT + r')="', line[i:j + 1]))
+            labels = dict(re.findall(r"(" + _IDENT + r')="((?:[^"\\]|\\.)*)"', line[i:j + 1]))
             i = j + 1
         return name, labels, line[i:]
 
@@ -344,8 +353,10 @@ class Sidecar:
                 break
             time.sleep(0.05)
         if not line:
+            code = self.proc.poll()
             self.close()
-            raise RuntimeError("sidecar did not start: " + self.err_path.read_text())
+            raise RuntimeError(f"{sidecar_bin()} did not start (exit status {code}; a stale build?): "
+                               + self.err_path.read_text())
         addr = dict(re.findall(r"(\w+)=(\S+)", line))
         self.grpc, self.views = addr["otlp_grpc"], addr["views"]
 
@@ -578,6 +589,12 @@ def test_dashboard_covers_the_required_views():
         "cached / prompt token ratio")
     has(lambda q: METRIC["MOVES"] in promql_metric_names(q["expr"]), "solo to slot moves")
     assert all(promql_metric_names(e) for e in exprs)
+    for path in DASHBOARDS.glob("*.json"):
+        dash = json.loads(path.read_text())
+        defined = {v["name"] for v in dash.get("templating", {}).get("list", [])}
+        used = set(re.findall(r"\$\{?(\w+)", path.read_text())) - {"__all"}
+        used = {u for u in used if not u.startswith("__")}
+        assert used <= defined, f"{path.name}: undefined variables {sorted(used - defined)}"
 
 
 def test_the_sidecar_took_the_spans_as_engine_spans(scraped):
@@ -609,8 +626,13 @@ def test_every_dashboard_metric_and_label_is_in_a_real_scrape(scraped):
                 problems.append(f"{q['where']}: {name} is a histogram suffix of no histogram family")
             labels_here |= text.labels[name]
         for name, matchers in promql_selectors(q["expr"]):
-            for lbl in matchers - text.labels.get(name, set()) - {"job", "instance"}:
-                problems.append(f"{q['where']}: {name} has no label {lbl}")
+            for lbl, val in matchers.items():
+                if lbl in ("job", "instance"):
+                    continue
+                if lbl not in text.labels.get(name, set()):
+                    problems.append(f"{q['where']}: {name} has no label {lbl}")
+                elif val is not None and val not in text.values.get((name, lbl), set()):
+                    problems.append(f"{q['where']}: {name}{{{lbl}={val!r}}} matches no series the sidecar serves")
         for lbl in promql_grouping_labels(q["expr"]) | set(re.findall(r"\{\{\s*(\w+)\s*\}\}", q["legend"])):
             if lbl not in labels_here:
                 problems.append(f"{q['where']}: label {lbl} is on none of {sorted(names)}")
