@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 
 use super::AppState;
 use super::error::ApiError;
-use super::openai::types::{LlamaCppTimings, PromptDetails, Usage, ValidOptions};
+use super::openai::types::{LegUsage, LlamaCppTimings, PromptDetails, Usage, ValidOptions};
 use super::trace::{RequestInfo, RequestTrace};
 use crate::scheduler::{Completion, Event, FinishReason, GenerateRequest};
 
@@ -84,6 +84,19 @@ pub fn usage_of(c: &Completion) -> (Usage, LlamaCppTimings) {
             cached_tokens: t.cached_tokens,
         },
         timings: u,
+        legs: t
+            .legs
+            .iter()
+            .map(|l| LegUsage {
+                path: l.path.as_str(),
+                group: l.group,
+                slot: l.slot,
+                tokens_carried: l.tokens_carried,
+                tokens: l.tokens_generated,
+                ms: l.end.map_or(0.0, |e| (e - l.start).as_secs_f64() * 1000.0),
+                device_ms: l.device.as_secs_f64() * 1000.0,
+            })
+            .collect(),
     };
     let per_s = |n: usize, ms: f64| {
         if ms > 0.0 {

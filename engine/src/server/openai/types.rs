@@ -361,6 +361,27 @@ pub struct Usage {
     /// The request's own timings.
     #[serde(flatten)]
     pub timings: UsageTimings,
+    /// The request's legs (slotlight extension): where it ran and what each stretch did.
+    pub legs: Vec<LegUsage>,
+}
+
+/// One leg in `usage.legs`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct LegUsage {
+    /// `solo` or `slot`.
+    pub path: &'static str,
+    /// Device group.
+    pub group: usize,
+    /// Slot index (slot path only).
+    pub slot: Option<usize>,
+    /// Reply tokens carried into the leg.
+    pub tokens_carried: usize,
+    /// Tokens generated in the leg.
+    pub tokens: usize,
+    /// Wall time of the leg.
+    pub ms: f64,
+    /// Time in the forward steps of the leg.
+    pub device_ms: f64,
 }
 
 /// `usage.prompt_tokens_details`.
