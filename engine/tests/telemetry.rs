@@ -1,0 +1,380 @@
+//! Request spans, checked with an in-memory exporter: the span tree of one request, the legs of
+//! a request that moves, every root's attributes against its own HTTP usage, and W3C
+//! `traceparent` propagation.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use opentelemetry::trace::{SpanId, SpanKind, Status};
+use opentelemetry::{KeyValue, Value as OtelValue};
+use opentelemetry_sdk::trace::SpanData;
+use serde_json::{Value, json};
+use slotlight_engine::model::loader::Model;
+use slotlight_otel::{attr, span};
+use support::server::{Options, TestServer, tiny_model};
+
+fn get<'a>(s: &'a SpanData, key: &str) -> Option<&'a OtelValue> {
+    s.attributes
+        .iter()
+        .find(|kv: &&KeyValue| kv.key.as_str() == key)
+        .map(|kv| &kv.value)
+}
+
+fn int(s: &SpanData, key: &str) -> i64 {
+    match get(s, key) {
+        Some(OtelValue::I64(v)) => *v,
+        other => panic!("{key} on {}: {other:?}", s.name),
+    }
+}
+
+fn dbl(s: &SpanData, key: &str) -> f64 {
+    match get(s, key) {
+        Some(OtelValue::F64(v)) => *v,
+        other => panic!("{key} on {}: {other:?}", s.name),
+    }
+}
+
+fn string(s: &SpanData, key: &str) -> String {
+    get(s, key)
+        .map(|v| v.as_str().into_owned())
+        .unwrap_or_else(|| panic!("{key} on {}", s.name))
+}
+
+async fn settle(s: &TestServer, want_roots: usize) -> Vec<SpanData> {
+    for _ in 0..500 {
+        let spans = s.spans.spans();
+        if spans
+            .iter()
+            .filter(|x| span::is_request_span_name(&x.name))
+            .count()
+            >= want_roots
+        {
+            return spans;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("request spans never arrived");
+}
+
+fn trace_of(spans: &[SpanData], root: &SpanData) -> Vec<SpanData> {
+    spans
+        .iter()
+        .filter(|s| s.span_context.trace_id() == root.span_context.trace_id())
+        .cloned()
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_gives_root_queue_prefill_leg_and_decode_windows() {
+    let m = tiny_model();
+    let s = TestServer::start(
+        &m,
+        Options {
+            progress_ms: 1,
+            ..Options::default()
+        },
+    )
+    .await;
+    let (code, v) = s
+        .chat(json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 40, "ignore_eos": true, "user": "sess-1"}))
+        .await;
+    assert_eq!(code, 200);
+    let spans = settle(&s, 1).await;
+    let root = spans
+        .iter()
+        .find(|x| span::is_request_span_name(&x.name))
+        .expect("root")
+        .clone();
+    assert_eq!(root.name, format!("chat {}", m.id));
+    assert_eq!(root.span_kind, SpanKind::Server);
+    assert_eq!(root.parent_span_id, SpanId::INVALID);
+    let all = trace_of(&spans, &root);
+    let names: Vec<&str> = all.iter().map(|x| x.name.as_ref()).collect();
+    for n in [span::QUEUE, span::PREFILL, span::LEG] {
+        assert_eq!(
+            names.iter().filter(|x| **x == n).count(),
+            1,
+            "{n} in {names:?}"
+        );
+    }
+    let leg = all.iter().find(|x| x.name == span::LEG).expect("leg");
+    assert_eq!(string(leg, attr::LEG_PATH), "solo");
+    assert!(
+        get(leg, attr::SLOT_INDEX).is_none(),
+        "no slot on the solo path"
+    );
+    assert_eq!(int(leg, attr::LEG_TOKENS_GENERATED), 40);
+    assert_eq!(int(leg, attr::LEG_INDEX), 0);
+    let decodes: Vec<_> = all.iter().filter(|x| x.name == span::DECODE).collect();
+    assert!(!decodes.is_empty(), "decode windows");
+    assert!(
+        decodes
+            .iter()
+            .all(|d| d.parent_span_id == leg.span_context.span_id())
+    );
+    let window_total: i64 = decodes
+        .iter()
+        .map(|d| int(d, attr::DECODE_WINDOW_TOKENS))
+        .sum();
+    assert_eq!(window_total, 40, "windows cover every token once");
+    let last = decodes
+        .iter()
+        .max_by_key(|d| int(d, attr::DECODE_TOKENS_GENERATED))
+        .expect("last");
+    assert_eq!(int(last, attr::DECODE_TOKENS_GENERATED), 40);
+    for child in all.iter().filter(|x| x.name != root.name) {
+        assert_eq!(
+            child.parent_span_id == root.span_context.span_id(),
+            child.name != span::DECODE,
+            "{}",
+            child.name
+        );
+        assert_eq!(
+            string(child, attr::REQUEST_ID),
+            v["id"].as_str().expect("id")
+        );
+        assert_eq!(string(child, attr::SESSION_ID), "sess-1");
+    }
+    let prefill = all
+        .iter()
+        .find(|x| x.name == span::PREFILL)
+        .expect("prefill");
+    assert_eq!(
+        int(prefill, attr::PREFILL_PROMPT_TOKENS),
+        v["usage"]["prompt_tokens"].as_i64().expect("p")
+    );
+    // GenAI attributes on the root.
+    assert_eq!(string(&root, attr::GEN_AI_OPERATION_NAME), "chat");
+    assert_eq!(string(&root, attr::GEN_AI_PROVIDER_NAME), "slotlight");
+    assert_eq!(
+        string(&root, attr::GEN_AI_RESPONSE_ID),
+        v["id"].as_str().expect("id")
+    );
+    assert_eq!(int(&root, attr::GEN_AI_USAGE_OUTPUT_TOKENS), 40);
+    assert_eq!(root.status, Status::Unset);
+    match get(&root, attr::GEN_AI_RESPONSE_FINISH_REASONS) {
+        Some(OtelValue::Array(a)) => assert_eq!(a.to_string(), "[\"length\"]"),
+        other => panic!("finish reasons: {other:?}"),
+    }
+    // Times: children inside the root; the queue starts at the root's start.
+    let q = all.iter().find(|x| x.name == span::QUEUE).expect("queue");
+    assert_eq!(q.start_time, root.start_time);
+    for c in &all {
+        assert!(
+            c.start_time >= root.start_time && c.end_time <= root.end_time,
+            "{} inside the root",
+            c.name
+        );
+    }
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_root_span_equals_its_own_http_usage() {
+    let m = tiny_model();
+    let s = Arc::new(
+        TestServer::start(
+            &m,
+            Options {
+                batch: 8,
+                ..Options::default()
+            },
+        )
+        .await,
+    );
+    let mut tasks = Vec::new();
+    for i in 0..32u64 {
+        let s = Arc::clone(&s);
+        tasks.push(tokio::spawn(async move {
+            let (code, v) = s
+                .chat(json!({"messages": [{"role": "user", "content": format!("q{i}")}], "max_tokens": 4 + i % 11, "ignore_eos": true, "seed": i}))
+                .await;
+            assert_eq!(code, 200, "{v}");
+            v
+        }));
+    }
+    let mut replies = Vec::new();
+    for t in tasks {
+        replies.push(t.await.expect("task"));
+    }
+    let spans = settle(&s, 32).await;
+    for v in &replies {
+        let id = v["id"].as_str().expect("id");
+        let root = spans
+            .iter()
+            .find(|x| {
+                span::is_request_span_name(&x.name)
+                    && get(x, attr::REQUEST_ID).is_some_and(|r| r.as_str() == id)
+            })
+            .unwrap_or_else(|| panic!("root span of {id}"));
+        let u = &v["usage"];
+        let same = |key: &str, field: &str| {
+            let want = u[field].as_f64().expect(field);
+            assert_eq!(dbl(root, key), want, "{id}: {key} vs usage.{field}");
+        };
+        same(attr::USAGE_QUEUE_MS, "queue_ms");
+        same(attr::USAGE_PREFILL_MS, "prefill_ms");
+        same(attr::USAGE_TTFT_MS, "ttft_ms");
+        same(attr::USAGE_DECODE_MS, "decode_ms");
+        same(attr::USAGE_GENERATION_MS, "generation_ms");
+        same(attr::USAGE_E2E_MS, "e2e_ms");
+        same(attr::USAGE_DECODE_TPS, "decode_tps");
+        assert_eq!(
+            int(root, attr::GEN_AI_USAGE_INPUT_TOKENS),
+            u["prompt_tokens"].as_i64().expect("p")
+        );
+        assert_eq!(
+            int(root, attr::GEN_AI_USAGE_OUTPUT_TOKENS),
+            u["completion_tokens"].as_i64().expect("c")
+        );
+        assert_eq!(
+            int(root, attr::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS),
+            u["prompt_tokens_details"]["cached_tokens"]
+                .as_i64()
+                .expect("cached")
+        );
+        assert!(
+            (dbl(root, attr::GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN) * 1000.0
+                - u["ttft_ms"].as_f64().expect("t"))
+            .abs()
+                < 1e-6
+        );
+    }
+    Arc::try_unwrap(s).ok().expect("server").stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traceparent_makes_the_request_span_a_child_of_the_caller() {
+    let m = tiny_model();
+    let s = TestServer::start(&m, Options::default()).await;
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent = "00f067aa0ba902b7";
+    let r = s
+        .client
+        .post(s.url("/v1/chat/completions"))
+        .header("traceparent", format!("00-{trace}-{parent}-01"))
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 200);
+    let spans = settle(&s, 1).await;
+    let root = spans
+        .iter()
+        .find(|x| span::is_request_span_name(&x.name))
+        .expect("root");
+    assert_eq!(root.span_context.trace_id().to_string(), trace);
+    assert_eq!(root.parent_span_id.to_string(), parent);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_requests_get_an_error_span() {
+    let m = tiny_model();
+    let s = TestServer::start(
+        &m,
+        Options {
+            ctx_size: 64,
+            ..Options::default()
+        },
+    )
+    .await;
+    let (code, _) = s
+        .chat(json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 60}))
+        .await;
+    assert_eq!(code, 400);
+    let spans = settle(&s, 1).await;
+    let root = spans
+        .iter()
+        .find(|x| span::is_request_span_name(&x.name))
+        .expect("root");
+    assert_eq!(string(root, attr::ERROR_TYPE), "context_length");
+    assert!(matches!(root.status, Status::Error { .. }));
+    s.stop().await;
+}
+
+/// The first request runs solo, then moves into a slot when a second arrives: two legs under
+/// one root, linked, with the request's own start and first-token times on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_request_has_a_solo_leg_then_a_slot_leg_with_unchanged_clocks() {
+    let Some(path) = support::default_model() else {
+        return;
+    };
+    let m = Model::load(&path).expect("load");
+    let s = TestServer::start(&m, Options::default()).await;
+    let body = |n: u64| json!({"messages": [{"role": "user", "content": "Tell me about lighthouses."}], "max_tokens": n, "ignore_eos": true, "stream": true});
+    let mut a = s.post("/v1/chat/completions", body(60)).await;
+    let _ = a.chunk().await;
+    for _ in 0..1000 {
+        let v = s.get("/v1/requests").await;
+        if v["data"]
+            .as_array()
+            .and_then(|d| d.first())
+            .is_some_and(|r| r["generated_tokens"].as_u64() >= Some(10))
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let b = s.post("/v1/chat/completions", body(10)).await;
+    let (ta, tb) = (a.text().await.expect("a"), b.text().await.expect("b"));
+    assert!(ta.contains("[DONE]") && tb.contains("[DONE]"));
+    let spans = settle(&s, 2).await;
+    let first_id = ta
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("data: ")
+                .and_then(|d| serde_json::from_str::<Value>(d).ok())
+        })
+        .and_then(|v| v["id"].as_str().map(str::to_string))
+        .expect("id");
+    let root = spans
+        .iter()
+        .find(|x| {
+            span::is_request_span_name(&x.name)
+                && get(x, attr::REQUEST_ID).is_some_and(|r| r.as_str() == first_id)
+        })
+        .expect("root of the first request");
+    let mut legs: Vec<_> = trace_of(&spans, root)
+        .into_iter()
+        .filter(|x| x.name == span::LEG)
+        .collect();
+    legs.sort_by_key(|l| int(l, attr::LEG_INDEX));
+    assert!(legs.len() >= 2, "solo then slot");
+    assert_eq!(string(&legs[0], attr::LEG_PATH), "solo");
+    assert_eq!(string(&legs[1], attr::LEG_PATH), "slot");
+    assert!(get(&legs[1], attr::SLOT_INDEX).is_some());
+    assert_eq!(string(&legs[0], attr::LEG_END_REASON), "moved");
+    assert_eq!(
+        int(&legs[1], attr::LEG_TOKENS_CARRIED),
+        int(&legs[0], attr::LEG_TOKENS_GENERATED)
+    );
+    assert_eq!(
+        legs[1].links.links.len(),
+        1,
+        "a leg links to the previous one"
+    );
+    assert_eq!(
+        legs[1].links.links[0].span_context.span_id(),
+        legs[0].span_context.span_id()
+    );
+    for l in &legs {
+        assert_eq!(
+            int(l, attr::REQUEST_START_TIME),
+            int(root, attr::REQUEST_START_TIME)
+        );
+        assert_eq!(
+            int(l, attr::REQUEST_FIRST_TOKEN_TIME),
+            int(root, attr::REQUEST_FIRST_TOKEN_TIME)
+        );
+    }
+    let total: i64 = legs
+        .iter()
+        .map(|l| int(l, attr::LEG_TOKENS_GENERATED))
+        .sum();
+    assert_eq!(total, 60);
+    assert!(get(root, attr::REQUEST_MOVED).is_some_and(|v| v.as_str() == "true"));
+    s.stop().await;
+}
