@@ -127,16 +127,20 @@ pub fn build_backends(
                 )));
             }
             Device::Cuda(n) => {
-                let reason = match crate::backend::cuda::probe(n) {
-                    Ok(name) => {
-                        format!("{name} found, but the CUDA backend cannot run this model yet")
-                    }
-                    Err(e) => e.to_string(),
-                };
-                return Err(DeviceError::Unavailable {
+                // One replica per GPU: each ordinal gets its own context, weights and KV cache.
+                let backend = crate::backend::cuda::CudaBackend::new(
+                    cfg.clone(),
+                    Arc::clone(&model.weights),
+                    n,
+                    rc.block_size,
+                    blocks,
+                    crate::backend::cuda::CudaOptions::from_env(),
+                )
+                .map_err(|e| DeviceError::Unavailable {
                     device: format!("cuda:{n}"),
-                    reason,
-                });
+                    reason: e.to_string(),
+                })?;
+                out.push(Box::new(backend));
             }
         }
     }

@@ -256,7 +256,10 @@ impl Gpu for CudaGpu {
             .stream
             .alloc_zeros::<u8>(bytes.max(1))
             .map_err(|e| GpuError::of(&format!("allocating {} MiB", bytes >> 20), e))?;
-        let (ptr, _sync) = s.device_ptr(&self.stream);
+        let ptr = {
+            let (ptr, _sync) = s.device_ptr(&self.stream);
+            ptr
+        };
         self.bufs.insert(ptr, s);
         Ok(ptr)
     }

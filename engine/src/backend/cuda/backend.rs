@@ -1,0 +1,768 @@
+//! The GPU backend: weights uploaded once, the KV cache paged on the device exactly like the
+//! CPU's, and one forward step as a queue of kernel launches (plus cuBLAS GEMMs for prompt
+//! chunks) with a single host sync when the logits come back.
+
+use std::collections::HashMap;
+
+use super::gpu::{Arg, Gemm, Gpu, GpuError, Launch};
+use super::kernels::{KernelConfig, fmt_kernel};
+use super::layout::{self, KvLayout, Shape, StepPlan, WFormat};
+use crate::backend::{Backend, BackendError, SeqChunk, StepStats};
+use crate::model::config::ModelConfig;
+use crate::model::llama::LlamaWeights;
+use crate::model::weights::Tensor;
+
+/// Run-time choices of the GPU backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaOptions {
+    /// Prompt chunks of at least [`CudaOptions::gemm_min_rows`] tokens go through f16 copies of
+    /// the weights and cuBLAS (when present); otherwise every row takes the quantized matvec
+    /// kernels (slower prefill, but bit-for-bit independent of how prompts are chunked).
+    pub prefill_gemm: bool,
+    /// The smallest chunk that takes the GEMM path (at least 2: decodes never do).
+    pub gemm_min_rows: usize,
+    /// Replays one-token, one-sequence steps from a CUDA graph (off unless measured faster).
+    pub graphs: bool,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        Self {
+            prefill_gemm: true,
+            gemm_min_rows: 16,
+            graphs: false,
+        }
+    }
+}
+
+impl CudaOptions {
+    /// The defaults, overridden by `SLOTLIGHT_CUDA_PREFILL` (`gemm` or `matvec`),
+    /// `SLOTLIGHT_CUDA_GEMM_MIN_ROWS` (a number) and `SLOTLIGHT_CUDA_GRAPHS` (`1`/`on`).
+    pub fn from_env() -> Self {
+        let mut o = Self::default();
+        if let Ok(v) = std::env::var("SLOTLIGHT_CUDA_PREFILL") {
+            o.prefill_gemm = !matches!(v.trim(), "matvec" | "off" | "0");
+        }
+        if let Some(n) = std::env::var("SLOTLIGHT_CUDA_GEMM_MIN_ROWS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+        {
+            o.gemm_min_rows = n.max(2);
+        }
+        if let Ok(v) = std::env::var("SLOTLIGHT_CUDA_GRAPHS") {
+            o.graphs = matches!(v.trim(), "1" | "on" | "true");
+        }
+        o
+    }
+}
+
+/// A weight matrix on the device.
+#[derive(Debug, Clone, Copy)]
+struct DevMat {
+    ptr: u64,
+    fmt: WFormat,
+    rows: usize,
+    /// Row-major f16 copy for the GEMM path.
+    h16: u64,
+}
+
+#[derive(Debug)]
+struct DevLayer {
+    qkv: DevMat,
+    bias: u64,
+    wo: DevMat,
+    gu: DevMat,
+    down: DevMat,
+    attn_norm: u64,
+    ffn_norm: u64,
+}
+
+/// Indices of one format's kernels.
+#[derive(Debug, Clone, Copy, Default)]
+struct FmtKernels {
+    qkv: usize,
+    silu: usize,
+    resid: usize,
+    logits: usize,
+    embed: usize,
+    dequant: usize,
+}
+
+#[derive(Debug, Default)]
+struct Kernels {
+    attn: usize,
+    rmsnorm_h: usize,
+    qkv_post: usize,
+    to_half: usize,
+    silu_mul_h: usize,
+    by_fmt: [FmtKernels; 5],
+}
+
+/// A growable device buffer.
+#[derive(Debug, Default, Clone, Copy)]
+struct Buf {
+    ptr: u64,
+    bytes: usize,
+}
+
+/// Per-step buffers.
+#[derive(Debug, Default)]
+struct Bufs {
+    x: Buf,
+    q: Buf,
+    att: Buf,
+    act: Buf,
+    logits: Buf,
+    meta: Buf,
+    h16: Buf,
+    big: Buf,
+    /// Bumped whenever a buffer moves (a captured graph holds the old addresses).
+    generation: u64,
+}
+
+fn grow<G: Gpu>(gpu: &mut G, b: &mut Buf, bytes: usize, generation: &mut u64) -> Result<u64, GpuError> {
+    if b.bytes < bytes {
+        if b.ptr != 0 {
+            gpu.free(b.ptr);
+            *b = Buf::default();
+        }
+        // Round up so a slowly growing step does not reallocate every time.
+        let want = bytes.next_power_of_two().max(4096);
+        b.ptr = gpu.alloc(want)?;
+        b.bytes = want;
+        *generation += 1;
+    }
+    Ok(b.ptr)
+}
+
+fn i32_arg(n: usize) -> Arg {
+    Arg::I32(i32::try_from(n).unwrap_or(i32::MAX))
+}
+
+/// Bytes of `n` f32 values.
+const F32: usize = 4;
+/// Bytes of `n` f16 values.
+const F16: usize = 2;
+
+/// A Llama-family model on a GPU (or on the kernel emulator).
+pub struct GpuBackend<G: Gpu> {
+    cfg: ModelConfig,
+    gpu: G,
+    kc: KernelConfig,
+    k: Kernels,
+    layers: Vec<DevLayer>,
+    embed: DevMat,
+    output: DevMat,
+    norm: u64,
+    inv_freq: u64,
+    kv: u64,
+    kv_layout: KvLayout,
+    bufs: Bufs,
+    opts: CudaOptions,
+    gemm: bool,
+    graph_generation: Option<u64>,
+    scale: f32,
+    label: String,
+    weight_bytes: usize,
+    owned: Vec<u64>,
+}
+
+impl<G: Gpu> GpuBackend<G> {
+    /// Uploads `weights` to `gpu`, compiles the kernels and allocates a KV cache of `kv_blocks`
+    /// blocks of `block_size` positions. `label` names the device in [`Backend::describe`].
+    pub fn with_gpu(
+        mut gpu: G,
+        cfg: ModelConfig,
+        weights: &LlamaWeights,
+        block_size: usize,
+        kv_blocks: usize,
+        opts: CudaOptions,
+        label: String,
+    ) -> Result<Self, GpuError> {
+        let group_fmt = |ts: &[&Tensor]| {
+            WFormat::for_group(&ts.iter().map(|t| t.dtype()).collect::<Vec<_>>())
+        };
+        let mut formats: Vec<WFormat> = Vec::new();
+        let mut add = |f: WFormat| {
+            if !formats.contains(&f) {
+                formats.push(f);
+            }
+        };
+        for b in &weights.blocks {
+            add(group_fmt(&[&b.wq, &b.wk, &b.wv]));
+            add(WFormat::for_dtype(b.wo.dtype()));
+            add(group_fmt(&[&b.w_gate, &b.w_up]));
+            add(WFormat::for_dtype(b.w_down.dtype()));
+        }
+        add(WFormat::for_dtype(weights.embed.dtype()));
+        add(WFormat::for_dtype(weights.output.dtype()));
+        let kc = KernelConfig::for_model(&cfg, block_size, formats).map_err(GpuError)?;
+        let names = kc.kernel_names();
+        gpu.load(&kc, &names)?;
+        let k = resolve(&names, &kc.formats)?;
+        let gemm = opts.prefill_gemm && gpu.has_gemm();
+        let kv_layout = KvLayout {
+            layers: cfg.layers,
+            kv_heads: cfg.kv_heads,
+            head_dim: cfg.head_dim,
+            block_size,
+            blocks: kv_blocks,
+        };
+        let mut me = Self {
+            kc,
+            k,
+            layers: Vec::with_capacity(cfg.layers),
+            embed: DevMat {
+                ptr: 0,
+                fmt: WFormat::F32,
+                rows: 0,
+                h16: 0,
+            },
+            output: DevMat {
+                ptr: 0,
+                fmt: WFormat::F32,
+                rows: 0,
+                h16: 0,
+            },
+            norm: 0,
+            inv_freq: 0,
+            kv: 0,
+            kv_layout,
+            bufs: Bufs::default(),
+            gemm,
+            graph_generation: None,
+            #[allow(clippy::cast_precision_loss)]
+            scale: 1.0 / (cfg.head_dim as f32).sqrt(),
+            label,
+            weight_bytes: 0,
+            owned: Vec::new(),
+            opts,
+            cfg,
+            gpu,
+        };
+        me.upload_weights(weights)?;
+        me.kv = me.alloc_owned(kv_layout.bytes()).map_err(|e| {
+            GpuError(format!(
+                "KV cache of {} blocks ({} MiB): {e}",
+                kv_blocks,
+                kv_layout.bytes() >> 20
+            ))
+        })?;
+        Ok(me)
+    }
+
+    fn alloc_owned(&mut self, bytes: usize) -> Result<u64, GpuError> {
+        let p = self.gpu.alloc(bytes)?;
+        self.owned.push(p);
+        Ok(p)
+    }
+
+    fn upload_f32(&mut self, v: &[f32]) -> Result<u64, GpuError> {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let p = self.alloc_owned(bytes.len())?;
+        self.gpu.upload(p, &bytes)?;
+        self.weight_bytes += bytes.len();
+        Ok(p)
+    }
+
+    fn upload_mat(&mut self, parts: &[&Tensor], f16_copy: bool) -> Result<DevMat, GpuError> {
+        let fmt = WFormat::for_group(&parts.iter().map(|t| t.dtype()).collect::<Vec<_>>());
+        let packed = layout::pack(fmt, parts).map_err(GpuError)?;
+        let rows: usize = parts.iter().map(|t| t.rows()).sum();
+        let k = parts.first().map_or(0, |t| t.row_len());
+        let ptr = self.alloc_owned(packed.len())?;
+        self.gpu.upload(ptr, &packed)?;
+        self.weight_bytes += packed.len();
+        let mut h16 = 0;
+        if f16_copy {
+            h16 = self.alloc_owned(rows * k * F16)?;
+            self.weight_bytes += rows * k * F16;
+            let s = layout::row_shape(rows);
+            self.launch(
+                self.k.by_fmt[fmt.id()].dequant,
+                s,
+                &[Arg::Ptr(ptr), i32_arg(rows), i32_arg(k), Arg::Ptr(h16)],
+            )?;
+        }
+        Ok(DevMat {
+            ptr,
+            fmt,
+            rows,
+            h16,
+        })
+    }
+
+    fn upload_weights(&mut self, w: &LlamaWeights) -> Result<(), GpuError> {
+        let g = self.gemm;
+        for b in &w.blocks {
+            let qkv = self.upload_mat(&[&b.wq, &b.wk, &b.wv], g)?;
+            let bias = match (&b.bq, &b.bk, &b.bv) {
+                (Some(q), Some(k), Some(v)) => {
+                    let all: Vec<f32> = q.iter().chain(k).chain(v).copied().collect();
+                    self.upload_f32(&all)?
+                }
+                _ => 0,
+            };
+            let wo = self.upload_mat(&[&b.wo], g)?;
+            let gu = self.upload_mat(&[&b.w_gate, &b.w_up], g)?;
+            let down = self.upload_mat(&[&b.w_down], g)?;
+            let attn_norm = self.upload_f32(&b.attn_norm)?;
+            let ffn_norm = self.upload_f32(&b.ffn_norm)?;
+            self.layers.push(DevLayer {
+                qkv,
+                bias,
+                wo,
+                gu,
+                down,
+                attn_norm,
+                ffn_norm,
+            });
+        }
+        self.embed = self.upload_mat(&[&w.embed], false)?;
+        self.output = if w.output.name() == w.embed.name() {
+            self.embed
+        } else {
+            self.upload_mat(&[&w.output], false)?
+        };
+        self.norm = self.upload_f32(&w.norm)?;
+        let inv = self.cfg.rope_inv_freq(w.rope_freqs.as_deref());
+        self.inv_freq = self.upload_f32(&inv)?;
+        Ok(())
+    }
+
+    fn launch(&mut self, kernel: usize, s: Shape, args: &[Arg]) -> Result<(), GpuError> {
+        self.gpu.launch(
+            Launch {
+                kernel,
+                grid: s.grid,
+                block: s.block,
+            },
+            args,
+        )
+    }
+
+    fn validate(&self, chunks: &[SeqChunk<'_>]) -> Result<(), BackendError> {
+        let bs = self.kv_layout.block_size;
+        for c in chunks {
+            let end = c.start_pos + c.tokens.len();
+            if c.tokens.is_empty() || end > self.cfg.context || end > c.blocks.len() * bs {
+                return Err(BackendError::Invalid(format!(
+                    "chunk of {} tokens at {} with {} blocks (context {})",
+                    c.tokens.len(),
+                    c.start_pos,
+                    c.blocks.len(),
+                    self.cfg.context
+                )));
+            }
+            if let Some(&b) = c.blocks.iter().find(|&&b| b as usize >= self.kv_layout.blocks) {
+                return Err(BackendError::Invalid(format!("block {b} out of range")));
+            }
+            if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
+                return Err(BackendError::Invalid(format!(
+                    "token {t} out of vocabulary"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes room for a step of `t` rows (`g` of them on the GEMM path), `r` logit rows and
+    /// `meta_len` metadata entries.
+    fn ensure(&mut self, t: usize, g: usize, r: usize, meta_len: usize) -> Result<(), GpuError> {
+        let c = &self.cfg;
+        let (h, qd, f, v) = (c.hidden, c.q_dim(), c.ffn, c.vocab);
+        let qkv = qd + 2 * c.kv_dim();
+        let b = &mut self.bufs;
+        let gpu = &mut self.gpu;
+        let bump = &mut b.generation;
+        grow(gpu, &mut b.x, t * h * F32, bump)?;
+        grow(gpu, &mut b.q, t * qd * F32, bump)?;
+        grow(gpu, &mut b.att, t * qd * F32, bump)?;
+        grow(gpu, &mut b.act, t * f * F32, bump)?;
+        grow(gpu, &mut b.logits, r.max(1) * v * F32, bump)?;
+        grow(gpu, &mut b.meta, meta_len * 4, bump)?;
+        if g > 0 {
+            grow(gpu, &mut b.h16, g * h.max(qd).max(f) * F16, bump)?;
+            grow(gpu, &mut b.big, g * qkv.max(2 * f) * F32, bump)?;
+        }
+        Ok(())
+    }
+
+    /// Queues the whole model for a step of `t` rows whose first `a` take the matvec kernels,
+    /// with `r` logit rows; the metadata is already on the device.
+    fn enqueue(&mut self, t: usize, a: usize, r: usize) -> Result<(), GpuError> {
+        let c = self.cfg.clone();
+        let (h, qd, f) = (c.hidden, c.q_dim(), c.ffn);
+        let g = t - a;
+        let eps = Arg::F32(c.rms_eps);
+        let b = &self.bufs;
+        let (x, q, att, act, meta) = (b.x.ptr, b.q.ptr, b.att.ptr, b.act.ptr, b.meta.ptr);
+        let (h16, big, logits) = (b.h16.ptr, b.big.ptr, b.logits.ptr);
+        let mt = i32_arg(t);
+        let (kv, inv) = (self.kv, self.inv_freq);
+        let row = |base: u64, width: usize| base + (a * width * F32) as u64;
+        let ek = self.k.by_fmt[self.embed.fmt.id()].embed;
+        self.launch(
+            ek,
+            layout::row_shape(t),
+            &[Arg::Ptr(self.embed.ptr), i32_arg(self.embed.rows), Arg::Ptr(meta), Arg::Ptr(x)],
+        )?;
+        for li in 0..self.layers.len() {
+            let l = &self.layers[li];
+            let (qkv, wo, gu, down) = (l.qkv, l.wo, l.gu, l.down);
+            let (bias, attn_norm, ffn_norm) = (l.bias, l.attn_norm, l.ffn_norm);
+            let layer = i32_arg(li);
+            // Attention block.
+            if a > 0 {
+                let kq = self.k.by_fmt[qkv.fmt.id()].qkv;
+                self.launch(
+                    kq,
+                    layout::mv_shape(self.kc.qkv_pairs(), 1, a),
+                    &[
+                        Arg::Ptr(qkv.ptr),
+                        Arg::Ptr(x),
+                        i32_arg(a),
+                        Arg::Ptr(attn_norm),
+                        eps,
+                        Arg::Ptr(bias),
+                        Arg::Ptr(q),
+                        Arg::Ptr(kv),
+                        layer,
+                        Arg::Ptr(meta),
+                        mt,
+                        Arg::I32(0),
+                        Arg::Ptr(inv),
+                    ],
+                )?;
+            }
+            if g > 0 {
+                self.launch(
+                    self.k.rmsnorm_h,
+                    layout::row_shape(g),
+                    &[Arg::Ptr(row(x, h)), Arg::Ptr(attn_norm), eps, Arg::Ptr(h16)],
+                )?;
+                self.gpu.gemm(&Gemm {
+                    m: qkv.rows,
+                    n: g,
+                    k: h,
+                    a: qkv.h16,
+                    b: h16,
+                    ldb: h,
+                    c: big,
+                    ldc: qkv.rows,
+                    accumulate: false,
+                })?;
+                self.launch(
+                    self.k.qkv_post,
+                    layout::elem_shape(g * self.kc.qkv_pairs()),
+                    &[
+                        Arg::Ptr(big),
+                        i32_arg(g),
+                        Arg::Ptr(bias),
+                        Arg::Ptr(q),
+                        Arg::Ptr(kv),
+                        layer,
+                        Arg::Ptr(meta),
+                        mt,
+                        i32_arg(a),
+                        Arg::Ptr(inv),
+                    ],
+                )?;
+            }
+            self.launch(
+                self.k.attn,
+                layout::attn_shape(t, c.kv_heads, self.kc.att_warps),
+                &[
+                    Arg::Ptr(q),
+                    Arg::Ptr(att),
+                    Arg::Ptr(kv),
+                    layer,
+                    Arg::Ptr(meta),
+                    mt,
+                    Arg::F32(self.scale),
+                ],
+            )?;
+            if a > 0 {
+                let kr = self.k.by_fmt[wo.fmt.id()].resid;
+                self.launch(
+                    kr,
+                    layout::mv_shape(h, 2, a),
+                    &[
+                        Arg::Ptr(wo.ptr),
+                        i32_arg(h),
+                        i32_arg(qd),
+                        Arg::Ptr(att),
+                        i32_arg(a),
+                        Arg::Ptr(x),
+                    ],
+                )?;
+            }
+            if g > 0 {
+                self.launch(
+                    self.k.to_half,
+                    layout::elem_shape(g * qd),
+                    &[Arg::Ptr(row(att, qd)), Arg::Ptr(h16), i32_arg(g * qd)],
+                )?;
+                self.gpu.gemm(&Gemm {
+                    m: h,
+                    n: g,
+                    k: qd,
+                    a: wo.h16,
+                    b: h16,
+                    ldb: qd,
+                    c: row(x, h),
+                    ldc: h,
+                    accumulate: true,
+                })?;
+            }
+            // Feed-forward block.
+            if a > 0 {
+                let ks = self.k.by_fmt[gu.fmt.id()].silu;
+                self.launch(
+                    ks,
+                    layout::mv_shape(f, 1, a),
+                    &[
+                        Arg::Ptr(gu.ptr),
+                        Arg::Ptr(x),
+                        i32_arg(a),
+                        Arg::Ptr(ffn_norm),
+                        eps,
+                        Arg::Ptr(act),
+                    ],
+                )?;
+                let kr = self.k.by_fmt[down.fmt.id()].resid;
+                self.launch(
+                    kr,
+                    layout::mv_shape(h, 2, a),
+                    &[
+                        Arg::Ptr(down.ptr),
+                        i32_arg(h),
+                        i32_arg(f),
+                        Arg::Ptr(act),
+                        i32_arg(a),
+                        Arg::Ptr(x),
+                    ],
+                )?;
+            }
+            if g > 0 {
+                self.launch(
+                    self.k.rmsnorm_h,
+                    layout::row_shape(g),
+                    &[Arg::Ptr(row(x, h)), Arg::Ptr(ffn_norm), eps, Arg::Ptr(h16)],
+                )?;
+                self.gpu.gemm(&Gemm {
+                    m: 2 * f,
+                    n: g,
+                    k: h,
+                    a: gu.h16,
+                    b: h16,
+                    ldb: h,
+                    c: big,
+                    ldc: 2 * f,
+                    accumulate: false,
+                })?;
+                self.launch(
+                    self.k.silu_mul_h,
+                    layout::elem_shape(g * f),
+                    &[Arg::Ptr(big), Arg::Ptr(h16), i32_arg(g)],
+                )?;
+                self.gpu.gemm(&Gemm {
+                    m: h,
+                    n: g,
+                    k: f,
+                    a: down.h16,
+                    b: h16,
+                    ldb: f,
+                    c: row(x, h),
+                    ldc: h,
+                    accumulate: true,
+                })?;
+            }
+        }
+        if r > 0 {
+            let out = self.output;
+            let kl = self.k.by_fmt[out.fmt.id()].logits;
+            self.launch(
+                kl,
+                layout::mv_shape(c.vocab, 2, r),
+                &[
+                    Arg::Ptr(out.ptr),
+                    i32_arg(c.vocab),
+                    Arg::Ptr(x),
+                    Arg::Ptr(meta),
+                    mt,
+                    i32_arg(r),
+                    Arg::Ptr(self.norm),
+                    eps,
+                    Arg::Ptr(logits),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Whether this step replays the batch-1 graph (capturing it first when needed).
+    fn run_graph(&mut self, plan: &StepPlan) -> Result<bool, GpuError> {
+        if !self.opts.graphs || plan.rows != 1 || plan.gemv_rows != 1 || plan.logit_rows != 1 {
+            return Ok(false);
+        }
+        if self.graph_generation != Some(self.bufs.generation) {
+            self.gpu.capture_begin()?;
+            let recorded = self.enqueue(1, 1, 1);
+            let ended = self.gpu.capture_end();
+            if let Err(e) = recorded.and(ended) {
+                tracing::warn!(error = %e, "CudaBackend.GraphCaptureFailed");
+                self.opts.graphs = false;
+                return Ok(false);
+            }
+            self.graph_generation = Some(self.bufs.generation);
+        }
+        self.gpu.graph_launch()?;
+        Ok(true)
+    }
+
+    fn step(&mut self, chunks: &[SeqChunk<'_>], logits: &mut Vec<f32>) -> Result<StepStats, BackendError> {
+        let dev = |e: GpuError| BackendError::Device(e.0);
+        self.validate(chunks)?;
+        if chunks.is_empty() {
+            return Ok(StepStats::default());
+        }
+        let gemm_min = self.gemm.then_some(self.opts.gemm_min_rows);
+        let plan = StepPlan::build(chunks, self.kv_layout.block_size, gemm_min)
+            .map_err(BackendError::Invalid)?;
+        let (t, a, r) = (plan.rows, plan.gemv_rows, plan.logit_rows);
+        self.ensure(t, t - a, r, plan.meta.len()).map_err(dev)?;
+        let meta_bytes: Vec<u8> = plan.meta.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.gpu.timer_start().map_err(dev)?;
+        self.gpu.upload(self.bufs.meta.ptr, &meta_bytes).map_err(dev)?;
+        if !self.run_graph(&plan).map_err(dev)? {
+            self.enqueue(t, a, r).map_err(dev)?;
+        }
+        self.gpu.timer_stop().map_err(dev)?;
+        if r > 0 {
+            let start = logits.len();
+            logits.resize(start + r * self.cfg.vocab, 0.0);
+            self.gpu
+                .download(&mut logits[start..], self.bufs.logits.ptr)
+                .map_err(dev)?;
+        }
+        let device_time = self.gpu.timer_read().map_err(dev)?;
+        Ok(StepStats { device_time })
+    }
+
+    /// Bytes of weights on the device (packed matrices, f16 copies, vectors).
+    pub fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    /// The options in force (graphs are switched off here if a capture failed).
+    pub fn options(&self) -> &CudaOptions {
+        &self.opts
+    }
+
+    /// Whether prompt chunks take the cuBLAS GEMM path.
+    pub fn uses_gemm(&self) -> bool {
+        self.gemm
+    }
+
+    /// The device.
+    pub fn gpu(&self) -> &G {
+        &self.gpu
+    }
+}
+
+fn resolve(names: &[String], formats: &[WFormat]) -> Result<Kernels, GpuError> {
+    let idx: HashMap<&str, usize> = names.iter().enumerate().map(|(i, n)| (n.as_str(), i)).collect();
+    let get = |n: &str| {
+        idx.get(n)
+            .copied()
+            .ok_or_else(|| GpuError(format!("kernel {n} missing")))
+    };
+    let mut k = Kernels {
+        attn: get("attn")?,
+        rmsnorm_h: get("rmsnorm_h")?,
+        qkv_post: get("qkv_post")?,
+        to_half: get("to_half")?,
+        silu_mul_h: get("silu_mul_h")?,
+        by_fmt: [FmtKernels::default(); 5],
+    };
+    for f in formats {
+        k.by_fmt[f.id()] = FmtKernels {
+            qkv: get(&fmt_kernel("mv_qkv", *f))?,
+            silu: get(&fmt_kernel("mv_silu", *f))?,
+            resid: get(&fmt_kernel("mv_resid", *f))?,
+            logits: get(&fmt_kernel("mv_logits", *f))?,
+            embed: get(&fmt_kernel("embed", *f))?,
+            dequant: get(&fmt_kernel("dequant_h", *f))?,
+        };
+    }
+    Ok(k)
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn mib(b: usize) -> f64 {
+    b as f64 / (1024.0 * 1024.0)
+}
+
+impl<G: Gpu> Backend for GpuBackend<G> {
+    fn forward(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        logits: &mut Vec<f32>,
+    ) -> Result<StepStats, BackendError> {
+        // cudarc panics when a library function is missing; keep that from killing the
+        // scheduler thread.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step(chunks, logits)))
+            .unwrap_or_else(|_| {
+                Err(BackendError::Device(
+                    "the CUDA libraries failed during the step".into(),
+                ))
+            })
+    }
+
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn block_size(&self) -> usize {
+        self.kv_layout.block_size
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.kv_layout.blocks
+    }
+
+    fn describe(&self) -> String {
+        let fmts: Vec<&str> = self.kc.formats.iter().map(|f| f.name()).collect();
+        format!(
+            "{} {} (weights {} on device, {:.0} MiB; prefill {}; KV {} blocks × {} positions, {:.0} MiB; graphs {})",
+            self.label,
+            self.gpu.describe(),
+            fmts.join("/"),
+            mib(self.weight_bytes),
+            if self.gemm {
+                format!("f16 GEMM for chunks ≥ {} tokens", self.opts.gemm_min_rows)
+            } else {
+                "quantized matvec".into()
+            },
+            self.kv_layout.blocks,
+            self.kv_layout.block_size,
+            mib(self.kv_layout.bytes()),
+            if self.opts.graphs { "on" } else { "off" },
+        )
+    }
+}
+
+impl<G: Gpu> Drop for GpuBackend<G> {
+    fn drop(&mut self) {
+        let b = &self.bufs;
+        for p in [b.x, b.q, b.att, b.act, b.logits, b.meta, b.h16, b.big] {
+            if p.ptr != 0 {
+                self.gpu.free(p.ptr);
+            }
+        }
+        for p in std::mem::take(&mut self.owned) {
+            self.gpu.free(p);
+        }
+    }
+}

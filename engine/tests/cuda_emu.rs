@@ -1,0 +1,369 @@
+//! The CUDA backend's whole code path (packing, step metadata, every kernel, the GEMM path's
+//! bookkeeping, graph replay) run on the host kernel emulator and compared with the CPU
+//! backend. Needs an x86-64 host with a C++ compiler; skips with a message otherwise.
+#![cfg(feature = "cuda")]
+
+mod support;
+
+use std::sync::Arc;
+
+use slotlight_engine::backend::cuda::emu::{self, EmuGpu};
+use slotlight_engine::backend::cuda::{CudaOptions, GpuBackend};
+use slotlight_engine::backend::{Backend, SeqChunk};
+use slotlight_engine::model::config::ModelConfig;
+use slotlight_engine::model::llama::LlamaWeights;
+use slotlight_engine::model::loader::Model;
+use slotlight_engine::model::testing::TinyLlama;
+use slotlight_engine::model::weights::DType;
+
+/// Largest logit difference from the CPU backend. The CPU feeds its integer kernels 16-bit
+/// quantized activations; the GPU kernels use f32 activations (and the GEMM path f16), so
+/// results differ by rounding only.
+const TOLERANCE: f32 = 2e-2;
+
+fn skip() -> bool {
+    if emu::available() {
+        return false;
+    }
+    eprintln!("skipping: the kernel emulator needs an x86-64 host with a C++ compiler (CXX)");
+    true
+}
+
+fn emu_backend(
+    cfg: &ModelConfig,
+    w: &LlamaWeights,
+    positions: usize,
+    opts: CudaOptions,
+    gemm: bool,
+) -> GpuBackend<EmuGpu> {
+    GpuBackend::with_gpu(
+        EmuGpu::new(gemm),
+        cfg.clone(),
+        w,
+        16,
+        positions.div_ceil(16) + 1,
+        opts,
+        "emu".into(),
+    )
+    .expect("emulated backend")
+}
+
+fn cpu_backend(cfg: &ModelConfig, w: &Arc<LlamaWeights>, positions: usize) -> impl Backend {
+    let pool = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .expect("pool"),
+    );
+    slotlight_engine::backend::cpu::CpuBackend::new(
+        cfg.clone(),
+        Arc::clone(w),
+        16,
+        positions.div_ceil(16) + 1,
+        pool,
+    )
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+fn tokens(n: usize, vocab: usize) -> Vec<u32> {
+    (0..n)
+        .map(|i| u32::try_from((i * 37 + 11) % vocab).expect("token"))
+        .collect()
+}
+
+fn matvec_only() -> CudaOptions {
+    CudaOptions {
+        prefill_gemm: false,
+        ..CudaOptions::default()
+    }
+}
+
+#[test]
+fn tiny_models_match_the_cpu_for_every_weight_format() {
+    if skip() {
+        return;
+    }
+    for (dtype, tied, bias) in [
+        (DType::Q4_0, true, false),
+        (DType::Q4_1, false, false),
+        (DType::Q8_0, true, true),
+        (DType::F16, false, true),
+        (DType::F32, true, false),
+    ] {
+        let tiny = TinyLlama {
+            dtype,
+            tied,
+            qkv_bias: bias,
+            ..TinyLlama::default()
+        };
+        let path = tiny.write_temp();
+        let (cfg, w) = Model::load_weights(&path).expect("load");
+        let seq = tokens(21, cfg.vocab);
+        let mut gpu = emu_backend(&cfg, &w, seq.len(), matvec_only(), false);
+        let mut cpu = cpu_backend(&cfg, &w, seq.len());
+        let g = support::all_logits(&mut gpu, &seq);
+        let c = support::all_logits(&mut cpu, &seq);
+        let d = max_diff(&g, &c);
+        eprintln!("{dtype:?} tied={tied} bias={bias}: worst logit difference {d:.2e}");
+        assert!(d <= TOLERANCE, "{dtype:?}: {d}");
+    }
+}
+
+#[test]
+fn reference_fixture_models_match_the_cpu() {
+    if skip() {
+        return;
+    }
+    let dir = support::fixtures().join("tiny");
+    // GGUF llama (interleaved RoPE) in three block formats; HF qwen2 (neox, biases) and
+    // llama3 (scaled RoPE).
+    for name in ["llama.Q4_1.gguf", "llama.Q8_0.gguf", "llama_k256.Q4_K_M.gguf", "qwen2", "llama3"] {
+        let model = Model::load(&dir.join(name)).expect("fixture");
+        let (cfg, w) = (model.config.clone(), Arc::clone(&model.weights));
+        let seq = tokens(24, cfg.vocab);
+        let mut gpu = emu_backend(&cfg, &w, seq.len(), matvec_only(), false);
+        let mut cpu = cpu_backend(&cfg, &w, seq.len());
+        let d = max_diff(
+            &support::all_logits(&mut gpu, &seq),
+            &support::all_logits(&mut cpu, &seq),
+        );
+        eprintln!("{name}: worst logit difference {d:.2e}");
+        assert!(d <= TOLERANCE, "{name}: {d}");
+    }
+}
+
+/// Prefills `prompts` one at a time, then decodes `steps` greedy tokens either each sequence
+/// alone or all in one batch; returns every decode step's logits per sequence.
+fn decode(
+    b: &mut dyn Backend,
+    prompts: &[Vec<u32>],
+    steps: usize,
+    batched: bool,
+) -> Vec<Vec<Vec<f32>>> {
+    let vocab = b.config().vocab;
+    let per_seq = 8;
+    let tables: Vec<Vec<u32>> = (0..prompts.len())
+        .map(|s| {
+            (0..per_seq)
+                .map(|i| u32::try_from(s * per_seq + i).expect("block"))
+                .collect()
+        })
+        .collect();
+    let mut next = Vec::new();
+    for (s, p) in prompts.iter().enumerate() {
+        let mut logits = Vec::new();
+        b.forward(
+            &[SeqChunk {
+                tokens: p,
+                start_pos: 0,
+                blocks: &tables[s],
+                all_logits: false,
+                no_logits: false,
+            }],
+            &mut logits,
+        )
+        .expect("prefill");
+        next.push(support::argmax(&logits));
+    }
+    let mut pos: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    let mut out = vec![Vec::new(); prompts.len()];
+    for _ in 0..steps {
+        let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+        let groups: Vec<Vec<usize>> = if batched {
+            vec![(0..prompts.len()).collect()]
+        } else {
+            (0..prompts.len()).map(|s| vec![s]).collect()
+        };
+        for g in groups {
+            let chunks: Vec<SeqChunk<'_>> = g
+                .iter()
+                .map(|&s| SeqChunk {
+                    tokens: &toks[s],
+                    start_pos: pos[s],
+                    blocks: &tables[s],
+                    all_logits: false,
+                    no_logits: false,
+                })
+                .collect();
+            let mut logits = Vec::new();
+            b.forward(&chunks, &mut logits).expect("decode");
+            for (i, &s) in g.iter().enumerate() {
+                let row = logits[i * vocab..(i + 1) * vocab].to_vec();
+                next[s] = support::argmax(&row);
+                out[s].push(row);
+            }
+        }
+        for p in &mut pos {
+            *p += 1;
+        }
+    }
+    out
+}
+
+#[test]
+fn batched_decode_equals_solo_bit_for_bit() {
+    if skip() {
+        return;
+    }
+    let tiny = TinyLlama {
+        dtype: DType::Q4_1,
+        vocab: 96,
+        ..TinyLlama::default()
+    };
+    let (cfg, w) = Model::load_weights(&tiny.write_temp()).expect("load");
+    let prompts = vec![tokens(5, cfg.vocab), tokens(19, cfg.vocab)[3..].to_vec(), vec![7, 8]];
+    let mut b = emu_backend(&cfg, &w, 3 * 8 * 16, matvec_only(), false);
+    let solo = decode(&mut b, &prompts, 6, false);
+    let batched = decode(&mut b, &prompts, 6, true);
+    for (s, (a, c)) in solo.iter().zip(&batched).enumerate() {
+        for (step, (x, y)) in a.iter().zip(c).enumerate() {
+            assert!(
+                x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()),
+                "sequence {s} step {step}: batched logits differ from solo"
+            );
+        }
+    }
+    // And the tokens agree with the CPU backend's.
+    let mut cpu = cpu_backend(&cfg, &w, 3 * 8 * 16);
+    let cpu_solo = decode(&mut cpu, &prompts, 6, false);
+    for (s, (g, c)) in solo.iter().zip(&cpu_solo).enumerate() {
+        let gt: Vec<u32> = g.iter().map(|r| support::argmax(r)).collect();
+        let ct: Vec<u32> = c.iter().map(|r| support::argmax(r)).collect();
+        assert_eq!(gt, ct, "sequence {s}: greedy tokens");
+        for (x, y) in g.iter().zip(c) {
+            assert!(max_diff(x, y) <= TOLERANCE);
+        }
+    }
+}
+
+#[test]
+fn gemm_path_and_mixed_steps_match_the_cpu() {
+    if skip() {
+        return;
+    }
+    let tiny = TinyLlama {
+        dtype: DType::Q8_0,
+        qkv_bias: true,
+        ..TinyLlama::default()
+    };
+    let (cfg, w) = Model::load_weights(&tiny.write_temp()).expect("load");
+    let opts = CudaOptions {
+        prefill_gemm: true,
+        gemm_min_rows: 4,
+        graphs: false,
+    };
+    let mut gpu = emu_backend(&cfg, &w, 128, opts, true);
+    assert!(gpu.uses_gemm());
+    let mut cpu = cpu_backend(&cfg, &w, 128);
+    // One step: a decode (matvec row) next to a 9-token prompt chunk (GEMM rows) of another
+    // sequence, after the decoding sequence's own 6-token prefill.
+    let a = tokens(6, cfg.vocab);
+    let bseq = tokens(9, cfg.vocab);
+    let (ta, tb) = ([0u32, 1, 2], [3u32, 4, 5]);
+    let run = |be: &mut dyn Backend| {
+        let mut l = Vec::new();
+        be.forward(
+            &[SeqChunk {
+                tokens: &a,
+                start_pos: 0,
+                blocks: &ta,
+                all_logits: true,
+                no_logits: false,
+            }],
+            &mut l,
+        )
+        .expect("prefill");
+        let mut l2 = Vec::new();
+        be.forward(
+            &[
+                SeqChunk {
+                    tokens: &[17],
+                    start_pos: a.len(),
+                    blocks: &ta,
+                    all_logits: false,
+                    no_logits: false,
+                },
+                SeqChunk {
+                    tokens: &bseq,
+                    start_pos: 0,
+                    blocks: &tb,
+                    all_logits: true,
+                    no_logits: false,
+                },
+            ],
+            &mut l2,
+        )
+        .expect("mixed step");
+        l.extend(l2);
+        l
+    };
+    let g = run(&mut gpu);
+    let c = run(&mut cpu);
+    let d = max_diff(&g, &c);
+    eprintln!("GEMM path (f16 weights and activations): worst logit difference {d:.2e}");
+    assert!(d <= 5.0 * TOLERANCE, "{d}");
+}
+
+#[test]
+fn graph_replay_gives_the_same_tokens() {
+    if skip() {
+        return;
+    }
+    let tiny = TinyLlama {
+        dtype: DType::Q4_0,
+        ..TinyLlama::default()
+    };
+    let (cfg, w) = Model::load_weights(&tiny.write_temp()).expect("load");
+    let prompts = vec![tokens(7, cfg.vocab)];
+    let mut plain = emu_backend(&cfg, &w, 128, matvec_only(), false);
+    let graphs = CudaOptions {
+        graphs: true,
+        ..matvec_only()
+    };
+    let mut replayed = emu_backend(&cfg, &w, 128, graphs, false);
+    let a = decode(&mut plain, &prompts, 5, false);
+    let b = decode(&mut replayed, &prompts, 5, false);
+    assert_eq!(a, b);
+    assert!(replayed.options().graphs);
+    assert_eq!(replayed.gpu().replays, 5);
+}
+
+#[test]
+fn invalid_steps_are_refused_like_on_the_cpu() {
+    if skip() {
+        return;
+    }
+    let (cfg, w) = Model::load_weights(&TinyLlama::default().write_temp()).expect("load");
+    let mut gpu = emu_backend(&cfg, &w, 32, matvec_only(), false);
+    let blocks = [0u32];
+    let mut l = Vec::new();
+    for (toks, start) in [(vec![1u32; 17], 0), (vec![1], 16), (vec![], 0), (vec![999], 0)] {
+        let r = gpu.forward(
+            &[SeqChunk {
+                tokens: &toks,
+                start_pos: start,
+                blocks: &blocks,
+                all_logits: false,
+                no_logits: false,
+            }],
+            &mut l,
+        );
+        assert!(r.is_err(), "{} tokens at {start}", toks.len());
+    }
+    let r = gpu.forward(
+        &[SeqChunk {
+            tokens: &[1],
+            start_pos: 0,
+            blocks: &[99],
+            all_logits: false,
+            no_logits: false,
+        }],
+        &mut l,
+    );
+    assert!(r.is_err());
+    assert!(gpu.describe().starts_with("emu kernel emulator"));
+}
