@@ -140,6 +140,7 @@ fn start_child(args: &BenchArgs) -> Result<ChildSidecar, BenchError> {
         &args.sidecar_threads.max(1).to_string(),
     ])
     .env("RUST_LOG", "warn")
+    .env_remove("SLOTLIGHT_SIDECAR_TOKEN")
     .stdin(Stdio::null())
     .stdout(Stdio::null())
     .stderr(Stdio::piped());

@@ -121,6 +121,7 @@ impl Config {
         cfg.otlp_http = any;
         cfg.listen = any;
         cfg.no_turn_log = true;
+        cfg.token = None; // not from the environment: tests set it when they mean to
         cfg
     }
 
