@@ -1,0 +1,118 @@
+"""Engine and sidecar as real processes on loopback, for the end-to-end tests.
+
+Binaries come from $SLOTLIGHT_ENGINE_BIN / $SLOTLIGHT_SIDECAR_BIN, else the cargo target
+directory's debug builds. Every process is stopped by its own PID when the test is done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "sidecar" / "tests" / "python"))
+
+from sidecar_support import SidecarProcess, find_row  # noqa: E402,F401
+
+
+def binary(name: str, env: str) -> Path:
+    if os.environ.get(env):
+        return Path(os.environ[env])
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    p = target / "debug" / name
+    if not p.exists():
+        raise FileNotFoundError(f"{name} not found at {p}; run `cargo build --workspace` or set {env}")
+    return p
+
+
+def default_model() -> Path:
+    if os.environ.get("SLOTLIGHT_MODEL"):
+        return Path(os.environ["SLOTLIGHT_MODEL"])
+    base = os.environ.get("SLOTLIGHT_MODEL_DIR")
+    if not base:
+        cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        base = str(Path(cache) / "slotlight" / "models")
+    return Path(base) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def http_json(method: str, url: str, body=None, headers=None, timeout=60):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+class EngineProcess:
+    """`slotlight-engine serve` on a free loopback port."""
+
+    def __init__(self, *extra: str, otlp: str | None = None, protocol: str = "grpc"):
+        args = [str(binary("slotlight-engine", "SLOTLIGHT_ENGINE_BIN")), "serve", "--port", "0", "--model", str(default_model()), "--ctx-size", "2048"]
+        if otlp:
+            args += ["--otlp-endpoint", otlp, "--otlp-protocol", protocol]
+        else:
+            args += ["--no-telemetry"]
+        args += list(extra)
+        env = dict(os.environ, RUST_LOG="info")
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.log: list[str] = []
+        deadline = time.monotonic() + 120
+        self.base = None
+        while self.base is None:
+            line = self.proc.stderr.readline()
+            if not line:
+                raise RuntimeError("engine exited before listening:\n" + "".join(self.log))
+            self.log.append(line)
+            m = re.search(r"listening on (http://\S+)", line)
+            if m:
+                self.base = m.group(1)
+            if time.monotonic() > deadline:
+                raise RuntimeError("engine did not start")
+        threading.Thread(target=self._drain, daemon=True).start()
+        self.model = self.get("/v1/models")[1]["data"][0]["id"]
+
+    def _drain(self):
+        for line in self.proc.stderr:
+            self.log.append(line)
+
+    def get(self, path: str):
+        return http_json("GET", self.base + path)
+
+    def post(self, path: str, body, headers=None):
+        return http_json("POST", self.base + path, body, headers)
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def pinned_sidecar(grpc: str) -> SidecarProcess:
+    """A sidecar whose OTLP/gRPC receiver listens on a fixed address (to restart it in place)."""
+    real_popen = subprocess.Popen
+
+    def popen(args, *a, **kw):
+        out = list(args)
+        i = out.index("--otlp-grpc")
+        out[i + 1] = grpc
+        return real_popen(out, *a, **kw)
+
+    subprocess.Popen = popen
+    try:
+        return SidecarProcess()
+    finally:
+        subprocess.Popen = real_popen

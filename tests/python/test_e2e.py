@@ -1,0 +1,232 @@
+"""Engine and sidecar as real processes on loopback with the default model: the usage a client
+sees equals the sidecar's turn record, the live slot view follows a request that moves, warm
+resume shows up on both sides, a burst gives exactly one record per request, Prometheus scrapes
+the sidecar, and the engine keeps serving while the sidecar is down."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.parse
+
+import openai
+import pytest
+
+from procs import EngineProcess, SidecarProcess, http_json, pinned_sidecar
+
+USAGE_TIMINGS = ["queue_ms", "prefill_ms", "ttft_ms", "decode_ms", "generation_ms", "e2e_ms", "decode_tps"]
+
+
+def client_for(engine):
+    return openai.OpenAI(base_url=engine.base + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def assert_turn_equals_usage(turn, usage: dict, cached: int):
+    for f in USAGE_TIMINGS:
+        assert turn[f] == usage[f], (f, turn[f], usage[f])
+    assert turn["prompt_tokens"] == usage["prompt_tokens"]
+    assert turn["completion_tokens"] == usage["completion_tokens"]
+    assert turn["cached_tokens"] == cached
+
+
+def test_streamed_usage_equals_the_turn_record(engine, sidecar):
+    c = client_for(engine)
+    stream = c.chat.completions.create(
+        model=engine.model,
+        messages=[{"role": "user", "content": "Name three colors."}],
+        max_tokens=16,
+        stream=True,
+        stream_options={"include_usage": True},
+        user="e2e-usage",
+    )
+    chunks = list(stream)
+    rid = chunks[0].id
+    u = chunks[-1].usage
+    usage = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, **u.model_extra}
+    turn = sidecar.wait_turn(rid)
+    assert_turn_equals_usage(turn, usage, u.prompt_tokens_details.cached_tokens)
+    assert turn["session_id"] == "e2e-usage"
+    assert turn["finish_reason"] in ("stop", "length")
+
+
+def _instance(engine):
+    return engine.get("/health")[1]["instance_id"]
+
+
+def test_the_move_is_seen_by_the_sidecar_and_agrees_with_the_engine(engine, sidecar):
+    inst = _instance(engine)
+    c = client_for(engine)
+    out = {}
+
+    def long_request():
+        s = c.chat.completions.create(
+            model=engine.model,
+            messages=[{"role": "user", "content": "Write a long story about a lighthouse keeper."}],
+            max_tokens=200,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        for ch in s:
+            out.setdefault("id", ch.id)
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    # Alone: the solo row, counting from the request's start.
+    solo = sidecar.wait_row(inst, "solo", None, lambda r: r.get("request_id") and (r.get("tokens_generated") or 0) >= 20)
+    rid = solo["request_id"]
+    elapsed_before = solo["elapsed_s"]
+    # A second request arrives: the first moves into a slot.
+    c2 = threading.Thread(
+        target=lambda: c.chat.completions.create(
+            model=engine.model, messages=[{"role": "user", "content": "Say hello."}], max_tokens=30, extra_body={"ignore_eos": True}
+        )
+    )
+    c2.start()
+    view = sidecar.wait_for(
+        "/v1/slots",
+        lambda v: any(
+            r.get("request_id") == rid and r["path"] == "slot" and (r.get("tokens_generated") or 0) > solo["tokens_generated"]
+            for i in v["instances"]
+            if i["instance"] == inst
+            for r in i["slots"]
+        ),
+        "the first request in a slot",
+    )
+    row = next(r for i in view["instances"] if i["instance"] == inst for r in i["slots"] if r.get("request_id") == rid)
+    assert row["elapsed_s"] >= elapsed_before, (row, solo)
+    # The engine agrees on where the request runs.
+    code, reqs = engine.get("/v1/requests")
+    mine = [r for r in reqs["data"] if r["id"] == rid]
+    if mine:
+        assert mine[0]["path"] == "slot"
+        assert mine[0]["slot"] == row["index"]
+        assert mine[0]["elapsed_s"] >= elapsed_before
+    c2.join()
+    t.join()
+    turn = sidecar.wait_turn(rid)
+    assert turn["moved"] is True
+    assert [l["path"] for l in turn["legs"]][:2] == ["solo", "slot"]
+
+
+def test_warm_resume_shows_cached_tokens_in_usage_and_turn(engine, sidecar):
+    c = client_for(engine)
+    msgs = [{"role": "user", "content": "My favourite bird is the owl. Tell me one fact about owls."}]
+    r1 = c.chat.completions.create(model=engine.model, messages=msgs, max_tokens=20, temperature=0, user="warm")
+    msgs += [{"role": "assistant", "content": r1.choices[0].message.content}, {"role": "user", "content": "And one more?"}]
+    r2 = c.chat.completions.create(model=engine.model, messages=msgs, max_tokens=10, temperature=0, user="warm")
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0
+    turn = sidecar.wait_turn(r2.id)
+    assert turn["cached_tokens"] == cached
+    assert turn["prefilled_tokens"] == r2.usage.prompt_tokens - cached
+
+
+def test_a_burst_of_50_gives_exactly_50_turn_records(engine, sidecar):
+    c = client_for(engine)
+
+    def one(i):
+        r = c.chat.completions.create(
+            model=engine.model,
+            messages=[{"role": "user", "content": f"Give me a word that starts with the letter {chr(97 + i % 26)}."}],
+            max_tokens=4 + i % 7,
+            extra_body={"ignore_eos": True},
+            user=f"burst-{i}",
+        )
+        return r
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=50) as ex:
+        replies = list(ex.map(one, range(50)))
+    assert len({r.id for r in replies}) == 50
+    for r in replies:
+        turn = sidecar.wait_turn(r.id)
+        usage = {"prompt_tokens": r.usage.prompt_tokens, "completion_tokens": r.usage.completion_tokens, **r.usage.model_extra}
+        assert_turn_equals_usage(turn, usage, r.usage.prompt_tokens_details.cached_tokens)
+    sessions = {f"burst-{i}" for i in range(50)}
+    got = sidecar.get("/v1/turns?limit=10000")["turns"]
+    assert sum(1 for t in got if t.get("session_id") in sessions) == 50
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_prometheus_scrapes_the_sidecar(engine, sidecar):
+    prom = shutil.which("prometheus")
+    if not prom:
+        if os.environ.get("SLOTLIGHT_REQUIRE_TOOLS") == "1":
+            pytest.fail("prometheus is required (Debian package `prometheus`)")
+        pytest.skip("prometheus is not installed")
+    c = client_for(engine)
+    for i in range(3):
+        c.chat.completions.create(model=engine.model, messages=[{"role": "user", "content": f"hi {i}"}], max_tokens=4)
+    port = _free_port()
+    with tempfile.TemporaryDirectory() as d:
+        cfg = os.path.join(d, "prometheus.yml")
+        with open(cfg, "w") as f:
+            f.write(
+                "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: sidecar\n    static_configs:\n"
+                f"      - targets: ['{sidecar.views}']\n"
+            )
+        p = subprocess.Popen(
+            [prom, f"--config.file={cfg}", f"--storage.tsdb.path={d}/data", f"--web.listen-address=127.0.0.1:{port}"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            q = "histogram_quantile(0.5, sum by (le) (gen_ai_server_time_to_first_token_seconds_bucket))"
+            url = f"http://127.0.0.1:{port}/api/v1/query?query=" + urllib.parse.quote(q)
+            value = None
+            for _ in range(300):
+                try:
+                    code, body = http_json("GET", url, timeout=5)
+                except OSError:
+                    code, body = 0, None
+                if code == 200 and body["data"]["result"]:
+                    value = float(body["data"]["result"][0]["value"][1])
+                    break
+                time.sleep(0.1)
+            assert value is not None and value > 0, "a TTFT median from Prometheus"
+        finally:
+            p.terminate()
+            p.wait(timeout=30)
+
+
+def test_the_engine_serves_while_the_sidecar_is_down_and_the_sidecar_resumes():
+    sc = SidecarProcess()
+    grpc = sc.grpc
+    e = EngineProcess("--batch", "4", "--progress-interval-ms", "100", otlp=f"http://{grpc}")
+    try:
+        c = client_for(e)
+        r = c.chat.completions.create(model=e.model, messages=[{"role": "user", "content": "one"}], max_tokens=8)
+        sc.wait_turn(r.id)
+        sc.close()
+        rates = []
+        for i in range(3):
+            r = c.chat.completions.create(
+                model=e.model, messages=[{"role": "user", "content": f"down {i}"}], max_tokens=24, extra_body={"ignore_eos": True}
+            )
+            assert r.usage.completion_tokens == 24
+            rates.append(r.usage.model_extra["decode_tps"])
+        print(f"decode tok/s with the sidecar down: {rates}")
+        # Spans lost while it was down are counted.
+        for _ in range(100):
+            if e.get("/health")[1]["telemetry"]["dropped"] > 0:
+                break
+            time.sleep(0.1)
+        assert e.get("/health")[1]["telemetry"]["dropped"] > 0
+        # The sidecar comes back on the same port and picks up new requests.
+        host, port = grpc.rsplit(":", 1)
+        sc = pinned_sidecar(f"{host}:{port}")
+        r = c.chat.completions.create(model=e.model, messages=[{"role": "user", "content": "back"}], max_tokens=8)
+        sc.wait_turn(r.id)
+    finally:
+        e.close()
+        sc.close()

@@ -1,0 +1,77 @@
+"""The official `openai` SDK against a running engine: chat, streaming with usage, completions,
+and errors in OpenAI's format."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+TIMING_FIELDS = ["queue_ms", "prefill_ms", "ttft_ms", "decode_ms", "generation_ms", "decode_tps", "e2e_ms"]
+
+
+@pytest.fixture(scope="module")
+def client(lone_engine):
+    return openai.OpenAI(base_url=lone_engine.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_chat(client, lone_engine):
+    r = client.chat.completions.create(
+        model=lone_engine.model,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=20,
+        temperature=0,
+    )
+    assert "Paris" in r.choices[0].message.content
+    assert r.choices[0].finish_reason in ("stop", "length")
+    u = r.usage
+    assert u.total_tokens == u.prompt_tokens + u.completion_tokens
+    extra = u.model_extra
+    for f in TIMING_FIELDS:
+        assert f in extra, f
+    assert extra["ttft_ms"] <= extra["e2e_ms"]
+
+
+def test_stream_with_usage(client, lone_engine):
+    stream = client.chat.completions.create(
+        model=lone_engine.model,
+        messages=[{"role": "user", "content": "Count from one to five."}],
+        max_tokens=24,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    last = chunks[-1]
+    assert last.choices == []
+    assert last.usage is not None and last.usage.completion_tokens > 0
+    extra = last.usage.model_extra
+    for f in TIMING_FIELDS:
+        assert f in extra, f
+    assert extra["decode_ms"] > 0
+    assert abs(extra["decode_tps"] - (last.usage.completion_tokens - 1) / (extra["decode_ms"] / 1000)) < 1e-6 * extra["decode_tps"]
+
+
+def test_completion(client, lone_engine):
+    r = client.completions.create(model=lone_engine.model, prompt="The sky is", max_tokens=8, temperature=0)
+    assert isinstance(r.choices[0].text, str) and r.choices[0].text
+    assert r.usage.completion_tokens >= 1
+    assert "ttft_ms" in r.usage.model_extra
+
+
+def test_errors(client, lone_engine):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=lone_engine.model, messages=[], max_tokens=5)
+    assert e.value.status_code == 400
+    assert "messages" in str(e.value)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=lone_engine.model, messages=[{"role": "user", "content": "x"}], max_tokens=1_000_000
+        )
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=lone_engine.model, messages=[{"role": "user", "content": "x"}], n=3)
+    # The server is still fine.
+    r = client.chat.completions.create(model=lone_engine.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert r.usage.completion_tokens >= 1
