@@ -297,15 +297,18 @@ DEV void mv_accum(const unsigned char* __restrict__ w, int nrows, int K, const i
                   const float* __restrict__ gamma, const float* rs, float (&acc)[NR][MV_TOKENS]) {
   const int lane = TX & 31;
   const float* xp[MV_TOKENS];
+  #pragma unroll
   for (int t = 0; t < MV_TOKENS; ++t) {
     int tt = t < nt ? t : 0;
     xp[t] = x + (u64)(xrow ? xrow[t0 + tt] : t0 + tt) * ldx;
+    #pragma unroll
     for (int r = 0; r < NR; ++r) acc[r][t] = 0.0f;
   }
   const int units = K >> 3;
   for (int u = lane; u < units; u += 32) {
     float wv[NR][8];
     int o0 = 0, o1 = 0;
+    #pragma unroll
     for (int r = 0; r < NR; ++r) load_unit<FMT>(w, nrows, K, rows[r], u, wv[r], o0, o1);
     float g[8];
     if (NORM) {
@@ -313,20 +316,26 @@ DEV void mv_accum(const unsigned char* __restrict__ w, int nrows, int K, const i
       g[0] = g0.x; g[1] = g0.y; g[2] = g0.z; g[3] = g0.w;
       g[4] = g1.x; g[5] = g1.y; g[6] = g1.z; g[7] = g1.w;
     }
+    #pragma unroll
     for (int t = 0; t < MV_TOKENS; ++t) {
       if (t < nt) {
         float4 a = *(const float4*)(xp[t] + o0), b = *(const float4*)(xp[t] + o1);
         float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
         if (NORM) {
           const float s = rs[t];
+          #pragma unroll
           for (int i = 0; i < 8; ++i) xv[i] = (xv[i] * s) * g[i];
         }
+        #pragma unroll
         for (int r = 0; r < NR; ++r)
+          #pragma unroll
           for (int i = 0; i < 8; ++i) acc[r][t] += wv[r][i] * xv[i];
       }
     }
   }
+  #pragma unroll
   for (int r = 0; r < NR; ++r)
+    #pragma unroll
     for (int t = 0; t < MV_TOKENS; ++t) acc[r][t] = warp_sum(acc[r][t]);
 }
 
@@ -334,6 +343,7 @@ DEV void mv_accum(const unsigned char* __restrict__ w, int nrows, int K, const i
 template <int NR>
 DEV float pick(const float (&acc)[NR][MV_TOKENS], int r, int lane) {
   float v = 0.0f;
+  #pragma unroll
   for (int t = 0; t < MV_TOKENS; ++t) if (t == lane) v = acc[r][t];
   return v;
 }
