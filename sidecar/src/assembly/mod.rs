@@ -23,6 +23,11 @@ use slots::{InstanceSnapshot, Occupant, Row, RowState, SlotsSnapshot};
 use spans::{Body, DecodeSpan, EngineSpan, SlotKey};
 use turns::{TurnLeg, TurnRecord, TurnStore};
 
+/// Engine instances tracked at once.
+pub const MAX_INSTANCES: usize = 256;
+/// Rows (slots and solo paths) per instance.
+pub const MAX_ROWS: usize = 4096;
+
 /// A validated batch from one export request, with its share of the ingest queue.
 #[derive(Debug)]
 pub struct Batch {
@@ -182,6 +187,25 @@ impl Assembler {
     }
 
     fn apply_one(&mut self, s: EngineSpan, now_ns: i64, out: &mut Outputs) {
+        if !self.instances.contains_key(&s.instance) && self.instances.len() >= MAX_INSTANCES {
+            // Make room by forgetting the quietest instance with nothing in flight; when every
+            // instance is busy, the newcomer waits (its spans are dropped as late).
+            let quietest = self
+                .instances
+                .iter()
+                .filter(|(_, i)| i.requests.is_empty())
+                .min_by_key(|(_, i)| i.last_seen_ns)
+                .map(|(id, _)| id.clone());
+            match quietest {
+                Some(id) => {
+                    self.instances.remove(&id);
+                }
+                None => {
+                    out.late_spans += 1;
+                    return;
+                }
+            }
+        }
         let inst = self
             .instances
             .entry(s.instance.clone())
@@ -494,6 +518,11 @@ fn move_to_row(
         && let Some(row) = inst.rows.get_mut(&prev)
     {
         row.release(request_id, None, now_ns);
+    }
+    if !inst.rows.contains_key(&key) && inst.rows.len() >= MAX_ROWS {
+        // A sender inventing slot indices cannot grow the view without bound.
+        st.row = None;
+        return;
     }
     let row = inst
         .rows

@@ -290,3 +290,41 @@ fn running_counts_admitted_unfinished_requests() {
     assert_eq!(a.snapshot().instances[0].running, 1);
     assert_eq!(out.turns.len(), 1);
 }
+
+#[test]
+fn rows_and_instances_are_capped() {
+    let mut a = asm();
+    let mut out = Outputs::default();
+    let mut spans = Vec::new();
+    for i in 0..(MAX_ROWS as i64 + 10) {
+        let mut r = synth::Request::new(format!("q{i}"), 1000 + i as u64, T0);
+        spans.push(r.queue(Some(i), T0 + MS));
+    }
+    a.apply(engine("e1", spans), T0, &mut out);
+    assert_eq!(a.snapshot().instances[0].rows.len(), MAX_ROWS);
+
+    // Finished requests leave their instance idle, so newcomers can replace it.
+    let usage = Usage {
+        legs: 0,
+        ..Usage::default()
+    };
+    for i in 0..(MAX_INSTANCES + 5) {
+        let mut r = synth::Request::new("done", 7, T0);
+        let span = r.root("m", T0 + MS, &usage);
+        a.apply(
+            engine(&format!("idle-{i}"), vec![span]),
+            T0 + S + i as i64,
+            &mut out,
+        );
+    }
+    let snap = a.snapshot();
+    assert_eq!(snap.instances.len(), MAX_INSTANCES);
+    assert!(
+        snap.instances.iter().any(|i| &*i.instance == "e1"),
+        "busy instance kept"
+    );
+    assert!(
+        snap.instances.iter().any(|i| &*i.instance == "idle-260"),
+        "newest idle instance present"
+    );
+}
