@@ -34,34 +34,47 @@ fn serve(cfg: slotlight_sidecar::Config) -> anyhow::Result<()> {
     }
     let rt = rt.enable_all().build().context("building the runtime")?;
     rt.block_on(async move {
+        // Handlers first: whoever reads the start-up line may signal at once.
+        let signals = Signals::install();
         let sidecar = slotlight_sidecar::start(cfg).await?;
         // The start-up line goes to stderr: stdout carries one JSON line per finished request.
         eprintln!("{}", sidecar.startup_line());
-        wait_for_signal().await;
+        signals.wait().await;
         tracing::info!("shutting down");
         sidecar.shutdown().await;
         Ok(())
     })
 }
 
-async fn wait_for_signal() {
+/// SIGINT and SIGTERM.
+struct Signals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
+    handlers: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl Signals {
+    fn install() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let handlers = signal(SignalKind::terminate())
+                .and_then(|t| Ok((t, signal(SignalKind::interrupt())?)))
+                .ok();
+            Signals { handlers }
         }
+        #[cfg(not(unix))]
+        Signals {}
     }
-    #[cfg(not(unix))]
-    {
+
+    async fn wait(self) {
+        #[cfg(unix)]
+        if let Some((mut term, mut int)) = self.handlers {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            return;
+        }
         let _ = tokio::signal::ctrl_c().await;
     }
 }
