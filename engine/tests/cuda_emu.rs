@@ -3,9 +3,13 @@
 //! backend. Needs an x86-64 host with a C++ compiler; skips with a message otherwise.
 #![cfg(feature = "cuda")]
 
+#[path = "cuda_support.rs"]
+mod cuda_support;
 mod support;
 
 use std::sync::Arc;
+
+use cuda_support::{cpu_backend, decode, max_diff, tokens};
 
 use slotlight_engine::backend::cuda::emu::{self, EmuGpu};
 use slotlight_engine::backend::cuda::{CudaOptions, GpuBackend};
@@ -46,33 +50,6 @@ fn emu_backend(
         "emu".into(),
     )
     .expect("emulated backend")
-}
-
-fn cpu_backend(cfg: &ModelConfig, w: &Arc<LlamaWeights>, positions: usize) -> impl Backend {
-    let pool = Arc::new(
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .expect("pool"),
-    );
-    slotlight_engine::backend::cpu::CpuBackend::new(
-        cfg.clone(),
-        Arc::clone(w),
-        16,
-        positions.div_ceil(16) + 1,
-        pool,
-    )
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
-}
-
-fn tokens(n: usize, vocab: usize) -> Vec<u32> {
-    (0..n)
-        .map(|i| u32::try_from((i * 37 + 11) % vocab).expect("token"))
-        .collect()
 }
 
 fn matvec_only() -> CudaOptions {
@@ -121,7 +98,13 @@ fn reference_fixture_models_match_the_cpu() {
     let dir = support::fixtures().join("tiny");
     // GGUF llama (interleaved RoPE) in three block formats; HF qwen2 (neox, biases) and
     // llama3 (scaled RoPE).
-    for name in ["llama.Q4_1.gguf", "llama.Q8_0.gguf", "llama_k256.Q4_K_M.gguf", "qwen2", "llama3"] {
+    for name in [
+        "llama.Q4_1.gguf",
+        "llama.Q8_0.gguf",
+        "llama_k256.Q4_K_M.gguf",
+        "qwen2",
+        "llama3",
+    ] {
         let model = Model::load(&dir.join(name)).expect("fixture");
         let (cfg, w) = (model.config.clone(), Arc::clone(&model.weights));
         let seq = tokens(24, cfg.vocab);
@@ -136,74 +119,6 @@ fn reference_fixture_models_match_the_cpu() {
     }
 }
 
-/// Prefills `prompts` one at a time, then decodes `steps` greedy tokens either each sequence
-/// alone or all in one batch; returns every decode step's logits per sequence.
-fn decode(
-    b: &mut dyn Backend,
-    prompts: &[Vec<u32>],
-    steps: usize,
-    batched: bool,
-) -> Vec<Vec<Vec<f32>>> {
-    let vocab = b.config().vocab;
-    let per_seq = 8;
-    let tables: Vec<Vec<u32>> = (0..prompts.len())
-        .map(|s| {
-            (0..per_seq)
-                .map(|i| u32::try_from(s * per_seq + i).expect("block"))
-                .collect()
-        })
-        .collect();
-    let mut next = Vec::new();
-    for (s, p) in prompts.iter().enumerate() {
-        let mut logits = Vec::new();
-        b.forward(
-            &[SeqChunk {
-                tokens: p,
-                start_pos: 0,
-                blocks: &tables[s],
-                all_logits: false,
-                no_logits: false,
-            }],
-            &mut logits,
-        )
-        .expect("prefill");
-        next.push(support::argmax(&logits));
-    }
-    let mut pos: Vec<usize> = prompts.iter().map(Vec::len).collect();
-    let mut out = vec![Vec::new(); prompts.len()];
-    for _ in 0..steps {
-        let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
-        let groups: Vec<Vec<usize>> = if batched {
-            vec![(0..prompts.len()).collect()]
-        } else {
-            (0..prompts.len()).map(|s| vec![s]).collect()
-        };
-        for g in groups {
-            let chunks: Vec<SeqChunk<'_>> = g
-                .iter()
-                .map(|&s| SeqChunk {
-                    tokens: &toks[s],
-                    start_pos: pos[s],
-                    blocks: &tables[s],
-                    all_logits: false,
-                    no_logits: false,
-                })
-                .collect();
-            let mut logits = Vec::new();
-            b.forward(&chunks, &mut logits).expect("decode");
-            for (i, &s) in g.iter().enumerate() {
-                let row = logits[i * vocab..(i + 1) * vocab].to_vec();
-                next[s] = support::argmax(&row);
-                out[s].push(row);
-            }
-        }
-        for p in &mut pos {
-            *p += 1;
-        }
-    }
-    out
-}
-
 #[test]
 fn batched_decode_equals_solo_bit_for_bit() {
     if skip() {
@@ -215,7 +130,11 @@ fn batched_decode_equals_solo_bit_for_bit() {
         ..TinyLlama::default()
     };
     let (cfg, w) = Model::load_weights(&tiny.write_temp()).expect("load");
-    let prompts = vec![tokens(5, cfg.vocab), tokens(19, cfg.vocab)[3..].to_vec(), vec![7, 8]];
+    let prompts = vec![
+        tokens(5, cfg.vocab),
+        tokens(19, cfg.vocab)[3..].to_vec(),
+        vec![7, 8],
+    ];
     let mut b = emu_backend(&cfg, &w, 3 * 8 * 16, matvec_only(), false);
     let solo = decode(&mut b, &prompts, 6, false);
     let batched = decode(&mut b, &prompts, 6, true);
@@ -341,7 +260,12 @@ fn invalid_steps_are_refused_like_on_the_cpu() {
     let mut gpu = emu_backend(&cfg, &w, 32, matvec_only(), false);
     let blocks = [0u32];
     let mut l = Vec::new();
-    for (toks, start) in [(vec![1u32; 17], 0), (vec![1], 16), (vec![], 0), (vec![999], 0)] {
+    for (toks, start) in [
+        (vec![1u32; 17], 0),
+        (vec![1], 16),
+        (vec![], 0),
+        (vec![999], 0),
+    ] {
         let r = gpu.forward(
             &[SeqChunk {
                 tokens: &toks,
@@ -366,4 +290,55 @@ fn invalid_steps_are_refused_like_on_the_cpu() {
     );
     assert!(r.is_err());
     assert!(gpu.describe().starts_with("emu kernel emulator"));
+}
+
+/// The default model through the emulated GPU path: a short chat prompt's greedy tokens and
+/// logits against the CPU's. Slow (the emulator runs each GPU thread as a fiber), so ignored;
+/// run with `cargo test --features cuda --test cuda_emu -- --ignored`.
+#[test]
+#[ignore = "minutes on the emulator; run explicitly"]
+fn default_model_on_the_emulator_matches_the_cpu() {
+    if skip() {
+        return;
+    }
+    let Some(path) = support::default_model() else {
+        return;
+    };
+    let model = Model::load(&path).expect("load");
+    let (cfg, w) = (model.config.clone(), Arc::clone(&model.weights));
+    let prompt = model
+        .tokenizer
+        .encode(
+            "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+            true,
+        )
+        .expect("encode");
+    let steps = 3;
+    let positions = 8 * 16; // `decode` gives each sequence 8 blocks
+    for (label, opts, gemm) in [
+        ("matvec", matvec_only(), false),
+        (
+            "GEMM",
+            CudaOptions {
+                gemm_min_rows: 4,
+                ..CudaOptions::default()
+            },
+            true,
+        ),
+    ] {
+        let mut gpu = emu_backend(&cfg, &w, positions, opts, gemm);
+        let mut cpu = cpu_backend(&cfg, &w, positions);
+        let g = decode(&mut gpu, &[prompt.clone()], steps, false);
+        let c = decode(&mut cpu, &[prompt.clone()], steps, false);
+        let d = g[0]
+            .iter()
+            .zip(&c[0])
+            .map(|(a, b)| max_diff(a, b))
+            .fold(0.0, f32::max);
+        let gt: Vec<u32> = g[0].iter().map(|r| support::argmax(r)).collect();
+        let ct: Vec<u32> = c[0].iter().map(|r| support::argmax(r)).collect();
+        eprintln!("SmolLM2 ({label}): tokens {gt:?} vs CPU {ct:?}, worst logit difference {d:.3}");
+        assert_eq!(gt, ct);
+        assert!(d <= 0.15, "{label}: {d}");
+    }
 }
