@@ -155,9 +155,8 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
             &mut logits,
         )?;
         let vocab = backend.config().vocab;
-        let mut pos = toks.len();
         let t = Instant::now();
-        for _ in 0..gen_n {
+        for pos in toks.len()..toks.len() + gen_n {
             let next = argmax(&logits[logits.len() - vocab..]);
             logits.clear();
             backend.forward(
@@ -170,7 +169,6 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
                 }],
                 &mut logits,
             )?;
-            pos += 1;
         }
         runs.push(gen_n as f64 / t.elapsed().as_secs_f64());
     }

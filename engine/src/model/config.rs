@@ -115,7 +115,7 @@ impl ModelConfig {
         let hidden = int("embedding_length")?;
         let heads = int("attention.head_count")?;
         let kv_heads = int("attention.head_count_kv").unwrap_or(heads);
-        let head_dim = if heads > 0 { hidden / heads } else { 0 };
+        let head_dim = hidden.checked_div(heads).unwrap_or(0);
         let vocab = g
             .get("tokenizer.ggml.tokens")
             .and_then(Value::as_array)
@@ -221,7 +221,7 @@ impl ModelConfig {
             kv_heads: c.num_key_value_heads.unwrap_or(heads),
             head_dim: c
                 .head_dim
-                .unwrap_or(if heads > 0 { c.hidden_size / heads } else { 0 }),
+                .unwrap_or(c.hidden_size.checked_div(heads).unwrap_or(0)),
             ffn: c.intermediate_size,
             context: c.max_position_embeddings.unwrap_or(2048),
             #[allow(clippy::cast_possible_truncation)]
@@ -248,13 +248,13 @@ impl ModelConfig {
                 self.hidden, self.layers, self.heads, self.kv_heads, self.vocab
             ));
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return bad(format!(
                 "{} heads is not a multiple of {} kv heads",
                 self.heads, self.kv_heads
             ));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 || self.head_dim > 512 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) || self.head_dim > 512 {
             return bad(format!(
                 "head size {} must be even and at most 512",
                 self.head_dim

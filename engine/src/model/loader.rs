@@ -264,7 +264,7 @@ impl Model {
             })?;
         let chat_template = match tc.as_ref().and_then(TokenizerConfig::chat_template) {
             Some(src) => Some(Arc::new(
-                ChatTemplate::new(&src, tokenizer.bos_token(), tokenizer.eos_token()).map_err(
+                ChatTemplate::new(src, tokenizer.bos_token(), tokenizer.eos_token()).map_err(
                     |source| LoadError::Template {
                         path: tc_path.clone(),
                         source,

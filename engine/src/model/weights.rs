@@ -117,7 +117,7 @@ impl DType {
     /// whole number of blocks.
     pub fn bytes_for(self, row: usize, elems: usize) -> Option<usize> {
         let be = self.block_elems();
-        if row % be != 0 {
+        if !row.is_multiple_of(be) {
             return None;
         }
         (elems / be).checked_mul(self.block_bytes())

@@ -436,10 +436,7 @@ impl<'t> Loop<'t> {
             .map(|s| s.order)
             .collect();
         for order in decoding {
-            loop {
-                let Some(i) = self.active.iter().position(|s| s.order == order) else {
-                    break;
-                };
+            while let Some(i) = self.active.iter().position(|s| s.order == order) {
                 let need = self.active[i].computed + 1;
                 let mut blocks = std::mem::take(&mut self.active[i].blocks);
                 let ok = self.blocks.reserve(&mut blocks, need).is_ok();

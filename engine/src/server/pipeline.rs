@@ -185,9 +185,8 @@ async fn run(
                 trace.on_event(&ev);
                 match ev {
                     Event::Token { text, generated, .. } => {
-                        if tx.send(Out::Delta { text, generated }).is_err() {
-                            cancel.store(true, Ordering::Relaxed);
-                        }
+                        let gone = tx.send(Out::Delta { text, generated }).is_err();
+                        cancel.fetch_or(gone, Ordering::Relaxed);
                     }
                     Event::Done(c) => {
                         log_finished(&info, &trace.trace_id(), &c);

@@ -26,6 +26,13 @@ pub struct Input<'a> {
 
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
+
+impl OutPtr {
+    /// The pointer (a method, so closures capture the whole `Send` wrapper).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
 // SAFETY: each task writes a disjoint set of output elements (its own weight rows).
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
@@ -65,13 +72,12 @@ pub fn matmul(isa: Isa, w: &Tensor, input: &Input<'_>, out: &mut [f32]) {
             let (res, scratch) = scratch.split_at_mut(t_count);
             let r0 = task * ROWS_PER_TASK;
             let r1 = (r0 + ROWS_PER_TASK).min(n);
-            let ptr = ptr;
             if let Some(rows) = qrows.as_deref() {
                 for r in r0..r1 {
                     dot::dot_row(isa, w.dtype(), w.row_bytes_of(r), rows, res, scratch);
                     for (t, v) in res.iter().enumerate() {
                         // SAFETY: row r belongs to this task only; t < t_count.
-                        unsafe { *ptr.0.add(t * n + r) = *v };
+                        unsafe { *ptr.get().add(t * n + r) = *v };
                     }
                 }
             } else {
@@ -81,7 +87,7 @@ pub fn matmul(isa: Isa, w: &Tensor, input: &Input<'_>, out: &mut [f32]) {
                     for t in 0..t_count {
                         let v = dot_f32(row, &input.x[t * input.k..(t + 1) * input.k]);
                         // SAFETY: as above.
-                        unsafe { *ptr.0.add(t * n + r) = v };
+                        unsafe { *ptr.get().add(t * n + r) = v };
                     }
                 }
             }

@@ -55,6 +55,13 @@ pub struct CpuBackend {
 
 #[derive(Clone, Copy)]
 struct SendPtr(*mut f32);
+
+impl SendPtr {
+    /// The pointer (a method, so closures capture the whole `Send` wrapper).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
 // SAFETY: attention tasks write disjoint (token, head-group) slices.
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
@@ -205,10 +212,10 @@ impl CpuBackend {
                     |(scores, buf), item| {
                         let (ti, g) = (item / nkv, item % nkv);
                         let off = ti * qd + g * group * hd;
-                        let out = out;
                         // SAFETY: each (token, kv head) item owns its own output slice.
-                        let o =
-                            unsafe { std::slice::from_raw_parts_mut(out.0.add(off), group * hd) };
+                        let o = unsafe {
+                            std::slice::from_raw_parts_mut(out.get().add(off), group * hd)
+                        };
                         attend(
                             kv_ref,
                             l,

@@ -120,7 +120,12 @@ struct Bufs {
     generation: u64,
 }
 
-fn grow<G: Gpu>(gpu: &mut G, b: &mut Buf, bytes: usize, generation: &mut u64) -> Result<u64, GpuError> {
+fn grow<G: Gpu>(
+    gpu: &mut G,
+    b: &mut Buf,
+    bytes: usize,
+    generation: &mut u64,
+) -> Result<u64, GpuError> {
     if b.bytes < bytes {
         if b.ptr != 0 {
             gpu.free(b.ptr);
@@ -179,9 +184,8 @@ impl<G: Gpu> GpuBackend<G> {
         opts: CudaOptions,
         label: String,
     ) -> Result<Self, GpuError> {
-        let group_fmt = |ts: &[&Tensor]| {
-            WFormat::for_group(&ts.iter().map(|t| t.dtype()).collect::<Vec<_>>())
-        };
+        let group_fmt =
+            |ts: &[&Tensor]| WFormat::for_group(&ts.iter().map(|t| t.dtype()).collect::<Vec<_>>());
         let mut formats: Vec<WFormat> = Vec::new();
         let mut add = |f: WFormat| {
             if !formats.contains(&f) {
@@ -354,7 +358,11 @@ impl<G: Gpu> GpuBackend<G> {
                     self.cfg.context
                 )));
             }
-            if let Some(&b) = c.blocks.iter().find(|&&b| b as usize >= self.kv_layout.blocks) {
+            if let Some(&b) = c
+                .blocks
+                .iter()
+                .find(|&&b| b as usize >= self.kv_layout.blocks)
+            {
                 return Err(BackendError::Invalid(format!("block {b} out of range")));
             }
             if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
@@ -405,7 +413,12 @@ impl<G: Gpu> GpuBackend<G> {
         self.launch(
             ek,
             layout::row_shape(t),
-            &[Arg::Ptr(self.embed.ptr), i32_arg(self.embed.rows), Arg::Ptr(meta), Arg::Ptr(x)],
+            &[
+                Arg::Ptr(self.embed.ptr),
+                i32_arg(self.embed.rows),
+                Arg::Ptr(meta),
+                Arg::Ptr(x),
+            ],
         )?;
         for li in 0..self.layers.len() {
             let l = &self.layers[li];
@@ -621,7 +634,11 @@ impl<G: Gpu> GpuBackend<G> {
         Ok(true)
     }
 
-    fn step(&mut self, chunks: &[SeqChunk<'_>], logits: &mut Vec<f32>) -> Result<StepStats, BackendError> {
+    fn step(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        logits: &mut Vec<f32>,
+    ) -> Result<StepStats, BackendError> {
         let dev = |e: GpuError| BackendError::Device(e.0);
         self.validate(chunks)?;
         if chunks.is_empty() {
@@ -634,7 +651,9 @@ impl<G: Gpu> GpuBackend<G> {
         self.ensure(t, t - a, r, plan.meta.len()).map_err(dev)?;
         let meta_bytes: Vec<u8> = plan.meta.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.gpu.timer_start().map_err(dev)?;
-        self.gpu.upload(self.bufs.meta.ptr, &meta_bytes).map_err(dev)?;
+        self.gpu
+            .upload(self.bufs.meta.ptr, &meta_bytes)
+            .map_err(dev)?;
         if !self.run_graph(&plan).map_err(dev)? {
             self.enqueue(t, a, r).map_err(dev)?;
         }
@@ -672,7 +691,11 @@ impl<G: Gpu> GpuBackend<G> {
 }
 
 fn resolve(names: &[String], formats: &[WFormat]) -> Result<Kernels, GpuError> {
-    let idx: HashMap<&str, usize> = names.iter().enumerate().map(|(i, n)| (n.as_str(), i)).collect();
+    let idx: HashMap<&str, usize> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.as_str(), i))
+        .collect();
     let get = |n: &str| {
         idx.get(n)
             .copied()

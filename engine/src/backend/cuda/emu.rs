@@ -251,7 +251,9 @@ fn build(kc: &KernelConfig, names: &[String]) -> Result<Arc<libloading::Library>
     src.hash(&mut h);
     RUNTIME_CPP.hash(&mut h);
     let key = h.finish();
-    let mut c = cache().lock().map_err(|_| GpuError("emulator cache poisoned".into()))?;
+    let mut c = cache()
+        .lock()
+        .map_err(|_| GpuError("emulator cache poisoned".into()))?;
     if let Some(lib) = c.get(&key) {
         return Ok(Arc::clone(lib));
     }
@@ -268,7 +270,15 @@ fn build(kc: &KernelConfig, names: &[String]) -> Result<Arc<libloading::Library>
     let r = write("runtime.cpp", RUNTIME_CPP)?;
     let so = dir.join("libslotlight_emu.so");
     let out = Command::new(&cxx)
-        .args(["-O1", "-std=c++17", "-shared", "-fPIC", "-fno-strict-aliasing", "-w", "-o"])
+        .args([
+            "-O1",
+            "-std=c++17",
+            "-shared",
+            "-fPIC",
+            "-fno-strict-aliasing",
+            "-w",
+            "-o",
+        ])
         .arg(&so)
         .arg(&k)
         .arg(&r)
@@ -342,7 +352,9 @@ impl EmuGpu {
         if l.block.1 != 1 || l.block.2 != 1 {
             return Err(GpuError("the emulator runs one-dimensional blocks".into()));
         }
-        let _g = EMU_LOCK.lock().map_err(|_| GpuError("emulator lock poisoned".into()))?;
+        let _g = EMU_LOCK
+            .lock()
+            .map_err(|_| GpuError("emulator lock poisoned".into()))?;
         // SAFETY: the arguments match the kernel's signature (built from the same table as the
         // source) and point at live host allocations of this emulator.
         unsafe {
@@ -360,9 +372,10 @@ impl EmuGpu {
     }
 
     fn check_range(&self, ptr: u64, bytes: usize) -> Result<(), GpuError> {
-        let ok = self.bufs.iter().any(|(&p, v)| {
-            ptr >= p && (ptr - p) as usize + bytes <= v.len() * 16
-        });
+        let ok = self
+            .bufs
+            .iter()
+            .any(|(&p, v)| ptr >= p && (ptr - p) as usize + bytes <= v.len() * 16);
         if ok {
             Ok(())
         } else {
@@ -495,7 +508,10 @@ impl Gpu for EmuGpu {
     }
 
     fn graph_launch(&mut self) -> Result<(), GpuError> {
-        let g = self.graph.take().ok_or_else(|| GpuError("no graph".into()))?;
+        let g = self
+            .graph
+            .take()
+            .ok_or_else(|| GpuError("no graph".into()))?;
         let r = g.iter().try_for_each(|(l, a)| self.run(*l, a));
         self.graph = Some(g);
         self.replays += 1;

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr,
+};
 
 use super::kernels::{KernelConfig, Target};
 
@@ -187,14 +189,20 @@ impl CudaGpu {
         // must not see any).
         // SAFETY: no allocation exists yet, and only `stream` ever touches this context's memory.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.new_stream().map_err(|e| GpuError::of("CUDA stream", e))?;
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| GpuError::of("CUDA stream", e))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let (major, minor) = ctx
             .compute_capability()
             .map_err(|e| GpuError::of("compute capability", e))?;
         let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let start = ctx.new_event(timing).map_err(|e| GpuError::of("event", e))?;
-        let stop = ctx.new_event(timing).map_err(|e| GpuError::of("event", e))?;
+        let start = ctx
+            .new_event(timing)
+            .map_err(|e| GpuError::of("event", e))?;
+        let stop = ctx
+            .new_event(timing)
+            .map_err(|e| GpuError::of("event", e))?;
         // SAFETY: only checks whether the library can be loaded; never panics.
         let blas = if unsafe { cudarc::cublas::sys::is_culib_present() } {
             CudaBlas::new(Arc::clone(&stream)).ok()
@@ -321,7 +329,9 @@ impl Gpu for CudaGpu {
     }
 
     fn gemm(&mut self, g: &Gemm) -> Result<(), GpuError> {
-        use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+        use cudarc::cublas::sys::{
+            cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
+        };
         let blas = self
             .blas
             .as_ref()
@@ -397,7 +407,10 @@ impl Gpu for CudaGpu {
     }
 
     fn graph_launch(&mut self) -> Result<(), GpuError> {
-        let g = self.graph.as_ref().ok_or_else(|| GpuError("no graph".into()))?;
+        let g = self
+            .graph
+            .as_ref()
+            .ok_or_else(|| GpuError("no graph".into()))?;
         g.0.launch().map_err(|e| GpuError::of("graph launch", e))
     }
 }

@@ -87,10 +87,7 @@ impl KernelConfig {
             ("feed-forward size", self.ffn),
         ] {
             if n == 0 || n % layout::QK != 0 {
-                return Err(format!(
-                    "{what} {n} is not a multiple of {}",
-                    layout::QK
-                ));
+                return Err(format!("{what} {n} is not a multiple of {}", layout::QK));
             }
         }
         if self.head_dim == 0 || self.head_dim % 8 != 0 || self.head_dim > 256 {
@@ -639,7 +636,10 @@ KERNEL void silu_mul_h(const float* __restrict__ gu, unsigned short* __restrict_
 /// The kernel source for `kc`, for `target`.
 pub fn source(kc: &KernelConfig, target: Target) -> String {
     let mut s = String::with_capacity(24 * 1024);
-    let _ = writeln!(s, "// slotlight CUDA kernels (generated for one model shape)");
+    let _ = writeln!(
+        s,
+        "// slotlight CUDA kernels (generated for one model shape)"
+    );
     let defines = [
         ("HIDDEN", kc.hidden),
         ("QD", kc.q_dim),
@@ -755,7 +755,10 @@ mod tests {
         }
         assert_eq!(kc.kernel_names().len(), 5 + 2 * MV_KERNELS.len());
         assert!(src.contains("__launch_bounds__(256) mv_qkv_f1("));
-        assert!(!src.contains("#include"), "NVRTC source must need no headers");
+        assert!(
+            !src.contains("#include"),
+            "NVRTC source must need no headers"
+        );
         let host = source(&kc, Target::Host);
         assert!(host.contains("emu_syncthreads") && !host.contains("__shfl"));
     }

@@ -314,7 +314,14 @@ pub struct KvLayout {
 impl KvLayout {
     /// Element index of dimension 0 of (`block`, `layer`, keys (`kind` 0) or values (1),
     /// `head`, `slot`): the kernels' `kv_off(block, layer, kind, head) + slot * HD`.
-    pub fn offset(&self, block: usize, layer: usize, kind: usize, head: usize, slot: usize) -> usize {
+    pub fn offset(
+        &self,
+        block: usize,
+        layer: usize,
+        kind: usize,
+        head: usize,
+        slot: usize,
+    ) -> usize {
         ((((block * self.layers + layer) * 2 + kind) * self.kv_heads + head) * self.block_size
             + slot)
             * self.head_dim
@@ -558,16 +565,10 @@ mod tests {
         let (a, _d1) = tensor(DType::Q4_1, 4, 64, 1);
         let (b, _d2) = tensor(DType::Q4_1, 2, 64, 2);
         let (c, _d3) = tensor(DType::Q8_0, 2, 64, 3);
-        assert_eq!(
-            WFormat::for_group(&[a.dtype(), b.dtype()]),
-            WFormat::Q4_1
-        );
+        assert_eq!(WFormat::for_group(&[a.dtype(), b.dtype()]), WFormat::Q4_1);
         let mixed = WFormat::for_group(&[a.dtype(), b.dtype(), c.dtype()]);
         assert_eq!(mixed, WFormat::F16);
-        assert_eq!(
-            WFormat::for_group(&[DType::Q4_1, DType::F32]),
-            WFormat::F32
-        );
+        assert_eq!(WFormat::for_group(&[DType::Q4_1, DType::F32]), WFormat::F32);
         let same = pack(WFormat::Q4_1, &[&a, &b]).expect("pack");
         for (r, want) in (0..4)
             .map(|r| a.row_f32(r))
