@@ -108,7 +108,10 @@ fn every_kernel_compiles_for_sm_90_and_assembles_without_spills() {
             );
         }
         let Some(ptxas) = ptxas.as_ref() else {
-            eprintln!("{name}: NVRTC ok ({} kernels); SLOTLIGHT_PTXAS unset, not assembled", kc.kernel_names().len());
+            eprintln!(
+                "{name}: NVRTC ok ({} kernels); SLOTLIGHT_PTXAS unset, not assembled",
+                kc.kernel_names().len()
+            );
             continue;
         };
         let file = dir.join(format!("{}.ptx", name.replace([' ', '.'], "_")));
@@ -123,8 +126,17 @@ fn every_kernel_compiles_for_sm_90_and_assembles_without_spills() {
         assert!(out.status.success(), "{name}: ptxas failed:\n{stderr}");
         let reports = parse(&stderr);
         assert_eq!(reports.len(), kc.kernel_names().len(), "{name}: {stderr}");
-        eprintln!("\n{name} (hidden {}, head {} × group {}, ffn {}), sm_90:", kc.hidden, kc.head_dim, kc.group(), kc.ffn);
-        eprintln!("  {:<14} {:>5} {:>7} {:>6} {:>7} {:>7}", "kernel", "regs", "smem", "stack", "spill-st", "spill-ld");
+        eprintln!(
+            "\n{name} (hidden {}, head {} × group {}, ffn {}), sm_90:",
+            kc.hidden,
+            kc.head_dim,
+            kc.group(),
+            kc.ffn
+        );
+        eprintln!(
+            "  {:<14} {:>5} {:>7} {:>6} {:>7} {:>7}",
+            "kernel", "regs", "smem", "stack", "spill-st", "spill-ld"
+        );
         for (k, r) in &reports {
             eprintln!(
                 "  {k:<14} {:>5} {:>7} {:>6} {:>7} {:>7}",

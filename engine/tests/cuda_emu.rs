@@ -328,8 +328,8 @@ fn default_model_on_the_emulator_matches_the_cpu() {
     ] {
         let mut gpu = emu_backend(&cfg, &w, positions, opts, gemm);
         let mut cpu = cpu_backend(&cfg, &w, positions);
-        let g = decode(&mut gpu, &[prompt.clone()], steps, false);
-        let c = decode(&mut cpu, &[prompt.clone()], steps, false);
+        let g = decode(&mut gpu, std::slice::from_ref(&prompt), steps, false);
+        let c = decode(&mut cpu, std::slice::from_ref(&prompt), steps, false);
         let d = g[0]
             .iter()
             .zip(&c[0])

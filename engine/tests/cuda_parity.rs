@@ -223,8 +223,12 @@ fn batched_decode_equals_solo_on_the_gpu() {
             (m.config.clone(), Arc::clone(&m.weights))
         }
         None => {
-            let m = Model::load(&cuda_support::fixtures().join("tiny").join("llama.Q4_1.gguf"))
-                .expect("fixture");
+            let m = Model::load(
+                &cuda_support::fixtures()
+                    .join("tiny")
+                    .join("llama.Q4_1.gguf"),
+            )
+            .expect("fixture");
             (m.config.clone(), Arc::clone(&m.weights))
         }
     };
@@ -250,8 +254,12 @@ fn graph_replay_equals_plain_launches() {
     if !gpu_present() {
         return;
     }
-    let m =
-        Model::load(&cuda_support::fixtures().join("tiny").join("llama.Q8_0.gguf")).expect("fixture");
+    let m = Model::load(
+        &cuda_support::fixtures()
+            .join("tiny")
+            .join("llama.Q8_0.gguf"),
+    )
+    .expect("fixture");
     let (cfg, w) = (m.config.clone(), Arc::clone(&m.weights));
     let prompts = vec![tokens(11, cfg.vocab)];
     let plain = decode(
@@ -283,8 +291,12 @@ fn each_gpu_gets_its_own_replica() {
     if devices.len() < 2 {
         eprintln!("one GPU: checking cuda:0 alone");
     }
-    let model =
-        Model::load(&cuda_support::fixtures().join("tiny").join("llama.Q4_0.gguf")).expect("fixture");
+    let model = Model::load(
+        &cuda_support::fixtures()
+            .join("tiny")
+            .join("llama.Q4_0.gguf"),
+    )
+    .expect("fixture");
     let rc = slotlight_engine::runtime::RuntimeConfig {
         kv_tokens: 512,
         ctx_size: 256,

@@ -86,17 +86,19 @@ impl KernelConfig {
             ("query width", self.q_dim),
             ("feed-forward size", self.ffn),
         ] {
-            if n == 0 || n % layout::QK != 0 {
+            if n == 0 || !n.is_multiple_of(layout::QK) {
                 return Err(format!("{what} {n} is not a multiple of {}", layout::QK));
             }
         }
-        if self.head_dim == 0 || self.head_dim % 8 != 0 || self.head_dim > 256 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(8) || self.head_dim > 256 {
             return Err(format!(
                 "head size {} must be a multiple of 8 and at most 256",
                 self.head_dim
             ));
         }
-        if self.kv_heads == 0 || self.heads % self.kv_heads != 0 || self.heads / self.kv_heads > 16
+        if self.kv_heads == 0
+            || !self.heads.is_multiple_of(self.kv_heads)
+            || self.heads / self.kv_heads > 16
         {
             return Err(format!(
                 "{} heads over {} KV heads (at most 16 per KV head)",
@@ -330,10 +332,14 @@ DEV void mv_accum(const unsigned char* __restrict__ w, int nrows, int K, const i
       }
     }
   }
+  /* Only live tokens are reduced (nt is the same for the whole warp): a batch-1 step pays
+     for one token's shuffles, not eight. */
   #pragma unroll
-  for (int r = 0; r < NR; ++r)
-    #pragma unroll
-    for (int t = 0; t < MV_TOKENS; ++t) acc[r][t] = warp_sum(acc[r][t]);
+  for (int t = 0; t < MV_TOKENS; ++t)
+    if (t < nt) {
+      #pragma unroll
+      for (int r = 0; r < NR; ++r) acc[r][t] = warp_sum(acc[r][t]);
+    }
 }
 
 /* Lane t picks token t's value (keeps the register array statically indexed). */

@@ -146,7 +146,7 @@ fn f16_le(b: &[u8], i: usize) -> f16 {
 /// (exactly for F32, rounded to nearest for F16).
 pub fn pack(fmt: WFormat, parts: &[&Tensor]) -> Result<Vec<u8>, String> {
     let k = parts.first().map_or(0, |t| t.row_len());
-    if k == 0 || k % QK != 0 {
+    if k == 0 || !k.is_multiple_of(QK) {
         return Err(format!("row length {k} is not a multiple of {QK}"));
     }
     if let Some(t) = parts.iter().find(|t| t.row_len() != k) {
