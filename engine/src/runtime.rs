@@ -110,14 +110,7 @@ pub fn build_backends(
         match *d {
             Device::Cpu => {
                 let threads = (total / cpu_groups).max(1);
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .thread_name(|i| format!("slotlight-cpu-{i}"))
-                    .build()
-                    .map_err(|e| DeviceError::Unavailable {
-                        device: "cpu".into(),
-                        reason: e.to_string(),
-                    })?;
+                let pool = crate::backend::cpu::pool::ComputePool::new(threads);
                 out.push(Box::new(CpuBackend::new(
                     cfg.clone(),
                     Arc::clone(&model.weights),

@@ -30,12 +30,7 @@ pub fn argmax(v: &[f32]) -> u32 {
 }
 
 pub fn cpu_backend(cfg: &ModelConfig, w: &Arc<LlamaWeights>, positions: usize) -> impl Backend {
-    let pool = Arc::new(
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .expect("pool"),
-    );
+    let pool = Arc::new(slotlight_engine::backend::cpu::pool::ComputePool::new(2));
     slotlight_engine::backend::cpu::CpuBackend::new(
         cfg.clone(),
         Arc::clone(w),

@@ -58,6 +58,13 @@ pub struct ServeArgs {
     /// Seconds in-flight requests may run after SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 30)]
     pub drain_timeout_s: u64,
+    /// Seconds a client may take to send a request's headers (the connection is then closed)
+    /// and again its body (then 408); keep-alive connections idle this long are closed.
+    #[arg(long, default_value_t = 30)]
+    pub read_timeout_s: u64,
+    /// Largest request head (request line and headers), bytes; larger ones get 431.
+    #[arg(long, default_value_t = 64 * 1024)]
+    pub max_header_bytes: usize,
     /// OTLP endpoint (default: `OTEL_EXPORTER_OTLP_ENDPOINT`, else http://127.0.0.1:4317).
     #[arg(long)]
     pub otlp_endpoint: Option<String>,
@@ -132,6 +139,8 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         trace_content: a.trace_content,
         model_names: names,
         drain_timeout: Duration::from_secs(a.drain_timeout_s),
+        read_timeout: Duration::from_secs(a.read_timeout_s.max(1)),
+        max_header_bytes: a.max_header_bytes,
     };
     let st = Arc::new(AppState {
         engine,

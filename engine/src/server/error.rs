@@ -114,6 +114,19 @@ impl ApiError {
         )
     }
 
+    /// 408: the client did not send its whole body within the read timeout.
+    pub fn request_timeout(deadline: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            Some("request_timeout"),
+            format!(
+                "the request body did not arrive within {} s",
+                deadline.as_secs_f64()
+            ),
+        )
+    }
+
     /// 429: the queue is full.
     pub fn overloaded(message: impl Into<String>) -> Self {
         let mut e = Self::new(
@@ -156,6 +169,7 @@ impl ApiError {
             StatusCode::UNAUTHORIZED => "unauthorized",
             StatusCode::NOT_FOUND => "not_found",
             StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+            StatusCode::REQUEST_TIMEOUT => "timeout",
             s if s.is_server_error() => "internal",
             _ if self.code == Some("context_length_exceeded") => "context_length",
             _ => "validation",

@@ -46,6 +46,11 @@ pub struct ServeConfig {
     pub model_names: Vec<String>,
     /// How long in-flight requests may run after SIGTERM before they are cancelled.
     pub drain_timeout: Duration,
+    /// How long a client may take to send a request's headers (then the connection is closed),
+    /// and again its body (then 408). Also closes keep-alive connections idle this long.
+    pub read_timeout: Duration,
+    /// Largest request head (request line and headers), bytes; larger ones get 431.
+    pub max_header_bytes: usize,
 }
 
 /// When the request arrived (stamped by the outermost middleware).
@@ -225,8 +230,19 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// Most headers in one request (hyper's default, made explicit); more get 431.
+pub const MAX_HEADERS: usize = 100;
+
 /// Serves until `shutdown` resolves, then drains: new requests get 503, in-flight ones finish
 /// within the drain timeout (then they are cancelled), and telemetry is flushed.
+///
+/// Connections are served by hyper directly rather than `axum::serve`, because `axum::serve`
+/// sets no timer and so no header read timeout: a client sending its headers a byte at a time
+/// (slowloris) would hold its connection forever. Here each connection gets
+/// [`ServeConfig::read_timeout`] to deliver each request head (hyper's `header_read_timeout`;
+/// it also ends keep-alive connections idle that long), heads are capped at
+/// [`ServeConfig::max_header_bytes`] and [`MAX_HEADERS`], and the body read has its own
+/// deadline in [`openai::read_json`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     st: SharedState,
@@ -257,10 +273,72 @@ pub async fn serve(
             let _ = drained_tx.send(());
         });
     };
-    axum::serve(listener, app.into_make_service())
-        .with_graceful_shutdown(signal)
-        .await?;
+    serve_connections(listener, app, &st.cfg, signal).await;
     let _ = tokio::time::timeout(drain + Duration::from_secs(5), drained_rx).await;
     st.telemetry.shutdown().await;
     Ok(())
+}
+
+/// The accept loop: one task per connection, HTTP/1.1 with upgrades, until `signal`
+/// resolves; then every connection shuts down gracefully (in-flight requests finish, idle
+/// connections close) and this returns once all are closed (as `axum::serve` does).
+async fn serve_connections(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    cfg: &ServeConfig,
+    signal: impl std::future::Future<Output = ()>,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(cfg.read_timeout)
+        .max_headers(MAX_HEADERS)
+        // hyper's read buffer must hold a whole head; its minimum is 8 KiB.
+        .max_buf_size(cfg.max_header_bytes.max(8192))
+        .max_header_size(cfg.max_header_bytes);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (open_tx, open_rx) = tokio::sync::watch::channel(());
+    tokio::pin!(signal);
+    loop {
+        let (stream, _peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::debug!(error = %e, "Server.AcceptFailed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut signal => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let conn = http
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades();
+        let mut stop = stop_rx.clone();
+        let open = open_rx.clone();
+        tokio::spawn(async move {
+            tokio::pin!(conn);
+            let stopping = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        tracing::trace!(error = %e, "Server.ConnectionEnded");
+                    }
+                }
+                () = stopping => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.as_mut().await;
+                }
+            }
+            drop(open);
+        });
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    drop(open_rx);
+    open_tx.closed().await;
 }

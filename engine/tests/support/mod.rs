@@ -39,12 +39,7 @@ pub fn fixtures() -> PathBuf {
 
 /// A CPU backend over `model` with room for `positions` positions.
 pub fn cpu_backend(model: &Model, positions: usize) -> CpuBackend {
-    let pool = Arc::new(
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .expect("pool"),
-    );
+    let pool = Arc::new(slotlight_engine::backend::cpu::pool::ComputePool::new(2));
     CpuBackend::new(
         model.config.clone(),
         Arc::clone(&model.weights),

@@ -120,6 +120,8 @@ impl TestServer {
                 trace_content: false,
                 model_names: vec![model.id.clone()],
                 drain_timeout: o.drain,
+                read_timeout: Duration::from_secs(30),
+                max_header_bytes: 64 * 1024,
             },
             telemetry: Arc::new(telemetry),
             anchor: TimeAnchor::now(),

@@ -26,12 +26,12 @@ pub fn has_int_kernel(dtype: DType) -> bool {
 
 /// Floats of scratch space a call needs for a row of `k` values.
 pub fn scratch_len(k: usize) -> usize {
-    2 * k.div_ceil(QK)
+    (2 + MAX_TOKENS) * k.div_ceil(QK)
 }
 
-/// `out[t] = w · x[t]` for each of `xs` (any number: the row's block headers are decoded once
-/// and the tokens taken [`MAX_TOKENS`] at a time); `scratch` holds at least [`scratch_len`]
-/// floats.
+/// `out[t] = w · x[t]` for each of `xs` (any number; tokens are taken [`MAX_TOKENS`] at a
+/// time so each weight block is unpacked once per group); `scratch` holds at least
+/// [`scratch_len`] floats. Callers guarantee `w` holds the row's blocks and each `x` matches.
 pub fn dot_row(
     isa: Isa,
     dtype: DType,
@@ -42,25 +42,44 @@ pub fn dot_row(
 ) {
     assert_eq!(xs.len(), out.len());
     let nb = xs.first().map_or(0, |x| x.d.len());
-    assert!(scratch.len() >= 2 * nb, "dot_row scratch too small");
     assert!(
-        w.len() >= nb * dtype.block_bytes()
-            && xs.iter().all(|x| x.q.len() >= nb * QK && x.xs.len() >= nb)
+        scratch.len() >= scratch_len(nb * QK),
+        "dot_row scratch too small"
     );
-    let (dw, cw) = scratch[..2 * nb].split_at_mut(nb);
     let w = &w[..nb * dtype.block_bytes()];
+    if isa == Isa::Avx512 {
+        #[cfg(target_arch = "x86_64")]
+        if xs.len() == 1 {
+            // SAFETY: `Isa::Avx512` is only ever returned after detecting these CPU features;
+            // `w` holds nb blocks and each activation row nb blocks (checked by the caller).
+            unsafe { avx512::dot(dtype, w, xs, out, nb) };
+        } else {
+            // Several tokens: decode the row's headers once, then per group of tokens the
+            // per-block scales, and unpack each weight block once for the whole group. Every
+            // token's result is bit-identical to the one-token path above.
+            let (hdr, sc) = scratch.split_at_mut(2 * nb);
+            let (dw, cw) = hdr.split_at_mut(nb);
+            // SAFETY: as above.
+            unsafe { avx512::headers(dtype, w, dw, cw) };
+            for (x, o) in xs.chunks(MAX_TOKENS).zip(out.chunks_mut(MAX_TOKENS)) {
+                for (t, row) in x.iter().enumerate() {
+                    let mut corr = 0f32;
+                    for (b, s) in sc[t * nb..(t + 1) * nb].iter_mut().enumerate() {
+                        *s = dw[b] * row.d[b];
+                        corr += cw[b] * row.xs[b];
+                    }
+                    o[t] = corr;
+                }
+                // SAFETY: as above; `sc` holds x.len() × nb scales.
+                unsafe { avx512::dot_scaled(dtype, w, x, o, &sc[..x.len() * nb], nb) };
+            }
+        }
+        return;
+    }
+    let (dw, cw) = scratch[..2 * nb].split_at_mut(nb);
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` is only ever returned after detecting these CPU features;
-        // sizes were checked above.
-        Isa::Avx512 => unsafe {
-            avx512::headers(dtype, w, dw, cw);
-            for (x, o) in xs.chunks(MAX_TOKENS).zip(out.chunks_mut(MAX_TOKENS)) {
-                avx512::dot(dtype, w, x, o, dw);
-            }
-        },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above, for AVX2, FMA and F16C.
+        // SAFETY: `Isa::Avx2` is only ever returned after detecting AVX2, FMA and F16C.
         Isa::Avx2 => unsafe {
             avx2::headers(dtype, w, dw, cw);
             avx2::dot(dtype, w, xs, out, dw);
@@ -135,81 +154,200 @@ mod avx512 {
     /// contiguous, so this runs into the next rows). Measured on the default model.
     const PREFETCH: usize = 1024;
 
-    /// Decodes each block's scale and correction with the F16C conversion.
+    const Q4_0: u8 = 0;
+    const Q4_1: u8 = 1;
+    const Q8_0: u8 = 2;
+
+    /// One pass over the row: each block's header is decoded where it is read, so the row is
+    /// streamed once.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub unsafe fn dot(dtype: DType, w: &[u8], xs: &[QRow<'_>], out: &mut [f32], nb: usize) {
+        // SAFETY (all cases): the caller checked sizes.
+        unsafe {
+            match (dtype, xs.len()) {
+                (DType::Q4_0, 1) => run::<1, Q4_0>(w, xs, out, nb),
+                (DType::Q4_0, 2) => run::<2, Q4_0>(w, xs, out, nb),
+                (DType::Q4_0, 3) => run::<3, Q4_0>(w, xs, out, nb),
+                (DType::Q4_0, _) => run::<4, Q4_0>(w, xs, out, nb),
+                (DType::Q4_1, 1) => run::<1, Q4_1>(w, xs, out, nb),
+                (DType::Q4_1, 2) => run::<2, Q4_1>(w, xs, out, nb),
+                (DType::Q4_1, 3) => run::<3, Q4_1>(w, xs, out, nb),
+                (DType::Q4_1, _) => run::<4, Q4_1>(w, xs, out, nb),
+                (_, 1) => run::<1, Q8_0>(w, xs, out, nb),
+                (_, 2) => run::<2, Q8_0>(w, xs, out, nb),
+                (_, 3) => run::<3, Q8_0>(w, xs, out, nb),
+                (_, _) => run::<4, Q8_0>(w, xs, out, nb),
+            }
+        }
+    }
+
+    /// Each block's scale and correction, with the same conversion as [`header`].
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     pub unsafe fn headers(dtype: DType, w: &[u8], dw: &mut [f32], cw: &mut [f32]) {
         let bb = dtype.block_bytes();
         for (b, (d, c)) in dw.iter_mut().zip(cw.iter_mut()).enumerate() {
             // SAFETY: block b exists (the caller sized `dw` to the row's blocks).
-            let bits = unsafe { std::ptr::read_unaligned(w.as_ptr().add(b * bb).cast::<u32>()) };
-            let h = _mm_cvtph_ps(_mm_cvtsi32_si128(bits.cast_signed()));
-            *d = _mm_cvtss_f32(h);
-            *c = match dtype {
-                DType::Q4_1 => _mm_cvtss_f32(_mm_movehdup_ps(h)),
-                DType::Q4_0 => -8.0 * *d,
-                _ => 0.0,
+            let h = unsafe {
+                let p = w.as_ptr().add(b * bb);
+                match dtype {
+                    DType::Q4_1 => header::<Q4_1>(p),
+                    DType::Q4_0 => header::<Q4_0>(p),
+                    _ => header::<Q8_0>(p),
+                }
             };
+            *d = _mm_cvtss_f32(h);
+            *c = _mm_cvtss_f32(_mm_movehdup_ps(h));
         }
     }
 
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-    pub unsafe fn dot(dtype: DType, w: &[u8], xs: &[QRow<'_>], out: &mut [f32], dw: &[f32]) {
-        // SAFETY (all cases): the caller checked sizes.
-        unsafe {
-            match xs.len() {
-                1 => run::<1>(dtype, w, xs, out, dw),
-                2 => run::<2>(dtype, w, xs, out, dw),
-                3 => run::<3>(dtype, w, xs, out, dw),
-                _ => run::<4>(dtype, w, xs, out, dw),
-            }
-        }
-    }
-
-    /// The 32 codes of block `b` as 16-bit integers.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-    #[inline]
-    unsafe fn widen(dtype: DType, p: *const u8) -> __m512i {
-        // SAFETY: `p` points at a whole block.
-        unsafe {
-            if dtype == DType::Q8_0 {
-                _mm512_cvtepi8_epi16(_mm256_loadu_si256(p.add(2).cast()))
-            } else {
-                let v = _mm_loadu_si128(p.add(code_offset(dtype)).cast());
-                let mask = _mm_set1_epi8(0x0F);
-                let lo = _mm_and_si128(v, mask);
-                let hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
-                _mm512_cvtepu8_epi16(_mm256_set_m128i(hi, lo))
-            }
-        }
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-    unsafe fn run<const NT: usize>(
+    /// Like [`dot`] for 1–4 tokens whose per-block scales `dw·dx` are in `sc` and whose
+    /// corrections are already in `out`: adds the integer dot products.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub unsafe fn dot_scaled(
         dtype: DType,
         w: &[u8],
         xs: &[QRow<'_>],
         out: &mut [f32],
-        dw: &[f32],
+        sc: &[f32],
+        nb: usize,
     ) {
-        let bb = dtype.block_bytes();
+        // SAFETY (all cases): the caller checked sizes.
+        unsafe {
+            match (dtype, xs.len()) {
+                (DType::Q4_0, 1) => scaled::<1, Q4_0>(w, xs, out, sc, nb),
+                (DType::Q4_0, 2) => scaled::<2, Q4_0>(w, xs, out, sc, nb),
+                (DType::Q4_0, 3) => scaled::<3, Q4_0>(w, xs, out, sc, nb),
+                (DType::Q4_0, _) => scaled::<4, Q4_0>(w, xs, out, sc, nb),
+                (DType::Q4_1, 1) => scaled::<1, Q4_1>(w, xs, out, sc, nb),
+                (DType::Q4_1, 2) => scaled::<2, Q4_1>(w, xs, out, sc, nb),
+                (DType::Q4_1, 3) => scaled::<3, Q4_1>(w, xs, out, sc, nb),
+                (DType::Q4_1, _) => scaled::<4, Q4_1>(w, xs, out, sc, nb),
+                (_, 1) => scaled::<1, Q8_0>(w, xs, out, sc, nb),
+                (_, 2) => scaled::<2, Q8_0>(w, xs, out, sc, nb),
+                (_, 3) => scaled::<3, Q8_0>(w, xs, out, sc, nb),
+                (_, _) => scaled::<4, Q8_0>(w, xs, out, sc, nb),
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn scaled<const NT: usize, const K: u8>(
+        w: &[u8],
+        xs: &[QRow<'_>],
+        out: &mut [f32],
+        sc: &[f32],
+        nb: usize,
+    ) {
+        let bb = block_bytes::<K>();
         let mut acc = [_mm512_setzero_ps(); NT];
-        for (b, &d) in dw.iter().enumerate() {
-            // SAFETY: block b exists; each activation row holds nb*32 codes.
+        let q: [*const i16; NT] = std::array::from_fn(|t| xs[t].q.as_ptr());
+        for b in 0..nb {
+            // SAFETY: block b exists; each activation row holds nb*32 codes; `sc` NT*nb scales.
             unsafe {
                 let p = w.as_ptr().add(b * bb);
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH).cast());
-                let w16 = widen(dtype, p);
-                let dwv = _mm512_set1_ps(d);
+                let w16 = widen::<K>(p);
                 for t in 0..NT {
-                    let x = _mm512_loadu_si512(xs[t].q.as_ptr().add(b * QK).cast());
+                    let x = _mm512_loadu_si512(q[t].add(b * QK).cast());
                     let s = _mm512_cvtepi32_ps(_mm512_madd_epi16(w16, x));
-                    let scale = _mm512_mul_ps(dwv, _mm512_set1_ps(*xs[t].d.get_unchecked(b)));
-                    acc[t] = _mm512_fmadd_ps(s, scale, acc[t]);
+                    acc[t] =
+                        _mm512_fmadd_ps(s, _mm512_set1_ps(*sc.get_unchecked(t * nb + b)), acc[t]);
                 }
             }
         }
         for t in 0..NT {
-            out[t] = _mm512_reduce_add_ps(acc[t]);
+            out[t] = _mm512_reduce_add_ps(acc[t]) + out[t];
+        }
+    }
+
+    fn block_bytes<const K: u8>() -> usize {
+        if K == Q4_1 {
+            20
+        } else if K == Q4_0 {
+            18
+        } else {
+            34
+        }
+    }
+
+    /// Block `p`'s header as `[dw, cw, 0, 0]` (scale and correction, see the module docs).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn header<const K: u8>(p: *const u8) -> __m128 {
+        // SAFETY: `p` points at a whole block.
+        unsafe {
+            match K {
+                Q4_1 => _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p.cast::<i32>()))),
+                Q4_0 => {
+                    let d = i32::from(std::ptr::read_unaligned(p.cast::<u16>()));
+                    let h = _mm_moveldup_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(d)));
+                    _mm_mul_ps(h, _mm_setr_ps(1.0, -8.0, 0.0, 0.0))
+                }
+                _ => {
+                    let d = i32::from(std::ptr::read_unaligned(p.cast::<u16>()));
+                    _mm_cvtph_ps(_mm_cvtsi32_si128(d))
+                }
+            }
+        }
+    }
+
+    /// The 32 codes of block `p` as 16-bit integers.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+    #[inline]
+    unsafe fn widen<const K: u8>(p: *const u8) -> __m512i {
+        // SAFETY: `p` points at a whole block.
+        unsafe {
+            if K == Q8_0 {
+                _mm512_cvtepi8_epi16(_mm256_loadu_si256(p.add(2).cast()))
+            } else {
+                // Byte j holds code j (low nibble) and code j+16 (high nibble).
+                let off = if K == Q4_1 { 4 } else { 2 };
+                let v = _mm256_cvtepu8_epi16(_mm_loadu_si128(p.add(off).cast()));
+                let lo = _mm256_and_si256(v, _mm256_set1_epi16(0x0F));
+                let hi = _mm256_srli_epi16(v, 4);
+                _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn run<const NT: usize, const K: u8>(
+        w: &[u8],
+        xs: &[QRow<'_>],
+        out: &mut [f32],
+        nb: usize,
+    ) {
+        let bb = if K == Q4_1 {
+            20
+        } else if K == Q4_0 {
+            18
+        } else {
+            34
+        };
+        let mut acc = [_mm512_setzero_ps(); NT];
+        let mut corr = [_mm_setzero_ps(); NT];
+        let q: [*const i16; NT] = std::array::from_fn(|t| xs[t].q.as_ptr());
+        let pairs: [*const f32; NT] = std::array::from_fn(|t| xs[t].pairs.as_ptr());
+        for b in 0..nb {
+            // SAFETY: block b exists; each activation row holds nb*32 codes and nb pairs.
+            unsafe {
+                let p = w.as_ptr().add(b * bb);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH).cast());
+                let h = header::<K>(p);
+                let w16 = widen::<K>(p);
+                for t in 0..NT {
+                    // [dw·dx, cw·xs]
+                    let pair = _mm_castpd_ps(_mm_load_sd(pairs[t].add(2 * b).cast()));
+                    let sc = _mm_mul_ps(h, pair);
+                    let x = _mm512_loadu_si512(q[t].add(b * QK).cast());
+                    let s = _mm512_cvtepi32_ps(_mm512_madd_epi16(w16, x));
+                    acc[t] = _mm512_fmadd_ps(s, _mm512_broadcastss_ps(sc), acc[t]);
+                    corr[t] = _mm_add_ps(corr[t], sc);
+                }
+            }
+        }
+        for t in 0..NT {
+            out[t] = _mm512_reduce_add_ps(acc[t]) + _mm_cvtss_f32(_mm_movehdup_ps(corr[t]));
         }
     }
 }

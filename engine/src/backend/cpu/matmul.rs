@@ -5,10 +5,9 @@
 //! weight row at a time to f32 and take f32 dot products. Rows are split between threads, never
 //! the reduction, so results do not depend on the thread count or the batch.
 
-use rayon::prelude::*;
-
 use super::dot;
 use super::isa::Isa;
+use super::pool::{ComputePool, share};
 use super::quant::QActs;
 use crate::model::weights::{Tensor, dequantize};
 
@@ -46,52 +45,88 @@ pub fn needs_quantized(w: &Tensor) -> bool {
 }
 
 /// `out[t * n + r] = Σ_k x[t * k + j] · w[r, j]`, where `n` is `w`'s row count.
-pub fn matmul(isa: Isa, w: &Tensor, input: &Input<'_>, out: &mut [f32]) {
-    let n = w.rows();
+pub fn matmul(pool: &ComputePool, isa: Isa, w: &Tensor, input: &Input<'_>, out: &mut [f32]) {
+    matmul_many(pool, isa, &[w], input, &mut [out]);
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Several matmuls over the same input (Q, K and V; gate and up) in one parallel section, so
+/// the threads meet once instead of once per matrix. Each thread takes a contiguous share of
+/// the rows of all matrices together.
+pub fn matmul_many(
+    pool: &ComputePool,
+    isa: Isa,
+    ws: &[&Tensor],
+    input: &Input<'_>,
+    outs: &mut [&mut [f32]],
+) {
+    assert_eq!(ws.len(), outs.len());
     let t_count = input.rows;
-    assert_eq!(w.row_len(), input.k, "matmul {}: K mismatch", w.name());
-    assert!(out.len() >= t_count * n);
-    let ptr = OutPtr(out.as_mut_ptr());
-    let tasks = n.div_ceil(ROWS_PER_TASK);
-    let int = dot::has_int_kernel(w.dtype());
-    if int {
+    let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
+    let mut ptrs = Vec::with_capacity(ws.len());
+    for (i, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
+        let n = w.rows();
+        assert_eq!(w.row_len(), input.k, "matmul {}: K mismatch", w.name());
+        assert!(out.len() >= t_count * n);
+        if let Some(q) = input.q.filter(|_| needs_quantized(w)) {
+            assert!(
+                q.rows >= t_count && q.k == input.k,
+                "matmul {}: quantized activations do not match",
+                w.name()
+            );
+        }
         assert!(
-            input.q.is_some(),
+            !needs_quantized(w) || input.q.is_some(),
             "matmul {}: quantized activations missing",
             w.name()
         );
+        ptrs.push(OutPtr(out.as_mut_ptr()));
+        tasks.extend(
+            (0..n.div_ceil(ROWS_PER_TASK))
+                .map(|c| (i, c * ROWS_PER_TASK, ((c + 1) * ROWS_PER_TASK).min(n))),
+        );
     }
-    let qrows: Option<Vec<_>> = input
-        .q
-        .filter(|_| int)
-        .map(|q| (0..t_count).map(|t| q.row(t)).collect());
-    (0..tasks)
-        .into_par_iter()
-        .for_each_init(Vec::new, |scratch: &mut Vec<f32>, task| {
+    let qrows: Option<Vec<_>> = input.q.map(|q| (0..t_count).map(|t| q.row(t)).collect());
+    // About eight chunks per thread: small enough to balance, large enough that claiming is free.
+    let chunks = tasks.len().min(pool.threads() * 8).max(1);
+    let section = |chunk: usize| {
+        let (a, b) = share(tasks.len(), chunk, chunks);
+        SCRATCH.with_borrow_mut(|scratch| {
             scratch.resize(t_count + input.k.max(dot::scratch_len(input.k)), 0.0);
             let (res, scratch) = scratch.split_at_mut(t_count);
-            let r0 = task * ROWS_PER_TASK;
-            let r1 = (r0 + ROWS_PER_TASK).min(n);
-            if let Some(rows) = qrows.as_deref() {
-                for r in r0..r1 {
-                    dot::dot_row(isa, w.dtype(), w.row_bytes_of(r), rows, res, scratch);
-                    for (t, v) in res.iter().enumerate() {
-                        // SAFETY: row r belongs to this task only; t < t_count.
-                        unsafe { *ptr.get().add(t * n + r) = *v };
+            for &(i, r0, r1) in &tasks[a..b] {
+                let w = ws[i];
+                let n = w.rows();
+                let ptr = ptrs[i];
+                match qrows.as_deref() {
+                    Some(rows) if needs_quantized(w) => {
+                        for r in r0..r1 {
+                            dot::dot_row(isa, w.dtype(), w.row_bytes_of(r), rows, res, scratch);
+                            for (t, v) in res.iter().enumerate() {
+                                // SAFETY: row r of matrix i belongs to this thread only; t < t_count.
+                                unsafe { *ptr.get().add(t * n + r) = *v };
+                            }
+                        }
                     }
-                }
-            } else {
-                let row = &mut scratch[..input.k];
-                for r in r0..r1 {
-                    dequantize(w.dtype(), w.row_bytes_of(r), row);
-                    for t in 0..t_count {
-                        let v = dot_f32(row, &input.x[t * input.k..(t + 1) * input.k]);
-                        // SAFETY: as above.
-                        unsafe { *ptr.get().add(t * n + r) = v };
+                    _ => {
+                        let row = &mut scratch[..input.k];
+                        for r in r0..r1 {
+                            dequantize(w.dtype(), w.row_bytes_of(r), row);
+                            for t in 0..t_count {
+                                let v = dot_f32(row, &input.x[t * input.k..(t + 1) * input.k]);
+                                // SAFETY: as above.
+                                unsafe { *ptr.get().add(t * n + r) = v };
+                            }
+                        }
                     }
                 }
             }
         });
+    };
+    pool.run(chunks, &section);
 }
 
 /// f32 dot product with eight independent partial sums (vectorizes well).
@@ -146,7 +181,14 @@ mod tests {
                 k,
             };
             let mut out = vec![0.0; t * n];
-            matmul(crate::backend::cpu::isa::detect(), &w, &input, &mut out);
+            let pool = ComputePool::new(2);
+            matmul(
+                &pool,
+                crate::backend::cpu::isa::detect(),
+                &w,
+                &input,
+                &mut out,
+            );
             for ti in 0..t {
                 for r in 0..n {
                     let exact: f32 = (0..k).map(|j| wd[r * k + j] * x[ti * k + j]).sum();

@@ -6,17 +6,17 @@ pub mod isa;
 pub mod kv;
 pub mod matmul;
 pub mod ops;
+pub mod pool;
 pub mod quant;
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use rayon::prelude::*;
-
-use self::attention::{TokenCtx, attend};
+use self::attention::{Rows, attend};
 use self::isa::Isa;
 use self::kv::KvStore;
-use self::matmul::{Input, matmul, needs_quantized};
+use self::matmul::{Input, matmul, matmul_many, needs_quantized};
+use self::pool::ComputePool;
 use self::quant::QActs;
 use super::{Backend, BackendError, SeqChunk, StepStats};
 use crate::model::config::{ModelConfig, RopeStyle};
@@ -40,6 +40,15 @@ struct Scratch {
     positions: Vec<usize>,
     logit_rows: Vec<usize>,
     last_h: Vec<f32>,
+    /// Attention work: (chunk, first row, end row) runs of at most [`ATTN_ROWS`] rows.
+    attn_items: Vec<(usize, usize, usize)>,
+}
+
+/// Query rows per attention work item.
+const ATTN_ROWS: usize = 16;
+
+thread_local! {
+    static ATTN_SCRATCH: std::cell::RefCell<attention::Scratch> = std::cell::RefCell::new(attention::Scratch::default());
 }
 
 /// Runs a Llama-family model on the CPU.
@@ -49,7 +58,7 @@ pub struct CpuBackend {
     kv: KvStore,
     inv_freq: Vec<f32>,
     isa: Isa,
-    pool: Arc<rayon::ThreadPool>,
+    pool: Arc<ComputePool>,
     s: Scratch,
 }
 
@@ -74,7 +83,7 @@ impl CpuBackend {
         weights: Arc<LlamaWeights>,
         block_size: usize,
         kv_blocks: usize,
-        pool: Arc<rayon::ThreadPool>,
+        pool: Arc<ComputePool>,
     ) -> Self {
         let inv_freq = cfg.rope_inv_freq(weights.rope_freqs.as_deref());
         let kv = KvStore::new(
@@ -106,15 +115,27 @@ impl CpuBackend {
         self.kv.bytes_per_token() * self.kv.block_size() * self.kv.blocks()
     }
 
-    fn mm(isa: Isa, w: &Tensor, x: &[f32], qa: &QActs, rows: usize, out: &mut Vec<f32>) {
-        out.resize(rows * w.rows(), 0.0);
+    /// Runs `ws` (all with row length `k`) over the same `rows` inputs in one parallel pass.
+    fn mm(
+        pool: &ComputePool,
+        isa: Isa,
+        ws: &[&Tensor],
+        x: &[f32],
+        qa: &QActs,
+        rows: usize,
+        outs: &mut [&mut Vec<f32>],
+    ) {
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            out.resize(rows * w.rows(), 0.0);
+        }
         let input = Input {
             x,
-            q: needs_quantized(w).then_some(qa),
+            q: ws.iter().any(|w| needs_quantized(w)).then_some(qa),
             rows,
-            k: w.row_len(),
+            k: ws[0].row_len(),
         };
-        matmul(isa, w, &input, out);
+        let mut slices: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+        matmul_many(pool, isa, ws, &input, &mut slices);
     }
 
     fn quantize_if_needed(qa: &mut QActs, x: &[f32], rows: usize, k: usize, ws: &[&Tensor]) {
@@ -128,14 +149,16 @@ impl CpuBackend {
         let w = &*self.weights;
         let s = &mut self.s;
         let isa = self.isa;
+        let pool = Arc::clone(&self.pool);
         let (hd, nh, nkv) = (cfg.head_dim, cfg.heads, cfg.kv_heads);
         let (h, qd, kvd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim());
         let bs = self.kv.block_size();
         // Validate and flatten.
         let total: usize = chunks.iter().map(|c| c.tokens.len()).sum();
         s.positions.clear();
-        let mut ctxs: Vec<TokenCtx<'_>> = Vec::with_capacity(total);
-        for c in chunks {
+        s.attn_items.clear();
+        let mut slots: Vec<(usize, &[u32])> = Vec::with_capacity(total);
+        for (ci, c) in chunks.iter().enumerate() {
             let end = c.start_pos + c.tokens.len();
             if c.tokens.is_empty() || end > cfg.context || end > c.blocks.len() * bs {
                 return Err(BackendError::Invalid(format!(
@@ -154,12 +177,16 @@ impl CpuBackend {
                     "token {t} out of vocabulary"
                 )));
             }
+            let first = s.positions.len();
             for i in 0..c.tokens.len() {
                 s.positions.push(c.start_pos + i);
-                ctxs.push(TokenCtx {
-                    pos: c.start_pos + i,
-                    blocks: c.blocks,
-                });
+                slots.push((c.start_pos + i, c.blocks));
+            }
+            let mut r = first;
+            while r < s.positions.len() {
+                let end = (r + ATTN_ROWS).min(s.positions.len());
+                s.attn_items.push((ci, r, end));
+                r = end;
             }
         }
         // Embedding.
@@ -179,9 +206,15 @@ impl CpuBackend {
             s.h.resize(total * h, 0.0);
             ops::rms_norm(&s.x, &blk.attn_norm, cfg.rms_eps, &mut s.h);
             Self::quantize_if_needed(&mut s.qa, &s.h, total, h, &[&blk.wq, &blk.wk, &blk.wv]);
-            Self::mm(isa, &blk.wq, &s.h, &s.qa, total, &mut s.q);
-            Self::mm(isa, &blk.wk, &s.h, &s.qa, total, &mut s.k);
-            Self::mm(isa, &blk.wv, &s.h, &s.qa, total, &mut s.v);
+            Self::mm(
+                &pool,
+                isa,
+                &[&blk.wq, &blk.wk, &blk.wv],
+                &s.h,
+                &s.qa,
+                total,
+                &mut [&mut s.q, &mut s.k, &mut s.v],
+            );
             if let (Some(bq), Some(bk), Some(bv)) = (&blk.bq, &blk.bk, &blk.bv) {
                 ops::add_bias(&mut s.q, bq);
                 ops::add_bias(&mut s.k, bk);
@@ -189,57 +222,87 @@ impl CpuBackend {
             }
             ops::rope(&mut s.q, nh, hd, &s.rope, neox);
             ops::rope(&mut s.k, nkv, hd, &s.rope, neox);
-            for (ti, ctx) in ctxs.iter().enumerate() {
-                let block = ctx.blocks[ctx.pos / bs] as usize;
+            for (ti, &(pos, blocks)) in slots.iter().enumerate() {
+                let block = blocks[pos / bs] as usize;
                 kv.write(
                     block,
-                    ctx.pos % bs,
+                    pos % bs,
                     l,
                     &s.k[ti * kvd..(ti + 1) * kvd],
                     &s.v[ti * kvd..(ti + 1) * kvd],
                 );
             }
-            // Attention, parallel over (token, kv head).
+            // Attention, parallel over (sequence, kv head, run of up to 16 query rows).
             s.attn.resize(total * qd, 0.0);
             let group = nh / nkv;
             let out = SendPtr(s.attn.as_mut_ptr());
             let q = &s.q;
             let kv_ref: &KvStore = kv;
-            let ctxs_ref = &ctxs;
-            self.pool.install(|| {
-                (0..total * nkv).into_par_iter().for_each_init(
-                    || (Vec::new(), Vec::new()),
-                    |(scores, buf), item| {
-                        let (ti, g) = (item / nkv, item % nkv);
-                        let off = ti * qd + g * group * hd;
-                        // SAFETY: each (token, kv head) item owns its own output slice.
-                        let o = unsafe {
-                            std::slice::from_raw_parts_mut(out.get().add(off), group * hd)
+            let items = &s.attn_items;
+            let positions = &s.positions;
+            // Later rows attend to more positions: hand out the costliest items first.
+            let n_items = items.len() * nkv;
+            pool.run(n_items, &|c| {
+                ATTN_SCRATCH.with_borrow_mut(|scratch| {
+                    {
+                        let item = n_items - 1 - c;
+                        let (seq, t0, t1) = items[item / nkv];
+                        let g = item % nkv;
+                        let rows = Rows {
+                            blocks: chunks[seq].blocks,
+                            positions: &positions[t0..t1],
+                            q: &q[t0 * qd..t1 * qd],
+                            stride: qd,
                         };
-                        attend(
-                            kv_ref,
-                            l,
-                            g,
-                            ctxs_ref[ti],
-                            &q[off..off + group * hd],
-                            hd,
-                            o,
-                            scores,
-                            buf,
-                        );
-                    },
-                );
+                        // SAFETY: each (rows, kv head) item writes only its own rows' heads.
+                        unsafe {
+                            attend(
+                                kv_ref,
+                                l,
+                                g,
+                                group,
+                                hd,
+                                rows,
+                                out.get().add(t0 * qd),
+                                scratch,
+                            )
+                        };
+                    }
+                });
             });
             Self::quantize_if_needed(&mut s.qa, &s.attn, total, qd, &[&blk.wo]);
-            Self::mm(isa, &blk.wo, &s.attn, &s.qa, total, &mut s.o);
+            Self::mm(
+                &pool,
+                isa,
+                &[&blk.wo],
+                &s.attn,
+                &s.qa,
+                total,
+                &mut [&mut s.o],
+            );
             ops::add_in_place(&mut s.x, &s.o);
             ops::rms_norm(&s.x, &blk.ffn_norm, cfg.rms_eps, &mut s.h);
             Self::quantize_if_needed(&mut s.qa, &s.h, total, h, &[&blk.w_gate, &blk.w_up]);
-            Self::mm(isa, &blk.w_gate, &s.h, &s.qa, total, &mut s.gate);
-            Self::mm(isa, &blk.w_up, &s.h, &s.qa, total, &mut s.up);
+            Self::mm(
+                &pool,
+                isa,
+                &[&blk.w_gate, &blk.w_up],
+                &s.h,
+                &s.qa,
+                total,
+                &mut [&mut s.gate, &mut s.up],
+            );
             ops::silu_mul(&mut s.gate, &s.up);
             Self::quantize_if_needed(&mut s.qa, &s.gate, total, cfg.ffn, &[&blk.w_down]);
-            Self::mm(isa, &blk.w_down, &s.gate, &s.qa, total, &mut s.o);
+            Self::mm(
+                &pool,
+                isa,
+                &[&blk.w_down],
+                &s.gate,
+                &s.qa,
+                total,
+                &mut [&mut s.o],
+            );
             ops::add_in_place(&mut s.x, &s.o);
         }
         // Logits only for the rows asked for.
@@ -272,7 +335,7 @@ impl CpuBackend {
                 k: h,
             };
             let out = &mut logits[start..];
-            self.pool.install(|| matmul(isa, &w.output, &input, out));
+            matmul(&pool, isa, &w.output, &input, out);
         }
         Ok(())
     }
@@ -285,8 +348,7 @@ impl Backend for CpuBackend {
         logits: &mut Vec<f32>,
     ) -> Result<StepStats, BackendError> {
         let started = Instant::now();
-        let pool = Arc::clone(&self.pool);
-        pool.install(|| self.run(chunks, logits))?;
+        self.run(chunks, logits)?;
         Ok(StepStats {
             device_time: started.elapsed(),
         })
@@ -308,7 +370,7 @@ impl Backend for CpuBackend {
         format!(
             "cpu ({} kernels, {} threads, KV {} blocks × {} positions, {:.0} MiB)",
             self.isa.name(),
-            self.pool.current_num_threads(),
+            self.pool.threads(),
             self.kv.blocks(),
             self.kv.block_size(),
             bytes_to_mib(self.kv_bytes())

@@ -23,6 +23,8 @@ pub struct QActs {
     pub xs: Vec<f32>,
     /// Codes, `rows * k`.
     pub q: Vec<i16>,
+    /// `(d, xs)` of each block, interleaved: `rows * k / 32 * 2` (one 64-bit load per block).
+    pub pairs: Vec<f32>,
 }
 
 /// One quantized row.
@@ -34,6 +36,8 @@ pub struct QRow<'a> {
     pub xs: &'a [f32],
     /// Codes.
     pub q: &'a [i16],
+    /// `(d, xs)` per block, interleaved.
+    pub pairs: &'a [f32],
 }
 
 /// Largest code magnitude.
@@ -71,6 +75,11 @@ impl QActs {
             *d = scale;
             *xs = sum;
         }
+        self.pairs.resize(2 * nb, 0.0);
+        for ((p, d), xs) in self.pairs.chunks_exact_mut(2).zip(&self.d).zip(&self.xs) {
+            p[0] = *d;
+            p[1] = *xs;
+        }
     }
 
     /// Row `r`.
@@ -80,6 +89,7 @@ impl QActs {
             d: &self.d[r * nb..(r + 1) * nb],
             xs: &self.xs[r * nb..(r + 1) * nb],
             q: &self.q[r * self.k..(r + 1) * self.k],
+            pairs: &self.pairs[2 * r * nb..2 * (r + 1) * nb],
         }
     }
 }

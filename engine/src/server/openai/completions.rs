@@ -23,7 +23,8 @@ pub async fn handle(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let req: CompletionRequest = read_json(body, st.cfg.max_body_bytes).await?;
+    let req: CompletionRequest =
+        read_json(body, st.cfg.max_body_bytes, st.cfg.read_timeout).await?;
     let opts = req.common.validate(&st.cfg.limits)?;
     let model = st.check_model(req.common.model.as_deref())?;
     let (text, prompt) = match &req.prompt {

@@ -16,9 +16,20 @@ use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 
-/// Reads the body up to `limit` bytes and parses it as JSON; errors in OpenAI's shape.
-pub async fn read_json<T: DeserializeOwned>(body: Body, limit: usize) -> Result<T, ApiError> {
-    let bytes = match axum::body::to_bytes(body, limit).await {
+/// Reads the body up to `limit` bytes within `deadline` and parses it as JSON; errors in
+/// OpenAI's shape. The deadline stops a client that sends its body a byte at a time from
+/// holding a connection and its task forever (408 `request_timeout`); nothing is admitted to
+/// the scheduler before the body is whole, so a slow sender never holds a slot.
+pub async fn read_json<T: DeserializeOwned>(
+    body: Body,
+    limit: usize,
+    deadline: std::time::Duration,
+) -> Result<T, ApiError> {
+    let read = tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await;
+    let Ok(read) = read else {
+        return Err(ApiError::request_timeout(deadline));
+    };
+    let bytes = match read {
         Ok(b) => b,
         Err(e) => {
             let mut too_large = false;
