@@ -256,7 +256,7 @@ mod avx512 {
             }
         }
         for t in 0..NT {
-            out[t] = _mm512_reduce_add_ps(acc[t]) + out[t];
+            out[t] += _mm512_reduce_add_ps(acc[t]);
         }
     }
 
