@@ -1,0 +1,120 @@
+//! Every architecture and file format against reference logits from `transformers`
+//! (`tests/reference/make_tiny_models.py`): Llama (untied), Llama 3 (RoPE scaling), Qwen2
+//! (q/k/v bias), Mistral; Hugging Face folders in f32, bf16 and f16; GGUF in F32, F16, Q8_0,
+//! Q4_0, Q4_1 and Q4_K/Q6_K. Quantized files are compared with logits computed from their
+//! own dequantized weights, so any difference is the engine's arithmetic.
+
+mod support;
+
+use serde_json::Value;
+use slotlight_engine::model::loader::{Format, Model};
+
+fn tolerance(dtype: &str) -> f32 {
+    match dtype {
+        // Float weights: f32 arithmetic, with keys and values stored in f16.
+        "f32" | "F32" | "f16" | "F16" | "bf16" => 1e-2,
+        // Quantized weights: activations quantized to 16 bits per 32-value block.
+        _ => 2e-2,
+    }
+}
+
+#[test]
+fn tiny_models_match_their_reference_logits() {
+    let dir = support::fixtures().join("tiny");
+    let manifest: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("manifest.json")).expect("manifest"),
+    )
+    .expect("json");
+    let ids: Vec<u32> = manifest["input_ids"]
+        .as_array()
+        .expect("ids")
+        .iter()
+        .map(|v| u32::try_from(v.as_u64().expect("id")).expect("u32"))
+        .collect();
+    let mut checked = 0;
+    for model in manifest["models"].as_array().expect("models") {
+        for file in model["files"].as_array().expect("files") {
+            let path = dir.join(file["path"].as_str().expect("path"));
+            let dtype = file["dtype"].as_str().expect("dtype");
+            let reference = &manifest["references"][file["reference"].as_str().expect("reference")];
+            let bytes =
+                std::fs::read(dir.join(reference["file"].as_str().expect("file"))).expect("logits");
+            let want: Vec<f32> = bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            let m = Model::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let is_dir = file["format"] == "hf_safetensors";
+            assert_eq!(m.format == Format::HuggingFace, is_dir);
+            let mut backend = support::cpu_backend(&m, ids.len());
+            let got = support::all_logits(&mut backend, &ids);
+            assert_eq!(got.len(), want.len(), "{}", path.display());
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            let vocab = m.config.vocab;
+            let argmax_agree = (0..ids.len())
+                .filter(|&t| {
+                    support::argmax(&got[t * vocab..(t + 1) * vocab])
+                        == support::argmax(&want[t * vocab..(t + 1) * vocab])
+                })
+                .count();
+            eprintln!(
+                "{:<28} {dtype:<7} worst logit error {worst:.2e}, argmax {argmax_agree}/{}",
+                file["path"].as_str().unwrap_or(""),
+                ids.len()
+            );
+            assert!(
+                worst <= tolerance(dtype),
+                "{}: worst logit error {worst}",
+                path.display()
+            );
+            // The HF folder also brings a tokenizer and a chat template.
+            if is_dir {
+                assert!(m.chat_template.is_some());
+                let text = manifest["input_text_prefix"].as_str().unwrap_or("hello");
+                assert!(!m.tokenizer.encode(text, true).expect("encode").is_empty());
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 13, "every fixture file was checked ({checked})");
+}
+
+#[test]
+fn bad_model_files_are_one_line_errors_naming_the_file() {
+    let dir = slotlight_engine::model::testing::temp_dir("badmodel");
+    let missing = dir.join("nope.gguf");
+    let e = Model::load(&missing).expect_err("missing");
+    assert!(e.to_string().contains("nope.gguf"), "{e}");
+    let good =
+        std::fs::read(support::fixtures().join("tiny").join("llama.Q4_1.gguf")).expect("fixture");
+    for (name, bytes) in [
+        ("truncated.gguf", good[..good.len() / 2].to_vec()),
+        ("garbage.gguf", b"this is not a model".to_vec()),
+        ("empty.gguf", Vec::new()),
+    ] {
+        let p = dir.join(name);
+        std::fs::write(&p, &bytes).expect("write");
+        let e = Model::load(&p).expect_err(name).to_string();
+        assert!(e.contains(name) && !e.contains('\n'), "{e}");
+    }
+    // An architecture this engine does not run.
+    let mut b = slotlight_engine::model::testing::GgufBuilder::new();
+    b.kv_str("general.architecture", "mamba");
+    let (_d, p) = b.write_temp();
+    let e = Model::load(&p).expect_err("arch").to_string();
+    assert!(e.contains("mamba") && e.contains("model.gguf"), "{e}");
+    // An HF folder without weights.
+    let hf = dir.join("hf");
+    std::fs::create_dir_all(&hf).expect("dir");
+    std::fs::copy(
+        support::fixtures().join("tiny/llama/config.json"),
+        hf.join("config.json"),
+    )
+    .expect("copy");
+    let e = Model::load(&hf).expect_err("no weights").to_string();
+    assert!(e.contains("safetensors"), "{e}");
+}
