@@ -30,6 +30,8 @@ cargo test --workspace --locked
 if [[ -x scripts/cuda-compile-check.sh ]]; then
   step "CUDA backend: host-side tests and NVRTC/ptxas compile of every kernel"
   scripts/cuda-compile-check.sh
+  cargo test -p slotlight-engine --features cuda --locked --lib backend::cuda
+  cargo test -p slotlight-engine --features cuda --locked --test cuda_emu --test cuda_parity
 fi
 
 step "End-to-end tests (Python clients against real processes)"

@@ -182,6 +182,7 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
         );
         println!("memory: resident {rss:.0} MiB, peak {peak:.0} MiB (context {ctx})");
     }
+    let backend_desc = backend.describe();
     drop(backend);
     // Aggregate decode through the scheduler.
     let mut conc = Vec::new();
@@ -201,7 +202,8 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
             "{}",
             json!({
                 "model": model.id,
-                "backend": "cpu",
+                "device": a.model.device,
+                "backend": backend_desc,
                 "prefill_tps": prefill.iter().map(|(p, s)| json!({"prompt_tokens": p, "tps": sp(*s)})).collect::<Vec<_>>(),
                 "decode_tps": sp(decode),
                 "gen_tokens": gen_n,
