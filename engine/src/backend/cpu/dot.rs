@@ -63,12 +63,17 @@ pub fn dot_row(
             unsafe { avx512::headers(dtype, w, dw, cw) };
             for (x, o) in xs.chunks(MAX_TOKENS).zip(out.chunks_mut(MAX_TOKENS)) {
                 for (t, row) in x.iter().enumerate() {
-                    let mut corr = 0f32;
+                    // Even and odd blocks' corrections summed apart, as the one-token path does.
+                    let (mut even, mut odd) = (0f32, 0f32);
                     for (b, s) in sc[t * nb..(t + 1) * nb].iter_mut().enumerate() {
                         *s = dw[b] * row.d[b];
-                        corr += cw[b] * row.xs[b];
+                        if b % 2 == 0 {
+                            even += cw[b] * row.xs[b];
+                        } else {
+                            odd += cw[b] * row.xs[b];
+                        }
                     }
-                    o[t] = corr;
+                    o[t] = even + odd;
                 }
                 // SAFETY: as above; `sc` holds x.len() × nb scales.
                 unsafe { avx512::dot_scaled(dtype, w, x, o, &sc[..x.len() * nb], nb) };
@@ -158,26 +163,18 @@ mod avx512 {
     const Q4_1: u8 = 1;
     const Q8_0: u8 = 2;
 
-    /// One pass over the row: each block's header is decoded where it is read, so the row is
-    /// streamed once.
+    /// One token, one pass over the row: each block's header is decoded where it is read, so
+    /// the row is streamed once. Blocks go in pairs; the corrections of even and odd blocks are
+    /// summed apart and added at the end (the several-token path sums them the same way).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     pub unsafe fn dot(dtype: DType, w: &[u8], xs: &[QRow<'_>], out: &mut [f32], nb: usize) {
         // SAFETY (all cases): the caller checked sizes.
         unsafe {
-            match (dtype, xs.len()) {
-                (DType::Q4_0, 1) => run::<1, Q4_0>(w, xs, out, nb),
-                (DType::Q4_0, 2) => run::<2, Q4_0>(w, xs, out, nb),
-                (DType::Q4_0, 3) => run::<3, Q4_0>(w, xs, out, nb),
-                (DType::Q4_0, _) => run::<4, Q4_0>(w, xs, out, nb),
-                (DType::Q4_1, 1) => run::<1, Q4_1>(w, xs, out, nb),
-                (DType::Q4_1, 2) => run::<2, Q4_1>(w, xs, out, nb),
-                (DType::Q4_1, 3) => run::<3, Q4_1>(w, xs, out, nb),
-                (DType::Q4_1, _) => run::<4, Q4_1>(w, xs, out, nb),
-                (_, 1) => run::<1, Q8_0>(w, xs, out, nb),
-                (_, 2) => run::<2, Q8_0>(w, xs, out, nb),
-                (_, 3) => run::<3, Q8_0>(w, xs, out, nb),
-                (_, _) => run::<4, Q8_0>(w, xs, out, nb),
-            }
+            out[0] = match dtype {
+                DType::Q4_0 => run1::<Q4_0>(w, &xs[0], nb),
+                DType::Q4_1 => run1::<Q4_1>(w, &xs[0], nb),
+                _ => run1::<Q8_0>(w, &xs[0], nb),
+            };
         }
     }
 
@@ -310,45 +307,80 @@ mod avx512 {
         }
     }
 
+    /// Two blocks' headers as `[dw0, cw0, dw1, cw1]`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    unsafe fn run<const NT: usize, const K: u8>(
-        w: &[u8],
-        xs: &[QRow<'_>],
-        out: &mut [f32],
-        nb: usize,
-    ) {
-        let bb = if K == Q4_1 {
-            20
-        } else if K == Q4_0 {
-            18
-        } else {
-            34
-        };
-        let mut acc = [_mm512_setzero_ps(); NT];
-        let mut corr = [_mm_setzero_ps(); NT];
-        let q: [*const i16; NT] = std::array::from_fn(|t| xs[t].q.as_ptr());
-        let pairs: [*const f32; NT] = std::array::from_fn(|t| xs[t].pairs.as_ptr());
-        for b in 0..nb {
-            // SAFETY: block b exists; each activation row holds nb*32 codes and nb pairs.
-            unsafe {
-                let p = w.as_ptr().add(b * bb);
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH).cast());
-                let h = header::<K>(p);
-                let w16 = widen::<K>(p);
-                for t in 0..NT {
-                    // [dw·dx, cw·xs]
-                    let pair = _mm_castpd_ps(_mm_load_sd(pairs[t].add(2 * b).cast()));
-                    let sc = _mm_mul_ps(h, pair);
-                    let x = _mm512_loadu_si512(q[t].add(b * QK).cast());
-                    let s = _mm512_cvtepi32_ps(_mm512_madd_epi16(w16, x));
-                    acc[t] = _mm512_fmadd_ps(s, _mm512_broadcastss_ps(sc), acc[t]);
-                    corr[t] = _mm_add_ps(corr[t], sc);
-                }
+    #[inline]
+    unsafe fn header2<const K: u8>(p0: *const u8, p1: *const u8) -> __m128 {
+        // SAFETY: both point at whole blocks.
+        unsafe {
+            if K == Q4_1 {
+                let a = std::ptr::read_unaligned(p0.cast::<i32>());
+                let b = std::ptr::read_unaligned(p1.cast::<i32>());
+                return _mm_cvtph_ps(_mm_set_epi32(0, 0, b, a));
+            }
+            let a = i32::from(std::ptr::read_unaligned(p0.cast::<u16>()));
+            let b = i32::from(std::ptr::read_unaligned(p1.cast::<u16>()));
+            let h = _mm_cvtph_ps(_mm_cvtsi32_si128(a | (b << 16)));
+            if K == Q4_0 {
+                _mm_mul_ps(_mm_unpacklo_ps(h, h), _mm_setr_ps(1.0, -8.0, 1.0, -8.0))
+            } else {
+                _mm_unpacklo_ps(h, _mm_setzero_ps())
             }
         }
-        for t in 0..NT {
-            out[t] = _mm512_reduce_add_ps(acc[t]) + _mm_cvtss_f32(_mm_movehdup_ps(corr[t]));
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn run1<const K: u8>(w: &[u8], x: &QRow<'_>, nb: usize) -> f32 {
+        let bb = block_bytes::<K>();
+        let mut acc = _mm512_setzero_ps();
+        let mut corr = _mm_setzero_ps();
+        let q = x.q.as_ptr();
+        let pairs = x.pairs.as_ptr();
+        let two = _mm512_set1_epi32(2);
+        let mut b = 0;
+        // SAFETY (whole loop): blocks b and b+1 exist; the activation row holds nb*32 codes and
+        // nb pairs.
+        unsafe {
+            while b + 2 <= nb {
+                let p0 = w.as_ptr().add(b * bb);
+                let p1 = p0.add(bb);
+                _mm_prefetch::<_MM_HINT_T0>(p0.wrapping_add(PREFETCH).cast());
+                // [dw0·dx0, cw0·xs0, dw1·dx1, cw1·xs1]
+                let sc = _mm_mul_ps(header2::<K>(p0, p1), _mm_loadu_ps(pairs.add(2 * b)));
+                corr = _mm_add_ps(corr, sc);
+                let s0 = _mm512_cvtepi32_ps(_mm512_madd_epi16(
+                    widen::<K>(p0),
+                    _mm512_loadu_si512(q.add(b * QK).cast()),
+                ));
+                acc = _mm512_fmadd_ps(s0, _mm512_broadcastss_ps(sc), acc);
+                let s1 = _mm512_cvtepi32_ps(_mm512_madd_epi16(
+                    widen::<K>(p1),
+                    _mm512_loadu_si512(q.add((b + 1) * QK).cast()),
+                ));
+                acc = _mm512_fmadd_ps(
+                    s1,
+                    _mm512_permutexvar_ps(two, _mm512_castps128_ps512(sc)),
+                    acc,
+                );
+                b += 2;
+            }
+            if b < nb {
+                let p = w.as_ptr().add(b * bb);
+                let sc = _mm_mul_ps(
+                    header::<K>(p),
+                    _mm_castpd_ps(_mm_load_sd(pairs.add(2 * b).cast())),
+                );
+                corr = _mm_add_ps(corr, sc);
+                let s = _mm512_cvtepi32_ps(_mm512_madd_epi16(
+                    widen::<K>(p),
+                    _mm512_loadu_si512(q.add(b * QK).cast()),
+                ));
+                acc = _mm512_fmadd_ps(s, _mm512_broadcastss_ps(sc), acc);
+            }
         }
+        let even = _mm_cvtss_f32(_mm_movehdup_ps(corr));
+        let odd = _mm_cvtss_f32(_mm_shuffle_ps(corr, corr, 0b11_11_11_11));
+        _mm512_reduce_add_ps(acc) + (even + odd)
     }
 }
 
