@@ -6,6 +6,7 @@ the sidecar, and the engine keeps serving while the sidecar is down."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import shutil
 import socket
@@ -230,3 +231,29 @@ def test_the_engine_serves_while_the_sidecar_is_down_and_the_sidecar_resumes():
     finally:
         e.close()
         sc.close()
+
+
+def test_one_json_log_line_per_finished_request_without_content():
+    e = EngineProcess("--batch", "2", "--log-format", "json")
+    try:
+        marker = "zebra-marker-7741"
+        code, v = e.post("/v1/chat/completions", {"messages": [{"role": "user", "content": f"Say {marker}."}], "max_tokens": 6, "user": "log-test"})
+        assert code == 200, v
+        rid = v["id"]
+        line = None
+        for _ in range(100):
+            found = [l for l in e.log if rid in l]
+            if found:
+                line = found[0]
+                break
+            time.sleep(0.05)
+        assert line is not None, "".join(e.log[-20:])
+        rec = json.loads(line)
+        assert rec["request_id"] == rid
+        assert rec["session_id"] == "log-test"
+        assert rec["completion_tokens"] == v["usage"]["completion_tokens"]
+        assert rec["ttft_ms"] == v["usage"]["ttft_ms"]
+        assert json.loads(rec["legs"])[0]["path"] == "solo"
+        assert not any(marker in l for l in e.log), "no prompt text in logs by default"
+    finally:
+        e.close()
