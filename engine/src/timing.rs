@@ -8,6 +8,7 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
+use slotlight_otel::attr::value;
 
 /// Converts monotonic instants to wall-clock time, anchored once per process.
 #[derive(Debug, Clone, Copy)]
@@ -82,10 +83,10 @@ impl LegEnd {
     /// Label.
     pub fn as_str(self) -> &'static str {
         match self {
-            LegEnd::Moved => "moved",
-            LegEnd::Finished => "finished",
-            LegEnd::Preempted => "preempted",
-            LegEnd::Cancelled => "cancelled",
+            LegEnd::Moved => value::LEG_END_MOVED,
+            LegEnd::Finished => value::LEG_END_FINISHED,
+            LegEnd::Preempted => value::LEG_END_PREEMPTED,
+            LegEnd::Cancelled => value::LEG_END_CANCELLED,
         }
     }
 }
@@ -147,8 +148,8 @@ impl PrefillReason {
     /// Label.
     pub fn as_str(self) -> &'static str {
         match self {
-            PrefillReason::Initial => "initial",
-            PrefillReason::Preempted => "preempted",
+            PrefillReason::Initial => value::PREFILL_INITIAL,
+            PrefillReason::Preempted => value::PREFILL_PREEMPTED,
         }
     }
 }

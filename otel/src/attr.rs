@@ -149,4 +149,40 @@ pub mod value {
     pub const PATH_SOLO: &str = "solo";
     /// `slotlight.leg.path` of a batch slot.
     pub const PATH_SLOT: &str = "slot";
+
+    /// `slotlight.leg.end_reason`: the request moved to another path.
+    pub const LEG_END_MOVED: &str = "moved";
+    /// `slotlight.leg.end_reason`: the request finished.
+    pub const LEG_END_FINISHED: &str = "finished";
+    /// `slotlight.leg.end_reason`: the request was preempted and went back to the queue.
+    pub const LEG_END_PREEMPTED: &str = "preempted";
+    /// `slotlight.leg.end_reason`: the request was cancelled or failed.
+    pub const LEG_END_CANCELLED: &str = "cancelled";
+
+    /// `slotlight.prefill.reason`: the request's prompt.
+    pub const PREFILL_INITIAL: &str = "initial";
+    /// `slotlight.prefill.reason`: prompt and reply recomputed after a preemption.
+    pub const PREFILL_PREEMPTED: &str = "preempted";
+
+    /// `gen_ai.response.finish_reasons`: an end-of-sequence token or a stop string.
+    pub const FINISH_STOP: &str = "stop";
+    /// `gen_ai.response.finish_reasons`: `max_tokens` or the context was reached.
+    pub const FINISH_LENGTH: &str = "length";
+    /// `gen_ai.response.finish_reasons`: the client went away.
+    pub const FINISH_CANCELLED: &str = "cancelled";
+    /// `gen_ai.response.finish_reasons`: the engine failed or shut down.
+    pub const FINISH_ERROR: &str = "error";
+
+    /// `error.type`: the client cancelled (disconnected).
+    pub const ERROR_CANCELLED: &str = "cancelled";
+    /// `error.type`: the request was invalid.
+    pub const ERROR_VALIDATION: &str = "validation";
+    /// `error.type`: prompt plus `max_tokens` exceed the context.
+    pub const ERROR_CONTEXT_LENGTH: &str = "context_length";
+    /// `error.type`: the queue was full.
+    pub const ERROR_OVERLOADED: &str = "overloaded";
+    /// `error.type`: the engine was shutting down.
+    pub const ERROR_SHUTDOWN: &str = "shutdown";
+    /// `error.type`: an internal failure.
+    pub const ERROR_INTERNAL: &str = "internal";
 }

@@ -80,6 +80,70 @@ pub fn render_contract() -> String {
                 "`slotlight.leg.path`: the batch-1 solo path",
             ),
             (attr::value::PATH_SLOT, "`slotlight.leg.path`: a batch slot"),
+            (
+                attr::value::LEG_END_MOVED,
+                "`slotlight.leg.end_reason`: moved to another path",
+            ),
+            (
+                attr::value::LEG_END_FINISHED,
+                "`slotlight.leg.end_reason`: the request finished",
+            ),
+            (
+                attr::value::LEG_END_PREEMPTED,
+                "`slotlight.leg.end_reason`: preempted, back to the queue",
+            ),
+            (
+                attr::value::LEG_END_CANCELLED,
+                "`slotlight.leg.end_reason`: cancelled or failed",
+            ),
+            (
+                attr::value::PREFILL_INITIAL,
+                "`slotlight.prefill.reason`: the prompt",
+            ),
+            (
+                attr::value::PREFILL_PREEMPTED,
+                "`slotlight.prefill.reason`: recomputed after a preemption",
+            ),
+            (
+                attr::value::FINISH_STOP,
+                "`gen_ai.response.finish_reasons`: end of sequence or a stop string",
+            ),
+            (
+                attr::value::FINISH_LENGTH,
+                "`gen_ai.response.finish_reasons`: `max_tokens` or the context reached",
+            ),
+            (
+                attr::value::FINISH_CANCELLED,
+                "`gen_ai.response.finish_reasons`: the client went away",
+            ),
+            (
+                attr::value::FINISH_ERROR,
+                "`gen_ai.response.finish_reasons`: the engine failed or shut down",
+            ),
+            (
+                attr::value::ERROR_CANCELLED,
+                "`error.type`: the client cancelled",
+            ),
+            (
+                attr::value::ERROR_VALIDATION,
+                "`error.type`: an invalid request",
+            ),
+            (
+                attr::value::ERROR_CONTEXT_LENGTH,
+                "`error.type`: prompt plus `max_tokens` exceed the context",
+            ),
+            (
+                attr::value::ERROR_OVERLOADED,
+                "`error.type`: the queue was full",
+            ),
+            (
+                attr::value::ERROR_SHUTDOWN,
+                "`error.type`: the engine was shutting down",
+            ),
+            (
+                attr::value::ERROR_INTERNAL,
+                "`error.type`: an internal failure",
+            ),
         ],
     );
     table(

@@ -93,10 +93,10 @@ impl FinishReason {
     /// The OpenAI `finish_reason` label.
     pub fn as_str(&self) -> &'static str {
         match self {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-            FinishReason::Cancelled => "cancelled",
-            FinishReason::Error(_) => "error",
+            FinishReason::Stop => slotlight_otel::attr::value::FINISH_STOP,
+            FinishReason::Length => slotlight_otel::attr::value::FINISH_LENGTH,
+            FinishReason::Cancelled => slotlight_otel::attr::value::FINISH_CANCELLED,
+            FinishReason::Error(_) => slotlight_otel::attr::value::FINISH_ERROR,
         }
     }
 }

@@ -417,7 +417,10 @@ impl RequestTrace {
         match &c.finish_reason {
             FinishReason::Stop | FinishReason::Length => {}
             FinishReason::Cancelled => {
-                attrs.push(KeyValue::new(attr::ERROR_TYPE, "cancelled"));
+                attrs.push(KeyValue::new(
+                    attr::ERROR_TYPE,
+                    attr::value::ERROR_CANCELLED,
+                ));
                 sp.set_status(Status::error("cancelled by the client"));
             }
             FinishReason::Error(e) => {
