@@ -1,0 +1,100 @@
+//! Chat and completion request bodies, through the handlers' own code path: `read_json` (the
+//! body read with its size limit, then serde), `Common::validate` (sampling values, stop
+//! lists, `max_tokens`, `n`, `user`) and `ChatRequest::messages` (roles, content parts, size
+//! limits); then the validated stop strings run over the message text, cut into arbitrary
+//! deltas, through `StopMatcher` (what the request task does with generated text).
+//!
+//! Checked: nothing panics; the stop matcher's output is a prefix of its input, equal to the
+//! input when no stop string matched, and cut exactly before the matched stop string.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use slotlight_engine::server::openai::read_json;
+use slotlight_engine::server::openai::types::{ChatRequest, CompletionRequest, Limits, Prompt};
+use slotlight_engine::stop::StopMatcher;
+
+/// The body is whole already; the deadline only has to be there.
+const DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
+fuzz_target!(|data: &[u8]| {
+    let rt = slotlight_fuzz::runtime();
+    let limits = Limits::default();
+    let body = || axum::body::Body::from(bytes::Bytes::copy_from_slice(data));
+    if let Ok(req) = rt.block_on(read_json::<ChatRequest>(body(), 1 << 20, DEADLINE)) {
+        let opts = req.common.validate(&limits);
+        let messages = req.messages(&limits);
+        if let (Ok(opts), Ok(messages)) = (opts, messages) {
+            assert!(opts.max_tokens >= 1 && opts.max_tokens <= limits.max_tokens);
+            assert!(messages.len() <= limits.max_messages);
+            let text: String = messages.iter().map(|m| m.content.as_str()).collect();
+            check_stops(&opts.stop, &text, data);
+        }
+    }
+    if let Ok(req) = rt.block_on(read_json::<CompletionRequest>(body(), 1 << 20, DEADLINE))
+        && let Ok(opts) = req.common.validate(&limits)
+    {
+        let text = match &req.prompt {
+            Prompt::Text(t) => t.clone(),
+            Prompt::Texts(v) => v.concat(),
+            Prompt::Tokens(_) => String::new(),
+        };
+        check_stops(&opts.stop, &text, data);
+    }
+});
+
+/// Feeds `text` to a matcher over `stops` in deltas cut at char boundaries chosen by `cuts`.
+fn check_stops(stops: &[String], text: &str, cuts: &[u8]) {
+    let Ok(mut m) = StopMatcher::new(stops) else {
+        panic!("validate accepted stop strings StopMatcher refuses: {stops:?}");
+    };
+    let mut out = String::new();
+    let mut matched = None;
+    let mut rest = text;
+    let mut i = 0;
+    while !rest.is_empty() {
+        let want = usize::from(cuts.get(i % cuts.len().max(1)).copied().unwrap_or(1) % 7) + 1;
+        i += 1;
+        let mut end = want.min(rest.len());
+        while !rest.is_char_boundary(end) {
+            end += 1;
+        }
+        let (delta, tail) = rest.split_at(end);
+        rest = tail;
+        let o = m.push(delta);
+        out.push_str(&o.text);
+        if o.matched.is_some() {
+            matched = o.matched;
+            break;
+        }
+    }
+    out.push_str(&m.finish());
+    assert!(
+        text.starts_with(&out),
+        "stop output is not a prefix of the input"
+    );
+    let contains =
+        |hay: &[u8], needle: &str| hay.windows(needle.len()).any(|w| w == needle.as_bytes());
+    match matched {
+        None => {
+            assert_eq!(out, text, "no stop matched, yet text was lost");
+            assert!(
+                !stops.iter().any(|s| contains(text.as_bytes(), s)),
+                "a stop string occurs in the text but did not match"
+            );
+        }
+        Some(i) => {
+            assert!(
+                text[out.len()..].starts_with(stops[i].as_str()),
+                "output not cut right before stop string {i}"
+            );
+            // The stop string that completes first wins: none completes earlier.
+            let end = out.len() + stops[i].len();
+            assert!(
+                !stops
+                    .iter()
+                    .any(|s| contains(&text.as_bytes()[..end - 1], s)),
+                "another stop string completes before the matched one"
+            );
+        }
+    }
+}

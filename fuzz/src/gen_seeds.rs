@@ -1,0 +1,104 @@
+//! Writes the seed corpus of every target into `corpus/<target>/` (small, committed):
+//! `cargo run --release --features gen-seeds --bin gen-seeds` from `fuzz/`.
+
+use std::io::Write;
+use std::path::Path;
+
+use prost::Message;
+use slotlight_engine::model::testing::{GgufBuilder, TinyLlama};
+use slotlight_engine::model::weights::DType;
+use slotlight_sidecar::synth;
+
+fn put(target: &str, name: &str, bytes: &[u8]) {
+    let dir = Path::new("corpus").join(target);
+    std::fs::create_dir_all(&dir).expect("corpus dir");
+    std::fs::write(dir.join(name), bytes).expect("write seed");
+}
+
+fn gz(data: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(data).expect("gzip");
+    e.finish().expect("gzip")
+}
+
+fn main() {
+    // Request bodies: chat and completions, stop lists, sampling values, unicode, parts.
+    let requests = [
+        r#"{"messages":[{"role":"user","content":"Hello"}]}"#,
+        r#"{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"héllo 👋 <|im_end|> {{ x }}"}],"max_tokens":16,"temperature":0.7,"top_p":0.9,"top_k":40,"min_p":0.05,"repetition_penalty":1.1,"presence_penalty":0.5,"frequency_penalty":-0.5,"seed":-1,"stop":["\n\n","END","👋"],"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"user":"u1","n":1}"#,
+        r#"{"messages":[{"role":"developer","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},{"role":"assistant","content":null,"name":"x"},{"role":"tool","content":"r"}],"max_completion_tokens":1,"stop":"x"}"#,
+        r#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}],"n":2,"max_tokens":0}"#,
+        r#"{"prompt":"The sky is","max_tokens":8,"stop":["a","ab","abc"],"ignore_eos":true}"#,
+        r#"{"prompt":["one"],"temperature":0}"#,
+        r#"{"prompt":[1,2,3,4294967295],"max_tokens":1e400}"#,
+        r#"{"prompt":"x","stop":["","y"],"top_p":-1,"temperature":"NaN"}"#,
+    ];
+    for (i, r) in requests.iter().enumerate() {
+        put("request", &format!("seed{i}.json"), r.as_bytes());
+    }
+
+    // GGUF: a whole tiny model (template, vocabulary, weights), and a few bare headers.
+    let tiny = TinyLlama {
+        hidden: 32,
+        heads: 2,
+        kv_heads: 1,
+        ffn: 64,
+        layers: 1,
+        vocab: 40,
+        context: 64,
+        dtype: DType::Q4_0,
+        ..TinyLlama::default()
+    };
+    put("gguf", "tiny-model.gguf", &tiny.gguf().bytes());
+    let mut b = GgufBuilder::new();
+    b.kv_str("general.architecture", "llama");
+    b.kv_u32("general.alignment", 64);
+    b.kv_str_array("tokenizer.ggml.tokens", &["a", "b", "ab"]);
+    b.kv_str_array("tokenizer.ggml.merges", &["a b"]);
+    b.tensor_f32("x", &[2, 2], &[1.0, 2.0, 3.0, 4.0]);
+    put("gguf", "small.gguf", &b.bytes());
+    let mut b = GgufBuilder::new();
+    b.kv_str("tokenizer.ggml.model", "llama");
+    b.kv_str_array(
+        "tokenizer.ggml.tokens",
+        &["<unk>", "<s>", "</s>", "▁a", "▁", "a"],
+    );
+    b.tensor_raw("q", &[32], 2, &[0u8; 18]);
+    put("gguf", "spm.gguf", &b.bytes());
+
+    // OTLP: whole engine requests on the solo path and in a slot, with several windows, plus
+    // one whose parent ids point at each other (a cycle) and one with a duplicated span.
+    let solo = synth::whole_request("req-solo", 1, 1_700_000_000_000_000_000, None, 2, 3);
+    let slot = synth::whole_request("req-slot", 2, 1_700_000_000_100_000_000, Some(3), 3, 4);
+    let mut cyclic = synth::whole_request("req-cyc", 3, 1_700_000_000_200_000_000, Some(1), 1, 2);
+    let n = cyclic.len();
+    for i in 0..n {
+        let next = cyclic[(i + 1) % n].span_id.clone();
+        cyclic[i].parent_span_id = next;
+    }
+    let mut dup = synth::whole_request("req-dup", 4, 1_700_000_000_300_000_000, Some(0), 1, 1);
+    dup.extend(dup.clone());
+    dup.reverse();
+    let protos = [
+        ("solo", synth::export("inst-a", solo)),
+        ("slot", synth::export("inst-a", slot)),
+        ("cyclic", synth::export("inst-b", cyclic)),
+        ("dup-reversed", synth::export("inst-b", dup)),
+    ];
+    for (name, req) in &protos {
+        let bytes = req.encode_to_vec();
+        put("otlp_proto", &format!("{name}.pb"), &bytes);
+        put(
+            "otlp_json",
+            &format!("{name}.json"),
+            &serde_json::to_vec(req).expect("json"),
+        );
+        let mut g = 4096u16.to_le_bytes().to_vec();
+        g.extend(gz(&bytes));
+        put("gzip", &format!("{name}.gz"), &g);
+    }
+    // A small bomb: 1 MiB of zeros against a 4 KiB limit.
+    let mut g = 4096u16.to_le_bytes().to_vec();
+    g.extend(gz(&vec![0u8; 1 << 20]));
+    put("gzip", "bomb.gz", &g);
+}
