@@ -4,6 +4,7 @@
 mod support;
 
 use serde_json::{Value, json};
+use slotlight_engine::server::openai::types::Limits;
 use support::server::{Options, TestServer, tiny_model};
 
 fn chat_body(max_tokens: u64) -> Value {
@@ -263,6 +264,79 @@ async fn bad_input_gets_openai_errors_and_loses_nothing() {
         .expect("send");
     assert_eq!(r.status().as_u16(), 404);
     // Nothing was lost: the server still answers.
+    let (code, _) = s.chat(chat_body(2)).await;
+    assert_eq!(code, 200);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_limit_is_explicit_and_refused_in_openai_format() {
+    let m = tiny_model();
+    let s = TestServer::start(
+        &m,
+        Options {
+            limits: Limits {
+                max_messages: 3,
+                max_message_bytes: 100,
+                max_tokens: 50,
+                ..Limits::default()
+            },
+            ..Options::default()
+        },
+    )
+    .await;
+    let user = |text: &str| json!({"role": "user", "content": text});
+    let cases = [
+        (
+            json!({"messages": [user("a"), user("b"), user("c"), user("d")]}),
+            "messages",
+            "at most 3",
+        ),
+        (
+            json!({"messages": [user(&"y".repeat(101))]}),
+            "messages[0].content",
+            "the limit is 100",
+        ),
+        (
+            json!({"messages": [user("x")], "max_tokens": 51}),
+            "max_tokens",
+            "limit of 50",
+        ),
+        (
+            json!({"messages": [user("x")], "stop": (0..17).map(|i| format!("s{i}")).collect::<Vec<_>>()}),
+            "stop",
+            "at most 16",
+        ),
+        (
+            json!({"messages": [user("x")], "stop": ["z".repeat(513)]}),
+            "stop",
+            "",
+        ),
+    ];
+    for (body, param, words) in cases {
+        let (code, v) = s.chat(body).await;
+        assert_eq!(code, 400, "{v}");
+        assert_eq!(error_of(&v).0, "invalid_request_error", "{v}");
+        assert_eq!(v["error"]["param"], param, "{v}");
+        let msg = v["error"]["message"].as_str().unwrap_or("");
+        assert!(msg.contains(words), "{msg}");
+    }
+    // Exactly at each limit is accepted.
+    let (code, v) = s
+        .chat(json!({"messages": [user("a"), user("b"), user(&"y".repeat(100))], "max_tokens": 2, "stop": (0..16).map(|i| format!("s{i}")).collect::<Vec<_>>()}))
+        .await;
+    assert_eq!(code, 200, "{v}");
+    // A request head over the header limit (64 KiB here) is answered 431, and the server
+    // goes on serving.
+    let r = s
+        .client
+        .post(s.url("/v1/chat/completions"))
+        .header("x-padding", "p".repeat(80 * 1024))
+        .json(&chat_body(2))
+        .send()
+        .await
+        .expect("an answer, not a dropped connection");
+    assert_eq!(r.status().as_u16(), 431);
     let (code, _) = s.chat(chat_body(2)).await;
     assert_eq!(code, 200);
     s.stop().await;

@@ -55,6 +55,9 @@ pub struct ServeArgs {
     /// Most messages in one chat request.
     #[arg(long, default_value_t = 512)]
     pub max_messages: usize,
+    /// Longest content of one message, bytes (stop strings: at most 16, each at most 512 bytes).
+    #[arg(long, default_value_t = 256 * 1024)]
+    pub max_message_bytes: usize,
     /// Seconds in-flight requests may run after SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 30)]
     pub drain_timeout_s: u64,
@@ -133,6 +136,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
             max_tokens: a.max_tokens_limit.min(context),
             default_max_tokens: a.default_max_tokens,
             max_messages: a.max_messages,
+            max_message_bytes: a.max_message_bytes,
             ..Limits::default()
         },
         progress_interval: Duration::from_millis(a.progress_interval_ms),
