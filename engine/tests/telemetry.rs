@@ -378,3 +378,44 @@ async fn a_moved_request_has_a_solo_leg_then_a_slot_leg_with_unchanged_clocks() 
     assert!(get(root, attr::REQUEST_MOVED).is_some_and(|v| v.as_str() == "true"));
     s.stop().await;
 }
+
+/// Every string an exported span carries: attribute values, event names and event attributes.
+fn span_strings(spans: &[SpanData]) -> Vec<String> {
+    let mut out = Vec::new();
+    for s in spans {
+        out.push(s.name.to_string());
+        out.extend(s.attributes.iter().map(|kv| kv.value.as_str().into_owned()));
+        for e in s.events.iter() {
+            out.push(e.name.to_string());
+            out.extend(e.attributes.iter().map(|kv| kv.value.as_str().into_owned()));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_carry_no_content_unless_asked_to() {
+    let m = tiny_model();
+    let marker = "zebra-marker-7391";
+    let body = json!({"messages": [{"role": "user", "content": format!("tell me about {marker}")}], "max_tokens": 8, "ignore_eos": true});
+    for trace_content in [false, true] {
+        let s = TestServer::start(
+            &m,
+            Options {
+                trace_content,
+                ..Options::default()
+            },
+        )
+        .await;
+        let (code, v) = s.chat(body.clone()).await;
+        assert_eq!(code, 200, "{v}");
+        let spans = settle(&s, 1).await;
+        let strings = span_strings(&spans);
+        let has_prompt = strings.iter().any(|x| x.contains(marker));
+        assert_eq!(
+            has_prompt, trace_content,
+            "prompt text in spans with trace_content={trace_content}"
+        );
+        s.stop().await;
+    }
+}

@@ -45,6 +45,7 @@ pub struct Options {
     pub telemetry: bool,
     pub limits: Limits,
     pub drain: Duration,
+    pub trace_content: bool,
 }
 
 impl Default for Options {
@@ -61,6 +62,7 @@ impl Default for Options {
             telemetry: true,
             limits: Limits::default(),
             drain: Duration::from_secs(10),
+            trace_content: false,
         }
     }
 }
@@ -117,7 +119,7 @@ impl TestServer {
                     ..o.limits.clone()
                 },
                 progress_interval: Duration::from_millis(o.progress_ms),
-                trace_content: false,
+                trace_content: o.trace_content,
                 model_names: vec![model.id.clone()],
                 drain_timeout: o.drain,
                 read_timeout: Duration::from_secs(30),
