@@ -22,12 +22,13 @@ model=$("$target/release/slotlight-engine" fetch-model)
 
 pids=()
 stop() {
+  local rc=${1:-0}
   trap - INT TERM EXIT
   echo
   echo "==> stopping"
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  exit 0
+  exit "$rc"
 }
 trap stop INT TERM EXIT
 
@@ -46,12 +47,12 @@ wait_for() {
       return 0
     fi
     for p in "${pids[@]}"; do
-      kill -0 "$p" 2>/dev/null || { echo "error: $what exited" >&2; stop; }
+      kill -0 "$p" 2>/dev/null || { echo "error: $what exited" >&2; stop 1; }
     done
     sleep 0.2
   done
   echo "error: $what did not answer at $url" >&2
-  stop
+  stop 1
 }
 wait_for "http://127.0.0.1:$port/health" "the engine"
 wait_for "http://127.0.0.1:$views/v1/slots" "the sidecar"
@@ -72,4 +73,5 @@ Try:
 Ctrl-C stops both.
 MSG
 wait -n "${pids[@]}" || true
-stop
+echo "error: the engine or the sidecar exited by itself" >&2
+stop 1
