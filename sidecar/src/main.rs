@@ -1,5 +1,7 @@
 //! The `slotlight-sidecar` command line.
 
+use std::io::IsTerminal;
+
 use anyhow::Context;
 use clap::Parser;
 use slotlight_sidecar::config::{Cli, Command};
@@ -8,6 +10,8 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: a log file or collector would get raw escape codes.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),

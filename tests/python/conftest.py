@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from procs import EngineProcess, SidecarProcess, default_model
-
-
-def _require_model():
-    if not default_model().exists():
-        if os.environ.get("SLOTLIGHT_REQUIRE_MODEL") == "1":
-            pytest.fail(f"the default model is required but missing at {default_model()}")
-        pytest.skip(f"the default model is not at {default_model()} (run `slotlight-engine fetch-model`)")
+from procs import EngineProcess, SidecarProcess, require_model as _require_model
 
 
 @pytest.fixture(scope="module")

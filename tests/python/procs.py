@@ -43,6 +43,17 @@ def default_model() -> Path:
     return Path(base) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def require_model():
+    """Skips the calling test when the default model is missing, or fails it when
+    SLOTLIGHT_REQUIRE_MODEL=1."""
+    import pytest
+
+    if not default_model().exists():
+        if os.environ.get("SLOTLIGHT_REQUIRE_MODEL") == "1":
+            pytest.fail(f"the default model is required but missing at {default_model()}")
+        pytest.skip(f"the default model is not at {default_model()} (run `slotlight-engine fetch-model`)")
+
+
 def http_json(method: str, url: str, body=None, headers=None, timeout=60):
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json", **(headers or {})})
@@ -56,8 +67,8 @@ def http_json(method: str, url: str, body=None, headers=None, timeout=60):
 class EngineProcess:
     """`slotlight-engine serve` on a free loopback port."""
 
-    def __init__(self, *extra: str, otlp: str | None = None, protocol: str = "grpc"):
-        args = [str(binary("slotlight-engine", "SLOTLIGHT_ENGINE_BIN")), "serve", "--port", "0", "--model", str(default_model()), "--ctx-size", "2048"]
+    def __init__(self, *extra: str, otlp: str | None = None, protocol: str = "grpc", ctx_size: int = 2048):
+        args = [str(binary("slotlight-engine", "SLOTLIGHT_ENGINE_BIN")), "serve", "--port", "0", "--model", str(default_model()), "--ctx-size", str(ctx_size)]
         if otlp:
             args += ["--otlp-endpoint", otlp, "--otlp-protocol", protocol]
         else:

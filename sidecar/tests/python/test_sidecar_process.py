@@ -4,6 +4,7 @@ clean exit on SIGTERM."""
 import gzip
 import json
 import subprocess
+import time
 import urllib.error
 import urllib.request
 
@@ -41,6 +42,20 @@ def test_startup_line_and_sigterm():
         sc.proc.terminate()
         assert sc.proc.wait(timeout=10) == 0
         sc.close()
+
+
+def test_logs_to_a_pipe_carry_no_colour_codes():
+    # Regression: the sidecar wrote ANSI colour codes into its logs whatever stderr was.
+    sc = SidecarProcess()
+    sc.proc.terminate()
+    assert sc.proc.wait(timeout=10) == 0
+    for _ in range(200):
+        if any("shutting down" in line for line in sc.stderr_lines):
+            break
+        time.sleep(0.01)
+    logs = "".join(sc.stderr_lines)
+    assert "shutting down" in logs and "\x1b[" not in logs, logs
+    sc.close()
 
 
 def test_bad_input_then_still_serving(sidecar):
