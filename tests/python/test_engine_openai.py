@@ -75,3 +75,9 @@ def test_errors(client, lone_engine):
     # The server is still fine.
     r = client.chat.completions.create(model=lone_engine.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert r.usage.completion_tokens >= 1
+
+
+def test_binds_loopback_by_default_and_says_so(lone_engine):
+    line = next(l for l in lone_engine.log if "listening on" in l)
+    assert "listening on http://127.0.0.1:" in line, line
+    assert "(loopback only)" in line, line
