@@ -4,7 +4,7 @@
 //! attribute key and value (about 2.6 µs per engine span, most of the ingest budget); this
 //! reader borrows every string and byte field from the request buffer instead, and the
 //! validation step ([`crate::assembly::spans::convert`]) copies out only what it keeps.
-//! It follows the wire rules prost applies: unknown fields are skipped, groups and malformed
+//! It follows the wire rules prost applies: unknown fields (groups too) are skipped, malformed
 //! varints or lengths are errors, strings the sidecar reads must be UTF-8.
 
 /// Why a payload is not a valid protobuf message.
@@ -64,18 +64,40 @@ impl<'a> Fields<'a> {
         Ok(a)
     }
 
-    /// The next `(field number, value)`, `None` at the end.
-    #[allow(clippy::should_implement_trait)] // fallible, so not `Iterator::next`
-    pub fn next(&mut self) -> Result<Option<(u32, Wire<'a>)>, WireError> {
-        if self.buf.is_empty() {
-            return Ok(None);
-        }
+    /// A field key: `(field number, wire type)`.
+    fn key(&mut self) -> Result<(u32, u64), WireError> {
         let key = self.varint()?;
         let field = u32::try_from(key >> 3).map_err(|_| WireError("field number too large"))?;
         if field == 0 {
             return Err(WireError("field number 0"));
         }
-        let v = match key & 7 {
+        Ok((field, key & 7))
+    }
+
+    /// Skips the rest of a group that started with field `field` (deprecated proto2 groups:
+    /// no OTLP field is one, so like any unknown field they are skipped, as prost does).
+    fn skip_group(&mut self, field: u32, depth: u32) -> Result<(), WireError> {
+        if depth >= MAX_GROUP_DEPTH {
+            return Err(WireError("groups nested too deep"));
+        }
+        loop {
+            if self.buf.is_empty() {
+                return Err(WireError("group without its end"));
+            }
+            let (f, wire) = self.key()?;
+            match wire {
+                3 => self.skip_group(f, depth + 1)?,
+                4 if f == field => return Ok(()),
+                4 => return Err(WireError("group ends with another field number")),
+                w => {
+                    self.value(w)?;
+                }
+            }
+        }
+    }
+
+    fn value(&mut self, wire: u64) -> Result<Wire<'a>, WireError> {
+        Ok(match wire {
             0 => Wire::Varint(self.varint()?),
             1 => {
                 let b = self.take(8)?;
@@ -94,12 +116,29 @@ impl<'a> Fields<'a> {
                 a.copy_from_slice(b);
                 Wire::Fixed32(u32::from_le_bytes(a))
             }
-            3 | 4 => return Err(WireError("groups are not used by OTLP")),
             _ => return Err(WireError("invalid wire type")),
-        };
-        Ok(Some((field, v)))
+        })
+    }
+
+    /// The next `(field number, value)`, `None` at the end. Groups are skipped.
+    #[allow(clippy::should_implement_trait)] // fallible, so not `Iterator::next`
+    pub fn next(&mut self) -> Result<Option<(u32, Wire<'a>)>, WireError> {
+        loop {
+            if self.buf.is_empty() {
+                return Ok(None);
+            }
+            let (field, wire) = self.key()?;
+            match wire {
+                3 => self.skip_group(field, 0)?,
+                4 => return Err(WireError("end of a group that never started")),
+                w => return Ok(Some((field, self.value(w)?))),
+            }
+        }
     }
 }
+
+/// Deepest nesting of skipped groups (prost's recursion limit).
+const MAX_GROUP_DEPTH: u32 = 100;
 
 /// A field expected to be length-delimited.
 pub fn bytes<'a>(w: Wire<'a>) -> Result<&'a [u8], WireError> {
@@ -259,6 +298,26 @@ mod tests {
             ..Default::default()
         }
         .encode_to_vec()
+    }
+
+    #[test]
+    fn unknown_groups_are_skipped_as_prost_skips_them() {
+        use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+        // Field 9 as a group holding a varint and a nested group, then field 1 (bytes "x").
+        let msg = [0x4b, 0x08, 0x01, 0x53, 0x54, 0x4c, 0x0a, 0x01, b'x'];
+        let mut f = Fields::new(&msg);
+        assert_eq!(f.next(), Ok(Some((1, Wire::Bytes(b"x")))));
+        assert_eq!(f.next(), Ok(None));
+        // The fuzzer's find: prost decodes it, so the sidecar's reader must accept it too.
+        let found = b"service.instan\x00e.idf\x94";
+        assert!(ExportTraceServiceRequest::decode(&found[..]).is_ok());
+        let mut stats = crate::assembly::spans::SpanBatch::default();
+        assert!(crate::assembly::spans::convert(found, &mut stats).is_ok());
+        // What prost refuses, the reader refuses: a stray end, a group left open, a mismatch.
+        for bad in [&[0x4c][..], &[0x4b, 0x08, 0x01][..], &[0x4b, 0x54][..]] {
+            assert!(ExportTraceServiceRequest::decode(bad).is_err());
+            assert!(Fields::new(bad).next().is_err(), "{bad:?}");
+        }
     }
 
     #[test]
