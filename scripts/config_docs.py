@@ -7,6 +7,7 @@ Usage: scripts/config_docs.py ENGINE_BIN SIDECAR_BIN [--check]
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -45,7 +46,10 @@ names) is in [otel/CONTRACT.md](../otel/CONTRACT.md).
 
 
 def help_text(bin_: str, *args: str) -> str:
-    out = subprocess.run([bin_, *args, "--help"], capture_output=True, text=True, check=True).stdout
+    # --help shows the current value of each flag's environment variable: render without them,
+    # so the reference is the same whatever the caller's environment (tests set SLOTLIGHT_MODEL).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLOTLIGHT_", "OTEL_", "RUST_LOG"))}
+    out = subprocess.run([bin_, *args, "--help"], capture_output=True, text=True, check=True, env=env).stdout
     return out.rstrip() + "\n"
 
 

@@ -179,14 +179,6 @@ fuzz_target!(|ops: Vec<Op>| {
             "{} requests in flight, max {max}",
             asm.in_flight()
         );
-        // An instance the assembly forgot (idle past its TTL) forgets its finished ids too.
-        let live: HashSet<Arc<str>> = asm
-            .snapshot()
-            .instances
-            .iter()
-            .map(|i| i.instance.clone())
-            .collect();
-        seen.retain(|(i, _)| live.contains(i));
         for t in &out.turns {
             // A finished request is remembered (finished_memory = 16 > 12 ids per instance),
             // so a second record for the same id would be a duplicate turn.
@@ -197,6 +189,15 @@ fuzz_target!(|ops: Vec<Op>| {
                 t.instance
             );
         }
+        // An instance the assembly forgot (idle past its TTL) forgets its finished ids too; the
+        // same tick may have finished one of its requests first.
+        let live: HashSet<Arc<str>> = asm
+            .snapshot()
+            .instances
+            .iter()
+            .map(|i| i.instance.clone())
+            .collect();
+        seen.retain(|(i, _)| live.contains(i));
         slotlight_fuzz::sidecar::finish(&asm, &mut out, &metrics, now);
     }
 });
