@@ -106,14 +106,21 @@ pub fn build_backends(
         .max(1);
     let cpu_groups = devices.iter().filter(|d| **d == Device::Cpu).count().max(1);
     let mut out: Vec<Box<dyn Backend>> = Vec::new();
+    // Packed once, shared by every CPU group.
+    let cpu_weights = devices.contains(&Device::Cpu).then(|| {
+        Arc::new(crate::backend::cpu::weights::CpuWeights::new(Arc::clone(
+            &model.weights,
+        )))
+    });
     for d in devices {
         match *d {
             Device::Cpu => {
                 let threads = (total / cpu_groups).max(1);
                 let pool = crate::backend::cpu::pool::ComputePool::new(threads);
-                out.push(Box::new(CpuBackend::new(
+                let weights = cpu_weights.clone().ok_or_else(|| DeviceError::Parse("cpu".into()))?;
+                out.push(Box::new(CpuBackend::with_weights(
                     cfg.clone(),
-                    Arc::clone(&model.weights),
+                    weights,
                     rc.block_size,
                     blocks,
                     Arc::new(pool),

@@ -278,6 +278,7 @@ async fn greedy_tokens_are_the_same_solo_in_a_slot_and_when_moved() {
         .expect("fixture");
     let r: Value = serde_json::from_str(&text).expect("json");
     let e = engine(&m, 4);
+    let mut compared_with_reference = 0;
     let filler: Vec<u32> = m
         .tokenizer
         .encode("Write a poem about the sea and the sky.", true)
@@ -340,14 +341,37 @@ async fn greedy_tokens_are_the_same_solo_in_a_slot_and_when_moved() {
         assert!(legs >= 2, "{} moved between paths", p["kind"]);
         assert_eq!(slot, solo, "{}: slot vs solo", p["kind"]);
         assert_eq!(tokens, solo, "{}: moved vs solo", p["kind"]);
+        // Against the float32 reference: the greedy tokens agree up to the first position
+        // where the reference's own top two are closer than the kernels' 8-bit activations can
+        // tell apart (after it, the continuations may part legitimately).
         let want: Vec<u32> = p["greedy_token_ids"].as_array().expect("greedy")[..n]
             .iter()
             .map(|x| u32::try_from(x.as_u64().expect("id")).expect("u32"))
             .collect();
+        let gaps: std::collections::HashMap<u64, f64> = p["positions"]
+            .as_array()
+            .expect("positions")
+            .iter()
+            .map(|x| (x["pos"].as_u64().expect("pos"), x["top2_gap"].as_f64().expect("gap")))
+            .collect();
+        let first = prompt.len() as u64 - 1;
+        let clear = (0..n as u64)
+            .take_while(|i| gaps.get(&(first + i)).is_some_and(|g| *g > CLEAR_GAP))
+            .count();
         assert_eq!(
-            solo, want,
+            solo[..clear],
+            want[..clear],
             "{}: the reference's greedy continuation",
             p["kind"]
         );
+        compared_with_reference += clear;
     }
+    assert!(
+        compared_with_reference >= 5,
+        "only {compared_with_reference} tokens compared with the reference"
+    );
 }
+
+/// A reference top-2 gap the CPU kernels' 8-bit activations never flip (see
+/// `tests/reference_smollm2.rs`).
+const CLEAR_GAP: f64 = 0.5;

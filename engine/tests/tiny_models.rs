@@ -13,8 +13,9 @@ fn tolerance(dtype: &str) -> f32 {
     match dtype {
         // Float weights: f32 arithmetic, with keys and values stored in f16.
         "f32" | "F32" | "f16" | "F16" | "bf16" => 1e-2,
-        // Quantized weights: activations quantized to 16 bits per 32-value block.
-        _ => 2e-2,
+        // Quantized weights: activations quantized to 8 bits per 32-value block (the integer
+        // kernels' input, as in llama.cpp); measured up to 0.13 on these tiny models.
+        _ => 0.25,
     }
 }
 

@@ -1,21 +1,76 @@
-//! `out[T, N] = x[T, K] · W[N, K]ᵀ` over stored weights, parallel over the rows of `W`.
+//! `out[T, N] = x[T, K] · W[N, K]ᵀ`, parallel over groups of rows of `W` (and over tokens for
+//! long inputs).
 //!
-//! Q4_0, Q4_1 and Q8_0 weights use the integer kernels of [`super::dot`] on activations
-//! quantized once per input ([`QActs`]); other types (F32, F16, BF16, Q4_K, Q6_K) convert one
-//! weight row at a time to f32 and take f32 dot products. Rows are split between threads, never
-//! the reduction, so results do not depend on the thread count or the batch.
+//! Q4_0, Q4_1 and Q8_0 weights are repacked at load ([`PackedMatrix`]) and use the integer
+//! kernels of [`super::gemm`] on activations quantized once per input ([`QActs`]); other types
+//! (F32, F16, BF16, Q4_K, Q6_K) convert one weight row at a time to f32 and take f32 dot
+//! products. Rows are split between threads, never the reduction, so results do not depend on
+//! the thread count or the batch.
 
-use super::dot;
+use super::gemm::{self, MAX_TOKENS};
 use super::isa::Isa;
+use super::packed::{GROUP, PackedMatrix};
 use super::pool::{ComputePool, share};
-use super::quant::QActs;
+use super::quant::{QActs, QK, QRow};
 use crate::model::weights::{Tensor, dequantize};
 
-/// A matmul input: f32 activations, with their quantized form when a quantized weight needs it.
+/// A weight matrix as the CPU backend holds it.
+#[derive(Debug)]
+pub enum Weight {
+    /// Repacked for the integer kernels.
+    Packed(PackedMatrix),
+    /// Read in place from the model file (types without integer kernels).
+    Plain(Tensor),
+}
+
+impl Weight {
+    /// `tensors` stacked by rows, packed when their type has integer kernels; `None` when they
+    /// can be neither packed together nor used as one plain tensor.
+    pub fn new(tensors: &[&Tensor]) -> Option<Self> {
+        if let Some(p) = PackedMatrix::pack(tensors) {
+            return Some(Self::Packed(p));
+        }
+        match tensors {
+            [t] => Some(Self::Plain((*t).clone())),
+            _ => None,
+        }
+    }
+
+    /// Output rows.
+    pub fn rows(&self) -> usize {
+        match self {
+            Self::Packed(p) => p.rows(),
+            Self::Plain(t) => t.rows(),
+        }
+    }
+
+    /// Row length.
+    pub fn k(&self) -> usize {
+        match self {
+            Self::Packed(p) => p.k(),
+            Self::Plain(t) => t.row_len(),
+        }
+    }
+
+    /// Whether the input must be quantized ([`QActs`]).
+    pub fn needs_quantized(&self) -> bool {
+        matches!(self, Self::Packed(_))
+    }
+
+    /// Bytes one pass over the matrix reads.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Self::Packed(p) => p.bytes(),
+            Self::Plain(t) => t.bytes().len(),
+        }
+    }
+}
+
+/// A matmul input: f32 activations, with their quantized form when a packed weight needs it.
 pub struct Input<'a> {
     /// `rows * k` activations.
     pub x: &'a [f32],
-    /// The same activations quantized (required for weights with integer kernels).
+    /// The same activations quantized (required for packed weights).
     pub q: Option<&'a QActs>,
     /// Number of rows (tokens).
     pub rows: usize,
@@ -32,20 +87,18 @@ impl OutPtr {
         self.0
     }
 }
-// SAFETY: each task writes a disjoint set of output elements (its own weight rows).
+// SAFETY: each task writes a disjoint set of output elements (its own rows and tokens).
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
-/// Weight rows per parallel task.
-const ROWS_PER_TASK: usize = 16;
+/// Tokens per task: the activations a task streams for each weight group stay in L2.
+const TOKENS_PER_TASK: usize = 64;
 
-/// Whether `w` needs quantized activations.
-pub fn needs_quantized(w: &Tensor) -> bool {
-    dot::has_int_kernel(w.dtype())
-}
+/// Plain rows per task.
+const PLAIN_ROWS_PER_TASK: usize = 16;
 
-/// `out[t * n + r] = Σ_k x[t * k + j] · w[r, j]`, where `n` is `w`'s row count.
-pub fn matmul(pool: &ComputePool, isa: Isa, w: &Tensor, input: &Input<'_>, out: &mut [f32]) {
+/// `out[t * n + r] = Σ_j x[t * k + j] · w[r, j]`, where `n` is `w`'s row count.
+pub fn matmul(pool: &ComputePool, isa: Isa, w: &Weight, input: &Input<'_>, out: &mut [f32]) {
     matmul_many(pool, isa, &[w], input, &mut [out]);
 }
 
@@ -53,80 +106,133 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// One unit of work: matrix `w`, its row groups (or plain rows) `r0..r1`, tokens `t0..t1`.
+#[derive(Clone, Copy)]
+struct Task {
+    w: usize,
+    r0: usize,
+    r1: usize,
+    t0: usize,
+    t1: usize,
+}
+
 /// Several matmuls over the same input (Q, K and V; gate and up) in one parallel section, so
-/// the threads meet once instead of once per matrix. Each thread takes a contiguous share of
-/// the rows of all matrices together.
+/// the threads meet once instead of once per matrix.
 pub fn matmul_many(
     pool: &ComputePool,
     isa: Isa,
-    ws: &[&Tensor],
+    ws: &[&Weight],
     input: &Input<'_>,
     outs: &mut [&mut [f32]],
 ) {
     assert_eq!(ws.len(), outs.len());
     let t_count = input.rows;
-    let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
     let mut ptrs = Vec::with_capacity(ws.len());
+    let units: usize = ws
+        .iter()
+        .map(|w| match w {
+            Weight::Packed(p) => p.groups(),
+            Weight::Plain(t) => t.rows().div_ceil(PLAIN_ROWS_PER_TASK),
+        })
+        .sum();
+    let token_ranges = t_count.div_ceil(TOKENS_PER_TASK).max(1);
+    // About eight tasks per thread: small enough to balance, large enough that claiming is
+    // free.
+    let per_task = (units * token_ranges / (pool.threads() * 8)).clamp(1, 16);
+    let mut tasks: Vec<Task> = Vec::new();
     for (i, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
-        let n = w.rows();
-        assert_eq!(w.row_len(), input.k, "matmul {}: K mismatch", w.name());
-        assert!(out.len() >= t_count * n);
-        if let Some(q) = input.q.filter(|_| needs_quantized(w)) {
+        assert_eq!(w.k(), input.k, "matmul: K mismatch");
+        assert!(out.len() >= t_count * w.rows());
+        if w.needs_quantized() {
+            let q = input.q.expect("matmul: quantized activations missing");
             assert!(
                 q.rows >= t_count && q.k == input.k,
-                "matmul {}: quantized activations do not match",
-                w.name()
+                "matmul: quantized activations do not match"
             );
         }
-        assert!(
-            !needs_quantized(w) || input.q.is_some(),
-            "matmul {}: quantized activations missing",
-            w.name()
-        );
         ptrs.push(OutPtr(out.as_mut_ptr()));
-        tasks.extend(
-            (0..n.div_ceil(ROWS_PER_TASK))
-                .map(|c| (i, c * ROWS_PER_TASK, ((c + 1) * ROWS_PER_TASK).min(n))),
-        );
+        let (n_units, unit_rows) = match w {
+            Weight::Packed(p) => (p.groups(), 1),
+            Weight::Plain(t) => (t.rows().div_ceil(PLAIN_ROWS_PER_TASK), PLAIN_ROWS_PER_TASK),
+        };
+        let rows = w.rows();
+        for tr in 0..token_ranges {
+            let (t0, t1) = share(t_count, tr, token_ranges);
+            let mut u = 0;
+            while u < n_units {
+                let end = (u + per_task).min(n_units);
+                let (r0, r1) = match w {
+                    Weight::Packed(_) => (u, end),
+                    Weight::Plain(_) => (u * unit_rows, (end * unit_rows).min(rows)),
+                };
+                tasks.push(Task { w: i, r0, r1, t0, t1 });
+                u = end;
+            }
+        }
     }
-    let qrows: Option<Vec<_>> = input.q.map(|q| (0..t_count).map(|t| q.row(t)).collect());
-    // About eight chunks per thread: small enough to balance, large enough that claiming is free.
-    let chunks = tasks.len().min(pool.threads() * 8).max(1);
-    let section = |chunk: usize| {
-        let (a, b) = share(tasks.len(), chunk, chunks);
-        SCRATCH.with_borrow_mut(|scratch| {
-            scratch.resize(t_count + input.k.max(dot::scratch_len(input.k)), 0.0);
-            let (res, scratch) = scratch.split_at_mut(t_count);
-            for &(i, r0, r1) in &tasks[a..b] {
-                let w = ws[i];
-                let n = w.rows();
-                let ptr = ptrs[i];
-                match qrows.as_deref() {
-                    Some(rows) if needs_quantized(w) => {
-                        for r in r0..r1 {
-                            dot::dot_row(isa, w.dtype(), w.row_bytes_of(r), rows, res, scratch);
-                            for (t, v) in res.iter().enumerate() {
-                                // SAFETY: row r of matrix i belongs to this thread only; t < t_count.
-                                unsafe { *ptr.get().add(t * n + r) = *v };
-                            }
-                        }
-                    }
-                    _ => {
-                        let row = &mut scratch[..input.k];
-                        for r in r0..r1 {
-                            dequantize(w.dtype(), w.row_bytes_of(r), row);
-                            for t in 0..t_count {
-                                let v = dot_f32(row, &input.x[t * input.k..(t + 1) * input.k]);
-                                // SAFETY: as above.
-                                unsafe { *ptr.get().add(t * n + r) = v };
-                            }
-                        }
+    let qrows: Option<Vec<QRow<'_>>> = input.q.map(|q| (0..t_count).map(|t| q.row(t)).collect());
+    let run = |c: usize| {
+        let task = tasks[c];
+        let w = ws[task.w];
+        let ptr = ptrs[task.w];
+        match w {
+            Weight::Packed(p) => {
+                // Unwrap is safe here: checked above for packed weights.
+                let rows = qrows.as_deref().unwrap_or(&[]);
+                packed_task(isa, p, rows, &task, ptr);
+            }
+            Weight::Plain(t) => plain_task(t, input, &task, ptr),
+        }
+    };
+    pool.run(tasks.len(), &run);
+}
+
+/// Row groups `r0..r1` of `p` for tokens `t0..t1`.
+fn packed_task(isa: Isa, p: &PackedMatrix, rows: &[QRow<'_>], task: &Task, ptr: OutPtr) {
+    let n = p.rows();
+    let nb = p.k() / QK;
+    for g in task.r0..task.r1 {
+        let group = p.group(g);
+        let full = (g + 1) * GROUP <= n;
+        let mut t = task.t0;
+        while t < task.t1 {
+            let tn = (task.t1 - t).min(MAX_TOKENS);
+            let xs = &rows[t..t + tn];
+            if full {
+                // SAFETY: rows g·8..g·8+8 of tokens t..t+tn belong to this task only, and the
+                // output holds t_count × n floats.
+                unsafe { gemm::group_dot(isa, p.format(), group, nb, xs, ptr.get().add(t * n + g * GROUP), n) };
+            } else {
+                let mut tmp = [0f32; GROUP * MAX_TOKENS];
+                // SAFETY: `tmp` holds tn × 8 floats.
+                unsafe { gemm::group_dot(isa, p.format(), group, nb, xs, tmp.as_mut_ptr(), GROUP) };
+                for j in 0..tn {
+                    for i in 0..n - g * GROUP {
+                        // SAFETY: as above; only the real rows are written.
+                        unsafe { *ptr.get().add((t + j) * n + g * GROUP + i) = tmp[j * GROUP + i] };
                     }
                 }
             }
-        });
-    };
-    pool.run(chunks, &section);
+            t += tn;
+        }
+    }
+}
+
+/// Plain rows `r0..r1` of `w` for tokens `t0..t1`: each row converted to f32 once.
+fn plain_task(w: &Tensor, input: &Input<'_>, task: &Task, ptr: OutPtr) {
+    let n = w.rows();
+    let k = input.k;
+    SCRATCH.with_borrow_mut(|row| {
+        row.resize(k, 0.0);
+        for r in task.r0..task.r1 {
+            dequantize(w.dtype(), w.row_bytes_of(r), row);
+            for t in task.t0..task.t1 {
+                let v = dot_f32(row, &input.x[t * k..(t + 1) * k]);
+                // SAFETY: row r of tokens t0..t1 belongs to this task only.
+                unsafe { *ptr.get().add(t * n + r) = v };
+            }
+        }
+    });
 }
 
 /// f32 dot product with eight independent partial sums (vectorizes well).
@@ -153,8 +259,8 @@ mod tests {
     use crate::model::weights::DType;
 
     #[test]
-    fn matmul_matches_dequantized_reference_for_every_type() {
-        let (n, k, t) = (40, 96, 7);
+    fn matmul_matches_dequantized_reference_for_every_type_and_isa() {
+        let (n, k, t) = (43, 96, 7);
         for dtype in [
             DType::F32,
             DType::F16,
@@ -169,34 +275,32 @@ mod tests {
             b.tensor_quantized("w", &[n, k], dtype, &wf);
             let (_d, p) = b.write_temp();
             let g = crate::model::gguf::GgufFile::open(&p).expect("gguf");
-            let w = g.tensor("w").expect("w");
-            let wd = w.to_f32_vec();
+            let tensor = g.tensor("w").expect("w");
+            let wd = tensor.to_f32_vec();
+            let w = Weight::new(&[&tensor]).expect("weight");
+            assert_eq!(w.needs_quantized(), dtype.is_quantized());
             let x = rng.vec(t * k, 1.0);
-            let mut qa = QActs::default();
-            qa.quantize(&x, t, k);
-            let input = Input {
-                x: &x,
-                q: Some(&qa),
-                rows: t,
-                k,
-            };
-            let mut out = vec![0.0; t * n];
             let pool = ComputePool::new(2);
-            matmul(
-                &pool,
-                crate::backend::cpu::isa::detect(),
-                &w,
-                &input,
-                &mut out,
-            );
-            for ti in 0..t {
-                for r in 0..n {
-                    let exact: f32 = (0..k).map(|j| wd[r * k + j] * x[ti * k + j]).sum();
-                    let got = out[ti * n + r];
-                    assert!(
-                        (got - exact).abs() < 0.15,
-                        "{dtype:?} t={ti} r={r}: {got} vs {exact}"
-                    );
+            for isa in Isa::available() {
+                let mut qa = QActs::default();
+                qa.quantize(&pool, isa, &x, t, k);
+                let input = Input {
+                    x: &x,
+                    q: Some(&qa),
+                    rows: t,
+                    k,
+                };
+                let mut out = vec![f32::NAN; t * n];
+                matmul(&pool, isa, &w, &input, &mut out);
+                for ti in 0..t {
+                    for r in 0..n {
+                        let exact: f32 = (0..k).map(|j| wd[r * k + j] * x[ti * k + j]).sum();
+                        let got = out[ti * n + r];
+                        assert!(
+                            (got - exact).abs() < 0.15,
+                            "{isa:?} {dtype:?} t={ti} r={r}: {got} vs {exact}"
+                        );
+                    }
                 }
             }
         }

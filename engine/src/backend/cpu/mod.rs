@@ -1,13 +1,15 @@
 //! The CPU backend: quantized SIMD kernels, paged f16 KV cache, threads over weight rows.
 
 pub mod attention;
-pub mod dot;
+pub mod gemm;
 pub mod isa;
 pub mod kv;
 pub mod matmul;
 pub mod ops;
+pub mod packed;
 pub mod pool;
 pub mod quant;
+pub mod weights;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,13 +17,13 @@ use std::time::Instant;
 use self::attention::{Rows, attend};
 use self::isa::Isa;
 use self::kv::KvStore;
-use self::matmul::{Input, matmul, matmul_many, needs_quantized};
+use self::matmul::{Input, Weight, matmul, matmul_many};
 use self::pool::ComputePool;
 use self::quant::QActs;
+use self::weights::CpuWeights;
 use super::{Backend, BackendError, SeqChunk, StepStats};
 use crate::model::config::{ModelConfig, RopeStyle};
 use crate::model::llama::LlamaWeights;
-use crate::model::weights::Tensor;
 
 /// Scratch buffers reused across steps.
 #[derive(Default)]
@@ -54,7 +56,7 @@ thread_local! {
 /// Runs a Llama-family model on the CPU.
 pub struct CpuBackend {
     cfg: ModelConfig,
-    weights: Arc<LlamaWeights>,
+    weights: Arc<CpuWeights>,
     kv: KvStore,
     inv_freq: Vec<f32>,
     isa: Isa,
@@ -76,8 +78,8 @@ unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 
 impl CpuBackend {
-    /// A backend over `weights` with a KV cache of `kv_blocks` blocks of `block_size` positions,
-    /// computing on `pool`.
+    /// A backend over `weights` (packed here) with a KV cache of `kv_blocks` blocks of
+    /// `block_size` positions, computing on `pool`.
     pub fn new(
         cfg: ModelConfig,
         weights: Arc<LlamaWeights>,
@@ -85,7 +87,19 @@ impl CpuBackend {
         kv_blocks: usize,
         pool: Arc<ComputePool>,
     ) -> Self {
-        let inv_freq = cfg.rope_inv_freq(weights.rope_freqs.as_deref());
+        let packed = Arc::new(CpuWeights::new(weights));
+        Self::with_weights(cfg, packed, block_size, kv_blocks, pool)
+    }
+
+    /// Like [`CpuBackend::new`] over weights packed already (shared by several CPU groups).
+    pub fn with_weights(
+        cfg: ModelConfig,
+        weights: Arc<CpuWeights>,
+        block_size: usize,
+        kv_blocks: usize,
+        pool: Arc<ComputePool>,
+    ) -> Self {
+        let inv_freq = cfg.rope_inv_freq(weights.model.rope_freqs.as_deref());
         let kv = KvStore::new(
             cfg.layers,
             cfg.kv_heads,
@@ -115,11 +129,21 @@ impl CpuBackend {
         self.kv.bytes_per_token() * self.kv.block_size() * self.kv.blocks()
     }
 
+    /// The ISA the kernels run.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// Bytes of weights one decode step reads.
+    pub fn weight_bytes_per_step(&self) -> usize {
+        self.weights.bytes_per_step()
+    }
+
     /// Runs `ws` (all with row length `k`) over the same `rows` inputs in one parallel pass.
     fn mm(
         pool: &ComputePool,
         isa: Isa,
-        ws: &[&Tensor],
+        ws: &[&Weight],
         x: &[f32],
         qa: &QActs,
         rows: usize,
@@ -130,23 +154,33 @@ impl CpuBackend {
         }
         let input = Input {
             x,
-            q: ws.iter().any(|w| needs_quantized(w)).then_some(qa),
+            q: ws.iter().any(|w| w.needs_quantized()).then_some(qa),
             rows,
-            k: ws[0].row_len(),
+            k: ws[0].k(),
         };
         let mut slices: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
         matmul_many(pool, isa, ws, &input, &mut slices);
     }
 
-    fn quantize_if_needed(qa: &mut QActs, x: &[f32], rows: usize, k: usize, ws: &[&Tensor]) {
-        if ws.iter().any(|w| needs_quantized(w)) {
-            qa.quantize(x, rows, k);
+    #[allow(clippy::too_many_arguments)]
+    fn quantize_if_needed(
+        pool: &ComputePool,
+        isa: Isa,
+        qa: &mut QActs,
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        ws: &[&Weight],
+    ) {
+        if ws.iter().any(|w| w.needs_quantized()) {
+            qa.quantize(pool, isa, x, rows, k);
         }
     }
 
     fn run(&mut self, chunks: &[SeqChunk<'_>], logits: &mut Vec<f32>) -> Result<(), BackendError> {
         let cfg = &self.cfg;
         let w = &*self.weights;
+        let lw = &*w.model;
         let s = &mut self.s;
         let isa = self.isa;
         let pool = Arc::clone(&self.pool);
@@ -194,7 +228,7 @@ impl CpuBackend {
         let mut t = 0;
         for c in chunks {
             for &tok in c.tokens {
-                w.embed
+                lw.embed
                     .dequantize_row(tok as usize, &mut s.x[t * h..(t + 1) * h]);
                 t += 1;
             }
@@ -202,10 +236,10 @@ impl CpuBackend {
         ops::rope_table(&s.positions, &self.inv_freq, &mut s.rope);
         let neox = cfg.rope_style == RopeStyle::Neox;
         let kv = &mut self.kv;
-        for (l, blk) in w.blocks.iter().enumerate() {
+        for (l, (blk, lb)) in w.blocks.iter().zip(&lw.blocks).enumerate() {
             s.h.resize(total * h, 0.0);
-            ops::rms_norm(&s.x, &blk.attn_norm, cfg.rms_eps, &mut s.h);
-            Self::quantize_if_needed(&mut s.qa, &s.h, total, h, &[&blk.wq, &blk.wk, &blk.wv]);
+            ops::rms_norm(&s.x, &lb.attn_norm, cfg.rms_eps, &mut s.h);
+            Self::quantize_if_needed(&pool, isa, &mut s.qa, &s.h, total, h, &[&blk.wq, &blk.wk, &blk.wv]);
             Self::mm(
                 &pool,
                 isa,
@@ -215,7 +249,7 @@ impl CpuBackend {
                 total,
                 &mut [&mut s.q, &mut s.k, &mut s.v],
             );
-            if let (Some(bq), Some(bk), Some(bv)) = (&blk.bq, &blk.bk, &blk.bv) {
+            if let (Some(bq), Some(bk), Some(bv)) = (&lb.bq, &lb.bk, &lb.bv) {
                 ops::add_bias(&mut s.q, bq);
                 ops::add_bias(&mut s.k, bk);
                 ops::add_bias(&mut s.v, bv);
@@ -270,7 +304,7 @@ impl CpuBackend {
                     }
                 });
             });
-            Self::quantize_if_needed(&mut s.qa, &s.attn, total, qd, &[&blk.wo]);
+            Self::quantize_if_needed(&pool, isa, &mut s.qa, &s.attn, total, qd, &[&blk.wo]);
             Self::mm(
                 &pool,
                 isa,
@@ -281,8 +315,8 @@ impl CpuBackend {
                 &mut [&mut s.o],
             );
             ops::add_in_place(&mut s.x, &s.o);
-            ops::rms_norm(&s.x, &blk.ffn_norm, cfg.rms_eps, &mut s.h);
-            Self::quantize_if_needed(&mut s.qa, &s.h, total, h, &[&blk.w_gate, &blk.w_up]);
+            ops::rms_norm(&s.x, &lb.ffn_norm, cfg.rms_eps, &mut s.h);
+            Self::quantize_if_needed(&pool, isa, &mut s.qa, &s.h, total, h, &[&blk.w_gate, &blk.w_up]);
             Self::mm(
                 &pool,
                 isa,
@@ -293,7 +327,7 @@ impl CpuBackend {
                 &mut [&mut s.gate, &mut s.up],
             );
             ops::silu_mul(&mut s.gate, &s.up);
-            Self::quantize_if_needed(&mut s.qa, &s.gate, total, cfg.ffn, &[&blk.w_down]);
+            Self::quantize_if_needed(&pool, isa, &mut s.qa, &s.gate, total, cfg.ffn, &[&blk.w_down]);
             Self::mm(
                 &pool,
                 isa,
@@ -320,17 +354,17 @@ impl CpuBackend {
             for (i, &r) in s.logit_rows.iter().enumerate() {
                 ops::rms_norm(
                     &s.x[r * h..(r + 1) * h],
-                    &w.norm,
+                    &lw.norm,
                     cfg.rms_eps,
                     &mut s.last_h[i * h..(i + 1) * h],
                 );
             }
-            Self::quantize_if_needed(&mut s.qa, &s.last_h, rows, h, &[&w.output]);
+            Self::quantize_if_needed(&pool, isa, &mut s.qa, &s.last_h, rows, h, &[&w.output]);
             let start = logits.len();
             logits.resize(start + rows * cfg.vocab, 0.0);
             let input = Input {
                 x: &s.last_h,
-                q: needs_quantized(&w.output).then_some(&s.qa),
+                q: w.output.needs_quantized().then_some(&s.qa),
                 rows,
                 k: h,
             };
