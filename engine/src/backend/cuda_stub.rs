@@ -70,4 +70,12 @@ impl Backend for CudaBackend {
     fn describe(&self) -> String {
         match *self {}
     }
+
+    fn isa_name(&self) -> &'static str {
+        match *self {}
+    }
+
+    fn weight_bytes_per_step(&self) -> usize {
+        match *self {}
+    }
 }

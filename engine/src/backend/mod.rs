@@ -76,4 +76,9 @@ pub trait Backend: Send {
     fn num_blocks(&self) -> usize;
     /// A one-line description (device, kernels, threads).
     fn describe(&self) -> String;
+    /// The kernels' instruction set or device kind, as benchmarks report it (`avx2`, `scalar`,
+    /// `cuda`).
+    fn isa_name(&self) -> &'static str;
+    /// Bytes of weights one decode step reads.
+    fn weight_bytes_per_step(&self) -> usize;
 }

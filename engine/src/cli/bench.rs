@@ -29,6 +29,14 @@ pub struct BenchArgs {
     /// Concurrent requests for aggregate decode through the scheduler (for example 1,2,4,8).
     #[arg(long, value_delimiter = ',')]
     pub concurrency: Vec<usize>,
+    /// Context depths to time batch-1 decode at (for example 0,2048): the context is prefilled
+    /// first, untimed, then `--gen-tokens` tokens are decoded after it.
+    #[arg(long, value_delimiter = ',')]
+    pub decode_depth: Vec<usize>,
+    /// Skip the memory read-bandwidth measurement (with all threads) that decode is compared
+    /// with.
+    #[arg(long)]
+    pub no_bandwidth: bool,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -174,6 +182,73 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     runs.remove(0);
     let decode = spread(runs);
+    // Decode after a deep context.
+    let mut depths = Vec::new();
+    for &d in &a.decode_depth {
+        anyhow::ensure!(
+            d + gen_n < ctx,
+            "a depth of {d} plus {gen_n} tokens does not fit the context of {ctx}"
+        );
+        let ctx_toks = bench_tokens(&model, d.max(1))?;
+        let mut runs = Vec::new();
+        for _ in 0..=reps {
+            logits.clear();
+            let mut pos = 0;
+            if d > 0 {
+                backend.forward(
+                    &[SeqChunk {
+                        tokens: &ctx_toks,
+                        start_pos: 0,
+                        blocks: &blocks,
+                        all_logits: false,
+                        no_logits: false,
+                    }],
+                    &mut logits,
+                )?;
+                pos = d;
+            }
+            let vocab = backend.config().vocab;
+            let mut next = if d > 0 { argmax(&logits[logits.len() - vocab..]) } else { ctx_toks[0] };
+            let t = Instant::now();
+            for p in pos..pos + gen_n {
+                logits.clear();
+                backend.forward(
+                    &[SeqChunk {
+                        tokens: &[next],
+                        start_pos: p,
+                        blocks: &blocks,
+                        all_logits: false,
+                        no_logits: false,
+                    }],
+                    &mut logits,
+                )?;
+                next = argmax(&logits[logits.len() - vocab..]);
+            }
+            runs.push(gen_n as f64 / t.elapsed().as_secs_f64());
+        }
+        runs.remove(0);
+        let s = spread(runs);
+        if !a.json {
+            println!(
+                "decode  at depth {d:>5}: {:>8.1} tok/s (min {:.1}, max {:.1})",
+                s.median, s.min, s.max
+            );
+        }
+        depths.push((d, s));
+    }
+    let threads = a
+        .model
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let bandwidth = (!a.no_bandwidth).then(|| read_bandwidth_gbs(threads));
+    let weight_bytes = backend.weight_bytes_per_step();
+    if let (Some(bw), false) = (bandwidth, a.json) {
+        println!(
+            "read bandwidth ({threads} threads): {bw:.1} GB/s; decode reads {:.1} MB of weights a token, so it runs at {:.0}% of that limit",
+            weight_bytes as f64 / 1e6,
+            100.0 * decode.median * weight_bytes as f64 / (bw * 1e9)
+        );
+    }
     let (rss, peak) = memory_mib();
     if !a.json {
         println!(
@@ -183,6 +258,7 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
         println!("memory: resident {rss:.0} MiB, peak {peak:.0} MiB (context {ctx})");
     }
     let backend_desc = backend.describe();
+    let backend_isa = backend.isa_name();
     drop(backend);
     // Aggregate decode through the scheduler.
     let mut conc = Vec::new();
@@ -206,7 +282,15 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
                 "backend": backend_desc,
                 "prefill_tps": prefill.iter().map(|(p, s)| json!({"prompt_tokens": p, "tps": sp(*s)})).collect::<Vec<_>>(),
                 "decode_tps": sp(decode),
+                "decode_depth": depths.iter().map(|(d, s)| json!({"depth": d, "tps": sp(*s)})).collect::<Vec<_>>(),
                 "gen_tokens": gen_n,
+                "isa": backend_isa,
+                "cpu": cpu_model(),
+                "cpu_features": crate::backend::cpu::isa::cpu_features(),
+                "threads": threads,
+                "read_bandwidth_gbs": bandwidth,
+                "weight_bytes_per_token": weight_bytes,
+                "decode_bandwidth_fraction": bandwidth.map(|bw| decode.median * weight_bytes as f64 / (bw * 1e9)),
                 "concurrency": conc.iter().map(|(c, s)| json!({"concurrency": c, "aggregate_tps": sp(*s)})).collect::<Vec<_>>(),
                 "rss_mib": rss,
                 "peak_rss_mib": peak,
@@ -215,6 +299,46 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The CPU's model name (Linux).
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
+/// Read bandwidth of this machine's memory with `threads` threads, in GB/s: the best of five
+/// passes over a 256 MiB buffer (far larger than any cache), each thread summing its own
+/// contiguous share, the way the decode kernels stream weights.
+#[allow(clippy::cast_precision_loss)]
+fn read_bandwidth_gbs(threads: usize) -> f64 {
+    const BYTES: usize = 256 << 20;
+    let pool = crate::backend::cpu::pool::ComputePool::new(threads);
+    let buf: Vec<u64> = (0..BYTES / 8).map(|i| i as u64).collect();
+    let parts = pool.threads();
+    let mut best = 0f64;
+    for _ in 0..5 {
+        let t = Instant::now();
+        pool.run(parts, &|p| {
+            let (a, b) = crate::backend::cpu::pool::share(buf.len(), p, parts);
+            let mut acc = [0u64; 8];
+            for c in buf[a..b].chunks_exact(8) {
+                for i in 0..8 {
+                    acc[i] = acc[i].wrapping_add(c[i]);
+                }
+            }
+            std::hint::black_box(acc);
+        });
+        best = best.max(BYTES as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    best
 }
 
 fn argmax(v: &[f32]) -> u32 {

@@ -1,13 +1,26 @@
-//! Causal attention of new tokens over a sequence's paged KV cache.
+//! Causal attention of new tokens over a sequence's paged f16 KV cache.
 //!
-//! One call handles a run of query rows of one sequence and one KV head (with the query heads
-//! that share it), walking the sequence's blocks once: each block's keys and values are
-//! converted from f16 once and used by every query row, with a running (online) softmax per
-//! row. A row's arithmetic depends only on its own position and the sequence's cache, never on
-//! which other rows share the call, so chunked prefill, decode and batching agree exactly.
+//! The cache is read in chunks of [`CHUNK_BLOCKS`] blocks. For each chunk, every query row
+//! and every query head of a KV head's group gets a partial softmax state (running maximum
+//! `m`, running sum `l`, unnormalized output `acc`), computed block by block with an online
+//! softmax: each block's keys and values are converted from f16 once and used by every row
+//! and every head of the group. The chunks' states are then merged in order and normalized.
+//!
+//! That structure is what lets both threads work at batch 1: a decode row's chunks are
+//! independent work items, merged afterwards; a prefill run of rows walks its chunks itself.
+//! Both compute the same partial states and merge them in the same order, so a row's result
+//! depends only on its position and the sequence's cache, never on which other rows share the
+//! step: chunked prefill, decode and batching agree exactly.
+//!
+//! Queries arrive scaled by `1/√head_dim`.
 
+use half::f16;
+
+use super::isa::Isa;
 use super::kv::KvStore;
-use super::matmul::dot_f32;
+
+/// Blocks per chunk of the cache (256 positions with 16-position blocks).
+pub const CHUNK_BLOCKS: usize = 16;
 
 /// A run of query rows of one sequence.
 #[derive(Clone, Copy)]
@@ -16,107 +29,587 @@ pub struct Rows<'a> {
     pub blocks: &'a [u32],
     /// Position of each row (increasing).
     pub positions: &'a [usize],
-    /// Query rows, `positions.len() × stride`.
+    /// Query rows, `positions.len() × stride`, already scaled by `1/√head_dim`.
     pub q: &'a [f32],
     /// Floats between consecutive rows in `q` and in the output.
     pub stride: usize,
 }
 
-/// Scratch reused across calls.
-#[derive(Default)]
-pub struct Scratch {
-    k: Vec<f32>,
-    v: Vec<f32>,
-    scores: Vec<f32>,
-    state: Vec<f32>,
+/// Which heads of which layer.
+#[derive(Clone, Copy, Debug)]
+pub struct Heads {
+    /// Layer.
+    pub layer: usize,
+    /// The KV head; its query heads start at `kv_head * group`.
+    pub kv_head: usize,
+    /// Query heads per KV head.
+    pub group: usize,
+    /// Values per head.
+    pub head_dim: usize,
 }
 
-/// Attention for `rows` against KV head `kv_head` of `layer`; the `group` query heads that
-/// share it start at head `kv_head * group`. Writes each row's `group × head_dim` outputs at
-/// `out[r * stride + kv_head * group * head_dim ..]`.
-///
-/// # Safety
-/// `out` must be valid for writes at those offsets, and no other thread may write them.
+impl Heads {
+    /// Floats of one state: `m`, `l`, then `head_dim` accumulators.
+    pub fn state_len(&self) -> usize {
+        self.head_dim + 2
+    }
+}
+
+/// Chunks a row at `pos` reads.
+pub fn chunks_for(pos: usize, block_size: usize) -> usize {
+    pos / (block_size * CHUNK_BLOCKS) + 1
+}
+
+/// Scratch reused across calls (one per thread).
+#[derive(Default)]
+pub struct Scratch {
+    kt: Vec<f32>,
+    v: Vec<f32>,
+    part: Vec<f32>,
+    total: Vec<f32>,
+}
+
+/// Resets `states` (each `state_len` floats) to empty.
+fn clear(states: &mut [f32], len: usize) {
+    for st in states.chunks_exact_mut(len) {
+        st[0] = f32::NEG_INFINITY;
+        st[1..].fill(0.0);
+    }
+}
+
+/// Partial states of chunk `c` for every row of `rows` and every query head of the group:
+/// `out` holds `rows × group` states of [`Heads::state_len`] floats (rows that do not reach the
+/// chunk keep empty states: `l = 0`).
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn attend(
+pub fn chunk_states(
+    isa: Isa,
     kv: &KvStore,
-    layer: usize,
-    kv_head: usize,
-    group: usize,
-    head_dim: usize,
+    h: Heads,
     rows: Rows<'_>,
-    out: *mut f32,
+    c: usize,
+    out: &mut [f32],
     s: &mut Scratch,
 ) {
-    let bs = kv.block_size();
-    let hd = head_dim;
-    let n = rows.positions.len();
+    let (bs, hd, group) = (kv.block_size(), h.head_dim, h.group);
+    let sl = h.state_len();
+    clear(&mut out[..rows.positions.len() * group * sl], sl);
     let Some(&max_pos) = rows.positions.last() else {
         return;
     };
-    #[allow(clippy::cast_precision_loss)]
-    let scale = 1.0 / (hd as f32).sqrt();
-    // Per (row, head): running max, running sum, then the accumulator.
-    let per = hd + 2;
-    s.state.clear();
-    s.state.resize(n * group * per, 0.0);
-    for st in s.state.chunks_exact_mut(per) {
-        st[0] = f32::NEG_INFINITY;
-    }
-    s.k.resize(bs * hd, 0.0);
+    s.kt.resize(bs * hd, 0.0);
     s.v.resize(bs * hd, 0.0);
-    s.scores.resize(bs, 0.0);
-    let first_head = kv_head * group;
-    for (bi, &block) in rows.blocks.iter().enumerate() {
+    let first = c * CHUNK_BLOCKS;
+    let last = (first + CHUNK_BLOCKS).min(rows.blocks.len());
+    for bi in first..last {
         let start = bi * bs;
         if start > max_pos {
             break;
         }
-        let len = (max_pos + 1 - start).min(bs);
-        kv.read(block as usize, layer, 0, kv_head, len, &mut s.k);
-        kv.read(block as usize, layer, 1, kv_head, len, &mut s.v);
+        let block = rows.blocks[bi] as usize;
+        if bi + 1 < last && start + bs <= max_pos {
+            // The next block lies elsewhere in memory (pages are not in order, and even in
+            // order a block's head is far from the next block's): fetch it while this one is
+            // worked on.
+            let next = rows.blocks[bi + 1] as usize;
+            prefetch(kv.keys(next, h.layer, h.kv_head));
+            prefetch(kv.values(next, h.layer, h.kv_head));
+        }
+        let (keys, values) = (kv.keys(block, h.layer, h.kv_head), kv.values(block, h.layer, h.kv_head));
+        convert(isa, keys, &mut s.kt);
+        convert(isa, values, &mut s.v);
         for (r, &pos) in rows.positions.iter().enumerate() {
             if start > pos {
                 continue;
             }
-            let valid = (pos + 1 - start).min(len);
-            for j in 0..group {
-                let qoff = r * rows.stride + (first_head + j) * hd;
-                let qv = &rows.q[qoff..qoff + hd];
-                let sc = &mut s.scores[..valid];
-                let mut blk_max = f32::NEG_INFINITY;
-                for (t, x) in sc.iter_mut().enumerate() {
-                    *x = dot_f32(qv, &s.k[t * hd..(t + 1) * hd]) * scale;
-                    blk_max = blk_max.max(*x);
-                }
-                let st = &mut s.state[(r * group + j) * per..(r * group + j + 1) * per];
-                let (m, rest) = st.split_at_mut(1);
-                let (l, acc) = rest.split_at_mut(1);
-                let new_m = m[0].max(blk_max);
-                let corr = (m[0] - new_m).exp();
-                l[0] *= corr;
-                for a in acc.iter_mut() {
-                    *a *= corr;
-                }
-                for (t, x) in sc.iter().enumerate() {
-                    let e = (x - new_m).exp();
-                    l[0] += e;
-                    for (a, v) in acc.iter_mut().zip(&s.v[t * hd..(t + 1) * hd]) {
-                        *a += e * v;
-                    }
-                }
-                m[0] = new_m;
+            let valid = (pos + 1 - start).min(bs);
+            let q0 = r * rows.stride + h.kv_head * group * hd;
+            let q = &rows.q[q0..q0 + group * hd];
+            let st = &mut out[r * group * sl..(r + 1) * group * sl];
+            block_update(isa, q, &s.kt, &s.v, bs, hd, valid, st);
+        }
+    }
+}
+
+/// Asks for `x`'s cache lines ahead of use.
+fn prefetch(x: &[f16]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in x.chunks(32) {
+        // SAFETY: a prefetch is only a hint; the address is inside `x`.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                line.as_ptr().cast(),
+            );
+        }
+    }
+}
+
+/// f16 → f32 of a block's keys or values.
+fn convert(isa: Isa, src: &[f16], dst: &mut [f32]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` implies F16C; the lengths match.
+        Isa::Avx2 if src.len().is_multiple_of(8) => unsafe { avx2::convert(src, dst) },
+        _ => {
+            for (d, x) in dst.iter_mut().zip(src) {
+                *d = x.to_f32();
             }
         }
     }
-    for r in 0..n {
-        for j in 0..group {
-            let st = &s.state[(r * group + j) * per..(r * group + j + 1) * per];
-            let inv = 1.0 / st[1];
-            let off = r * rows.stride + (first_head + j) * hd;
-            for (d, a) in st[2..].iter().enumerate() {
-                // SAFETY: the caller guarantees `out` covers this row's heads exclusively.
-                unsafe { *out.add(off + d) = a * inv };
+}
+
+/// One block's update of `group` states (one per query head in `q`).
+#[allow(clippy::too_many_arguments)]
+fn block_update(
+    isa: Isa,
+    q: &[f32],
+    kt: &[f32],
+    v: &[f32],
+    bs: usize,
+    hd: usize,
+    valid: usize,
+    states: &mut [f32],
+) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 if bs == 16 && matches!(hd, 32 | 64 | 128) => {
+            // SAFETY: `Isa::Avx2` implies AVX2 and FMA; sizes as checked.
+            unsafe { avx2::block_update(q, kt, v, hd, valid, states) }
+        }
+        _ => scalar_block_update(q, kt, v, bs, hd, valid, states),
+    }
+}
+
+fn scalar_block_update(
+    q: &[f32],
+    kt: &[f32],
+    v: &[f32],
+    bs: usize,
+    hd: usize,
+    valid: usize,
+    states: &mut [f32],
+) {
+    let mut scores = [0f32; 64];
+    let scores = if bs <= 64 { &mut scores[..valid] } else { return scalar_wide(q, kt, v, bs, hd, valid, states) };
+    for (qh, st) in q.chunks_exact(hd).zip(states.chunks_exact_mut(hd + 2)) {
+        for (j, x) in scores.iter_mut().enumerate() {
+            *x = (0..hd).map(|d| qh[d] * kt[d * bs + j]).sum();
+        }
+        update(st, scores, v, hd);
+    }
+}
+
+/// The scalar update for blocks of more than 64 positions.
+fn scalar_wide(
+    q: &[f32],
+    kt: &[f32],
+    v: &[f32],
+    bs: usize,
+    hd: usize,
+    valid: usize,
+    states: &mut [f32],
+) {
+    let mut scores = vec![0f32; valid];
+    for (qh, st) in q.chunks_exact(hd).zip(states.chunks_exact_mut(hd + 2)) {
+        for (j, x) in scores.iter_mut().enumerate() {
+            *x = (0..hd).map(|d| qh[d] * kt[d * bs + j]).sum();
+        }
+        update(st, &scores, v, hd);
+    }
+}
+
+/// Online-softmax update of one state with one block's scores.
+fn update(st: &mut [f32], scores: &[f32], v: &[f32], hd: usize) {
+    let bm = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let (m, rest) = st.split_at_mut(1);
+    let (l, acc) = rest.split_at_mut(1);
+    if bm > m[0] {
+        let c = (m[0] - bm).exp();
+        l[0] *= c;
+        for a in acc.iter_mut() {
+            *a *= c;
+        }
+        m[0] = bm;
+    }
+    for (j, x) in scores.iter().enumerate() {
+        let e = (x - m[0]).exp();
+        l[0] += e;
+        for (a, vv) in acc.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
+            *a += e * vv;
+        }
+    }
+}
+
+/// Merges the partial states `part` into `total` (both `n` states of `state_len` floats).
+pub fn merge(total: &mut [f32], part: &[f32], state_len: usize) {
+    for (t, p) in total
+        .chunks_exact_mut(state_len)
+        .zip(part.chunks_exact(state_len))
+    {
+        if p[1] == 0.0 {
+            continue; // the row did not reach that chunk
+        }
+        if t[1] == 0.0 {
+            t.copy_from_slice(p);
+            continue;
+        }
+        let m = t[0].max(p[0]);
+        let (ct, cp) = ((t[0] - m).exp(), (p[0] - m).exp());
+        t[0] = m;
+        for (a, b) in t[1..].iter_mut().zip(&p[1..]) {
+            *a = *a * ct + b * cp;
+        }
+    }
+}
+
+/// Writes the normalized outputs of `group` states to `out[..group * head_dim]`.
+///
+/// # Safety
+/// `out` must be valid for `states.len() / state_len × head_dim` writes.
+pub unsafe fn finish(states: &[f32], hd: usize, out: *mut f32) {
+    for (j, st) in states.chunks_exact(hd + 2).enumerate() {
+        let inv = if st[1] > 0.0 { 1.0 / st[1] } else { 0.0 };
+        for (d, a) in st[2..].iter().enumerate() {
+            // SAFETY: as the caller guarantees.
+            unsafe { *out.add(j * hd + d) = a * inv };
+        }
+    }
+}
+
+/// Attention for `rows` against KV head `h.kv_head`: every chunk, merged in order. Writes each
+/// row's `group × head_dim` outputs at `out[r * stride + kv_head * group * head_dim ..]`.
+///
+/// # Safety
+/// `out` must be valid for writes at those offsets, and no other thread may write them.
+pub unsafe fn attend(
+    isa: Isa,
+    kv: &KvStore,
+    h: Heads,
+    rows: Rows<'_>,
+    out: *mut f32,
+    s: &mut Scratch,
+) {
+    let Some(&max_pos) = rows.positions.last() else {
+        return;
+    };
+    let n = rows.positions.len() * h.group * h.state_len();
+    let mut part = std::mem::take(&mut s.part);
+    let mut total = std::mem::take(&mut s.total);
+    part.resize(n, 0.0);
+    total.resize(n, 0.0);
+    clear(&mut total, h.state_len());
+    for c in 0..chunks_for(max_pos, kv.block_size()) {
+        chunk_states(isa, kv, h, rows, c, &mut part, s);
+        merge(&mut total, &part, h.state_len());
+    }
+    let per_row = h.group * h.state_len();
+    for r in 0..rows.positions.len() {
+        // SAFETY: as the caller guarantees.
+        unsafe {
+            finish(
+                &total[r * per_row..(r + 1) * per_row],
+                h.head_dim,
+                out.add(r * rows.stride + h.kv_head * h.group * h.head_dim),
+            );
+        }
+    }
+    s.part = part;
+    s.total = total;
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// f16 → f32, eight at a time.
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn convert(src: &[f16], dst: &mut [f32]) {
+        for (s, d) in src.chunks_exact(8).zip(dst.chunks_exact_mut(8)) {
+            // SAFETY: eight halves in, eight floats out.
+            unsafe {
+                let h = _mm_loadu_si128(s.as_ptr().cast());
+                _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(h));
+            }
+        }
+    }
+
+    /// `exp(x)` for `x ≤ 0` (scores minus their maximum), 8 lanes; anything below −87
+    /// (masked positions are −∞) gives exactly 0. Cephes' `expf` polynomial: within 2 ulp.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    pub fn exp(x: __m256) -> __m256 {
+        let zero_below = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.0));
+        let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm256_set1_ps(1.987_569_1e-4);
+        for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+        }
+        let p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0)));
+        let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_cvtps_epi32(n),
+            _mm256_set1_epi32(127),
+        ));
+        let e = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+        _mm256_andnot_ps(zero_below, e)
+    }
+
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn hmax(v: __m256) -> f32 {
+        let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
+    }
+
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    }
+
+    /// See [`super::block_update`], for 16-position blocks and head sizes 32, 64 or 128.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn block_update(
+        q: &[f32],
+        kt: &[f32],
+        v: &[f32],
+        hd: usize,
+        valid: usize,
+        states: &mut [f32],
+    ) {
+        let group = q.len() / hd;
+        let mut h = 0;
+        // SAFETY (all calls): the caller checked the sizes.
+        unsafe {
+            while h < group {
+                let n = (group - h).min(4);
+                let qh = &q[h * hd..(h + n) * hd];
+                let st = &mut states[h * (hd + 2)..(h + n) * (hd + 2)];
+                match (n, hd) {
+                    (1, 32) => heads::<1, 4>(qh, kt, v, valid, st),
+                    (2, 32) => heads::<2, 4>(qh, kt, v, valid, st),
+                    (3, 32) => heads::<3, 4>(qh, kt, v, valid, st),
+                    (_, 32) => heads::<4, 4>(qh, kt, v, valid, st),
+                    (1, 64) => heads::<1, 8>(qh, kt, v, valid, st),
+                    (2, 64) => heads::<2, 8>(qh, kt, v, valid, st),
+                    (3, 64) => heads::<3, 8>(qh, kt, v, valid, st),
+                    (_, 64) => heads::<4, 8>(qh, kt, v, valid, st),
+                    (1, _) => heads::<1, 16>(qh, kt, v, valid, st),
+                    (2, _) => heads::<2, 16>(qh, kt, v, valid, st),
+                    (3, _) => heads::<3, 16>(qh, kt, v, valid, st),
+                    (_, _) => heads::<4, 16>(qh, kt, v, valid, st),
+                }
+                h += n;
+            }
+        }
+    }
+
+    /// `G` query heads of `8·V` values against one 16-position block: the scores of all
+    /// heads share each key load; then each head's online-softmax update and weighted sum.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn heads<const G: usize, const V: usize>(
+        q: &[f32],
+        kt: &[f32],
+        v: &[f32],
+        valid: usize,
+        states: &mut [f32],
+    ) {
+        let hd = 8 * V;
+        let mut lo = [_mm256_setzero_ps(); G];
+        let mut hi = [_mm256_setzero_ps(); G];
+        // SAFETY (whole body): q holds G·hd floats, kt hd·16, v 16·hd, states G·(hd + 2).
+        unsafe {
+            for d in 0..hd {
+                let k0 = _mm256_loadu_ps(kt.as_ptr().add(d * 16));
+                let k1 = _mm256_loadu_ps(kt.as_ptr().add(d * 16 + 8));
+                for g in 0..G {
+                    let x = _mm256_broadcast_ss(&*q.as_ptr().add(g * hd + d));
+                    lo[g] = _mm256_fmadd_ps(x, k0, lo[g]);
+                    hi[g] = _mm256_fmadd_ps(x, k1, hi[g]);
+                }
+            }
+            let idx_lo = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0);
+            let idx_hi = _mm256_add_ps(idx_lo, _mm256_set1_ps(8.0));
+            #[allow(clippy::cast_precision_loss)]
+            let lim = _mm256_set1_ps(valid as f32);
+            let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
+            let keep_lo = _mm256_cmp_ps::<_CMP_LT_OQ>(idx_lo, lim);
+            let keep_hi = _mm256_cmp_ps::<_CMP_LT_OQ>(idx_hi, lim);
+            for g in 0..G {
+                let st = states.as_mut_ptr().add(g * (hd + 2));
+                let s0 = _mm256_blendv_ps(ninf, lo[g], keep_lo);
+                let s1 = _mm256_blendv_ps(ninf, hi[g], keep_hi);
+                let bm = hmax(_mm256_max_ps(s0, s1));
+                let mut acc: [__m256; V] =
+                    std::array::from_fn(|i| _mm256_loadu_ps(st.add(2 + 8 * i)));
+                if bm > *st {
+                    let c = (*st - bm).exp();
+                    *st.add(1) *= c;
+                    let cv = _mm256_set1_ps(c);
+                    for a in &mut acc {
+                        *a = _mm256_mul_ps(*a, cv);
+                    }
+                    *st = bm;
+                }
+                let m = _mm256_set1_ps(*st);
+                let p0 = exp(_mm256_sub_ps(s0, m));
+                let p1 = exp(_mm256_sub_ps(s1, m));
+                *st.add(1) += hsum(_mm256_add_ps(p0, p1));
+                let mut p = [0f32; 16];
+                _mm256_storeu_ps(p.as_mut_ptr(), p0);
+                _mm256_storeu_ps(p.as_mut_ptr().add(8), p1);
+                for (j, pj) in p.iter().enumerate().take(valid) {
+                    let w = _mm256_set1_ps(*pj);
+                    let row = v.as_ptr().add(j * hd);
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        *a = _mm256_fmadd_ps(w, _mm256_loadu_ps(row.add(8 * i)), *a);
+                    }
+                }
+                for (i, a) in acc.iter().enumerate() {
+                    _mm256_storeu_ps(st.add(2 + 8 * i), *a);
+                }
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn vector_exp_is_within_a_few_ulp_and_zero_below_range() {
+            if !is_x86_feature_detected!("avx2") || !is_x86_feature_detected!("fma") {
+                eprintln!("NOT RUN: avx2 exp (this CPU lacks the instructions)");
+                return;
+            }
+            let mut x = -87.0f32;
+            while x <= 0.0 {
+                let mut out = [0f32; 8];
+                // SAFETY: AVX2 and FMA were detected.
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr(), exp(_mm256_set1_ps(x))) };
+                let want = x.exp();
+                assert!(
+                    (out[0] - want).abs() <= 4.0 * f32::EPSILON * want,
+                    "exp({x}) = {} vs {want}",
+                    out[0]
+                );
+                x += 0.013;
+            }
+            let mut out = [1f32; 8];
+            // SAFETY: as above.
+            unsafe {
+                _mm256_storeu_ps(out.as_mut_ptr(), exp(_mm256_set1_ps(f32::NEG_INFINITY)));
+            }
+            assert_eq!(out, [0.0; 8]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::testing::FixtureRng;
+
+    /// A cache with `n` random positions for one layer and `kv_heads` heads.
+    fn cache(n: usize, kv_heads: usize, hd: usize, bs: usize, seed: u64) -> (KvStore, Vec<f32>, Vec<f32>) {
+        let blocks = n.div_ceil(bs) + 1;
+        let mut kv = KvStore::new(1, kv_heads, hd, bs, blocks);
+        let mut rng = FixtureRng::new(seed);
+        let ks = rng.vec(n * kv_heads * hd, 1.0);
+        let vs = rng.vec(n * kv_heads * hd, 1.0);
+        for p in 0..n {
+            let (k, v) = (&ks[p * kv_heads * hd..(p + 1) * kv_heads * hd], &vs[p * kv_heads * hd..(p + 1) * kv_heads * hd]);
+            kv.write(p / bs, p % bs, 0, k, v);
+        }
+        // The reference sees the f16-rounded values the cache holds.
+        let round = |x: &[f32]| x.iter().map(|v| f16::from_f32(*v).to_f32()).collect::<Vec<_>>();
+        (kv, round(&ks), round(&vs))
+    }
+
+    /// Plain softmax attention in f64.
+    fn reference(q: &[f32], ks: &[f32], vs: &[f32], pos: usize, head: usize, kvh: usize, kv_heads: usize, hd: usize) -> Vec<f64> {
+        let scores: Vec<f64> = (0..=pos)
+            .map(|p| (0..hd).map(|d| f64::from(q[head * hd + d]) * f64::from(ks[(p * kv_heads + kvh) * hd + d])).sum())
+            .collect();
+        let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+        let l: f64 = e.iter().sum();
+        (0..hd)
+            .map(|d| (0..=pos).map(|p| e[p] * f64::from(vs[(p * kv_heads + kvh) * hd + d])).sum::<f64>() / l)
+            .collect()
+    }
+
+    #[test]
+    fn attention_matches_softmax_and_decode_chunks_equal_prefill_on_every_isa() {
+        for (isa, runs) in Isa::all() {
+            if !runs {
+                eprintln!("NOT RUN: {isa:?} attention (this CPU lacks the instructions)");
+            }
+        }
+        // Block 16 with head sizes the SIMD path takes; an odd block size takes the portable
+        // path on every ISA. 600 positions cross three chunks.
+        for (bs, hd, n) in [(16, 64, 600), (16, 32, 40), (4, 8, 37)] {
+            let (kv_heads, group) = (2, 3);
+            let (kv, ks, vs) = cache(n, kv_heads, hd, bs, (bs * hd) as u64);
+            let qd = kv_heads * group * hd;
+            let mut rng = FixtureRng::new(99);
+            let q = rng.vec(n * qd, 0.3);
+            let blocks: Vec<u32> = (0..u32::try_from(n.div_ceil(bs)).expect("blocks")).collect();
+            let positions: Vec<usize> = (0..n).collect();
+            for isa in Isa::available() {
+                let mut s = Scratch::default();
+                let mut prefill = vec![0f32; n * qd];
+                for kvh in 0..kv_heads {
+                    let h = Heads { layer: 0, kv_head: kvh, group, head_dim: hd };
+                    // Runs of 16 rows, as the backend hands them out.
+                    for r0 in (0..n).step_by(16) {
+                        let r1 = (r0 + 16).min(n);
+                        let rows = Rows { blocks: &blocks, positions: &positions[r0..r1], q: &q[r0 * qd..r1 * qd], stride: qd };
+                        // SAFETY: `prefill` holds n × qd floats.
+                        unsafe { attend(isa, &kv, h, rows, prefill.as_mut_ptr().add(r0 * qd), &mut s) };
+                    }
+                }
+                for &pos in &[0, 1, n / 2, n - 1] {
+                    for head in 0..kv_heads * group {
+                        let want = reference(&q[pos * qd..(pos + 1) * qd], &ks, &vs, pos, head, head / group, kv_heads, hd);
+                        for d in 0..hd {
+                            let got = f64::from(prefill[pos * qd + head * hd + d]);
+                            assert!((got - want[d]).abs() < 1e-4, "{isa:?} bs{bs} hd{hd} pos {pos} head {head} d {d}: {got} vs {}", want[d]);
+                        }
+                    }
+                    // Decode: the row alone, its chunks as separate items merged afterwards.
+                    for kvh in 0..kv_heads {
+                        let h = Heads { layer: 0, kv_head: kvh, group, head_dim: hd };
+                        let rows = Rows { blocks: &blocks, positions: &positions[pos..=pos], q: &q[pos * qd..(pos + 1) * qd], stride: qd };
+                        let sl = h.state_len();
+                        let chunks = chunks_for(pos, bs);
+                        let mut parts = vec![0f32; chunks * group * sl];
+                        for c in 0..chunks {
+                            chunk_states(isa, &kv, h, rows, c, &mut parts[c * group * sl..(c + 1) * group * sl], &mut s);
+                        }
+                        let mut total = vec![0f32; group * sl];
+                        clear(&mut total, sl);
+                        for c in 0..chunks {
+                            merge(&mut total, &parts[c * group * sl..(c + 1) * group * sl], sl);
+                        }
+                        let mut out = vec![0f32; group * hd];
+                        // SAFETY: `out` holds group × hd floats.
+                        unsafe { finish(&total, hd, out.as_mut_ptr()) };
+                        let at = pos * qd + kvh * group * hd;
+                        assert_eq!(
+                            out.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                            prefill[at..at + group * hd].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                            "{isa:?} bs{bs} hd{hd}: decode differs from prefill at {pos}"
+                        );
+                    }
+                }
             }
         }
     }

@@ -1,9 +1,10 @@
 //! The CPU KV cache storage: fixed-size blocks (pages) of f16 keys and values.
 //!
 //! Which sequence owns which block is decided by [`crate::kv_cache::BlockManager`]; this type
-//! only holds the numbers. A block holds, for every layer, key and value rows of
-//! `block_size` positions for each KV head, laid out so that one head's positions within a
-//! block are contiguous.
+//! only holds the numbers. A block holds, for every layer and KV head, the keys transposed
+//! (`head_dim × block_size`: one dimension of every position is contiguous, so a query takes
+//! the scores of a whole block with one multiply-add per dimension) and the values as rows
+//! (`block_size × head_dim`: one position's values are contiguous, to be weighted and added).
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -61,17 +62,31 @@ impl KvStore {
 
     /// Stores the keys and values (`kv_heads * head_dim` each) of one position.
     pub fn write(&mut self, block: usize, slot: usize, layer: usize, k: &[f32], v: &[f32]) {
-        let d = self.head_dim;
+        let (d, bs) = (self.head_dim, self.block_size);
         for h in 0..self.kv_heads {
-            let kb = self.base(block, layer, 0, h) + slot * d;
-            self.data[kb..kb + d].convert_from_f32_slice(&k[h * d..(h + 1) * d]);
+            let kb = self.base(block, layer, 0, h) + slot;
+            for (i, x) in k[h * d..(h + 1) * d].iter().enumerate() {
+                self.data[kb + i * bs] = f16::from_f32(*x);
+            }
             let vb = self.base(block, layer, 1, h) + slot * d;
             self.data[vb..vb + d].convert_from_f32_slice(&v[h * d..(h + 1) * d]);
         }
     }
 
+    /// One head's keys in a block, transposed: `head_dim × block_size`.
+    pub fn keys(&self, block: usize, layer: usize, head: usize) -> &[f16] {
+        let b = self.base(block, layer, 0, head);
+        &self.data[b..b + self.block_size * self.head_dim]
+    }
+
+    /// One head's values in a block: `block_size × head_dim`.
+    pub fn values(&self, block: usize, layer: usize, head: usize) -> &[f16] {
+        let b = self.base(block, layer, 1, head);
+        &self.data[b..b + self.block_size * self.head_dim]
+    }
+
     /// Converts the first `n` positions of one head's keys (`kind` 0) or values (1) in a block
-    /// into `out` (`n * head_dim`).
+    /// into `out` (`n * head_dim`, one position after another).
     pub fn read(
         &self,
         block: usize,
@@ -81,8 +96,16 @@ impl KvStore {
         n: usize,
         out: &mut [f32],
     ) {
-        let b = self.base(block, layer, kind, head);
-        let len = n * self.head_dim;
-        self.data[b..b + len].convert_to_f32_slice(&mut out[..len]);
+        let (d, bs) = (self.head_dim, self.block_size);
+        if kind == 1 {
+            self.values(block, layer, head)[..n * d].convert_to_f32_slice(&mut out[..n * d]);
+            return;
+        }
+        let keys = self.keys(block, layer, head);
+        for p in 0..n {
+            for i in 0..d {
+                out[p * d + i] = keys[i * bs + p].to_f32();
+            }
+        }
     }
 }

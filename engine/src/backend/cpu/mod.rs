@@ -14,7 +14,7 @@ pub mod weights;
 use std::sync::Arc;
 use std::time::Instant;
 
-use self::attention::{Rows, attend};
+use self::attention::{CHUNK_BLOCKS, Heads, Rows, attend, chunk_states, chunks_for};
 use self::isa::Isa;
 use self::kv::KvStore;
 use self::matmul::{Input, Weight, matmul, matmul_many};
@@ -42,8 +42,37 @@ struct Scratch {
     positions: Vec<usize>,
     logit_rows: Vec<usize>,
     last_h: Vec<f32>,
-    /// Attention work: (chunk, first row, end row) runs of at most [`ATTN_ROWS`] rows.
-    attn_items: Vec<(usize, usize, usize)>,
+    /// Attention work items of this step (each taken for every KV head).
+    attn_items: Vec<AttnItem>,
+    /// Partial softmax states of decode rows' chunks, `items × kv heads × group` states.
+    attn_parts: Vec<f32>,
+    /// One decode row's merged states.
+    attn_merged: Vec<f32>,
+}
+
+/// One unit of attention work (for one KV head).
+#[derive(Clone, Copy, Debug)]
+enum AttnItem {
+    /// Rows `t0..t1` of sequence `seq` (prefill), every chunk of the cache.
+    Run { seq: usize, t0: usize, t1: usize },
+    /// Chunk `c` of the cache for decode row `t` of sequence `seq`; its partial states go to
+    /// slot `slot` of the partials buffer.
+    Chunk {
+        seq: usize,
+        t: usize,
+        c: usize,
+        slot: usize,
+    },
+}
+
+impl AttnItem {
+    /// Rough cost (query rows × cache positions), to hand out the costliest first.
+    fn cost(&self, positions: &[usize], chunk_positions: usize) -> usize {
+        match *self {
+            AttnItem::Run { t0, t1, .. } => (t1 - t0) * (positions[t1 - 1] + 1),
+            AttnItem::Chunk { .. } => chunk_positions,
+        }
+    }
 }
 
 /// Query rows per attention work item.
@@ -134,11 +163,6 @@ impl CpuBackend {
         self.isa
     }
 
-    /// Bytes of weights one decode step reads.
-    pub fn weight_bytes_per_step(&self) -> usize {
-        self.weights.bytes_per_step()
-    }
-
     /// Runs `ws` (all with row length `k`) over the same `rows` inputs in one parallel pass.
     fn mm(
         pool: &ComputePool,
@@ -174,6 +198,85 @@ impl CpuBackend {
     ) {
         if ws.iter().any(|w| w.needs_quantized()) {
             qa.quantize(pool, isa, x, rows, k);
+        }
+    }
+
+    /// One layer's attention, parallel over (work item, KV head): runs of prefill rows walk
+    /// the cache themselves; decode rows' chunks are items of their own, whose partial states
+    /// are merged here afterwards, in chunk order.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        pool: &ComputePool,
+        isa: Isa,
+        kv: &KvStore,
+        chunks: &[SeqChunk<'_>],
+        s: &mut Scratch,
+        heads: impl Fn(usize) -> Heads + Sync,
+        nkv: usize,
+        qd: usize,
+    ) {
+        let total = s.positions.len();
+        s.attn.resize(total * qd, 0.0);
+        let state = heads(0).group * heads(0).state_len();
+        let parts_len = s.attn_items.len() * nkv * state;
+        if s.attn_parts.len() < parts_len {
+            s.attn_parts.resize(parts_len, 0.0);
+        }
+        let out = SendPtr(s.attn.as_mut_ptr());
+        let parts = SendPtr(s.attn_parts.as_mut_ptr());
+        let (q, items, positions) = (&s.q, &s.attn_items, &s.positions);
+        pool.run(items.len() * nkv, &|c| {
+            let (item, g) = (items[c / nkv], c % nkv);
+            ATTN_SCRATCH.with_borrow_mut(|scratch| match item {
+                AttnItem::Run { seq, t0, t1 } => {
+                    let rows = Rows {
+                        blocks: chunks[seq].blocks,
+                        positions: &positions[t0..t1],
+                        q: &q[t0 * qd..t1 * qd],
+                        stride: qd,
+                    };
+                    // SAFETY: each (rows, kv head) item writes only its own rows' heads.
+                    unsafe { attend(isa, kv, heads(g), rows, out.get().add(t0 * qd), scratch) };
+                }
+                AttnItem::Chunk { seq, t, c, slot } => {
+                    let rows = Rows {
+                        blocks: chunks[seq].blocks,
+                        positions: &positions[t..=t],
+                        q: &q[t * qd..(t + 1) * qd],
+                        stride: qd,
+                    };
+                    // SAFETY: each (item, kv head) owns its slot of the partials buffer, sized
+                    // above.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            parts.get().add((slot * nkv + g) * state),
+                            state,
+                        )
+                    };
+                    chunk_states(isa, kv, heads(g), rows, c, dst, scratch);
+                }
+            });
+        });
+        // Merge each decode row's chunks in chunk order (items of a row are adjacent in
+        // building order, so their slots are consecutive from chunk 0).
+        let merged = &mut s.attn_merged;
+        merged.resize(state, 0.0);
+        for it in &s.attn_items {
+            let AttnItem::Chunk { t, c: 0, slot, .. } = *it else {
+                continue;
+            };
+            let n = chunks_for(s.positions[t], kv.block_size());
+            for g in 0..nkv {
+                let h = heads(g);
+                merged.copy_from_slice(&s.attn_parts[(slot * nkv + g) * state..][..state]);
+                for c in 1..n {
+                    let at = ((slot + c) * nkv + g) * state;
+                    attention::merge(merged, &s.attn_parts[at..at + state], h.state_len());
+                }
+                let dst = &mut s.attn[t * qd + g * h.group * h.head_dim..][..h.group * h.head_dim];
+                // SAFETY: `dst` holds group × head_dim floats.
+                unsafe { attention::finish(merged, h.head_dim, dst.as_mut_ptr()) };
+            }
         }
     }
 
@@ -216,13 +319,33 @@ impl CpuBackend {
                 s.positions.push(c.start_pos + i);
                 slots.push((c.start_pos + i, c.blocks));
             }
-            let mut r = first;
-            while r < s.positions.len() {
-                let end = (r + ATTN_ROWS).min(s.positions.len());
-                s.attn_items.push((ci, r, end));
-                r = end;
+            if c.tokens.len() == 1 {
+                // A decode row: its cache chunks are separate items, merged afterwards.
+                for chunk in 0..chunks_for(c.start_pos, bs) {
+                    let slot = s.attn_items.len();
+                    s.attn_items.push(AttnItem::Chunk {
+                        seq: ci,
+                        t: first,
+                        c: chunk,
+                        slot,
+                    });
+                }
+            } else {
+                let mut r = first;
+                while r < s.positions.len() {
+                    let end = (r + ATTN_ROWS).min(s.positions.len());
+                    s.attn_items.push(AttnItem::Run {
+                        seq: ci,
+                        t0: r,
+                        t1: end,
+                    });
+                    r = end;
+                }
             }
         }
+        let positions = &s.positions;
+        s.attn_items
+            .sort_by_key(|it| std::cmp::Reverse(it.cost(positions, bs * CHUNK_BLOCKS)));
         // Embedding.
         s.x.resize(total * h, 0.0);
         let mut t = 0;
@@ -266,44 +389,15 @@ impl CpuBackend {
                     &s.v[ti * kvd..(ti + 1) * kvd],
                 );
             }
-            // Attention, parallel over (sequence, kv head, run of up to 16 query rows).
-            s.attn.resize(total * qd, 0.0);
-            let group = nh / nkv;
-            let out = SendPtr(s.attn.as_mut_ptr());
-            let q = &s.q;
-            let kv_ref: &KvStore = kv;
-            let items = &s.attn_items;
-            let positions = &s.positions;
-            // Later rows attend to more positions: hand out the costliest items first.
-            let n_items = items.len() * nkv;
-            pool.run(n_items, &|c| {
-                ATTN_SCRATCH.with_borrow_mut(|scratch| {
-                    {
-                        let item = n_items - 1 - c;
-                        let (seq, t0, t1) = items[item / nkv];
-                        let g = item % nkv;
-                        let rows = Rows {
-                            blocks: chunks[seq].blocks,
-                            positions: &positions[t0..t1],
-                            q: &q[t0 * qd..t1 * qd],
-                            stride: qd,
-                        };
-                        // SAFETY: each (rows, kv head) item writes only its own rows' heads.
-                        unsafe {
-                            attend(
-                                kv_ref,
-                                l,
-                                g,
-                                group,
-                                hd,
-                                rows,
-                                out.get().add(t0 * qd),
-                                scratch,
-                            )
-                        };
-                    }
-                });
-            });
+            #[allow(clippy::cast_precision_loss)]
+            ops::scale(&mut s.q, 1.0 / (hd as f32).sqrt());
+            let heads = |kv_head| Heads {
+                layer: l,
+                kv_head,
+                group: nh / nkv,
+                head_dim: hd,
+            };
+            Self::attention(&pool, isa, kv, chunks, s, heads, nkv, qd);
             Self::quantize_if_needed(&pool, isa, &mut s.qa, &s.attn, total, qd, &[&blk.wo]);
             Self::mm(
                 &pool,
@@ -398,6 +492,14 @@ impl Backend for CpuBackend {
 
     fn num_blocks(&self) -> usize {
         self.kv.blocks()
+    }
+
+    fn isa_name(&self) -> &'static str {
+        self.isa.name()
+    }
+
+    fn weight_bytes_per_step(&self) -> usize {
+        self.weights.bytes_per_step()
     }
 
     fn describe(&self) -> String {

@@ -22,6 +22,13 @@ pub fn add_bias(x: &mut [f32], bias: &[f32]) {
     }
 }
 
+/// `x *= k`.
+pub fn scale(x: &mut [f32], k: f32) {
+    for v in x.iter_mut() {
+        *v *= k;
+    }
+}
+
 /// `x += y`.
 pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     for (a, b) in x.iter_mut().zip(y) {

@@ -755,6 +755,14 @@ impl<G: Gpu> Backend for GpuBackend<G> {
         self.kv_layout.blocks
     }
 
+    fn isa_name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn weight_bytes_per_step(&self) -> usize {
+        self.weight_bytes
+    }
+
     fn describe(&self) -> String {
         let fmts: Vec<&str> = self.kc.formats.iter().map(|f| f.name()).collect();
         format!(
