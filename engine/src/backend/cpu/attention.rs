@@ -319,6 +319,7 @@ pub unsafe fn attend(
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::*;
+    use crate::backend::cpu::simd::{exp, hmax, hsum};
     use std::arch::x86_64::*;
 
     /// f16 → f32, eight at a time.
@@ -331,47 +332,6 @@ mod avx2 {
                 _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(h));
             }
         }
-    }
-
-    /// `exp(x)` for `x ≤ 0` (scores minus their maximum), 8 lanes; anything below −87
-    /// (masked positions are −∞) gives exactly 0. Cephes' `expf` polynomial: within 2 ulp.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    pub fn exp(x: __m256) -> __m256 {
-        let zero_below = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.0));
-        let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
-        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
-        );
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-        let mut p = _mm256_set1_ps(1.987_569_1e-4);
-        for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-        }
-        let p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0)));
-        let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
-            _mm256_cvtps_epi32(n),
-            _mm256_set1_epi32(127),
-        ));
-        let e = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-        _mm256_andnot_ps(zero_below, e)
-    }
-
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    fn hmax(v: __m256) -> f32 {
-        let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-        _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
-    }
-
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
     }
 
     /// See [`super::block_update`], for 16-position blocks and head sizes 32, 64 or 128.
@@ -476,38 +436,6 @@ mod avx2 {
                     _mm256_storeu_ps(st.add(2 + 8 * i), *a);
                 }
             }
-        }
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-
-        #[test]
-        fn vector_exp_is_within_a_few_ulp_and_zero_below_range() {
-            if !is_x86_feature_detected!("avx2") || !is_x86_feature_detected!("fma") {
-                eprintln!("NOT RUN: avx2 exp (this CPU lacks the instructions)");
-                return;
-            }
-            let mut x = -87.0f32;
-            while x <= 0.0 {
-                let mut out = [0f32; 8];
-                // SAFETY: AVX2 and FMA were detected.
-                unsafe { _mm256_storeu_ps(out.as_mut_ptr(), exp(_mm256_set1_ps(x))) };
-                let want = x.exp();
-                assert!(
-                    (out[0] - want).abs() <= 4.0 * f32::EPSILON * want,
-                    "exp({x}) = {} vs {want}",
-                    out[0]
-                );
-                x += 0.013;
-            }
-            let mut out = [1f32; 8];
-            // SAFETY: as above.
-            unsafe {
-                _mm256_storeu_ps(out.as_mut_ptr(), exp(_mm256_set1_ps(f32::NEG_INFINITY)));
-            }
-            assert_eq!(out, [0.0; 8]);
         }
     }
 }

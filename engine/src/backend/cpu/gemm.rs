@@ -24,34 +24,40 @@ use super::quant::{BLOCK_CODES, QRow};
 /// Tokens one kernel pass handles at once (each weight block is unpacked once per pass).
 pub const MAX_TOKENS: usize = 4;
 
-/// For each token `t` of `xs` (at most [`MAX_TOKENS`]), writes the eight dot products of the
-/// group `g` (records of `nb` blocks) with row `t` to `out[t * stride ..][..8]`.
+/// For each of `groups` consecutive groups `i` (records of `nb` blocks each, from `g`) and
+/// each token `t` of `xs` (at most [`MAX_TOKENS`]), writes the group's eight dot products with
+/// row `t` to `out[t * stride + 8 * i ..][..8]`.
 ///
 /// # Safety
-/// `out` must be valid for those writes; `g` must hold `nb` records of `fmt` and each row of
-/// `xs` `nb` blocks.
+/// `out` must be valid for those writes; `g` must hold `groups × nb` records of `fmt` and each
+/// row of `xs` `nb` blocks.
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn group_dot(
     isa: Isa,
     fmt: PackedFormat,
     g: &[u8],
+    groups: usize,
     nb: usize,
     xs: &[QRow<'_>],
     out: *mut f32,
     stride: usize,
 ) {
-    assert!(xs.len() <= MAX_TOKENS && g.len() >= nb * fmt.record_bytes());
+    let len = nb * fmt.record_bytes();
+    assert!(xs.len() <= MAX_TOKENS && g.len() >= groups * len);
     debug_assert!(xs.iter().all(|x| x.q.len() >= nb * BLOCK_CODES));
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only returned after detecting AVX2, FMA and F16C; sizes as
         // the caller guarantees.
-        Isa::Avx2 => unsafe { avx2::group_dot(fmt, g, nb, xs, out, stride) },
+        Isa::Avx2 => unsafe { avx2::group_dot(fmt, g, groups, nb, xs, out, stride) },
         _ => {
-            for (t, x) in xs.iter().enumerate() {
-                let r = scalar::dot8(fmt, g, nb, x);
-                for (i, v) in r.iter().enumerate() {
-                    // SAFETY: as the caller guarantees.
-                    unsafe { *out.add(t * stride + i) = *v };
+            for i in 0..groups {
+                for (t, x) in xs.iter().enumerate() {
+                    let r = scalar::dot8(fmt, &g[i * len..(i + 1) * len], nb, x);
+                    for (j, v) in r.iter().enumerate() {
+                        // SAFETY: as the caller guarantees.
+                        unsafe { *out.add(t * stride + 8 * i + j) = *v };
+                    }
                 }
             }
         }
@@ -114,6 +120,7 @@ mod avx2 {
     pub unsafe fn group_dot(
         fmt: PackedFormat,
         g: &[u8],
+        groups: usize,
         nb: usize,
         xs: &[QRow<'_>],
         out: *mut f32,
@@ -124,10 +131,10 @@ mod avx2 {
                 // SAFETY (all arms): as the caller guarantees.
                 unsafe {
                     match xs.len() {
-                        1 => tile::<$f, 1>(g.as_ptr(), nb, xs, out, stride),
-                        2 => tile::<$f, 2>(g.as_ptr(), nb, xs, out, stride),
-                        3 => tile::<$f, 3>(g.as_ptr(), nb, xs, out, stride),
-                        4 => tile::<$f, 4>(g.as_ptr(), nb, xs, out, stride),
+                        1 => tiles::<$f, 1>(g.as_ptr(), groups, nb, xs, out, stride),
+                        2 => tiles::<$f, 2>(g.as_ptr(), groups, nb, xs, out, stride),
+                        3 => tiles::<$f, 3>(g.as_ptr(), groups, nb, xs, out, stride),
+                        4 => tiles::<$f, 4>(g.as_ptr(), groups, nb, xs, out, stride),
                         _ => {}
                     }
                 }
@@ -158,7 +165,25 @@ mod avx2 {
         _mm256_hadd_epi32(a, b)
     }
 
+    /// [`tile`] over consecutive groups.
     #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tiles<const F: u8, const NT: usize>(
+        g: *const u8,
+        groups: usize,
+        nb: usize,
+        xs: &[QRow<'_>],
+        out: *mut f32,
+        stride: usize,
+    ) {
+        let len = nb * record::<F>();
+        for i in 0..groups {
+            // SAFETY: as the caller guarantees.
+            unsafe { tile::<F, NT>(g.add(i * len), nb, xs, out.add(8 * i), stride) };
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
     unsafe fn tile<const F: u8, const NT: usize>(
         g: *const u8,
         nb: usize,
@@ -287,7 +312,7 @@ mod tests {
                     let rows: Vec<QRow<'_>> = (0..MAX_TOKENS).map(|t| qa.row(t)).collect();
                     let mut all = vec![0f32; MAX_TOKENS * 8];
                     // SAFETY: `all` holds MAX_TOKENS × 8 floats.
-                    unsafe { group_dot(isa, m.format(), m.group(0), k / QK, &rows, all.as_mut_ptr(), 8) };
+                    unsafe { group_dot(isa, m.format(), m.group(0), 1, k / QK, &rows, all.as_mut_ptr(), 8) };
                     for t in 0..MAX_TOKENS {
                         // The activations as the kernel sees them (codes × scale).
                         let row = qa.row(t);
@@ -315,7 +340,7 @@ mod tests {
                             let mut part = vec![0f32; n * 8];
                             // SAFETY: `part` holds n × 8 floats.
                             unsafe {
-                                group_dot(isa, m.format(), m.group(0), k / QK, &rows[t..t + n], part.as_mut_ptr(), 8)
+                                group_dot(isa, m.format(), m.group(0), 1, k / QK, &rows[t..t + n], part.as_mut_ptr(), 8)
                             };
                             assert_eq!(
                                 part[..8].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
@@ -346,11 +371,11 @@ mod tests {
             qa.quantize(&pool, Isa::Scalar, &x, 1, k);
             let mut want = [0f32; 8];
             // SAFETY: 8 floats.
-            unsafe { group_dot(Isa::Scalar, m.format(), m.group(0), k / QK, &[qa.row(0)], want.as_mut_ptr(), 8) };
+            unsafe { group_dot(Isa::Scalar, m.format(), m.group(0), 1, k / QK, &[qa.row(0)], want.as_mut_ptr(), 8) };
             for isa in Isa::available() {
                 let mut got = [0f32; 8];
                 // SAFETY: 8 floats.
-                unsafe { group_dot(isa, m.format(), m.group(0), k / QK, &[qa.row(0)], got.as_mut_ptr(), 8) };
+                unsafe { group_dot(isa, m.format(), m.group(0), 1, k / QK, &[qa.row(0)], got.as_mut_ptr(), 8) };
                 for r in 0..8 {
                     assert!(
                         (got[r] - want[r]).abs() <= 1e-4 * want[r].abs().max(1.0),

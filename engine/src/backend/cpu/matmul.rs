@@ -94,6 +94,11 @@ unsafe impl Sync for OutPtr {}
 /// Tokens per task: the activations a task streams for each weight group stay in L2.
 const TOKENS_PER_TASK: usize = 64;
 
+fn tasks_per_thread() -> usize {
+    static P: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *P.get_or_init(|| std::env::var("TPT").ok().and_then(|v| v.parse().ok()).unwrap_or(8))
+}
+
 /// Plain rows per task.
 const PLAIN_ROWS_PER_TASK: usize = 16;
 
@@ -138,7 +143,7 @@ pub fn matmul_many(
     let token_ranges = t_count.div_ceil(TOKENS_PER_TASK).max(1);
     // About eight tasks per thread: small enough to balance, large enough that claiming is
     // free.
-    let per_task = (units * token_ranges / (pool.threads() * 8)).clamp(1, 16);
+    let per_task = (units * token_ranges / (pool.threads() * tasks_per_thread())).clamp(1, 64);
     let mut tasks: Vec<Task> = Vec::new();
     for (i, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
         assert_eq!(w.k(), input.k, "matmul: K mismatch");
@@ -187,30 +192,58 @@ pub fn matmul_many(
     pool.run(tasks.len(), &run);
 }
 
-/// Row groups `r0..r1` of `p` for tokens `t0..t1`.
+/// Row groups `r0..r1` of `p` for tokens `t0..t1`: a few tokens take each whole run of groups
+/// in one kernel call; more tokens go group by group, each group's weights staying in L1 while
+/// the tokens pass.
 fn packed_task(isa: Isa, p: &PackedMatrix, rows: &[QRow<'_>], task: &Task, ptr: OutPtr) {
     let n = p.rows();
     let nb = p.k() / QK;
-    for g in task.r0..task.r1 {
-        let group = p.group(g);
-        let full = (g + 1) * GROUP <= n;
+    // Groups whose eight rows are all real; a last partial group goes through a buffer.
+    let full_end = task.r1.min(n / GROUP);
+    let tokens = task.t1 - task.t0;
+    let run = |g0: usize, g1: usize, t: usize, tn: usize| {
+        if g1 > g0 {
+            // SAFETY: rows g0·8..g1·8 of tokens t..t+tn belong to this task only, and the
+            // output holds t_count × n floats.
+            unsafe {
+                gemm::group_dot(
+                    isa,
+                    p.format(),
+                    p.groups_from(g0),
+                    g1 - g0,
+                    nb,
+                    &rows[t..t + tn],
+                    ptr.get().add(t * n + g0 * GROUP),
+                    n,
+                );
+            }
+        }
+    };
+    if tokens <= MAX_TOKENS {
+        run(task.r0, full_end, task.t0, tokens);
+    } else {
+        for g in task.r0..full_end {
+            let mut t = task.t0;
+            while t < task.t1 {
+                let tn = (task.t1 - t).min(MAX_TOKENS);
+                run(g, g + 1, t, tn);
+                t += tn;
+            }
+        }
+    }
+    for g in full_end.max(task.r0)..task.r1 {
         let mut t = task.t0;
         while t < task.t1 {
             let tn = (task.t1 - t).min(MAX_TOKENS);
-            let xs = &rows[t..t + tn];
-            if full {
-                // SAFETY: rows g·8..g·8+8 of tokens t..t+tn belong to this task only, and the
-                // output holds t_count × n floats.
-                unsafe { gemm::group_dot(isa, p.format(), group, nb, xs, ptr.get().add(t * n + g * GROUP), n) };
-            } else {
-                let mut tmp = [0f32; GROUP * MAX_TOKENS];
-                // SAFETY: `tmp` holds tn × 8 floats.
-                unsafe { gemm::group_dot(isa, p.format(), group, nb, xs, tmp.as_mut_ptr(), GROUP) };
-                for j in 0..tn {
-                    for i in 0..n - g * GROUP {
-                        // SAFETY: as above; only the real rows are written.
-                        unsafe { *ptr.get().add((t + j) * n + g * GROUP + i) = tmp[j * GROUP + i] };
-                    }
+            let mut tmp = [0f32; GROUP * MAX_TOKENS];
+            // SAFETY: `tmp` holds tn × 8 floats.
+            unsafe {
+                gemm::group_dot(isa, p.format(), p.group(g), 1, nb, &rows[t..t + tn], tmp.as_mut_ptr(), GROUP);
+            }
+            for j in 0..tn {
+                for i in 0..n - g * GROUP {
+                    // SAFETY: as above; only the real rows are written.
+                    unsafe { *ptr.get().add((t + j) * n + g * GROUP + i) = tmp[j * GROUP + i] };
                 }
             }
             t += tn;

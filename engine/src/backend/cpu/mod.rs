@@ -9,6 +9,8 @@ pub mod ops;
 pub mod packed;
 pub mod pool;
 pub mod quant;
+#[cfg(target_arch = "x86_64")]
+pub mod simd;
 pub mod weights;
 
 use std::sync::Arc;
@@ -420,7 +422,7 @@ impl CpuBackend {
                 total,
                 &mut [&mut s.gate, &mut s.up],
             );
-            ops::silu_mul(&mut s.gate, &s.up);
+            ops::silu_mul(isa, &mut s.gate, &s.up);
             Self::quantize_if_needed(&pool, isa, &mut s.qa, &s.gate, total, cfg.ffn, &[&blk.w_down]);
             Self::mm(
                 &pool,

@@ -237,6 +237,12 @@ impl PackedMatrix {
         &self.data()[g * len..(g + 1) * len]
     }
 
+    /// The records of groups `g..` to the end.
+    pub fn groups_from(&self, g: usize) -> &[u8] {
+        let len = self.k / QK * self.format.record_bytes();
+        &self.data()[g * len..]
+    }
+
     /// Bytes held (what one pass over the matrix reads).
     pub fn bytes(&self) -> usize {
         self.len
