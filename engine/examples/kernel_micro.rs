@@ -1,7 +1,7 @@
 //! Times one weight matrix's matmul at batch 1 (in cache and streamed) — a kernel micro-benchmark.
 use std::time::Instant;
 
-use slotlight_engine::backend::cpu::matmul::{Input, matmul};
+use slotlight_engine::backend::cpu::matmul::{Input, Weight, matmul};
 use slotlight_engine::backend::cpu::{isa, quant::QActs};
 use slotlight_engine::model::gguf::GgufFile;
 
@@ -16,11 +16,12 @@ fn main() {
     let names: Vec<String> = std::env::args().skip(2).collect();
     {
         for name in &names {
-            let w = g.tensor(name).expect("tensor");
-            let k = w.row_len();
+            let t = g.tensor(name).expect("tensor");
+            let w = Weight::new(&[&t]).expect("weight");
+            let k = w.k();
             let x: Vec<f32> = (0..k).map(|i| (i as f32 * 0.37).sin()).collect();
             let mut qa = QActs::default();
-            qa.quantize(&x, 1, k);
+            qa.quantize(&pool, isa::detect(), &x, 1, k);
             let mut out = vec![0.0; w.rows()];
             let input = Input {
                 x: &x,
@@ -34,11 +35,11 @@ fn main() {
                 matmul(&pool, isa::detect(), &w, &input, &mut out);
             }
             let dt = t.elapsed().as_secs_f64() / f64::from(n);
-            let blocks = w.bytes().len() as f64 / w.dtype().block_bytes() as f64;
+            let blocks = (w.rows() * k / 32) as f64;
             println!(
                 "{name}: {:.1} us/call, {:.2} GB/s, {:.2} ns/block",
                 dt * 1e6,
-                w.bytes().len() as f64 / dt / 1e9,
+                w.bytes() as f64 / dt / 1e9,
                 dt * 1e9 / blocks
             );
         }

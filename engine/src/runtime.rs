@@ -117,7 +117,9 @@ pub fn build_backends(
             Device::Cpu => {
                 let threads = (total / cpu_groups).max(1);
                 let pool = crate::backend::cpu::pool::ComputePool::new(threads);
-                let weights = cpu_weights.clone().ok_or_else(|| DeviceError::Parse("cpu".into()))?;
+                let weights = cpu_weights
+                    .clone()
+                    .ok_or_else(|| DeviceError::Parse("cpu".into()))?;
                 out.push(Box::new(CpuBackend::with_weights(
                     cfg.clone(),
                     weights,

@@ -208,7 +208,11 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
                 pos = d;
             }
             let vocab = backend.config().vocab;
-            let mut next = if d > 0 { argmax(&logits[logits.len() - vocab..]) } else { ctx_toks[0] };
+            let mut next = if d > 0 {
+                argmax(&logits[logits.len() - vocab..])
+            } else {
+                ctx_toks[0]
+            };
             let t = Instant::now();
             for p in pos..pos + gen_n {
                 logits.clear();
@@ -240,6 +244,7 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
         .model
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let (rss, peak) = memory_mib();
     let bandwidth = (!a.no_bandwidth).then(|| read_bandwidth_gbs(threads));
     let weight_bytes = backend.weight_bytes_per_step();
     if let (Some(bw), false) = (bandwidth, a.json) {
@@ -249,7 +254,6 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
             100.0 * decode.median * weight_bytes as f64 / (bw * 1e9)
         );
     }
-    let (rss, peak) = memory_mib();
     if !a.json {
         println!(
             "decode  batch 1    : {:>8.1} tok/s (min {:.1}, max {:.1}) over {gen_n} tokens",

@@ -231,6 +231,30 @@ impl Tensor {
         &self.bytes()[row * rb..(row + 1) * rb]
     }
 
+    /// Tells the OS that this tensor's pages of the model file are not needed now (after the
+    /// CPU backend has repacked it): they leave the process's resident memory and are read
+    /// again from the page cache if anything touches them later. No effect on owned tensors.
+    pub fn release_resident(&self) {
+        const PAGE: usize = 4096;
+        if let Storage::Mapped { map, offset, len } = &self.storage {
+            // Whole pages inside the tensor only.
+            let start = offset.div_ceil(PAGE) * PAGE;
+            let end = (offset + len) / PAGE * PAGE;
+            if end > start {
+                // SAFETY: the map is a read-only shared mapping of an unmodified file, so a
+                // dropped page reads back the same bytes on its next access; no reference into
+                // the map sees anything change.
+                let _ = unsafe {
+                    map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        start,
+                        end - start,
+                    )
+                };
+            }
+        }
+    }
+
     /// Dequantizes one row into `out` (length `row_len`).
     pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
         dequantize(self.dtype, self.row_bytes_of(row), out);

@@ -114,7 +114,10 @@ pub fn chunk_states(
             prefetch(kv.keys(next, h.layer, h.kv_head));
             prefetch(kv.values(next, h.layer, h.kv_head));
         }
-        let (keys, values) = (kv.keys(block, h.layer, h.kv_head), kv.values(block, h.layer, h.kv_head));
+        let (keys, values) = (
+            kv.keys(block, h.layer, h.kv_head),
+            kv.values(block, h.layer, h.kv_head),
+        );
         convert(isa, keys, &mut s.kt);
         convert(isa, values, &mut s.v);
         for (r, &pos) in rows.positions.iter().enumerate() {
@@ -189,7 +192,11 @@ fn scalar_block_update(
     states: &mut [f32],
 ) {
     let mut scores = [0f32; 64];
-    let scores = if bs <= 64 { &mut scores[..valid] } else { return scalar_wide(q, kt, v, bs, hd, valid, states) };
+    let scores = if bs <= 64 {
+        &mut scores[..valid]
+    } else {
+        return scalar_wide(q, kt, v, bs, hd, valid, states);
+    };
     for (qh, st) in q.chunks_exact(hd).zip(states.chunks_exact_mut(hd + 2)) {
         for (j, x) in scores.iter_mut().enumerate() {
             *x = (0..hd).map(|d| qh[d] * kt[d * bs + j]).sum();
@@ -446,31 +453,65 @@ mod tests {
     use crate::model::testing::FixtureRng;
 
     /// A cache with `n` random positions for one layer and `kv_heads` heads.
-    fn cache(n: usize, kv_heads: usize, hd: usize, bs: usize, seed: u64) -> (KvStore, Vec<f32>, Vec<f32>) {
+    fn cache(
+        n: usize,
+        kv_heads: usize,
+        hd: usize,
+        bs: usize,
+        seed: u64,
+    ) -> (KvStore, Vec<f32>, Vec<f32>) {
         let blocks = n.div_ceil(bs) + 1;
         let mut kv = KvStore::new(1, kv_heads, hd, bs, blocks);
         let mut rng = FixtureRng::new(seed);
         let ks = rng.vec(n * kv_heads * hd, 1.0);
         let vs = rng.vec(n * kv_heads * hd, 1.0);
         for p in 0..n {
-            let (k, v) = (&ks[p * kv_heads * hd..(p + 1) * kv_heads * hd], &vs[p * kv_heads * hd..(p + 1) * kv_heads * hd]);
+            let (k, v) = (
+                &ks[p * kv_heads * hd..(p + 1) * kv_heads * hd],
+                &vs[p * kv_heads * hd..(p + 1) * kv_heads * hd],
+            );
             kv.write(p / bs, p % bs, 0, k, v);
         }
         // The reference sees the f16-rounded values the cache holds.
-        let round = |x: &[f32]| x.iter().map(|v| f16::from_f32(*v).to_f32()).collect::<Vec<_>>();
+        let round = |x: &[f32]| {
+            x.iter()
+                .map(|v| f16::from_f32(*v).to_f32())
+                .collect::<Vec<_>>()
+        };
         (kv, round(&ks), round(&vs))
     }
 
     /// Plain softmax attention in f64.
-    fn reference(q: &[f32], ks: &[f32], vs: &[f32], pos: usize, head: usize, kvh: usize, kv_heads: usize, hd: usize) -> Vec<f64> {
+    #[allow(clippy::too_many_arguments)]
+    fn reference(
+        q: &[f32],
+        ks: &[f32],
+        vs: &[f32],
+        pos: usize,
+        head: usize,
+        kvh: usize,
+        kv_heads: usize,
+        hd: usize,
+    ) -> Vec<f64> {
         let scores: Vec<f64> = (0..=pos)
-            .map(|p| (0..hd).map(|d| f64::from(q[head * hd + d]) * f64::from(ks[(p * kv_heads + kvh) * hd + d])).sum())
+            .map(|p| {
+                (0..hd)
+                    .map(|d| {
+                        f64::from(q[head * hd + d]) * f64::from(ks[(p * kv_heads + kvh) * hd + d])
+                    })
+                    .sum()
+            })
             .collect();
         let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
         let l: f64 = e.iter().sum();
         (0..hd)
-            .map(|d| (0..=pos).map(|p| e[p] * f64::from(vs[(p * kv_heads + kvh) * hd + d])).sum::<f64>() / l)
+            .map(|d| {
+                (0..=pos)
+                    .map(|p| e[p] * f64::from(vs[(p * kv_heads + kvh) * hd + d]))
+                    .sum::<f64>()
+                    / l
+            })
             .collect()
     }
 
@@ -495,32 +536,75 @@ mod tests {
                 let mut s = Scratch::default();
                 let mut prefill = vec![0f32; n * qd];
                 for kvh in 0..kv_heads {
-                    let h = Heads { layer: 0, kv_head: kvh, group, head_dim: hd };
+                    let h = Heads {
+                        layer: 0,
+                        kv_head: kvh,
+                        group,
+                        head_dim: hd,
+                    };
                     // Runs of 16 rows, as the backend hands them out.
                     for r0 in (0..n).step_by(16) {
                         let r1 = (r0 + 16).min(n);
-                        let rows = Rows { blocks: &blocks, positions: &positions[r0..r1], q: &q[r0 * qd..r1 * qd], stride: qd };
+                        let rows = Rows {
+                            blocks: &blocks,
+                            positions: &positions[r0..r1],
+                            q: &q[r0 * qd..r1 * qd],
+                            stride: qd,
+                        };
                         // SAFETY: `prefill` holds n × qd floats.
-                        unsafe { attend(isa, &kv, h, rows, prefill.as_mut_ptr().add(r0 * qd), &mut s) };
+                        unsafe {
+                            attend(isa, &kv, h, rows, prefill.as_mut_ptr().add(r0 * qd), &mut s)
+                        };
                     }
                 }
                 for &pos in &[0, 1, n / 2, n - 1] {
                     for head in 0..kv_heads * group {
-                        let want = reference(&q[pos * qd..(pos + 1) * qd], &ks, &vs, pos, head, head / group, kv_heads, hd);
+                        let want = reference(
+                            &q[pos * qd..(pos + 1) * qd],
+                            &ks,
+                            &vs,
+                            pos,
+                            head,
+                            head / group,
+                            kv_heads,
+                            hd,
+                        );
                         for d in 0..hd {
                             let got = f64::from(prefill[pos * qd + head * hd + d]);
-                            assert!((got - want[d]).abs() < 1e-4, "{isa:?} bs{bs} hd{hd} pos {pos} head {head} d {d}: {got} vs {}", want[d]);
+                            assert!(
+                                (got - want[d]).abs() < 1e-4,
+                                "{isa:?} bs{bs} hd{hd} pos {pos} head {head} d {d}: {got} vs {}",
+                                want[d]
+                            );
                         }
                     }
                     // Decode: the row alone, its chunks as separate items merged afterwards.
                     for kvh in 0..kv_heads {
-                        let h = Heads { layer: 0, kv_head: kvh, group, head_dim: hd };
-                        let rows = Rows { blocks: &blocks, positions: &positions[pos..=pos], q: &q[pos * qd..(pos + 1) * qd], stride: qd };
+                        let h = Heads {
+                            layer: 0,
+                            kv_head: kvh,
+                            group,
+                            head_dim: hd,
+                        };
+                        let rows = Rows {
+                            blocks: &blocks,
+                            positions: &positions[pos..=pos],
+                            q: &q[pos * qd..(pos + 1) * qd],
+                            stride: qd,
+                        };
                         let sl = h.state_len();
                         let chunks = chunks_for(pos, bs);
                         let mut parts = vec![0f32; chunks * group * sl];
                         for c in 0..chunks {
-                            chunk_states(isa, &kv, h, rows, c, &mut parts[c * group * sl..(c + 1) * group * sl], &mut s);
+                            chunk_states(
+                                isa,
+                                &kv,
+                                h,
+                                rows,
+                                c,
+                                &mut parts[c * group * sl..(c + 1) * group * sl],
+                                &mut s,
+                            );
                         }
                         let mut total = vec![0f32; group * sl];
                         clear(&mut total, sl);
@@ -533,7 +617,10 @@ mod tests {
                         let at = pos * qd + kvh * group * hd;
                         assert_eq!(
                             out.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                            prefill[at..at + group * hd].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                            prefill[at..at + group * hd]
+                                .iter()
+                                .map(|x| x.to_bits())
+                                .collect::<Vec<_>>(),
                             "{isa:?} bs{bs} hd{hd}: decode differs from prefill at {pos}"
                         );
                     }

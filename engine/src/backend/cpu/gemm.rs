@@ -86,7 +86,10 @@ mod scalar {
                             i32::from(codes[at + j].cast_signed()),
                             i32::from(codes[128 + at + j].cast_signed()),
                         ),
-                        _ => (i32::from(codes[at + j] & 0xF), i32::from(codes[at + j] >> 4)),
+                        _ => (
+                            i32::from(codes[at + j] & 0xF),
+                            i32::from(codes[at + j] >> 4),
+                        ),
                     };
                     isum += w_lo * i32::from(q[j]) + w_hi * i32::from(q[32 + j]);
                 }
@@ -241,7 +244,8 @@ mod avx2 {
                 } else {
                     let raw: [__m256i; 4] =
                         std::array::from_fn(|p| _mm256_loadu_si256(c.add(32 * p).cast()));
-                    let lo: [__m256i; 4] = std::array::from_fn(|p| _mm256_and_si256(raw[p], nibble));
+                    let lo: [__m256i; 4] =
+                        std::array::from_fn(|p| _mm256_and_si256(raw[p], nibble));
                     let hi: [__m256i; 4] = std::array::from_fn(|p| {
                         _mm256_and_si256(_mm256_srli_epi16::<4>(raw[p]), nibble)
                     });
@@ -312,7 +316,18 @@ mod tests {
                     let rows: Vec<QRow<'_>> = (0..MAX_TOKENS).map(|t| qa.row(t)).collect();
                     let mut all = vec![0f32; MAX_TOKENS * 8];
                     // SAFETY: `all` holds MAX_TOKENS × 8 floats.
-                    unsafe { group_dot(isa, m.format(), m.group(0), 1, k / QK, &rows, all.as_mut_ptr(), 8) };
+                    unsafe {
+                        group_dot(
+                            isa,
+                            m.format(),
+                            m.group(0),
+                            1,
+                            k / QK,
+                            &rows,
+                            all.as_mut_ptr(),
+                            8,
+                        )
+                    };
                     for t in 0..MAX_TOKENS {
                         // The activations as the kernel sees them (codes × scale).
                         let row = qa.row(t);
@@ -340,11 +355,23 @@ mod tests {
                             let mut part = vec![0f32; n * 8];
                             // SAFETY: `part` holds n × 8 floats.
                             unsafe {
-                                group_dot(isa, m.format(), m.group(0), 1, k / QK, &rows[t..t + n], part.as_mut_ptr(), 8)
+                                group_dot(
+                                    isa,
+                                    m.format(),
+                                    m.group(0),
+                                    1,
+                                    k / QK,
+                                    &rows[t..t + n],
+                                    part.as_mut_ptr(),
+                                    8,
+                                )
                             };
                             assert_eq!(
                                 part[..8].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                                all[t * 8..t * 8 + 8].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                                all[t * 8..t * 8 + 8]
+                                    .iter()
+                                    .map(|v| v.to_bits())
+                                    .collect::<Vec<_>>(),
                                 "{isa:?} {dtype:?} k={k}: token {t} with {n} tokens differs"
                             );
                         }
@@ -371,11 +398,33 @@ mod tests {
             qa.quantize(&pool, Isa::Scalar, &x, 1, k);
             let mut want = [0f32; 8];
             // SAFETY: 8 floats.
-            unsafe { group_dot(Isa::Scalar, m.format(), m.group(0), 1, k / QK, &[qa.row(0)], want.as_mut_ptr(), 8) };
+            unsafe {
+                group_dot(
+                    Isa::Scalar,
+                    m.format(),
+                    m.group(0),
+                    1,
+                    k / QK,
+                    &[qa.row(0)],
+                    want.as_mut_ptr(),
+                    8,
+                )
+            };
             for isa in Isa::available() {
                 let mut got = [0f32; 8];
                 // SAFETY: 8 floats.
-                unsafe { group_dot(isa, m.format(), m.group(0), 1, k / QK, &[qa.row(0)], got.as_mut_ptr(), 8) };
+                unsafe {
+                    group_dot(
+                        isa,
+                        m.format(),
+                        m.group(0),
+                        1,
+                        k / QK,
+                        &[qa.row(0)],
+                        got.as_mut_ptr(),
+                        8,
+                    )
+                };
                 for r in 0..8 {
                     assert!(
                         (got[r] - want[r]).abs() <= 1e-4 * want[r].abs().max(1.0),

@@ -94,11 +94,6 @@ unsafe impl Sync for OutPtr {}
 /// Tokens per task: the activations a task streams for each weight group stay in L2.
 const TOKENS_PER_TASK: usize = 64;
 
-fn tasks_per_thread() -> usize {
-    static P: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *P.get_or_init(|| std::env::var("TPT").ok().and_then(|v| v.parse().ok()).unwrap_or(8))
-}
-
 /// Plain rows per task.
 const PLAIN_ROWS_PER_TASK: usize = 16;
 
@@ -141,9 +136,9 @@ pub fn matmul_many(
         })
         .sum();
     let token_ranges = t_count.div_ceil(TOKENS_PER_TASK).max(1);
-    // About eight tasks per thread: small enough to balance, large enough that claiming is
-    // free.
-    let per_task = (units * token_ranges / (pool.threads() * tasks_per_thread())).clamp(1, 64);
+    // About eight tasks per thread: small enough to balance (a descheduled thread delays a
+    // section by one task at most), large enough that claiming is free.
+    let per_task = (units * token_ranges / (pool.threads() * 8)).clamp(1, 64);
     let mut tasks: Vec<Task> = Vec::new();
     for (i, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
         assert_eq!(w.k(), input.k, "matmul: K mismatch");
@@ -170,7 +165,13 @@ pub fn matmul_many(
                     Weight::Packed(_) => (u, end),
                     Weight::Plain(_) => (u * unit_rows, (end * unit_rows).min(rows)),
                 };
-                tasks.push(Task { w: i, r0, r1, t0, t1 });
+                tasks.push(Task {
+                    w: i,
+                    r0,
+                    r1,
+                    t0,
+                    t1,
+                });
                 u = end;
             }
         }
@@ -238,7 +239,16 @@ fn packed_task(isa: Isa, p: &PackedMatrix, rows: &[QRow<'_>], task: &Task, ptr: 
             let mut tmp = [0f32; GROUP * MAX_TOKENS];
             // SAFETY: `tmp` holds tn × 8 floats.
             unsafe {
-                gemm::group_dot(isa, p.format(), p.group(g), 1, nb, &rows[t..t + tn], tmp.as_mut_ptr(), GROUP);
+                gemm::group_dot(
+                    isa,
+                    p.format(),
+                    p.group(g),
+                    1,
+                    nb,
+                    &rows[t..t + tn],
+                    tmp.as_mut_ptr(),
+                    GROUP,
+                );
             }
             for j in 0..tn {
                 for i in 0..n - g * GROUP {

@@ -364,7 +364,15 @@ impl CpuBackend {
         for (l, (blk, lb)) in w.blocks.iter().zip(&lw.blocks).enumerate() {
             s.h.resize(total * h, 0.0);
             ops::rms_norm(&s.x, &lb.attn_norm, cfg.rms_eps, &mut s.h);
-            Self::quantize_if_needed(&pool, isa, &mut s.qa, &s.h, total, h, &[&blk.wq, &blk.wk, &blk.wv]);
+            Self::quantize_if_needed(
+                &pool,
+                isa,
+                &mut s.qa,
+                &s.h,
+                total,
+                h,
+                &[&blk.wq, &blk.wk, &blk.wv],
+            );
             Self::mm(
                 &pool,
                 isa,
@@ -412,7 +420,15 @@ impl CpuBackend {
             );
             ops::add_in_place(&mut s.x, &s.o);
             ops::rms_norm(&s.x, &lb.ffn_norm, cfg.rms_eps, &mut s.h);
-            Self::quantize_if_needed(&pool, isa, &mut s.qa, &s.h, total, h, &[&blk.w_gate, &blk.w_up]);
+            Self::quantize_if_needed(
+                &pool,
+                isa,
+                &mut s.qa,
+                &s.h,
+                total,
+                h,
+                &[&blk.w_gate, &blk.w_up],
+            );
             Self::mm(
                 &pool,
                 isa,
@@ -423,7 +439,15 @@ impl CpuBackend {
                 &mut [&mut s.gate, &mut s.up],
             );
             ops::silu_mul(isa, &mut s.gate, &s.up);
-            Self::quantize_if_needed(&pool, isa, &mut s.qa, &s.gate, total, cfg.ffn, &[&blk.w_down]);
+            Self::quantize_if_needed(
+                &pool,
+                isa,
+                &mut s.qa,
+                &s.gate,
+                total,
+                cfg.ffn,
+                &[&blk.w_down],
+            );
             Self::mm(
                 &pool,
                 isa,

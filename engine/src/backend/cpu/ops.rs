@@ -65,7 +65,10 @@ fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) -> usize {
             let x = _mm256_loadu_ps(g.as_ptr());
             let e = super::simd::exp(_mm256_sub_ps(_mm256_setzero_ps(), x));
             let s = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e));
-            _mm256_storeu_ps(g.as_mut_ptr(), _mm256_mul_ps(s, _mm256_loadu_ps(u.as_ptr())));
+            _mm256_storeu_ps(
+                g.as_mut_ptr(),
+                _mm256_mul_ps(s, _mm256_loadu_ps(u.as_ptr())),
+            );
         }
     }
     n

@@ -88,7 +88,11 @@ pub struct PackedMatrix {
 
 impl std::fmt::Debug for PackedMatrix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PackedMatrix({:?} {}×{})", self.format, self.rows, self.k)
+        write!(
+            f,
+            "PackedMatrix({:?} {}×{})",
+            self.format, self.rows, self.k
+        )
     }
 }
 
@@ -262,7 +266,9 @@ impl PackedMatrix {
             let at = p * 32 + half * 16;
             match self.format {
                 PackedFormat::Q8_0 => {
-                    let c = codes[at..at + 16].iter().chain(&codes[128 + at..128 + at + 16]);
+                    let c = codes[at..at + 16]
+                        .iter()
+                        .chain(&codes[128 + at..128 + at + 16]);
                     out.extend(c.map(|&c| d * f32::from(c.cast_signed())));
                 }
                 PackedFormat::Q4_0 | PackedFormat::Q4_1 => {
@@ -303,7 +309,11 @@ mod tests {
             let m = PackedMatrix::pack(&[&ta, &tb]).expect("packs");
             assert_eq!((m.rows(), m.k(), m.groups()), (19, 96, 3));
             for r in 0..19 {
-                let want = if r < 13 { ta.row_f32(r) } else { tb.row_f32(r - 13) };
+                let want = if r < 13 {
+                    ta.row_f32(r)
+                } else {
+                    tb.row_f32(r - 13)
+                };
                 assert_eq!(m.row_f32(r), want, "{dtype:?} row {r}");
             }
         }

@@ -51,6 +51,13 @@ pub struct QRow<'a> {
 
 #[derive(Clone, Copy)]
 struct Ptrs(*mut i8, *mut f32);
+
+impl Ptrs {
+    /// The pointers (a method, so closures capture the whole `Send` wrapper).
+    fn get(self) -> (*mut i8, *mut f32) {
+        (self.0, self.1)
+    }
+}
 // SAFETY: each task writes the blocks of its own rows only.
 unsafe impl Send for Ptrs {}
 unsafe impl Sync for Ptrs {}
@@ -59,8 +66,17 @@ impl QActs {
     /// Quantizes `x` (`rows · k` values, row-major) into `self`, reusing its buffers; rows are
     /// spread over `pool` when there are many. Each row's codes depend only on that row.
     pub fn quantize(&mut self, pool: &ComputePool, isa: Isa, x: &[f32], rows: usize, k: usize) {
-        assert_eq!(x.len(), rows * k, "quantize: {} values for {rows}×{k}", x.len());
-        assert_eq!(k % QK, 0, "quantize: row length {k} is not a multiple of {QK}");
+        assert_eq!(
+            x.len(),
+            rows * k,
+            "quantize: {} values for {rows}×{k}",
+            x.len()
+        );
+        assert_eq!(
+            k % QK,
+            0,
+            "quantize: row length {k} is not a multiple of {QK}"
+        );
         let nb = k / QK;
         self.k = k;
         self.rows = rows;
@@ -69,7 +85,7 @@ impl QActs {
         let p = Ptrs(self.q.as_mut_ptr(), self.meta.as_mut_ptr());
         let tasks = rows.div_ceil(ROWS_PER_TASK);
         let run = |task: usize| {
-            let p = p;
+            let (qp, mp) = p.get();
             let (r0, r1) = share(rows, task, tasks);
             for r in r0..r1 {
                 let xr = &x[r * k..(r + 1) * k];
@@ -78,10 +94,10 @@ impl QActs {
                 let (q, meta) = unsafe {
                     (
                         std::slice::from_raw_parts_mut(
-                            p.0.add(r * nb * BLOCK_CODES),
+                            qp.add(r * nb * BLOCK_CODES),
                             nb * BLOCK_CODES,
                         ),
-                        std::slice::from_raw_parts_mut(p.1.add(r * nb * 2), nb * 2),
+                        std::slice::from_raw_parts_mut(mp.add(r * nb * 2), nb * 2),
                     )
                 };
                 quantize_row(isa, xr, q, meta);
@@ -171,9 +187,9 @@ mod avx2 {
                 let d = amax / QMAX;
                 let inv = _mm256_set1_ps(if d > 0.0 { QMAX / amax } else { 0.0 });
                 let i: [__m256i; 4] = std::array::from_fn(|j| {
-                    _mm256_cvtps_epi32(_mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-                        _mm256_mul_ps(v[j], inv),
-                    ))
+                    _mm256_cvtps_epi32(_mm256_round_ps::<
+                        { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+                    >(_mm256_mul_ps(v[j], inv)))
                 });
                 // i32 → i16 → i8 (packs interleave 128-bit lanes; the permute restores order).
                 let w01 = _mm256_packs_epi32(i[0], i[1]);
