@@ -352,7 +352,12 @@ async fn greedy_tokens_are_the_same_solo_in_a_slot_and_when_moved() {
             .as_array()
             .expect("positions")
             .iter()
-            .map(|x| (x["pos"].as_u64().expect("pos"), x["top2_gap"].as_f64().expect("gap")))
+            .map(|x| {
+                (
+                    x["pos"].as_u64().expect("pos"),
+                    x["top2_gap"].as_f64().expect("gap"),
+                )
+            })
             .collect();
         let first = prompt.len() as u64 - 1;
         let clear = (0..n as u64)
