@@ -318,31 +318,10 @@ fn cpu_model() -> String {
         .unwrap_or_default()
 }
 
-/// Read bandwidth of this machine's memory with `threads` threads, in GB/s: the best of five
-/// passes over a 256 MiB buffer (far larger than any cache), each thread summing its own
-/// contiguous share, the way the decode kernels stream weights.
-#[allow(clippy::cast_precision_loss)]
+/// Read bandwidth of this machine's memory with `threads` threads, in GB/s.
 fn read_bandwidth_gbs(threads: usize) -> f64 {
-    const BYTES: usize = 256 << 20;
     let pool = crate::backend::cpu::pool::ComputePool::new(threads);
-    let buf: Vec<u64> = (0..BYTES / 8).map(|i| i as u64).collect();
-    let parts = pool.threads();
-    let mut best = 0f64;
-    for _ in 0..5 {
-        let t = Instant::now();
-        pool.run(parts, &|p| {
-            let (a, b) = crate::backend::cpu::pool::share(buf.len(), p, parts);
-            let mut acc = [0u64; 8];
-            for c in buf[a..b].chunks_exact(8) {
-                for i in 0..8 {
-                    acc[i] = acc[i].wrapping_add(c[i]);
-                }
-            }
-            std::hint::black_box(acc);
-        });
-        best = best.max(BYTES as f64 / t.elapsed().as_secs_f64() / 1e9);
-    }
-    best
+    crate::backend::cpu::membw::read_bandwidth_gbs(&pool)
 }
 
 fn argmax(v: &[f32]) -> u32 {

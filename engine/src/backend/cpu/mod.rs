@@ -5,6 +5,7 @@ pub mod gemm;
 pub mod isa;
 pub mod kv;
 pub mod matmul;
+pub mod membw;
 pub mod ops;
 pub mod packed;
 pub mod pool;
