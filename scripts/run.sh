@@ -68,7 +68,7 @@ slotlight is running.
 
 Try:
   curl -s http://127.0.0.1:$port/v1/chat/completions -H 'content-type: application/json' \\
-    -d '{"messages":[{"role":"user","content":"What is the capital of France?"}],"stream":true,"stream_options":{"include_usage":true}}'
+    -d '{"messages":[{"role":"user","content":"Name the capital of France."}],"stream":true,"stream_options":{"include_usage":true}}'
 
 Ctrl-C stops both.
 MSG

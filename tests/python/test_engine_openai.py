@@ -17,7 +17,10 @@ def client(lone_engine):
 def test_chat(client, lone_engine):
     r = client.chat.completions.create(
         model=lone_engine.model,
-        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        # A question the default model answers the same way with 8-bit activations as in
+        # float32 ("What is the capital of France?" sits on a near tie at its first token:
+        # this engine and llama.cpp both answer it with "L'Étoile, ...").
+        messages=[{"role": "user", "content": "Name the capital of France."}],
         max_tokens=20,
         temperature=0,
     )
