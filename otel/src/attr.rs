@@ -173,6 +173,21 @@ pub mod value {
     /// `gen_ai.response.finish_reasons`: the engine failed or shut down.
     pub const FINISH_ERROR: &str = "error";
 
+    /// `slotlight.resume`: the session's first turn (or one no longer remembered).
+    pub const RESUME_FIRST: &str = "first";
+    /// `slotlight.resume`: everything reusable was reused, to block granularity.
+    pub const RESUME_FULL: &str = "full";
+    /// `slotlight.resume`: the history changed; the prompt departs from the last turn.
+    pub const RESUME_DIVERGED: &str = "diverged";
+    /// `slotlight.resume`: blocks of the reusable prefix had been reclaimed.
+    pub const RESUME_EVICTED: &str = "evicted";
+    /// `slotlight.resume`: the session's KV lives in another slot group.
+    pub const RESUME_OTHER_GROUP: &str = "other_group";
+    /// `slotlight.resume`: no session, nothing reused.
+    pub const RESUME_NONE: &str = "none";
+    /// `slotlight.resume`: no session; a prefix shared with an earlier request was reused.
+    pub const RESUME_PREFIX: &str = "prefix";
+
     /// `error.type`: the client cancelled (disconnected).
     pub const ERROR_CANCELLED: &str = "cancelled";
     /// `error.type`: the request was invalid.

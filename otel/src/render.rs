@@ -121,6 +121,34 @@ pub fn render_contract() -> String {
                 "`gen_ai.response.finish_reasons`: the engine failed or shut down",
             ),
             (
+                attr::value::RESUME_FIRST,
+                "`slotlight.resume`: the session's first turn (or one no longer remembered)",
+            ),
+            (
+                attr::value::RESUME_FULL,
+                "`slotlight.resume`: everything reusable was reused, to block granularity",
+            ),
+            (
+                attr::value::RESUME_DIVERGED,
+                "`slotlight.resume`: the history changed; the prompt departs from the last turn",
+            ),
+            (
+                attr::value::RESUME_EVICTED,
+                "`slotlight.resume`: blocks of the reusable prefix had been reclaimed",
+            ),
+            (
+                attr::value::RESUME_OTHER_GROUP,
+                "`slotlight.resume`: the session's KV lives in another slot group",
+            ),
+            (
+                attr::value::RESUME_NONE,
+                "`slotlight.resume`: no session, nothing reused",
+            ),
+            (
+                attr::value::RESUME_PREFIX,
+                "`slotlight.resume`: no session; a prefix shared with an earlier request reused",
+            ),
+            (
                 attr::value::ERROR_CANCELLED,
                 "`error.type`: the client cancelled",
             ),

@@ -8,6 +8,7 @@
 //! its own [`RequestTimings`] arrive.
 
 mod group;
+pub mod resume;
 mod sequence;
 mod slots;
 
