@@ -1,11 +1,11 @@
 //! Deterministic assembly tests: spans are built with [`crate::synth`], validated with
-//! [`spans::convert`], and applied with an explicit clock.
+//! [`crate::spans::convert`], and applied with an explicit clock.
 
 use super::*;
+use crate::spans::{Path, convert_request};
 use crate::synth::{self, Usage};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use slots::RowState;
-use spans::{Path, convert_request};
 
 const MS: i64 = 1_000_000;
 const S: i64 = 1_000_000_000;
