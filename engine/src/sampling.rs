@@ -48,7 +48,7 @@ pub enum SamplingError {
 impl SamplingError {
     /// A stable label for metrics and error bodies.
     pub fn error_type(&self) -> &'static str {
-        "validation"
+        slotlight_otel::attr::value::ERROR_VALIDATION
     }
 }
 

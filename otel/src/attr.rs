@@ -243,4 +243,6 @@ pub mod value {
     pub const ERROR_UNAUTHORIZED: &str = "unauthorized";
     /// `error.type`: the KV cache could not hold the request.
     pub const ERROR_KV_CACHE_EXHAUSTED: &str = "kv_cache_exhausted";
+    /// `error.type`: the model's chat template failed (the server's fault, not the request's).
+    pub const ERROR_TEMPLATE: &str = "template";
 }

@@ -192,6 +192,10 @@ pub fn render_contract() -> String {
                 attr::value::ERROR_KV_CACHE_EXHAUSTED,
                 "`error.type`: the KV cache could not hold the request",
             ),
+            (
+                attr::value::ERROR_TEMPLATE,
+                "`error.type`: the model's chat template failed",
+            ),
         ],
     );
     table(
