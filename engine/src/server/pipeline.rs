@@ -344,3 +344,113 @@ pub fn log_refused(r: &Refusal, http_status: u16) {
         "Request.Refused"
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use opentelemetry::KeyValue;
+    use opentelemetry_sdk::error::OTelSdkResult;
+    use opentelemetry_sdk::trace::{
+        SdkTracerProvider, SimpleSpanProcessor, SpanData, SpanExporter,
+    };
+    use slotlight_otel::attr;
+
+    use super::*;
+    use crate::scheduler::Placement;
+    use crate::server::error::ErrorKind;
+    use crate::server::trace::{RequestedParams, ServerAddress};
+    use crate::telemetry::Telemetry;
+    use crate::timing::{PathKind, TimeAnchor};
+
+    #[derive(Debug, Clone, Default)]
+    struct Memory(Arc<Mutex<Vec<SpanData>>>);
+
+    impl SpanExporter for Memory {
+        async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+            self.0.lock().expect("lock").extend(batch);
+            Ok(())
+        }
+    }
+
+    fn info(received: Instant) -> RequestInfo {
+        RequestInfo {
+            id: "chatcmpl-lost".into(),
+            operation: slotlight_otel::span::OPERATION_CHAT,
+            request_model: "m".into(),
+            response_model: "m".into(),
+            session: Some("s-lost".into()),
+            max_tokens: 8,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: None,
+            stream: false,
+            requested: RequestedParams::default(),
+            received,
+            prompt_text: None,
+        }
+    }
+
+    /// The step loop goes away after admitting the request (it panicked or was dropped): the
+    /// request still ends with an error answer, a request span of status `error` with what was
+    /// known, and nothing it never had written as zero.
+    #[tokio::test]
+    async fn a_request_the_engine_loses_is_answered_and_recorded() {
+        let mem = Memory::default();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(SimpleSpanProcessor::new(mem.clone()))
+            .build();
+        let telemetry = Telemetry::with_provider(provider, "t".into());
+        let received = Instant::now();
+        let trace = RequestTrace::start(
+            Arc::clone(&telemetry.tracer),
+            TimeAnchor::now(),
+            info(received),
+            &Context::new(),
+            false,
+            &ServerAddress::default(),
+        );
+        let (events, rx) = mpsc::unbounded_channel();
+        let (tx, mut out) = mpsc::unbounded_channel();
+        let placement = Placement {
+            path: PathKind::Solo,
+            group: 0,
+            slot: None,
+        };
+        events
+            .send(Event::Admitted {
+                at: received + Duration::from_millis(1),
+                placement,
+            })
+            .expect("send");
+        drop(events);
+        let cancel = Arc::new(AtomicBool::new(false));
+        run(trace, rx, tx, cancel, Duration::ZERO, info(received), 5).await;
+        let Some(Out::Done(f)) = out.recv().await else {
+            panic!("an answer");
+        };
+        let e = f.error.expect("an error answer");
+        assert_eq!(e.error, ErrorKind::Internal);
+        assert_eq!(f.finish_reason, "error");
+        let u = &f.usage;
+        assert_eq!(u.prompt_tokens, 5);
+        assert_eq!(u.timings.queue_ms, Some(1.0));
+        assert_eq!((u.timings.ttft_ms, u.timings.decode_ms), (None, None));
+        let spans = mem.0.lock().expect("lock").clone();
+        let root = spans
+            .iter()
+            .find(|s| slotlight_otel::span::is_request_span_name(&s.name))
+            .expect("the request span");
+        let get = |k: &str| {
+            root.attributes
+                .iter()
+                .find(|kv: &&KeyValue| kv.key.as_str() == k)
+                .map(|kv| kv.value.as_str().into_owned())
+        };
+        assert_eq!(get(attr::REQUEST_STATUS).as_deref(), Some("error"));
+        assert_eq!(get(attr::ERROR_TYPE).as_deref(), Some("internal"));
+        assert_eq!(get(attr::USAGE_TTFT_MS), None);
+        assert!(get(attr::USAGE_QUEUE_MS).is_some());
+    }
+}
