@@ -18,7 +18,7 @@ pub struct TimeAnchor {
 }
 
 impl TimeAnchor {
-    /// Anchors now.
+    /// An anchor taken now: every later conversion is relative to this pair of clocks.
     pub fn now() -> Self {
         Self {
             mono: Instant::now(),
@@ -80,7 +80,7 @@ pub enum LegEnd {
 }
 
 impl LegEnd {
-    /// Label.
+    /// The contract's value of `slotlight.leg.end_reason`.
     pub fn as_str(self) -> &'static str {
         match self {
             LegEnd::Moved => value::LEG_END_MOVED,
@@ -96,9 +96,9 @@ impl LegEnd {
 pub struct LegRecord {
     /// Index within the request, from 0.
     pub index: usize,
-    /// Path.
+    /// Solo path or batch slot: where the leg ran.
     pub path: PathKind,
-    /// Device group.
+    /// The device group whose step loop ran the leg (0 on one device).
     pub group: usize,
     /// Slot index (slot path only).
     pub slot: Option<usize>,
@@ -145,7 +145,7 @@ pub enum PrefillReason {
 }
 
 impl PrefillReason {
-    /// Label.
+    /// The contract's value of `slotlight.prefill.reason`.
     pub fn as_str(self) -> &'static str {
         match self {
             PrefillReason::Initial => value::PREFILL_INITIAL,
@@ -192,7 +192,7 @@ pub struct PrefillRecord {
     pub cached_tokens: usize,
     /// Of those, computed.
     pub computed_tokens: usize,
-    /// Chunks.
+    /// Forward steps the prefill was split into (one chunk per step).
     pub chunks: usize,
     /// Time in the forward steps of its chunks.
     pub device: Duration,
@@ -213,7 +213,7 @@ pub struct RequestTimings {
     pub first_token: Option<Instant>,
     /// The last token produced.
     pub last_token: Option<Instant>,
-    /// Finish.
+    /// When the step loop finished the request (any reason); the end of `e2e_ms`.
     pub finished: Option<Instant>,
     /// Time in prefill forward steps (all prefills).
     pub prefill_device: Duration,
@@ -221,13 +221,13 @@ pub struct RequestTimings {
     pub prefill_steps: u64,
     /// Time in decode forward steps.
     pub decode_device: Duration,
-    /// Prompt tokens.
+    /// Tokens of the prompt as submitted (`usage.prompt_tokens`).
     pub prompt_tokens: usize,
     /// Prompt tokens found in the prefix cache by the first prefill.
     pub cached_tokens: usize,
     /// Tokens computed by all prefills.
     pub prefilled_tokens: usize,
-    /// Tokens generated.
+    /// Tokens generated, from prefills and decode steps alike (`usage.completion_tokens`).
     pub generated_tokens: usize,
     /// Decode steps taken. Each yields exactly one token of this request; the other tokens
     /// (the first, and one per re-prefill after a preemption) come from prefill steps.
@@ -392,7 +392,7 @@ impl RequestTimings {
         }
     }
 
-    /// Marks the finish.
+    /// Marks the finish at `at`: the end of the request's `e2e_ms`.
     pub fn mark_finished(&mut self, at: Instant) {
         self.finished = Some(at);
     }

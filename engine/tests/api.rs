@@ -121,9 +121,11 @@ async fn one_token_has_no_decode_figures_and_no_made_up_rates() {
         assert!(u[k].is_f64(), "usage.{k}: {u}");
     }
     let tm = &v["timings"];
-    for k in ["predicted_per_second"] {
-        assert!(tm.get(k).is_some_and(Value::is_null), "timings.{k}: {tm}");
-    }
+    assert_eq!(tm["predicted_ms"], json!(0.0), "{tm}");
+    assert!(
+        tm.get("predicted_per_second").is_some_and(Value::is_null),
+        "a rate over zero time is unknown, not infinite or zero: {tm}"
+    );
     s.stop().await;
 }
 

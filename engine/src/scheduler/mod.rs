@@ -60,19 +60,19 @@ impl Default for SchedulerConfig {
 pub struct GenerateRequest {
     /// The request id (also the response id).
     pub id: String,
-    /// Prompt token ids.
+    /// Prompt token ids, already templated and tokenized.
     pub prompt: Vec<u32>,
-    /// Most tokens to generate.
+    /// Most tokens to generate; the request ends with `length` there.
     pub max_tokens: usize,
-    /// Sampling.
+    /// How tokens are drawn (validated), with the request's own seed.
     pub sampling: SamplingParams,
-    /// Stop strings.
+    /// Stop strings: the request ends with `stop` at the first, which is never sent.
     pub stop: Vec<String>,
     /// Keep generating past end-of-sequence tokens.
     pub ignore_eos: bool,
     /// Session (affinity to a group, for warm resume).
     pub session: Option<String>,
-    /// Arrival time.
+    /// Arrival at the HTTP layer: the start of every one of the request's clocks.
     pub received: Instant,
     /// Set by the caller to cancel the request; checked at every step.
     pub cancel: Arc<AtomicBool>,
@@ -158,7 +158,7 @@ impl EngineError {
 /// Where a request was admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Placement {
-    /// Path.
+    /// Solo path or batch slot.
     pub path: PathKind,
     /// Device group.
     pub group: usize,
@@ -171,9 +171,9 @@ pub struct Placement {
 pub enum Event {
     /// Admitted at `at` (first admission only).
     Admitted {
-        /// When.
+        /// When it was admitted: the end of its queue time.
         at: Instant,
-        /// Where.
+        /// The path, group and slot it was admitted to.
         placement: Placement,
     },
     /// A leg started.
@@ -197,7 +197,7 @@ pub enum Event {
         /// Whether a prefill step produced it (the first token, or the one after a
         /// preemption's re-prefill) rather than a decode step.
         from_prefill: bool,
-        /// Where.
+        /// The path, group and slot it was admitted to.
         placement: Placement,
     },
     /// The request finished; its own timings come with it.
@@ -248,7 +248,7 @@ pub enum SubmitError {
 /// One request in flight, as the step loop sees it.
 #[derive(Debug, Clone, Serialize)]
 pub struct InFlight {
-    /// Request id.
+    /// The request id (also the response id and `slotlight.request.id`).
     pub id: String,
     /// `queued`, `prefill` or `decoding`.
     pub state: &'static str,
@@ -272,7 +272,7 @@ pub struct InFlight {
     pub leg_tokens: usize,
     /// The current leg's own rate (its tokens over its time so far).
     pub leg_tok_s: Option<f64>,
-    /// Session.
+    /// The request's session (`x-session-id` or `user`), if any.
     pub session_id: Option<String>,
 }
 

@@ -171,25 +171,25 @@ async fn record_refusals(State(st): State<SharedState>, req: Request, next: Next
 }
 /// Everything handlers share.
 pub struct AppState {
-    /// The engine.
+    /// The scheduler's handle: submit requests, read what is in flight.
     pub engine: Arc<EngineHandle>,
     /// Prompt building for the served model.
     pub prompts: PromptBuilder,
-    /// Settings.
+    /// The server's settings (limits, timeouts, model names).
     pub cfg: ServeConfig,
-    /// Telemetry.
+    /// The tracer request spans are recorded with, and the exporter's counts.
     pub telemetry: Arc<Telemetry>,
     /// Converts request instants to wall-clock time.
     pub anchor: TimeAnchor,
-    /// Vocabulary size.
+    /// Vocabulary size: token-id prompts are checked against it.
     pub vocab: usize,
-    /// Context length.
+    /// Context length served (`/v1/models` reports it as `max_model_len`).
     pub context: usize,
     /// When the server started (unix seconds).
     pub started: u64,
 }
 
-/// Shared state handle.
+/// The state every handler receives.
 pub type SharedState = Arc<AppState>;
 
 impl AppState {
@@ -297,7 +297,7 @@ async fn fallback(req: Request) -> ApiError {
     ApiError::not_found(req.uri().path())
 }
 
-/// The router.
+/// The routes, with authentication, draining and the turn-recording layer on the generation routes.
 pub fn router(st: SharedState) -> Router {
     let api = Router::new()
         .route("/v1/chat/completions", post(openai::chat::handle))

@@ -22,12 +22,12 @@ use crate::timing::RequestTimings;
 pub enum Out {
     /// New text (possibly empty) and the count of tokens generated so far.
     Delta {
-        /// Text.
+        /// The text this token completes (may be empty while a character or a stop string is held back).
         text: String,
         /// Tokens so far.
         generated: usize,
     },
-    /// The end.
+    /// The request finished: what is left to send, its usage, or its error.
     Done(Box<Final>),
 }
 

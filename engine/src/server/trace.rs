@@ -51,7 +51,7 @@ impl From<&crate::server::openai::types::Common> for RequestedParams {
 pub struct ServerAddress {
     /// Host name or address.
     pub address: Option<String>,
-    /// Port.
+    /// The port (`server.port`).
     pub port: Option<u16>,
 }
 
@@ -75,27 +75,27 @@ pub struct RequestInfo {
     pub id: String,
     /// `chat` or `text_completion`.
     pub operation: &'static str,
-    /// Model asked for.
+    /// The model the client asked for (`gen_ai.request.model`).
     pub request_model: String,
-    /// Model served.
+    /// The model that serves the request (`gen_ai.response.model`; names the span).
     pub response_model: String,
-    /// Session.
+    /// The session (`gen_ai.conversation.id`), from `x-session-id` or `user`.
     pub session: Option<String>,
-    /// Completion limit.
+    /// The completion token limit in force (`gen_ai.request.max_tokens`).
     pub max_tokens: usize,
-    /// Temperature.
+    /// Sampling temperature in force (`gen_ai.request.temperature`).
     pub temperature: f32,
-    /// Top-p.
+    /// Nucleus threshold in force (`gen_ai.request.top_p`).
     pub top_p: f32,
-    /// Top-k.
+    /// Top-k limit in force, 0 for none (`gen_ai.request.top_k`).
     pub top_k: usize,
-    /// Seed.
+    /// The sampling seed the request gave (`gen_ai.request.seed`), for reproducing it.
     pub seed: Option<u64>,
-    /// Streaming.
+    /// Whether the reply is streamed (`gen_ai.request.stream`).
     pub stream: bool,
     /// Parameters recorded only when the request set them.
     pub requested: RequestedParams,
-    /// Arrival.
+    /// Arrival at the HTTP layer: the request span's start.
     pub received: Instant,
     /// Prompt text, only with `--trace-content`.
     pub prompt_text: Option<String>,
@@ -562,7 +562,7 @@ pub struct Refusal {
     pub response_model: String,
     /// Session, from `x-session-id`.
     pub session: Option<String>,
-    /// Arrival.
+    /// Arrival at the HTTP layer: the request span's start.
     pub received: Instant,
     /// When the error was answered.
     pub refused: Instant,
