@@ -116,6 +116,8 @@ pub fn server_address(headers: &HeaderMap, local: Option<SocketAddr>) -> ServerA
 /// Every request a generation route answers is a turn: the pipeline records the ones that
 /// reach it (served, or refused by the scheduler); this layer records the ones refused before
 /// (body, validation, unknown model, draining), with a span of status `refused` and a log line.
+/// It sits inside authentication: a caller without the API key gets its 401 and no span, so
+/// nobody without a key can fill the turn records.
 async fn record_refusals(State(st): State<SharedState>, req: Request, next: Next) -> Response {
     let received = req
         .extensions()
