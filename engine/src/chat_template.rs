@@ -79,8 +79,8 @@ impl TemplateError {
     /// fault ([`TemplateError::Raised`]), `template` when the template is.
     pub fn error_type(&self) -> &'static str {
         match self {
-            TemplateError::Raised(_) => "validation",
-            _ => "template",
+            TemplateError::Raised(_) => slotlight_otel::attr::value::ERROR_VALIDATION,
+            _ => slotlight_otel::attr::value::ERROR_TEMPLATE,
         }
     }
 }

@@ -1,6 +1,11 @@
 //! slotlight-engine: loads Llama-family models, runs them on CPU (and CUDA), schedules requests
 //! with continuous batching, and serves an OpenAI-compatible API whose usage carries each
 //! request's own timings.
+//!
+//! Lossy casts are denied crate-wide: timing and token math must not truncate or round
+//! silently. Where a cast is right, a local `#[allow]` says why.
+
+#![deny(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
 
 pub mod backend;
 pub mod chat_template;

@@ -48,7 +48,7 @@ pub enum SamplingError {
 impl SamplingError {
     /// A stable label for metrics and error bodies.
     pub fn error_type(&self) -> &'static str {
-        "validation"
+        slotlight_otel::attr::value::ERROR_VALIDATION
     }
 }
 
@@ -559,9 +559,11 @@ fn argmax(logits: &[f32]) -> (u32, f32) {
 
 /// A uniform draw in `[0, 1)` with 53 random bits.
 fn uniform(rng: &mut ChaCha8Rng) -> f64 {
+    /// 2^-53: one unit in the last place of a 53-bit fraction.
+    const ULP: f64 = 1.0 / 9_007_199_254_740_992.0;
     #[allow(clippy::cast_precision_loss)] // 53-bit integers are exact in f64
     let x = (rng.next_u64() >> 11) as f64;
-    x * (1.0 / (1u64 << 53) as f64)
+    x * ULP
 }
 
 /// A seed for requests without one: std's `RandomState` keys come from the operating system's
@@ -576,6 +578,8 @@ fn entropy_seed() -> u64 {
 }
 
 #[cfg(test)]
+// Test data: small counts and indices, exact in every cast.
+#[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
 mod tests {
     use super::*;
 

@@ -50,7 +50,7 @@ pub enum StopError {
 impl StopError {
     /// A stable label for metrics and error bodies.
     pub fn error_type(&self) -> &'static str {
-        "validation"
+        slotlight_otel::attr::value::ERROR_VALIDATION
     }
 }
 

@@ -86,7 +86,7 @@ pub struct ExportStats {
 pub struct ExportCounts {
     /// Whether spans are exported at all.
     pub enabled: bool,
-    /// Where to.
+    /// The OTLP endpoint spans are exported to, if any.
     pub endpoint: Option<String>,
     /// Spans exported.
     pub exported: u64,
@@ -164,7 +164,8 @@ fn new_instance_id() -> String {
     } else {
         host
     };
-    format!("{host}-{}-{:08x}", std::process::id(), h.finish() as u32)
+    let suffix = u32::try_from(h.finish() >> 32).unwrap_or_default();
+    format!("{host}-{}-{suffix:08x}", std::process::id())
 }
 
 impl Telemetry {

@@ -18,7 +18,7 @@ pub struct TimeAnchor {
 }
 
 impl TimeAnchor {
-    /// Anchors now.
+    /// An anchor taken now: every later conversion is relative to this pair of clocks.
     pub fn now() -> Self {
         Self {
             mono: Instant::now(),
@@ -80,7 +80,7 @@ pub enum LegEnd {
 }
 
 impl LegEnd {
-    /// Label.
+    /// The contract's value of `slotlight.leg.end_reason`.
     pub fn as_str(self) -> &'static str {
         match self {
             LegEnd::Moved => value::LEG_END_MOVED,
@@ -96,9 +96,9 @@ impl LegEnd {
 pub struct LegRecord {
     /// Index within the request, from 0.
     pub index: usize,
-    /// Path.
+    /// Solo path or batch slot: where the leg ran.
     pub path: PathKind,
-    /// Device group.
+    /// The device group whose step loop ran the leg (0 on one device).
     pub group: usize,
     /// Slot index (slot path only).
     pub slot: Option<usize>,
@@ -145,7 +145,7 @@ pub enum PrefillReason {
 }
 
 impl PrefillReason {
-    /// Label.
+    /// The contract's value of `slotlight.prefill.reason`.
     pub fn as_str(self) -> &'static str {
         match self {
             PrefillReason::Initial => value::PREFILL_INITIAL,
@@ -154,12 +154,37 @@ impl PrefillReason {
     }
 }
 
-/// One prefill.
+/// How a prefill ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PrefillEnd {
+    /// Its last chunk ran and produced a token.
+    Finished,
+    /// A preemption cut it short; the request prefills again when it is admitted again.
+    Preempted,
+    /// The request was cancelled or failed before the prefill's last chunk.
+    Cancelled,
+}
+
+impl PrefillEnd {
+    /// The contract's value of `slotlight.prefill.end_reason`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrefillEnd::Finished => value::PREFILL_END_FINISHED,
+            PrefillEnd::Preempted => value::PREFILL_END_PREEMPTED,
+            PrefillEnd::Cancelled => value::PREFILL_END_CANCELLED,
+        }
+    }
+}
+
+/// One prefill, finished or cut short. The device time of every prefill step a request takes
+/// part in lands in exactly one record, so the records' `device` add up to
+/// [`RequestTimings::prefill_device`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct PrefillRecord {
     /// Start of its first chunk's step.
     pub start: Instant,
-    /// End of its last chunk's step.
+    /// End of its last chunk's step (when its token was produced, for a finished prefill).
     pub end: Instant,
     /// Tokens it had to have in the KV cache (prompt, plus reply after a preemption).
     pub prompt_tokens: usize,
@@ -167,12 +192,14 @@ pub struct PrefillRecord {
     pub cached_tokens: usize,
     /// Of those, computed.
     pub computed_tokens: usize,
-    /// Chunks.
+    /// Forward steps the prefill was split into (one chunk per step).
     pub chunks: usize,
     /// Time in the forward steps of its chunks.
     pub device: Duration,
     /// Why it ran.
     pub reason: PrefillReason,
+    /// How it ended.
+    pub end_reason: PrefillEnd,
 }
 
 /// A request's own clocks and counts.
@@ -186,21 +213,24 @@ pub struct RequestTimings {
     pub first_token: Option<Instant>,
     /// The last token produced.
     pub last_token: Option<Instant>,
-    /// Finish.
+    /// When the step loop finished the request (any reason); the end of `e2e_ms`.
     pub finished: Option<Instant>,
     /// Time in prefill forward steps (all prefills).
     pub prefill_device: Duration,
+    /// Prefill forward steps taken (all prefills, all chunks).
+    pub prefill_steps: u64,
     /// Time in decode forward steps.
     pub decode_device: Duration,
-    /// Prompt tokens.
+    /// Tokens of the prompt as submitted (`usage.prompt_tokens`).
     pub prompt_tokens: usize,
     /// Prompt tokens found in the prefix cache by the first prefill.
     pub cached_tokens: usize,
     /// Tokens computed by all prefills.
     pub prefilled_tokens: usize,
-    /// Tokens generated.
+    /// Tokens generated, from prefills and decode steps alike (`usage.completion_tokens`).
     pub generated_tokens: usize,
-    /// Decode steps taken (each yields one token after the first).
+    /// Decode steps taken. Each yields exactly one token of this request; the other tokens
+    /// (the first, and one per re-prefill after a preemption) come from prefill steps.
     pub decode_steps: u64,
     /// Legs, in order.
     pub legs: Vec<LegRecord>,
@@ -213,22 +243,48 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// The timing part of a response's `usage`, derived from one request's own clocks.
+///
+/// A value the request never had is `None` (JSON `null`), never zero: `queue_ms` without an
+/// admission, `ttft_ms` and `generation_ms` without a token, `prefill_ms` without a prefill
+/// step, `decode_ms` and `decode_tps` without a decode step, `e2e_ms` without a finish.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct UsageTimings {
-    /// Arrival to admission.
-    pub queue_ms: f64,
-    /// Time in prefill forward steps.
-    pub prefill_ms: f64,
-    /// Arrival to first token.
-    pub ttft_ms: f64,
-    /// Time in decode forward steps.
-    pub decode_ms: f64,
-    /// First to last token.
-    pub generation_ms: f64,
-    /// `(completion_tokens - 1) / decode_ms`, per second; `None` with no decode step.
+    /// Arrival to admission (the first one), wall clock.
+    pub queue_ms: Option<f64>,
+    /// Device time: the sum of the prefill forward steps the request took part in (every
+    /// prefill, cut ones included).
+    pub prefill_ms: Option<f64>,
+    /// Arrival to first token, wall clock.
+    pub ttft_ms: Option<f64>,
+    /// Device time: the sum of the decode forward steps the request took part in.
+    pub decode_ms: Option<f64>,
+    /// First to last token, wall clock.
+    pub generation_ms: Option<f64>,
+    /// Tokens produced by decode steps per second of `decode_ms`: `decode_steps /
+    /// (decode_ms / 1000)`. Each decode step yields one token of the request, so numerator and
+    /// denominator cover the same steps; the tokens prefills produce (the first, and one per
+    /// re-prefill after a preemption) are in neither.
     pub decode_tps: Option<f64>,
+    /// Arrival to finish, wall clock.
+    pub e2e_ms: Option<f64>,
+}
+
+/// vLLM's request latencies (`gen_ai.latency.*`), with vLLM's meanings: wall-clock intervals
+/// between the request's own instants, in seconds. `scheduled` is the first admission.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VllmLatencies {
+    /// Arrival to first token.
+    pub time_to_first_token: Option<f64>,
     /// Arrival to finish.
-    pub e2e_ms: f64,
+    pub e2e: Option<f64>,
+    /// Arrival to first scheduled.
+    pub time_in_queue: Option<f64>,
+    /// First scheduled to first token.
+    pub time_in_model_prefill: Option<f64>,
+    /// First token to last token.
+    pub time_in_model_decode: Option<f64>,
+    /// First scheduled to finish.
+    pub time_in_model_inference: Option<f64>,
 }
 
 impl RequestTimings {
@@ -241,6 +297,7 @@ impl RequestTimings {
             last_token: None,
             finished: None,
             prefill_device: Duration::ZERO,
+            prefill_steps: 0,
             decode_device: Duration::ZERO,
             prompt_tokens,
             cached_tokens: 0,
@@ -322,6 +379,7 @@ impl RequestTimings {
     pub fn add_step(&mut self, device: Duration, batch: usize, prefill: bool) {
         if prefill {
             self.prefill_device += device;
+            self.prefill_steps += 1;
         } else {
             self.decode_device += device;
             self.decode_steps += 1;
@@ -334,7 +392,7 @@ impl RequestTimings {
         }
     }
 
-    /// Marks the finish.
+    /// Marks the finish at `at`: the end of the request's `e2e_ms`.
     pub fn mark_finished(&mut self, at: Instant) {
         self.finished = Some(at);
     }
@@ -348,25 +406,57 @@ impl RequestTimings {
         (self.generated_tokens > 1 && secs > 0.0).then(|| (self.generated_tokens - 1) as f64 / secs)
     }
 
-    /// The usage timings.
-    #[allow(clippy::cast_precision_loss)]
+    /// The usage timings; see [`UsageTimings`] for what is unknown when.
+    #[allow(clippy::cast_precision_loss)] // step counts are far below 2^53
     pub fn usage(&self) -> UsageTimings {
-        let at =
-            |t: Option<Instant>| t.map_or(0.0, |t| ms(t.saturating_duration_since(self.received)));
-        let decode_ms = ms(self.decode_device);
+        let at = |t: Option<Instant>| t.map(|t| ms(t.saturating_duration_since(self.received)));
+        let decode_ms = (self.decode_steps > 0).then(|| ms(self.decode_device));
         UsageTimings {
             queue_ms: at(self.admitted),
-            prefill_ms: ms(self.prefill_device),
+            prefill_ms: (self.prefill_steps > 0).then(|| ms(self.prefill_device)),
             ttft_ms: at(self.first_token),
             decode_ms,
-            generation_ms: match (self.first_token, self.last_token) {
-                (Some(f), Some(l)) => ms(l - f),
-                _ => 0.0,
-            },
-            decode_tps: (self.decode_steps > 0 && decode_ms > 0.0)
-                .then(|| self.generated_tokens.saturating_sub(1) as f64 / (decode_ms / 1000.0)),
+            generation_ms: self.first_to_last().map(ms),
+            decode_tps: decode_ms
+                .filter(|d| *d > 0.0)
+                .map(|d| self.decode_steps as f64 / (d / 1000.0)),
             e2e_ms: at(self.finished),
         }
+    }
+
+    /// First token to last token.
+    fn first_to_last(&self) -> Option<Duration> {
+        Some(
+            self.last_token?
+                .saturating_duration_since(self.first_token?),
+        )
+    }
+
+    /// vLLM's latencies; see [`VllmLatencies`].
+    pub fn vllm_latencies(&self) -> VllmLatencies {
+        let secs = |from: Option<Instant>, to: Option<Instant>| {
+            Some(to?.saturating_duration_since(from?).as_secs_f64())
+        };
+        let arrival = Some(self.received);
+        VllmLatencies {
+            time_to_first_token: secs(arrival, self.first_token),
+            e2e: secs(arrival, self.finished),
+            time_in_queue: secs(arrival, self.admitted),
+            time_in_model_prefill: secs(self.admitted, self.first_token),
+            time_in_model_decode: secs(self.first_token, self.last_token),
+            time_in_model_inference: secs(self.admitted, self.finished),
+        }
+    }
+
+    /// Wall-clock time of the prefills: the sum, over every prefill record, of its first
+    /// chunk's start to its end. `None` without a prefill record.
+    pub fn prefill_wall(&self) -> Option<Duration> {
+        (!self.prefills.is_empty()).then(|| {
+            self.prefills
+                .iter()
+                .map(|p| p.end.saturating_duration_since(p.start))
+                .sum()
+        })
     }
 }
 
@@ -402,10 +492,110 @@ mod tests {
         let leg = t.current_leg().expect("leg");
         assert_eq!((leg.tokens_carried, leg.tokens_generated), (50, 1));
         let u = t.usage();
-        assert_eq!(u.queue_ms, 5.0);
-        assert_eq!(u.ttft_ms, 30.0);
-        assert_eq!(u.prefill_ms, 20.0);
-        assert_eq!(u.decode_ms, 1000.0);
+        assert_eq!(u.queue_ms, Some(5.0));
+        assert_eq!(u.ttft_ms, Some(30.0));
+        assert_eq!(u.prefill_ms, Some(20.0));
+        assert_eq!(u.decode_ms, Some(1000.0));
         assert_eq!(u.decode_tps, Some(50.0));
+    }
+
+    #[test]
+    fn what_a_request_never_had_is_unknown_not_zero() {
+        let t0 = Instant::now();
+        // Never admitted (refused by a full queue, or cancelled while queued).
+        let mut t = RequestTimings::new(t0, 10);
+        t.mark_finished(t0 + Duration::from_millis(7));
+        let u = t.usage();
+        assert_eq!(
+            (u.queue_ms, u.prefill_ms, u.ttft_ms, u.decode_ms),
+            (None, None, None, None)
+        );
+        assert_eq!((u.generation_ms, u.decode_tps), (None, None));
+        assert_eq!(u.e2e_ms, Some(7.0));
+        let json = serde_json::to_value(u).expect("json");
+        assert!(
+            json["queue_ms"].is_null() && json["ttft_ms"].is_null(),
+            "{json}"
+        );
+        assert!(
+            json.get("generation_ms").is_some(),
+            "the field stays, as null"
+        );
+        let v = t.vllm_latencies();
+        assert_eq!((v.time_in_queue, v.time_to_first_token), (None, None));
+        assert_eq!(v.e2e, Some(0.007));
+        // Admitted, then cancelled in its prefill: a queue time, no token.
+        let mut t = RequestTimings::new(t0, 10);
+        t.mark_admitted(t0 + Duration::from_millis(2));
+        t.add_step(Duration::from_millis(3), 1, true);
+        let u = t.usage();
+        assert_eq!((u.queue_ms, u.prefill_ms), (Some(2.0), Some(3.0)));
+        assert_eq!(
+            (u.ttft_ms, u.generation_ms, u.decode_ms),
+            (None, None, None)
+        );
+        // One token, from the prefill: generation is known (zero long), decoding is not.
+        t.mark_token(t0 + Duration::from_millis(6));
+        let u = t.usage();
+        assert_eq!((u.ttft_ms, u.generation_ms), (Some(6.0), Some(0.0)));
+        assert_eq!((u.decode_ms, u.decode_tps), (None, None));
+    }
+
+    /// A preempted request re-prefills its prompt and reply; that prefill's last chunk
+    /// produces a token whose time is prefill time. `decode_tps` counts only the tokens of
+    /// decode steps over the time of those same steps.
+    #[test]
+    fn decode_tps_after_a_preemption_counts_only_decode_steps() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut t = RequestTimings::new(t0, 10);
+        t.mark_admitted(t0);
+        t.add_step(ms(50), 1, true);
+        t.mark_token(t0 + ms(50)); // first token, from the prefill
+        for i in 1..=10 {
+            t.add_step(ms(20), 1, false);
+            t.mark_token(t0 + ms(50 + 20 * i));
+        }
+        // Preempted; re-prefill of prompt and reply: 100 ms, one more token.
+        t.add_step(ms(100), 2, true);
+        t.mark_token(t0 + ms(400));
+        for i in 1..=10 {
+            t.add_step(ms(20), 2, false);
+            t.mark_token(t0 + ms(400 + 20 * i));
+        }
+        let u = t.usage();
+        assert_eq!(t.generated_tokens, 22);
+        assert_eq!(u.decode_ms, Some(400.0));
+        assert_eq!(u.prefill_ms, Some(150.0));
+        // 20 decode steps in 400 ms: 50 tokens/s. Counting the 21 tokens after the first
+        // would credit the re-prefill's token to decode time (52.5/s).
+        let tps = u.decode_tps.expect("tps");
+        assert!((tps - 50.0).abs() < 1e-9, "{tps}");
+    }
+
+    #[test]
+    fn vllm_latencies_are_wall_clock_intervals() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut t = RequestTimings::new(t0, 10);
+        t.mark_admitted(t0 + ms(100));
+        t.add_step(ms(5), 8, true); // device time is far below the wall time under batching
+        t.mark_token(t0 + ms(300));
+        t.add_step(ms(5), 8, false);
+        t.mark_token(t0 + ms(700));
+        t.mark_finished(t0 + ms(750));
+        let v = t.vllm_latencies();
+        let close = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1e-9);
+        assert!(close(v.time_in_queue, 0.1));
+        assert!(close(v.time_to_first_token, 0.3));
+        assert!(close(v.time_in_model_prefill, 0.2), "{v:?}");
+        assert!(close(v.time_in_model_decode, 0.4), "{v:?}");
+        assert!(close(v.time_in_model_inference, 0.65), "{v:?}");
+        assert!(close(v.e2e, 0.75));
+        assert_eq!(
+            t.usage().prefill_ms,
+            Some(5.0),
+            "device time stays under slotlight's name"
+        );
     }
 }

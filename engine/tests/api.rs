@@ -46,18 +46,86 @@ async fn chat_returns_content_and_consistent_usage() {
         u[k].as_f64()
             .unwrap_or_else(|| panic!("usage.{k} missing: {u}"))
     };
-    assert!(f("queue_ms") >= 0.0 && f("prefill_ms") > 0.0 && f("decode_ms") > 0.0);
+    assert!(f("prefill_ms") > 0.0 && f("decode_ms") > 0.0);
+    // Admission, then the prefill's device time, both before the first token: a queue time
+    // taken from another clock (or a prefill time holding more than its steps) breaks this.
+    assert!(
+        f("queue_ms") + f("prefill_ms") <= f("ttft_ms") + 1e-6,
+        "queue + prefill device time within the time to first token: {u}"
+    );
     assert!(f("ttft_ms") <= f("e2e_ms") && f("generation_ms") <= f("e2e_ms"));
-    assert!(f("ttft_ms") >= f("queue_ms"));
+    assert!(
+        f("ttft_ms") + f("generation_ms") <= f("e2e_ms") + 1e-6,
+        "{u}"
+    );
     let tps = f("decode_tps");
     assert!(
         (tps - 11.0 / (f("decode_ms") / 1000.0)).abs() < 1e-6 * tps.max(1.0),
-        "decode_tps is (n-1)/decode_ms"
+        "decode_tps: 11 decode steps' tokens per second of decode_ms"
     );
     assert!(u["prompt_tokens_details"]["cached_tokens"].is_u64());
+    // llama.cpp's `timings`, with llama.cpp's definitions: wall-clock times, rates as counts
+    // per second of those times, the first token counted among the predicted ones.
     let tm = &v["timings"];
+    let t = |k: &str| {
+        tm[k]
+            .as_f64()
+            .unwrap_or_else(|| panic!("timings.{k} missing: {tm}"))
+    };
+    let near = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
     assert_eq!(tm["predicted_n"], 12);
-    assert_eq!(tm["prompt_ms"], u["prefill_ms"]);
+    assert!(near(t("predicted_ms"), f("generation_ms")), "{tm} {u}");
+    assert!(
+        near(t("predicted_per_second"), 12.0 / (t("predicted_ms") / 1e3)),
+        "{tm}"
+    );
+    assert!(
+        near(t("predicted_per_token_ms"), t("predicted_ms") / 12.0),
+        "{tm}"
+    );
+    let prompt_n = t("prompt_n");
+    assert!(
+        near(t("prompt_per_second"), prompt_n / (t("prompt_ms") / 1e3)),
+        "{tm}"
+    );
+    assert!(
+        near(t("prompt_per_token_ms"), t("prompt_ms") / prompt_n),
+        "{tm}"
+    );
+    assert!(
+        t("prompt_ms") >= f("prefill_ms") && t("prompt_ms") <= f("ttft_ms") - f("queue_ms") + 1e-6,
+        "prompt_ms is the prefill's wall time, between its device time and the first token: {tm} {u}"
+    );
+    assert_eq!(tm["cache_n"], u["prompt_tokens_details"]["cached_tokens"]);
+    s.stop().await;
+}
+
+/// A request that produces a single token had no decode step: its decode figures are
+/// unknown (`null`), never zero, and so are the rates that would divide by zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_token_has_no_decode_figures_and_no_made_up_rates() {
+    let m = tiny_model();
+    let s = TestServer::start(&m, Options::default()).await;
+    let (code, v) = s.chat(chat_body(1)).await;
+    assert_eq!(code, 200, "{v}");
+    let u = &v["usage"];
+    for k in ["decode_ms", "decode_tps"] {
+        assert!(u.get(k).is_some_and(Value::is_null), "usage.{k}: {u}");
+    }
+    assert_eq!(
+        u["generation_ms"],
+        json!(0.0),
+        "first and last token are the same: {u}"
+    );
+    for k in ["queue_ms", "prefill_ms", "ttft_ms", "e2e_ms"] {
+        assert!(u[k].is_f64(), "usage.{k}: {u}");
+    }
+    let tm = &v["timings"];
+    assert_eq!(tm["predicted_ms"], json!(0.0), "{tm}");
+    assert!(
+        tm.get("predicted_per_second").is_some_and(Value::is_null),
+        "a rate over zero time is unknown, not infinite or zero: {tm}"
+    );
     s.stop().await;
 }
 
@@ -481,6 +549,86 @@ async fn a_slow_reader_does_not_stall_others() {
         assert_eq!(v["usage"]["completion_tokens"], 5);
     }
     drop(stalled);
+    s.stop().await;
+}
+
+/// A reader that sleeps between chunks is charged the device time its tokens cost, not the
+/// time it took to read them: the engine's clocks (and so `decode_ms`, a sum of decode steps)
+/// do not wait for the reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_is_charged_the_device_time_of_its_tokens() {
+    let m = tiny_model();
+    let s = TestServer::start(&m, Options::default()).await;
+    let mut body = chat_body(40);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let started = std::time::Instant::now();
+    let mut r = s.post("/v1/chat/completions", body).await;
+    let mut text = Vec::new();
+    while let Some(c) = r.chunk().await.expect("chunk") {
+        text.extend_from_slice(&c);
+        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    }
+    let read_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let text = String::from_utf8(text).expect("utf-8");
+    let usage = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find_map(|c| c.get("usage").cloned())
+        .expect("a usage chunk");
+    let f = |k: &str| usage[k].as_f64().unwrap_or_else(|| panic!("{k}: {usage}"));
+    assert_eq!(usage["completion_tokens"], 40);
+    // The reader's sleeps are in neither the engine's decode time nor its end-to-end time.
+    assert!(f("decode_ms") <= f("generation_ms") + 1e-6, "{usage}");
+    assert!(
+        f("e2e_ms") * 2.0 < read_ms,
+        "e2e {} ms far below the {read_ms} ms the reader took",
+        f("e2e_ms")
+    );
+    // The device time is what the decode windows' steps cost, exactly.
+    let id = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find_map(|c| c["id"].as_str().map(str::to_string))
+        .expect("id");
+    let mut windows = 0.0;
+    for _ in 0..500 {
+        let spans = s.spans.spans();
+        let mine = |sp: &&opentelemetry_sdk::trace::SpanData| {
+            sp.attributes.iter().any(|kv| {
+                kv.key.as_str() == slotlight_otel::attr::REQUEST_ID && kv.value.as_str() == id
+            })
+        };
+        if spans
+            .iter()
+            .filter(mine)
+            .any(|sp| slotlight_otel::span::is_request_span_name(&sp.name))
+        {
+            windows = spans
+                .iter()
+                .filter(mine)
+                .filter(|sp| sp.name == slotlight_otel::span::DECODE)
+                .filter_map(|sp| {
+                    sp.attributes
+                        .iter()
+                        .find(|kv| kv.key.as_str() == slotlight_otel::attr::DECODE_DEVICE_MS)
+                        .and_then(|kv| match kv.value {
+                            opentelemetry::Value::F64(v) => Some(v),
+                            _ => None,
+                        })
+                })
+                .sum();
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(
+        (windows - f("decode_ms")).abs() < 1e-6 * f("decode_ms").max(1.0),
+        "decode_ms {} is the decode windows' device time {windows}",
+        f("decode_ms")
+    );
     s.stop().await;
 }
 

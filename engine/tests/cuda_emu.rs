@@ -1,6 +1,7 @@
 //! The CUDA backend's whole code path (packing, step metadata, every kernel, the GEMM path's
 //! bookkeeping, graph replay) run on the host kernel emulator and compared with the CPU
-//! backend. Needs an x86-64 host with a C++ compiler; skips with a message otherwise.
+//! backend. Needs an x86-64 host with a C++ compiler; skips with a message otherwise, or fails
+//! when `SLOTLIGHT_REQUIRE_TOOLS=1` (as in CI, which installs `g++`).
 #![cfg(feature = "cuda")]
 
 #[path = "cuda_support.rs"]
@@ -29,7 +30,11 @@ fn skip() -> bool {
     if emu::available() {
         return false;
     }
-    eprintln!("skipping: the kernel emulator needs an x86-64 host with a C++ compiler (CXX)");
+    let why = "the kernel emulator needs an x86-64 host with a C++ compiler (`$CXX`, else `c++`)";
+    if std::env::var("SLOTLIGHT_REQUIRE_TOOLS").is_ok_and(|v| v == "1") {
+        panic!("SLOTLIGHT_REQUIRE_TOOLS=1 but {why}");
+    }
+    eprintln!("skipping: {why}");
     true
 }
 

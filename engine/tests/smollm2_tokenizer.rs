@@ -2,8 +2,10 @@
 //! against the reference in `fixtures/smollm2_reference.json` (ids from Python `tokenizers`,
 //! the prompt rendered by Jinja2 as `transformers` does).
 //!
-//! Needs the model file: set `SLOTLIGHT_MODEL` to SmolLM2-135M-Instruct's GGUF. Without it the
-//! test prints a note and passes.
+//! Needs the model file (`SLOTLIGHT_MODEL`, else the model cache). Without it the test prints a
+//! note and passes, or fails under `SLOTLIGHT_REQUIRE_MODEL=1` (as in CI).
+
+mod support;
 
 use std::path::Path;
 
@@ -48,11 +50,12 @@ fn stream(tok: &Tokenizer, context: &[u32], generated: &[u32]) -> Result<String>
 
 #[test]
 fn smollm2_tokenizer_and_template_match_the_reference() -> Result<()> {
-    let Some(model_path) = std::env::var_os("SLOTLIGHT_MODEL") else {
-        eprintln!("skipping: set SLOTLIGHT_MODEL to SmolLM2-135M-Instruct's GGUF to run this test");
+    // The default model (`SLOTLIGHT_MODEL`, else the cache); a missing one fails the test
+    // under `SLOTLIGHT_REQUIRE_MODEL=1` instead of skipping it.
+    let Some(model_path) = support::default_model() else {
         return Ok(());
     };
-    let model = Model::load(Path::new(&model_path))?;
+    let model = Model::load(&model_path)?;
     let tok = &model.tokenizer;
     let r = reference()?;
 

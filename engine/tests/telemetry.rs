@@ -118,7 +118,36 @@ async fn one_request_gives_root_queue_prefill_leg_and_decode_windows() {
         .iter()
         .map(|d| int(d, attr::DECODE_WINDOW_TOKENS))
         .sum();
-    assert_eq!(window_total, 40, "windows cover every token once");
+    assert_eq!(
+        window_total, 39,
+        "windows cover every decode token once, and not the prefill's token"
+    );
+    // The first window starts where decoding starts (the first token), and the windows'
+    // device time is the decode steps' alone: it adds up to usage.decode_ms, without the
+    // prefill step's time.
+    let first_token = int(&root, attr::REQUEST_FIRST_TOKEN_TIME);
+    let first_window = decodes
+        .iter()
+        .min_by_key(|d| d.start_time)
+        .expect("a window");
+    assert_eq!(
+        i64::try_from(
+            first_window
+                .start_time
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("after the epoch")
+                .as_nanos()
+        )
+        .expect("ns"),
+        first_token,
+        "the first window starts at the first token"
+    );
+    let window_device: f64 = decodes.iter().map(|d| dbl(d, attr::DECODE_DEVICE_MS)).sum();
+    let decode_ms = v["usage"]["decode_ms"].as_f64().expect("decode_ms");
+    assert!(
+        (window_device - decode_ms).abs() < 1e-6 * decode_ms.max(1.0),
+        "decode windows' device time {window_device} is the decode steps' {decode_ms}"
+    );
     let last = decodes
         .iter()
         .max_by_key(|d| int(d, attr::DECODE_TOKENS_GENERATED))
@@ -135,7 +164,7 @@ async fn one_request_gives_root_queue_prefill_leg_and_decode_windows() {
             string(child, attr::REQUEST_ID),
             v["id"].as_str().expect("id")
         );
-        assert_eq!(string(child, attr::SESSION_ID), "sess-1");
+        assert_eq!(string(child, attr::GEN_AI_CONVERSATION_ID), "sess-1");
     }
     let prefill = all
         .iter()
@@ -221,6 +250,27 @@ async fn every_root_span_equals_its_own_http_usage() {
         same(attr::USAGE_GENERATION_MS, "generation_ms");
         same(attr::USAGE_E2E_MS, "e2e_ms");
         same(attr::USAGE_DECODE_TPS, "decode_tps");
+        // vLLM's names carry vLLM's wall-clock meanings; device time is under slotlight's.
+        let secs = |k: &str| dbl(root, k) * 1000.0;
+        let ms = |f: &str| u[f].as_f64().expect(f);
+        let near = |a: f64, b: f64| (a - b).abs() < 1e-6 * b.abs().max(1.0);
+        assert!(near(
+            secs(attr::GEN_AI_LATENCY_TIME_IN_MODEL_DECODE),
+            ms("generation_ms")
+        ));
+        assert!(near(
+            secs(attr::GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL),
+            ms("ttft_ms") - ms("queue_ms")
+        ));
+        assert!(near(
+            secs(attr::GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE),
+            ms("e2e_ms") - ms("queue_ms")
+        ));
+        assert!(near(
+            secs(attr::GEN_AI_LATENCY_TIME_IN_QUEUE),
+            ms("queue_ms")
+        ));
+        assert_eq!(string(root, attr::REQUEST_STATUS), "ok");
         assert_eq!(
             int(root, attr::GEN_AI_USAGE_INPUT_TOKENS),
             u["prompt_tokens"].as_i64().expect("p")
@@ -291,7 +341,147 @@ async fn refused_requests_get_an_error_span() {
         .find(|x| span::is_request_span_name(&x.name))
         .expect("root");
     assert_eq!(string(root, attr::ERROR_TYPE), "context_length");
+    assert_eq!(string(root, attr::REQUEST_STATUS), "refused");
     assert!(matches!(root.status, Status::Error { .. }));
+    // It was never admitted and never had a token: those values are absent, not zero.
+    for k in [
+        attr::USAGE_QUEUE_MS,
+        attr::USAGE_TTFT_MS,
+        attr::USAGE_GENERATION_MS,
+        attr::GEN_AI_LATENCY_TIME_IN_QUEUE,
+        attr::GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN,
+    ] {
+        assert!(get(root, k).is_none(), "{k} on a refused request");
+    }
+    s.stop().await;
+}
+
+/// Every request a generation route answers is a turn: requests refused before the scheduler
+/// (malformed body, validation, unknown model) get a request span of status `refused` with a
+/// typed `error.type`, keyed by their session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_refused_before_the_scheduler_get_a_refused_span() {
+    let m = tiny_model();
+    let s = TestServer::start(&m, Options::default()).await;
+    let cases = [
+        (
+            "/v1/chat/completions",
+            "not json".to_string(),
+            400,
+            "validation",
+            "chat",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [], "max_tokens": 3}).to_string(),
+            400,
+            "validation",
+            "chat",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "model": "no-such-model"}).to_string(),
+            404,
+            "not_found",
+            "text_completion",
+        ),
+    ];
+    for (i, (path, body, code, error_type, operation)) in cases.iter().enumerate() {
+        let session = format!("refused-{i}");
+        let r = s
+            .client
+            .post(s.url(path))
+            .header("content-type", "application/json")
+            .header("x-session-id", &session)
+            .body(body.clone())
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(r.status().as_u16(), *code, "{path} {body}");
+        let mut found = None;
+        for _ in 0..500 {
+            found = s.spans.spans().into_iter().find(|x| {
+                get(x, attr::GEN_AI_CONVERSATION_ID).is_some_and(|v| v.as_str() == session)
+            });
+            if found.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let root = found.unwrap_or_else(|| panic!("a span for {path} {body}"));
+        assert!(span::is_request_span_name(&root.name), "{}", root.name);
+        assert_eq!(root.span_kind, SpanKind::Server);
+        assert_eq!(string(&root, attr::REQUEST_STATUS), "refused");
+        assert_eq!(string(&root, attr::ERROR_TYPE), *error_type);
+        assert_eq!(string(&root, attr::GEN_AI_OPERATION_NAME), *operation);
+        assert!(!string(&root, attr::REQUEST_ID).is_empty());
+        assert!(matches!(root.status, Status::Error { .. }));
+        assert_eq!(string(&root, attr::SERVER_ADDRESS), "127.0.0.1");
+        assert!(get(&root, attr::USAGE_E2E_MS).is_none());
+    }
+    // One span per refusal, none for the served.
+    let (code, _) = s
+        .chat(json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
+        .await;
+    assert_eq!(code, 200);
+    let spans = settle(&s, 4).await;
+    let refused = spans
+        .iter()
+        .filter(|x| get(x, attr::REQUEST_STATUS).is_some_and(|v| v.as_str() == "refused"))
+        .count();
+    assert_eq!(refused, 3);
+    s.stop().await;
+}
+
+/// GenAI request attributes: the penalties, stop sequences and choice count only where the
+/// request set them; `server.address` and `server.port` from the `Host` the client used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_span_carries_the_genai_request_attributes_that_were_set() {
+    let m = tiny_model();
+    let s = TestServer::start(&m, Options::default()).await;
+    let (code, set) = s
+        .chat(
+            json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            "frequency_penalty": 0.5, "presence_penalty": 0.25, "stop": ["zz", "yy"], "n": 1}),
+        )
+        .await;
+    assert_eq!(code, 200, "{set}");
+    let (code, unset) = s
+        .chat(json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
+        .await;
+    assert_eq!(code, 200, "{unset}");
+    let spans = settle(&s, 2).await;
+    let root_of = |v: &Value| {
+        let id = v["id"].as_str().expect("id").to_string();
+        spans
+            .iter()
+            .find(|x| {
+                span::is_request_span_name(&x.name)
+                    && get(x, attr::REQUEST_ID).is_some_and(|r| r.as_str() == id)
+            })
+            .expect("root")
+            .clone()
+    };
+    let root = root_of(&set);
+    assert_eq!(dbl(&root, attr::GEN_AI_REQUEST_FREQUENCY_PENALTY), 0.5);
+    assert_eq!(dbl(&root, attr::GEN_AI_REQUEST_PRESENCE_PENALTY), 0.25);
+    assert_eq!(int(&root, attr::GEN_AI_REQUEST_CHOICE_COUNT), 1);
+    match get(&root, attr::GEN_AI_REQUEST_STOP_SEQUENCES) {
+        Some(OtelValue::Array(a)) => assert_eq!(a.to_string(), "[\"zz\",\"yy\"]"),
+        other => panic!("stop sequences: {other:?}"),
+    }
+    let port = s.base.rsplit(':').next().expect("port");
+    assert_eq!(string(&root, attr::SERVER_ADDRESS), "127.0.0.1");
+    assert_eq!(int(&root, attr::SERVER_PORT).to_string(), port);
+    let root = root_of(&unset);
+    for k in [
+        attr::GEN_AI_REQUEST_FREQUENCY_PENALTY,
+        attr::GEN_AI_REQUEST_PRESENCE_PENALTY,
+        attr::GEN_AI_REQUEST_STOP_SEQUENCES,
+        attr::GEN_AI_REQUEST_CHOICE_COUNT,
+    ] {
+        assert!(get(&root, k).is_none(), "{k} was not set");
+    }
     s.stop().await;
 }
 

@@ -15,11 +15,11 @@ use std::sync::Arc;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use slotlight_sidecar::assembly::spans::{
-    Body, DecodeSpan, EngineSpan, LegSpan, Path, PrefillSpan, QueueSpan, RequestSpan, SlotKey,
-};
 use slotlight_sidecar::assembly::{Assembler, Outputs};
 use slotlight_sidecar::metrics::Metrics;
+use slotlight_sidecar::spans::{
+    Body, DecodeSpan, EngineSpan, LegSpan, Path, PrefillSpan, QueueSpan, RequestSpan, SlotKey,
+};
 
 #[derive(Arbitrary, Debug)]
 enum Kind {

@@ -1,9 +1,21 @@
 //! Attribute keys, and the enumerated values some of them take.
 //!
-//! Keys reuse `gen_ai.*` (OpenTelemetry GenAI semantic conventions) and vLLM's
-//! `gen_ai.latency.*` where the meaning matches; slotlight's own keys live under `slotlight.*`.
-//! Times named `*_time_unix_nano` are absolute wall-clock times in nanoseconds since the Unix
-//! epoch; durations named `*_ms` are milliseconds; `gen_ai.latency.*` are seconds.
+//! Keys reuse `gen_ai.*` (OpenTelemetry GenAI semantic conventions), `server.*` and vLLM's
+//! `gen_ai.latency.*` with the meaning their convention gives them; slotlight's own keys live
+//! under `slotlight.*`. Times named `*_time_unix_nano` are absolute wall-clock times in
+//! nanoseconds since the Unix epoch; durations named `*_ms` are milliseconds;
+//! `gen_ai.latency.*` are seconds.
+//!
+//! Two kinds of duration appear, and never under each other's names:
+//!
+//! - **wall-clock intervals** between two of the request's own instants (`queue_ms`, `ttft_ms`,
+//!   `generation_ms`, `e2e_ms`, and every `gen_ai.latency.*`, which follow vLLM's definitions);
+//! - **device time** (`slotlight.usage.prefill_ms`, `slotlight.usage.decode_ms` and every
+//!   `*.device_ms`): the sum of the durations of the forward steps the request took part in.
+//!   Under batching one step serves many requests, so each of them counts the whole step.
+//!
+//! A value the request never had (no admission, no token, no decode step) is left off the
+//! span, never written as zero.
 
 crate::contract! {
     /// Resource: the logical service name (`slotlight-engine` for the engine).
@@ -29,6 +41,14 @@ crate::contract! {
     GEN_AI_REQUEST_TOP_K = "gen_ai.request.top_k", "double", "";
     /// Request span: the sampling seed, when the request gave one.
     GEN_AI_REQUEST_SEED = "gen_ai.request.seed", "int", "";
+    /// Request span: the frequency penalty, when the request gave one.
+    GEN_AI_REQUEST_FREQUENCY_PENALTY = "gen_ai.request.frequency_penalty", "double", "";
+    /// Request span: the presence penalty, when the request gave one.
+    GEN_AI_REQUEST_PRESENCE_PENALTY = "gen_ai.request.presence_penalty", "double", "";
+    /// Request span: the stop strings, when the request gave any.
+    GEN_AI_REQUEST_STOP_SEQUENCES = "gen_ai.request.stop_sequences", "string[]", "";
+    /// Request span: the number of choices asked for (`n`), when the request gave it.
+    GEN_AI_REQUEST_CHOICE_COUNT = "gen_ai.request.choice.count", "int", "";
     /// Request span: whether the reply was streamed.
     GEN_AI_REQUEST_STREAM = "gen_ai.request.stream", "bool", "";
     /// Request span: the response id returned to the client (`chatcmpl-…` or `cmpl-…`).
@@ -44,24 +64,31 @@ crate::contract! {
     /// Request span: prompt tokens served from the KV cache (`usage.prompt_tokens_details.cached_tokens`).
     GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens", "int", "{token}";
 
-    /// Request span (vLLM-compatible): arrival to first token, seconds.
-    GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN = "gen_ai.latency.time_to_first_token", "double", "s";
-    /// Request span (vLLM-compatible): arrival to finish, seconds.
-    GEN_AI_LATENCY_E2E = "gen_ai.latency.e2e", "double", "s";
-    /// Request span (vLLM-compatible): arrival to admission, seconds.
-    GEN_AI_LATENCY_TIME_IN_QUEUE = "gen_ai.latency.time_in_queue", "double", "s";
-    /// Request span (vLLM-compatible): time in prefill forward steps, seconds.
-    GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL = "gen_ai.latency.time_in_model_prefill", "double", "s";
-    /// Request span (vLLM-compatible): time in decode forward steps, seconds.
-    GEN_AI_LATENCY_TIME_IN_MODEL_DECODE = "gen_ai.latency.time_in_model_decode", "double", "s";
+    /// Request span: the conversation (session), from the request's `x-session-id` header or its `user` field. Also on every child span, which the sidecar keys by it.
+    GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id", "string", "";
+    /// Request span: the host name the client addressed (its `Host` header), else the address the engine listens on.
+    SERVER_ADDRESS = "server.address", "string", "";
+    /// Request span: the port the client addressed (its `Host` header), else the port the engine listens on.
+    SERVER_PORT = "server.port", "int", "";
 
-    /// Why the request failed or was cancelled (`cancelled`, `validation`, `overloaded`, `context_length`, `internal`, `shutdown`). Set with an error status.
+    /// Request span (vLLM's meaning): arrival to first token, wall clock, seconds. Absent without a token.
+    GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN = "gen_ai.latency.time_to_first_token", "double", "s";
+    /// Request span (vLLM's meaning): arrival to finish, wall clock, seconds.
+    GEN_AI_LATENCY_E2E = "gen_ai.latency.e2e", "double", "s";
+    /// Request span (vLLM's meaning): arrival to admission (first scheduled), wall clock, seconds. Absent when never admitted.
+    GEN_AI_LATENCY_TIME_IN_QUEUE = "gen_ai.latency.time_in_queue", "double", "s";
+    /// Request span (vLLM's meaning): admission (first scheduled) to first token, wall clock, seconds. Not device time: that is `slotlight.usage.prefill_ms`.
+    GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL = "gen_ai.latency.time_in_model_prefill", "double", "s";
+    /// Request span (vLLM's meaning): first token to last token, wall clock, seconds. Not device time: that is `slotlight.usage.decode_ms`.
+    GEN_AI_LATENCY_TIME_IN_MODEL_DECODE = "gen_ai.latency.time_in_model_decode", "double", "s";
+    /// Request span (vLLM's meaning): admission (first scheduled) to finish, wall clock, seconds.
+    GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE = "gen_ai.latency.time_in_model_inference", "double", "s";
+
+    /// Why the request failed, was refused or was cancelled; one of the `ERROR_*` values (`cancelled`, `validation`, `context_length`, `overloaded`, `shutdown`, `not_found`, `too_large`, `timeout`, `unauthorized`, `kv_cache_exhausted`, `internal`). Set with an error status.
     ERROR_TYPE = "error.type", "string", "";
 
     /// All request spans and their children: the engine's request id (also the response id).
     REQUEST_ID = "slotlight.request.id", "string", "";
-    /// All request spans and their children: the session, from the request's `user` field or its `x-session-id` header.
-    SESSION_ID = "slotlight.session.id", "string", "";
     /// Request, leg and decode spans: the request's own arrival time. Never reset by a move.
     REQUEST_START_TIME = "slotlight.request.start_time_unix_nano", "int", "ns";
     /// Request, leg and decode spans: when the request's first token was produced (absent before it).
@@ -70,20 +97,22 @@ crate::contract! {
     REQUEST_LEGS = "slotlight.request.legs", "int", "";
     /// Request span: whether the request moved between paths (solo to slot or back).
     REQUEST_MOVED = "slotlight.request.moved", "bool", "";
+    /// Request span: how the request ended (`ok`, `cancelled`, `refused`, `error`).
+    REQUEST_STATUS = "slotlight.request.status", "string", "";
 
-    /// Request span (same as `usage.queue_ms`): arrival to admission.
+    /// Request span (same as `usage.queue_ms`): arrival to admission, wall clock. Absent when the request was never admitted.
     USAGE_QUEUE_MS = "slotlight.usage.queue_ms", "double", "ms";
-    /// Request span (same as `usage.prefill_ms`): time in prefill forward steps.
+    /// Request span (same as `usage.prefill_ms`): device time, the sum of the prefill forward steps the request took part in (every prefill, a cut one included; equals the sum of its prefill spans' `slotlight.prefill.device_ms`). Absent without a prefill step.
     USAGE_PREFILL_MS = "slotlight.usage.prefill_ms", "double", "ms";
-    /// Request span (same as `usage.ttft_ms`): arrival to first token produced.
+    /// Request span (same as `usage.ttft_ms`): arrival to first token produced, wall clock. Absent without a token.
     USAGE_TTFT_MS = "slotlight.usage.ttft_ms", "double", "ms";
-    /// Request span (same as `usage.decode_ms`): time inside the decode forward steps the request took part in.
+    /// Request span (same as `usage.decode_ms`): device time, the sum of the decode forward steps the request took part in. Absent without a decode step.
     USAGE_DECODE_MS = "slotlight.usage.decode_ms", "double", "ms";
-    /// Request span (same as `usage.generation_ms`): first token to last token.
+    /// Request span (same as `usage.generation_ms`): first token to last token, wall clock. Absent without a token.
     USAGE_GENERATION_MS = "slotlight.usage.generation_ms", "double", "ms";
-    /// Request span (same as `usage.decode_tps`): (completion tokens − 1) per second of `decode_ms`; absent when there was no decode step.
+    /// Request span (same as `usage.decode_tps`): tokens produced by decode steps per second of `decode_ms`. Each decode step produces one token of the request, so numerator and denominator cover the same steps; a token a prefill produces (the first, or one after a preemption's re-prefill) is in neither. Absent without a decode step.
     USAGE_DECODE_TPS = "slotlight.usage.decode_tps", "double", "{token}/s";
-    /// Request span (same as `usage.e2e_ms`): arrival to finish.
+    /// Request span (same as `usage.e2e_ms`): arrival to finish, wall clock.
     USAGE_E2E_MS = "slotlight.usage.e2e_ms", "double", "ms";
     /// Request span: prompt tokens actually computed (prompt − cached, plus any re-prefill).
     USAGE_PREFILLED_TOKENS = "slotlight.usage.prefilled_tokens", "int", "{token}";
@@ -123,14 +152,16 @@ crate::contract! {
     PREFILL_DEVICE_MS = "slotlight.prefill.device_ms", "double", "ms";
     /// Prefill span: why it ran (`initial`, `preempted`).
     PREFILL_REASON = "slotlight.prefill.reason", "string", "";
+    /// Prefill span: how it ended: `finished` (its last chunk produced a token), `preempted` (cut by a preemption; the request re-prefills later) or `cancelled` (the request was cancelled or failed first).
+    PREFILL_END_REASON = "slotlight.prefill.end_reason", "string", "";
 
-    /// Decode span: tokens generated in this window.
+    /// Decode span: tokens produced by decode steps in this window. A window holds only decode steps: the token a prefill produces is in none, and a leg's first window starts where its first decode step starts.
     DECODE_WINDOW_TOKENS = "slotlight.decode.window_tokens", "int", "{token}";
     /// Decode span: tokens generated by the request so far, over all its legs.
     DECODE_TOKENS_GENERATED = "slotlight.decode.tokens_generated", "int", "{token}";
     /// Decode span: when the window's last token was produced.
     DECODE_LAST_TOKEN_TIME = "slotlight.decode.last_token_time_unix_nano", "int", "ns";
-    /// Decode span: time inside the forward steps of this window.
+    /// Decode span: time inside the decode forward steps of this window (never a prefill step).
     DECODE_DEVICE_MS = "slotlight.decode.device_ms", "double", "ms";
 
     /// Request span, only with `--trace-content`: the prompt text.
@@ -163,6 +194,23 @@ pub mod value {
     pub const PREFILL_INITIAL: &str = "initial";
     /// `slotlight.prefill.reason`: prompt and reply recomputed after a preemption.
     pub const PREFILL_PREEMPTED: &str = "preempted";
+
+    /// `slotlight.prefill.end_reason`: the last chunk ran and produced a token.
+    pub const PREFILL_END_FINISHED: &str = "finished";
+    /// `slotlight.prefill.end_reason`: a preemption cut the prefill short.
+    pub const PREFILL_END_PREEMPTED: &str = "preempted";
+    /// `slotlight.prefill.end_reason`: the request was cancelled or failed during the prefill.
+    pub const PREFILL_END_CANCELLED: &str = "cancelled";
+
+    /// `slotlight.request.status`: the request ran to its end (`stop` or `length`).
+    pub const STATUS_OK: &str = "ok";
+    /// `slotlight.request.status`: the client went away before the end.
+    pub const STATUS_CANCELLED: &str = "cancelled";
+    /// `slotlight.request.status`: answered with an error before it reached the scheduler's
+    /// step loop (validation, overload, context length, shutdown).
+    pub const STATUS_REFUSED: &str = "refused";
+    /// `slotlight.request.status`: accepted, then failed (engine error, shutdown, lost).
+    pub const STATUS_ERROR: &str = "error";
 
     /// `gen_ai.response.finish_reasons`: an end-of-sequence token or a stop string.
     pub const FINISH_STOP: &str = "stop";
@@ -200,4 +248,16 @@ pub mod value {
     pub const ERROR_SHUTDOWN: &str = "shutdown";
     /// `error.type`: an internal failure.
     pub const ERROR_INTERNAL: &str = "internal";
+    /// `error.type`: the model or route asked for does not exist.
+    pub const ERROR_NOT_FOUND: &str = "not_found";
+    /// `error.type`: the request body was over the size limit.
+    pub const ERROR_TOO_LARGE: &str = "too_large";
+    /// `error.type`: the request body did not arrive within the read timeout.
+    pub const ERROR_TIMEOUT: &str = "timeout";
+    /// `error.type`: the API key was missing or wrong.
+    pub const ERROR_UNAUTHORIZED: &str = "unauthorized";
+    /// `error.type`: the KV cache could not hold the request.
+    pub const ERROR_KV_CACHE_EXHAUSTED: &str = "kv_cache_exhausted";
+    /// `error.type`: the model's chat template failed (the server's fault, not the request's).
+    pub const ERROR_TEMPLATE: &str = "template";
 }

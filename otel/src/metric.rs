@@ -1,22 +1,26 @@
 //! Metric names (Prometheus exposition names, as the sidecar serves them) and their labels.
 //!
-//! Histograms follow the OpenTelemetry GenAI server metrics where they exist; their bucket
-//! boundaries are taken from the GenAI semantic conventions' advice for each metric.
+//! Histograms follow the OpenTelemetry GenAI server metrics where they exist: their names, their
+//! labels (`gen_ai_operation_name`, `gen_ai_provider_name`, `gen_ai_request_model`,
+//! `gen_ai_response_model`, and `error_type` on failures) and their bucket boundaries (the GenAI
+//! semantic conventions' advice for each metric). Time to first token and time per output
+//! token record successful requests only (`slotlight.request.status` = `ok`), as the
+//! conventions ask. A value a request never had is never observed.
 //! `traces_span_metrics_*` follow the OpenTelemetry collector's spanmetrics connector, so that
 //! Jaeger's Service Performance Monitoring can read the sidecar directly.
 
 crate::contract! {
-    /// Histogram: arrival to first token, per finished request.
+    /// Histogram: arrival to first token (`usage.ttft_ms`), per successful request.
     TIME_TO_FIRST_TOKEN = "gen_ai_server_time_to_first_token_seconds", "histogram", "s";
-    /// Histogram: decode time per output token after the first (`generation_ms / (completion_tokens - 1)`).
+    /// Histogram: time per output token after the first (`generation_ms / (completion_tokens - 1)`), per successful request.
     TIME_PER_OUTPUT_TOKEN = "gen_ai_server_time_per_output_token_seconds", "histogram", "s";
-    /// Histogram: arrival to finish, per finished request.
+    /// Histogram: arrival to finish (`usage.e2e_ms`, or arrival to refusal), per turn; failures carry `error_type`.
     REQUEST_DURATION = "gen_ai_server_request_duration_seconds", "histogram", "s";
-    /// Histogram: arrival to admission.
+    /// Histogram: arrival to admission (`usage.queue_ms`), per admitted request.
     QUEUE_TIME = "slotlight_queue_seconds", "histogram", "s";
-    /// Histogram: time in prefill forward steps per request.
+    /// Histogram: device time in prefill forward steps (`usage.prefill_ms`), per request with a prefill step.
     PREFILL_TIME = "slotlight_prefill_seconds", "histogram", "s";
-    /// Histogram: time in decode forward steps per request.
+    /// Histogram: device time in decode forward steps (`usage.decode_ms`), per request with a decode step.
     DECODE_TIME = "slotlight_decode_seconds", "histogram", "s";
     /// Counter: prompt tokens of finished requests.
     PROMPT_TOKENS = "slotlight_prompt_tokens_total", "counter", "{token}";
@@ -24,7 +28,7 @@ crate::contract! {
     CACHED_TOKENS = "slotlight_cached_tokens_total", "counter", "{token}";
     /// Counter: generated (completion) tokens of finished requests.
     GENERATED_TOKENS = "slotlight_generated_tokens_total", "counter", "{token}";
-    /// Counter: finished requests, by `finish_reason`.
+    /// Counter: turns (every request the engine answered), by `status` (`ok`, `cancelled`, `refused`, `error`), `finish_reason` (served turns) and `error_type` (the others).
     REQUESTS = "slotlight_requests_total", "counter", "{request}";
     /// Counter: moves of a request between paths (solo to slot or back).
     MOVES = "slotlight_moves_total", "counter", "{move}";
@@ -44,6 +48,8 @@ crate::contract! {
     SIDECAR_SPANS_IGNORED = "slotlight_sidecar_spans_ignored_total", "counter", "{span}";
     /// Counter (sidecar): spans dropped because the ingest queue was full.
     SIDECAR_SPANS_DROPPED = "slotlight_sidecar_spans_dropped_total", "counter", "{span}";
+    /// Counter (sidecar): spans that arrived after what they describe was over (a span of a request whose turn record is written, or a decode window of a leg that already ended); applied to no view.
+    SIDECAR_SPANS_LATE = "slotlight_sidecar_spans_late_total", "counter", "{span}";
     /// Counter (sidecar): OTLP export requests refused, by `reason` (`malformed`, `too_large`, `unsupported_media_type`, `overloaded`).
     SIDECAR_REQUESTS_REJECTED = "slotlight_sidecar_requests_rejected_total", "counter", "{request}";
     /// Counter (sidecar): in-flight traces evicted (capacity or TTL), by `reason`.
@@ -60,8 +66,18 @@ crate::contract! {
 pub mod label {
     /// The engine instance (`service.instance.id`).
     pub const INSTANCE: &str = "service_instance_id";
-    /// The model that served the request.
-    pub const MODEL: &str = "model";
+    /// GenAI: `gen_ai.operation.name` (`chat`, `text_completion`).
+    pub const GEN_AI_OPERATION_NAME: &str = "gen_ai_operation_name";
+    /// GenAI: `gen_ai.provider.name` (`slotlight`).
+    pub const GEN_AI_PROVIDER_NAME: &str = "gen_ai_provider_name";
+    /// GenAI: `gen_ai.request.model`, the model the client asked for.
+    pub const GEN_AI_REQUEST_MODEL: &str = "gen_ai_request_model";
+    /// GenAI: `gen_ai.response.model`, the model that served the request.
+    pub const GEN_AI_RESPONSE_MODEL: &str = "gen_ai_response_model";
+    /// GenAI: `error.type`, only on failures.
+    pub const ERROR_TYPE: &str = "error_type";
+    /// How a turn ended (`slotlight.request.status`).
+    pub const STATUS: &str = "status";
     /// A request's finish reason.
     pub const FINISH_REASON: &str = "finish_reason";
     /// A slot's device group.

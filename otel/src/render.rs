@@ -54,7 +54,7 @@ pub fn render_contract() -> String {
     table(
         &mut out,
         "Attributes",
-        "Times `*_time_unix_nano` are wall-clock nanoseconds since the Unix epoch; `*_ms` are milliseconds; `gen_ai.latency.*` are seconds.",
+        "Times `*_time_unix_nano` are wall-clock nanoseconds since the Unix epoch; `*_ms` are milliseconds; `gen_ai.latency.*` are seconds. `gen_ai.latency.*` carry vLLM's meanings (wall-clock intervals between the request's own instants); device time (the sum of the forward steps a request took part in, each counted whole under batching) is only ever under `slotlight.*` keys (`slotlight.usage.prefill_ms`, `slotlight.usage.decode_ms`, `*.device_ms`). A value the request never had is left off, never written as 0.",
         attr::ALL,
         "type",
     );
@@ -103,6 +103,34 @@ pub fn render_contract() -> String {
             (
                 attr::value::PREFILL_PREEMPTED,
                 "`slotlight.prefill.reason`: recomputed after a preemption",
+            ),
+            (
+                attr::value::PREFILL_END_FINISHED,
+                "`slotlight.prefill.end_reason`: its last chunk produced a token",
+            ),
+            (
+                attr::value::PREFILL_END_PREEMPTED,
+                "`slotlight.prefill.end_reason`: cut short by a preemption",
+            ),
+            (
+                attr::value::PREFILL_END_CANCELLED,
+                "`slotlight.prefill.end_reason`: the request was cancelled or failed first",
+            ),
+            (
+                attr::value::STATUS_OK,
+                "`slotlight.request.status`: ran to its end (`stop` or `length`)",
+            ),
+            (
+                attr::value::STATUS_CANCELLED,
+                "`slotlight.request.status`: the client went away",
+            ),
+            (
+                attr::value::STATUS_REFUSED,
+                "`slotlight.request.status`: answered with an error before reaching the step loop",
+            ),
+            (
+                attr::value::STATUS_ERROR,
+                "`slotlight.request.status`: accepted, then failed",
             ),
             (
                 attr::value::FINISH_STOP,
@@ -172,6 +200,30 @@ pub fn render_contract() -> String {
                 attr::value::ERROR_INTERNAL,
                 "`error.type`: an internal failure",
             ),
+            (
+                attr::value::ERROR_NOT_FOUND,
+                "`error.type`: no such model or route",
+            ),
+            (
+                attr::value::ERROR_TOO_LARGE,
+                "`error.type`: the body was over the size limit",
+            ),
+            (
+                attr::value::ERROR_TIMEOUT,
+                "`error.type`: the body did not arrive in time",
+            ),
+            (
+                attr::value::ERROR_UNAUTHORIZED,
+                "`error.type`: missing or wrong API key",
+            ),
+            (
+                attr::value::ERROR_KV_CACHE_EXHAUSTED,
+                "`error.type`: the KV cache could not hold the request",
+            ),
+            (
+                attr::value::ERROR_TEMPLATE,
+                "`error.type`: the model's chat template failed",
+            ),
         ],
     );
     table(
@@ -183,7 +235,12 @@ pub fn render_contract() -> String {
     );
     let labels = [
         metric::label::INSTANCE,
-        metric::label::MODEL,
+        metric::label::GEN_AI_OPERATION_NAME,
+        metric::label::GEN_AI_PROVIDER_NAME,
+        metric::label::GEN_AI_REQUEST_MODEL,
+        metric::label::GEN_AI_RESPONSE_MODEL,
+        metric::label::ERROR_TYPE,
+        metric::label::STATUS,
         metric::label::FINISH_REASON,
         metric::label::SLOT_GROUP,
         metric::label::SLOT,

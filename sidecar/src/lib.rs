@@ -12,7 +12,7 @@
 //!                                    views: /v1/slots, /v1/turns, /metrics, / (live page)
 //! ```
 //!
-//! Receivers only decode, validate into typed spans ([`assembly::spans`]), count, and hand the
+//! Receivers only decode, validate into typed spans ([`spans`]), count, and hand the
 //! batch over a bounded channel; a full queue becomes `503` / `UNAVAILABLE` with a retry hint.
 //! The assembly task is the single owner of the per-instance, per-request state and publishes
 //! immutable snapshots; the HTTP views only read those snapshots.
@@ -25,13 +25,16 @@ pub mod bench;
 pub mod config;
 pub mod error;
 pub mod forward;
+pub mod histogram;
 pub mod metrics;
 pub mod net;
 pub mod otlp;
 pub mod raw;
 pub mod receiver;
 pub mod server;
+pub mod spans;
 pub mod synth;
+pub mod vocab;
 
 pub use config::Config;
 pub use server::{Sidecar, start};

@@ -20,14 +20,18 @@ use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use slotlight_otel::metric::{self, buckets, label};
 
 use crate::assembly::slots::SlotsSnapshot;
-use crate::assembly::spans::{SpanBatch, SpanReject, TraceId, hex};
-use crate::assembly::turns::TurnRecord;
+use crate::assembly::turns::{TurnRecord, TurnStatus};
 use crate::error::IngestError;
+use crate::histogram::{Exemplar, Histogram};
+use crate::spans::{SpanBatch, SpanReject};
+use crate::vocab::hex;
 
 /// Label value for series beyond a cardinality cap.
 pub const OVERFLOW: &str = "_overflow";
-/// Most distinct `model` label values.
-const MAX_MODELS: usize = 64;
+/// Most distinct GenAI label sets (operation, provider, request and response model).
+const MAX_SERIES: usize = 64;
+/// Most distinct (status, finish reason, error type) per GenAI label set.
+const MAX_OUTCOMES: usize = 32;
 
 /// Why a request was evicted from the assembly.
 #[derive(Debug, Clone, Copy)]
@@ -61,6 +65,7 @@ pub struct Metrics {
     spans_received: AtomicU64,
     spans_ignored: AtomicU64,
     spans_dropped: AtomicU64,
+    spans_late: AtomicU64,
     spans_rejected: [AtomicU64; 4],
     requests_rejected: [AtomicU64; 5],
     traces_evicted: [AtomicU64; 2],
@@ -78,6 +83,7 @@ impl Metrics {
             spans_received: AtomicU64::new(0),
             spans_ignored: AtomicU64::new(0),
             spans_dropped: AtomicU64::new(0),
+            spans_late: AtomicU64::new(0),
             spans_rejected: Default::default(),
             requests_rejected: Default::default(),
             traces_evicted: Default::default(),
@@ -103,6 +109,13 @@ impl Metrics {
     /// Counts spans refused because the ingest queue was full.
     pub fn count_dropped(&self, spans: u64) {
         self.spans_dropped.fetch_add(spans, Ordering::Relaxed);
+    }
+
+    /// Counts spans that came after what they describe was over (applied to no view).
+    pub fn count_late(&self, spans: u64) {
+        if spans > 0 {
+            self.spans_late.fetch_add(spans, Ordering::Relaxed);
+        }
     }
 
     /// Counts a refused export request.
@@ -206,6 +219,13 @@ impl Metrics {
             &[],
             &U(load(&self.spans_dropped)),
         );
+        w.family(metric::SIDECAR_SPANS_LATE, Type::Counter);
+        w.sample(
+            metric::SIDECAR_SPANS_LATE,
+            "",
+            &[],
+            &U(load(&self.spans_late)),
+        );
         w.family(metric::SIDECAR_REQUESTS_REJECTED, Type::Counter);
         for (i, l) in REQUEST_REJECT_LABELS.iter().enumerate() {
             w.sample(
@@ -283,107 +303,16 @@ fn render_live(w: &mut Writer, slots: &SlotsSnapshot) {
     }
 }
 
-/// The latest observation in a bucket, shown as an OpenMetrics exemplar.
-#[derive(Debug, Clone, Copy)]
-struct Exemplar {
-    trace_id: TraceId,
-    value: f64,
-    ts_ns: u64,
-}
-
-/// A fixed-bucket histogram with one exemplar per bucket.
-#[derive(Debug, Clone)]
-struct Histogram {
-    bounds: &'static [f64],
-    counts: Vec<u64>,
-    exemplars: Vec<Option<Exemplar>>,
-    sum: f64,
-    count: u64,
-}
-
-impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
-        Histogram {
-            bounds,
-            counts: vec![0; bounds.len() + 1],
-            exemplars: vec![None; bounds.len() + 1],
-            sum: 0.0,
-            count: 0,
-        }
+/// Renders one histogram series (`_bucket` with exemplars, `_sum`, `_count`).
+fn render_histogram(h: &Histogram, w: &mut Writer, name: &str, labels: &[(&str, &str)]) {
+    for (bound, cum, ex) in h.buckets() {
+        let le = bound.map_or_else(|| "+Inf".to_string(), |b| format!("{b:?}"));
+        let mut with_le: Vec<(&str, &str)> = labels.to_vec();
+        with_le.push(("le", &le));
+        w.sample_ex(name, "_bucket", &with_le, &U(cum), ex);
     }
-
-    fn observe(&mut self, v: f64, trace_id: Option<TraceId>, ts_ns: u64) {
-        if !v.is_finite() {
-            return;
-        }
-        let i = self
-            .bounds
-            .iter()
-            .position(|b| v <= *b)
-            .unwrap_or(self.bounds.len());
-        self.counts[i] += 1;
-        self.sum += v;
-        self.count += 1;
-        if let Some(trace_id) = trace_id {
-            self.exemplars[i] = Some(Exemplar {
-                trace_id,
-                value: v,
-                ts_ns,
-            });
-        }
-    }
-
-    fn merge(&mut self, o: &Histogram) {
-        for (a, b) in self.counts.iter_mut().zip(&o.counts) {
-            *a += b;
-        }
-        for (a, b) in self.exemplars.iter_mut().zip(&o.exemplars) {
-            if b.is_some() {
-                *a = *b;
-            }
-        }
-        self.sum += o.sum;
-        self.count += o.count;
-    }
-
-    fn render(&self, w: &mut Writer, name: &str, labels: &[(&str, &str)]) {
-        let mut cum = 0;
-        for (i, c) in self.counts.iter().enumerate() {
-            cum += c;
-            let le = self
-                .bounds
-                .get(i)
-                .map_or_else(|| "+Inf".to_string(), |b| format!("{b:?}"));
-            let mut with_le: Vec<(&str, &str)> = labels.to_vec();
-            with_le.push(("le", &le));
-            w.sample_ex(
-                name,
-                "_bucket",
-                &with_le,
-                &U(cum),
-                self.exemplars[i].as_ref(),
-            );
-        }
-        w.sample(name, "_sum", labels, &F(self.sum));
-        w.sample(name, "_count", labels, &U(self.count));
-    }
-}
-
-/// One spanmetrics series being collected (calls and duration histogram).
-#[derive(Debug, Clone)]
-pub struct SpanSeries(Histogram);
-
-impl Default for SpanSeries {
-    fn default() -> Self {
-        SpanSeries(Histogram::new(buckets::SPAN_DURATION_MS))
-    }
-}
-
-impl SpanSeries {
-    /// Adds one span of `ms` milliseconds, ending at `end_ns`.
-    pub fn observe(&mut self, ms: f64, trace_id: Option<TraceId>, end_ns: u64) {
-        self.0.observe(ms, trace_id, end_ns);
-    }
+    w.sample(name, "_sum", labels, &F(h.sum()));
+    w.sample(name, "_count", labels, &U(h.count()));
 }
 
 /// `traces_span_metrics_*`: calls and duration by service, span name, kind and status.
@@ -440,7 +369,7 @@ impl SpanMetrics {
                 (label::SPAN_KIND, kind_name(k.2)),
                 (label::STATUS_CODE, status_name(k.3)),
             ];
-            w.sample(metric::SPAN_CALLS, "", &labels, &U(self.series[*k].count));
+            w.sample(metric::SPAN_CALLS, "", &labels, &U(self.series[*k].count()));
         }
         w.family(metric::SPAN_DURATION, Type::Histogram);
         for k in &keys {
@@ -450,17 +379,25 @@ impl SpanMetrics {
                 (label::SPAN_KIND, kind_name(k.2)),
                 (label::STATUS_CODE, status_name(k.3)),
             ];
-            self.series[*k].render(w, metric::SPAN_DURATION, &labels);
+            render_histogram(&self.series[*k], w, metric::SPAN_DURATION, &labels);
         }
     }
 }
 
-/// Per-model request metrics, observed from turn records.
+/// The GenAI labels of the per-turn metrics: operation, provider, request model, response
+/// model. An unknown value is left off the series.
+type GenAiKey = [String; 4];
+
+/// How a turn ended, for `slotlight_requests_total`: status, finish reason, error type.
+type Outcome = (TurnStatus, Option<String>, Option<String>);
+
+/// Per-turn metrics of one GenAI label set, observed from turn records.
 #[derive(Debug)]
-struct ModelMetrics {
+struct SeriesMetrics {
     ttft: Histogram,
     tpot: Histogram,
-    duration: Histogram,
+    /// Request duration by `error_type` (`None` on success).
+    duration: BTreeMap<Option<String>, Histogram>,
     queue: Histogram,
     prefill: Histogram,
     decode: Histogram,
@@ -468,15 +405,15 @@ struct ModelMetrics {
     cached_tokens: u64,
     generated_tokens: u64,
     moves: u64,
-    requests: BTreeMap<String, u64>,
+    requests: BTreeMap<Outcome, u64>,
 }
 
-impl Default for ModelMetrics {
+impl Default for SeriesMetrics {
     fn default() -> Self {
-        ModelMetrics {
+        SeriesMetrics {
             ttft: Histogram::new(buckets::TIME_TO_FIRST_TOKEN),
             tpot: Histogram::new(buckets::TIME_PER_OUTPUT_TOKEN),
-            duration: Histogram::new(buckets::REQUEST_DURATION),
+            duration: BTreeMap::new(),
             queue: Histogram::new(buckets::REQUEST_DURATION),
             prefill: Histogram::new(buckets::REQUEST_DURATION),
             decode: Histogram::new(buckets::REQUEST_DURATION),
@@ -491,37 +428,83 @@ impl Default for ModelMetrics {
 
 #[derive(Debug, Default)]
 struct RequestMetrics {
-    models: BTreeMap<String, ModelMetrics>,
+    series: BTreeMap<GenAiKey, SeriesMetrics>,
 }
 
 fn nonneg(v: Option<i64>) -> u64 {
     v.and_then(|v| u64::try_from(v).ok()).unwrap_or(0)
 }
 
+/// A label value from a turn, capped in length (a client chooses the request model).
+fn label_value(v: Option<&str>) -> String {
+    let v = v.unwrap_or("");
+    match v.char_indices().nth(128) {
+        Some((i, _)) => v[..i].to_string(),
+        None => v.to_string(),
+    }
+}
+
+/// The GenAI labels of a series, without the unknown ones.
+fn genai_labels(k: &GenAiKey) -> Vec<(&'static str, String)> {
+    [
+        label::GEN_AI_OPERATION_NAME,
+        label::GEN_AI_PROVIDER_NAME,
+        label::GEN_AI_REQUEST_MODEL,
+        label::GEN_AI_RESPONSE_MODEL,
+    ]
+    .into_iter()
+    .zip(k.iter().cloned())
+    .filter(|(_, v)| !v.is_empty())
+    .collect()
+}
+
+fn as_refs<'a>(l: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    l.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
 impl RequestMetrics {
     fn observe(&mut self, t: &TurnRecord) {
-        let model = t.model.as_deref().unwrap_or("unknown");
-        let key = if self.models.len() >= MAX_MODELS && !self.models.contains_key(model) {
-            OVERFLOW
+        let key: GenAiKey = [
+            label_value(t.operation.as_deref()),
+            label_value(t.provider.as_deref()),
+            label_value(t.request_model.as_deref()),
+            label_value(t.response_model.as_deref()),
+        ];
+        let key = if self.series.len() >= MAX_SERIES && !self.series.contains_key(&key) {
+            [OVERFLOW, OVERFLOW, OVERFLOW, OVERFLOW].map(String::from)
         } else {
-            model
+            key
         };
-        let m = self.models.entry(key.to_string()).or_default();
+        let m = self.series.entry(key).or_default();
         let ex = Some(t.trace_id_bytes);
         let ts = u64::try_from(t.end_time_unix_nano).unwrap_or(0);
         let s = |ms: Option<f64>| ms.map(|v| v / 1e3);
-        if let Some(v) = s(t.ttft_ms) {
-            m.ttft.observe(v, ex, ts);
+        let ok = t.status == TurnStatus::Ok;
+        // The GenAI conventions record these two for successful responses only.
+        if ok {
+            if let Some(v) = s(t.ttft_ms) {
+                m.ttft.observe(v, ex, ts);
+            }
+            if let (Some(g), Some(n)) = (s(t.generation_ms), t.completion_tokens)
+                && n > 1
+            {
+                #[allow(clippy::cast_precision_loss)] // token counts are far below 2^53
+                m.tpot.observe(g / (n - 1) as f64, ex, ts);
+            }
         }
-        if let (Some(g), Some(n)) = (s(t.generation_ms), t.completion_tokens)
-            && n > 1
-        {
-            #[allow(clippy::cast_precision_loss)] // token counts are far below 2^53
-            m.tpot.observe(g / (n - 1) as f64, ex, ts);
+        // Every turn has a duration: its own `e2e_ms`, else (a refusal) its span's.
+        #[allow(clippy::cast_precision_loss)] // span durations in ns fit f64 closely enough
+        let span_s = (t.end_time_unix_nano - t.start_time_unix_nano).max(0) as f64 / 1e9;
+        let duration = s(t.e2e_ms).unwrap_or(span_s);
+        let error_type =
+            (!ok).then(|| label_value(t.error_type.as_deref().or(Some(t.status.as_str()))));
+        if m.duration.len() < MAX_OUTCOMES || m.duration.contains_key(&error_type) {
+            m.duration
+                .entry(error_type.clone())
+                .or_insert_with(|| Histogram::new(buckets::REQUEST_DURATION))
+                .observe(duration, ex, ts);
         }
-        if let Some(v) = s(t.e2e_ms) {
-            m.duration.observe(v, ex, ts);
-        }
+        // Only what the request had: an unknown time is never observed.
         if let Some(v) = s(t.queue_ms) {
             m.queue.observe(v, ex, ts);
         }
@@ -546,32 +529,54 @@ impl RequestMetrics {
         } else {
             u64::from(t.moved)
         };
-        let reason = t.finish_reason.as_deref().unwrap_or("unknown");
-        let reason = if m.requests.len() >= 16 && !m.requests.contains_key(reason) {
-            OVERFLOW
+        let outcome: Outcome = if ok {
+            let finish = label_value(t.finish_reason.as_deref());
+            (t.status, Some(finish).filter(|f| !f.is_empty()), None)
         } else {
-            reason
+            (t.status, None, error_type)
         };
-        *m.requests.entry(reason.to_string()).or_default() += 1;
+        let outcome = if m.requests.len() >= MAX_OUTCOMES && !m.requests.contains_key(&outcome) {
+            (t.status, None, Some(OVERFLOW.to_string()))
+        } else {
+            outcome
+        };
+        *m.requests.entry(outcome).or_default() += 1;
     }
 
     fn render(&self, w: &mut Writer) {
-        type H = fn(&ModelMetrics) -> &Histogram;
-        let hists: [(&str, H); 6] = [
+        type H = fn(&SeriesMetrics) -> &Histogram;
+        let hists: [(&str, H); 2] = [
             (metric::TIME_TO_FIRST_TOKEN, |m| &m.ttft),
             (metric::TIME_PER_OUTPUT_TOKEN, |m| &m.tpot),
-            (metric::REQUEST_DURATION, |m| &m.duration),
+        ];
+        for (name, get) in hists {
+            w.family(name, Type::Histogram);
+            for (k, m) in &self.series {
+                render_histogram(get(m), w, name, &as_refs(&genai_labels(k)));
+            }
+        }
+        w.family(metric::REQUEST_DURATION, Type::Histogram);
+        for (k, m) in &self.series {
+            for (error_type, h) in &m.duration {
+                let mut l = genai_labels(k);
+                if let Some(e) = error_type {
+                    l.push((label::ERROR_TYPE, e.clone()));
+                }
+                render_histogram(h, w, metric::REQUEST_DURATION, &as_refs(&l));
+            }
+        }
+        let hists: [(&str, H); 3] = [
             (metric::QUEUE_TIME, |m| &m.queue),
             (metric::PREFILL_TIME, |m| &m.prefill),
             (metric::DECODE_TIME, |m| &m.decode),
         ];
         for (name, get) in hists {
             w.family(name, Type::Histogram);
-            for (model, m) in &self.models {
-                get(m).render(w, name, &[(label::MODEL, model)]);
+            for (k, m) in &self.series {
+                render_histogram(get(m), w, name, &as_refs(&genai_labels(k)));
             }
         }
-        type C = fn(&ModelMetrics) -> u64;
+        type C = fn(&SeriesMetrics) -> u64;
         let counters: [(&str, C); 4] = [
             (metric::PROMPT_TOKENS, |m| m.prompt_tokens),
             (metric::CACHED_TOKENS, |m| m.cached_tokens),
@@ -580,19 +585,22 @@ impl RequestMetrics {
         ];
         for (name, get) in counters {
             w.family(name, Type::Counter);
-            for (model, m) in &self.models {
-                w.sample(name, "", &[(label::MODEL, model)], &U(get(m)));
+            for (k, m) in &self.series {
+                w.sample(name, "", &as_refs(&genai_labels(k)), &U(get(m)));
             }
         }
         w.family(metric::REQUESTS, Type::Counter);
-        for (model, m) in &self.models {
-            for (reason, n) in &m.requests {
-                w.sample(
-                    metric::REQUESTS,
-                    "",
-                    &[(label::MODEL, model), (label::FINISH_REASON, reason)],
-                    &U(*n),
-                );
+        for (k, m) in &self.series {
+            for ((status, finish, error), n) in &m.requests {
+                let mut l = genai_labels(k);
+                l.push((label::STATUS, status.as_str().to_string()));
+                if let Some(f) = finish {
+                    l.push((label::FINISH_REASON, f.clone()));
+                }
+                if let Some(e) = error {
+                    l.push((label::ERROR_TYPE, e.clone()));
+                }
+                w.sample(metric::REQUESTS, "", &as_refs(&l), &U(*n));
             }
         }
     }
@@ -751,10 +759,24 @@ pub fn negotiate(accept: Option<&str>) -> (bool, &'static str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::assembly::spans::{Body, EngineSpan, RequestSpan};
+    use crate::spans::{Body, EngineSpan, RequestSpan};
     use std::sync::Arc;
 
+    /// The GenAI labels of [`turn`]'s series, as rendered before `le`.
+    const GENAI: &str = "gen_ai_operation_name=\"chat\",gen_ai_provider_name=\"slotlight\",gen_ai_request_model=\"m\",gen_ai_response_model=\"m\"";
+
     fn turn() -> TurnRecord {
+        turn_with(RequestSpan::default())
+    }
+
+    fn turn_with(over: RequestSpan) -> TurnRecord {
+        let req = RequestSpan {
+            operation: Some("chat".into()),
+            provider: Some("slotlight".into()),
+            request_model: Some("m".into()),
+            response_model: Some("m".into()),
+            ..over
+        };
         let req = RequestSpan {
             name: "chat m".into(),
             ttft_ms: Some(30.0),
@@ -763,7 +785,7 @@ mod tests {
             output_tokens: Some(11),
             input_tokens: Some(5),
             finish_reasons: vec!["stop".into()],
-            ..Default::default()
+            ..req
         };
         let root = EngineSpan {
             instance: Arc::from("i"),
@@ -786,17 +808,17 @@ mod tests {
         let text = m.render(&SlotsSnapshot::default(), false);
         let ttft = metric::TIME_TO_FIRST_TOKEN;
         assert!(
-            text.contains(&format!("{ttft}_bucket{{model=\"m\",le=\"0.02\"}} 0\n")),
+            text.contains(&format!("{ttft}_bucket{{{GENAI},le=\"0.02\"}} 0\n")),
             "{text}"
         );
-        assert!(text.contains(&format!("{ttft}_bucket{{model=\"m\",le=\"0.04\"}} 1\n")));
-        assert!(text.contains(&format!("{ttft}_bucket{{model=\"m\",le=\"+Inf\"}} 1\n")));
+        assert!(text.contains(&format!("{ttft}_bucket{{{GENAI},le=\"0.04\"}} 1\n")));
+        assert!(text.contains(&format!("{ttft}_bucket{{{GENAI},le=\"+Inf\"}} 1\n")));
         assert!(text.contains(&format!(
-            "{}_bucket{{model=\"m\",le=\"0.1\"}} 1\n",
+            "{}_bucket{{{GENAI},le=\"0.1\"}} 1\n",
             metric::TIME_PER_OUTPUT_TOKEN
         )));
         assert!(text.contains(&format!(
-            "{}{{model=\"m\",finish_reason=\"stop\"}} 1\n",
+            "{}{{{GENAI},status=\"ok\",finish_reason=\"stop\"}} 1\n",
             metric::REQUESTS
         )));
         assert!(!text.contains("# EOF"));
@@ -821,6 +843,83 @@ mod tests {
             text.contains(&format!(
                 "le=\"0.04\"}} 1 # {{trace_id=\"{hex}\"}} 0.03 1700000000.000"
             )),
+            "{text}"
+        );
+    }
+
+    /// A count of the observations in `name`'s histogram series carrying `labels`.
+    fn count_of(text: &str, name: &str, labels: &str) -> Option<u64> {
+        let prefix = format!("{name}_count{{{labels}}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.parse().ok())
+    }
+
+    /// Regression: a request that never got admitted or never produced a token used to report
+    /// 0.0 for what it never had, and those zeros pulled the TTFT and queue histograms down.
+    #[test]
+    fn unknown_times_and_failures_are_never_observed_as_values() {
+        let m = Metrics::new(10);
+        m.observe_turn(&turn());
+        // Refused: no queue, no token, no prefill; a span 2 ms long.
+        let mut refused = turn_with(RequestSpan {
+            status: Some("refused".into()),
+            error_type: Some("overloaded".into()),
+            ..Default::default()
+        });
+        refused.ttft_ms = None;
+        refused.e2e_ms = None;
+        refused.generation_ms = None;
+        refused.end_time_unix_nano = refused.start_time_unix_nano + 2_000_000;
+        m.observe_turn(&refused);
+        // Cancelled after its first token: a TTFT, but not a successful response.
+        let cancelled = turn_with(RequestSpan {
+            status: Some("cancelled".into()),
+            error_type: Some("cancelled".into()),
+            queue_ms: Some(3.0),
+            ..Default::default()
+        });
+        m.observe_turn(&cancelled);
+        let text = m.render(&SlotsSnapshot::default(), false);
+        let ttft = metric::TIME_TO_FIRST_TOKEN;
+        assert_eq!(count_of(&text, ttft, GENAI), Some(1), "{text}");
+        assert_eq!(
+            count_of(&text, metric::TIME_PER_OUTPUT_TOKEN, GENAI),
+            Some(1)
+        );
+        assert_eq!(
+            count_of(&text, metric::QUEUE_TIME, GENAI),
+            Some(1),
+            "only the cancelled request had a queue time: {text}"
+        );
+        let dur = metric::REQUEST_DURATION;
+        assert_eq!(count_of(&text, dur, GENAI), Some(1));
+        assert_eq!(
+            count_of(&text, dur, &format!("{GENAI},error_type=\"overloaded\"")),
+            Some(1),
+            "{text}"
+        );
+        assert!(text.contains(&format!(
+            "{dur}_sum{{{GENAI},error_type=\"overloaded\"}} 0.002\n"
+        )));
+        for (status, error) in [("refused", "overloaded"), ("cancelled", "cancelled")] {
+            assert!(
+                text.contains(&format!(
+                    "{}{{{GENAI},status=\"{status}\",error_type=\"{error}\"}} 1\n",
+                    metric::REQUESTS
+                )),
+                "{status}: {text}"
+            );
+        }
+    }
+
+    #[test]
+    fn late_spans_are_exported() {
+        let m = Metrics::new(10);
+        m.count_late(3);
+        let text = m.render(&SlotsSnapshot::default(), false);
+        assert!(
+            text.contains(&format!("{} 3\n", metric::SIDECAR_SPANS_LATE)),
             "{text}"
         );
     }
@@ -850,7 +949,7 @@ mod tests {
         };
         let buf = prost::Message::encode_to_vec(&req);
         let mut batch = SpanBatch::default();
-        crate::assembly::spans::convert(&buf, &mut batch).expect("decodes");
+        crate::spans::convert(&buf, &mut batch).expect("decodes");
         m.merge_spans(batch);
         let text = m.render(&SlotsSnapshot::default(), false);
         let calls: Vec<&str> = text

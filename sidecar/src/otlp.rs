@@ -3,7 +3,7 @@
 //! The receivers' hot path: decoding into prost's owned types costs an allocation per
 //! attribute key and value (about 2.6 µs per engine span, most of the ingest budget); this
 //! reader borrows every string and byte field from the request buffer instead, and the
-//! validation step ([`crate::assembly::spans::convert`]) copies out only what it keeps.
+//! validation step ([`crate::spans::convert`]) copies out only what it keeps.
 //! It follows the wire rules prost applies: unknown fields (groups too) are skipped, malformed
 //! varints or lengths are errors, strings the sidecar reads must be UTF-8.
 
@@ -311,8 +311,8 @@ mod tests {
         // The fuzzer's find: prost decodes it, so the sidecar's reader must accept it too.
         let found = b"service.instan\x00e.idf\x94";
         assert!(ExportTraceServiceRequest::decode(&found[..]).is_ok());
-        let mut stats = crate::assembly::spans::SpanBatch::default();
-        assert!(crate::assembly::spans::convert(found, &mut stats).is_ok());
+        let mut stats = crate::spans::SpanBatch::default();
+        assert!(crate::spans::convert(found, &mut stats).is_ok());
         // What prost refuses, the reader refuses: a stray end, a group left open, a mismatch.
         for bad in [&[0x4c][..], &[0x4b, 0x08, 0x01][..], &[0x4b, 0x54][..]] {
             assert!(ExportTraceServiceRequest::decode(bad).is_err());
@@ -395,15 +395,15 @@ mod tests {
             if round % 3 == 0 {
                 buf.truncate(usize::try_from(rand() % len).expect("index"));
             }
-            let mut batch = crate::assembly::spans::SpanBatch::default();
-            let _ = crate::assembly::spans::convert(&buf, &mut batch);
+            let mut batch = crate::spans::SpanBatch::default();
+            let _ = crate::spans::convert(&buf, &mut batch);
         }
         for n in 0..500usize {
             let junk: Vec<u8> = (0..n)
                 .map(|_| u8::try_from(rand() & 0xff).expect("byte"))
                 .collect();
-            let mut batch = crate::assembly::spans::SpanBatch::default();
-            let _ = crate::assembly::spans::convert(&junk, &mut batch);
+            let mut batch = crate::spans::SpanBatch::default();
+            let _ = crate::spans::convert(&junk, &mut batch);
         }
     }
 }

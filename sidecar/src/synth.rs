@@ -94,7 +94,7 @@ pub fn resource_spans(service: &str, instance: Option<&str>, spans: Vec<Span>) -
 pub struct Request {
     /// `slotlight.request.id`.
     pub request_id: String,
-    /// `slotlight.session.id`.
+    /// `gen_ai.conversation.id` (the session).
     pub session_id: Option<String>,
     /// The trace.
     pub trace_id: [u8; 16],
@@ -148,7 +148,7 @@ impl Request {
     fn base(&mut self, name: &str, start: i64, end: i64, parent: Option<[u8; 8]>) -> Span {
         let mut attributes = vec![kv_str(attr::REQUEST_ID, self.request_id.clone())];
         if let Some(s) = &self.session_id {
-            attributes.push(kv_str(attr::SESSION_ID, s.clone()));
+            attributes.push(kv_str(attr::GEN_AI_CONVERSATION_ID, s.clone()));
         }
         Span {
             trace_id: self.trace_id.to_vec(),
@@ -315,6 +315,9 @@ impl Request {
         if let Some(tps) = usage.decode_tps {
             s.attributes.push(kv_f64(attr::USAGE_DECODE_TPS, tps));
         }
+        if let Some(st) = &usage.status {
+            s.attributes.push(kv_str(attr::REQUEST_STATUS, st.clone()));
+        }
         if let Some(e) = &usage.error_type {
             s.attributes.push(kv_str(attr::ERROR_TYPE, e.clone()));
             s.status = Some(Status {
@@ -377,6 +380,8 @@ pub struct Usage {
     pub moved: bool,
     /// `error.type` (sets an error status).
     pub error_type: Option<String>,
+    /// `slotlight.request.status`, when set.
+    pub status: Option<String>,
 }
 
 impl Default for Usage {
@@ -397,6 +402,7 @@ impl Default for Usage {
             legs: 1,
             moved: false,
             error_type: None,
+            status: None,
         }
     }
 }

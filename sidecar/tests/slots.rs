@@ -58,6 +58,7 @@ async fn moved_request_keeps_elapsed_and_rate() {
     let mut slot_leg = a.leg(1, Some(0), moved_at, generated);
     slot_leg.previous = Some(solo.span_id);
     let w = a.decode(&slot_leg, moved_at, moved_at + 100 * MS, 5, generated + 5);
+    let sent = std::time::Instant::now();
     t.send_grpc(synth::export(
         inst,
         vec![b.queue(Some(1), moved_at), solo_span, w],
@@ -86,7 +87,14 @@ async fn moved_request_keeps_elapsed_and_rate() {
     assert!((leg_rate - 50.0).abs() < 1.0, "leg rate {leg_rate}");
     assert!(row["in_slot_s"].as_f64().unwrap() < elapsed);
     assert!((row["ttft_ms"].as_f64().unwrap() - 100.0).abs() < 1e-6);
-    assert!(row["age_s"].as_f64().unwrap() >= 0.0);
+    // The row's age is the sidecar's own: how long since it changed, which is at most the
+    // time since this test sent the change (the spans' own times are 100 ms and more older).
+    let age = row["age_s"].as_f64().unwrap();
+    assert!(
+        age <= sent.elapsed().as_secs_f64(),
+        "age {age} s, sent {:?} ago",
+        sent.elapsed()
+    );
     assert!(!row["history"].as_array().unwrap().is_empty());
 
     let slots = t.get_json("/v1/slots").await;

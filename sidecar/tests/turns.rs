@@ -63,6 +63,7 @@ async fn turn_record_equals_the_request_span() {
         legs: 1,
         moved: false,
         error_type: None,
+        status: None,
     };
     let turn = finished(&t, "engine-t", "req-eq", "sess-1", 1, &usage).await;
     // Exactly the attribute values (JSON numbers round-trip f64 exactly).
@@ -108,15 +109,26 @@ async fn turn_record_equals_the_request_span() {
     let turn = finished(&t, "engine-t", "req-one", "sess-1", 2, &no_decode).await;
     assert!(turn["decode_tps"].is_null());
 
-    // A failed request: error status and error.type.
-    let failed = Usage {
+    // A cancelled request from an engine that sends no status: error status and error.type.
+    let cancelled = Usage {
         finish_reason: "cancelled".into(),
         error_type: Some("cancelled".into()),
         ..Usage::default()
     };
-    let turn = finished(&t, "engine-t", "req-fail", "sess-2", 3, &failed).await;
-    assert_eq!(turn["status"], "error");
+    let turn = finished(&t, "engine-t", "req-fail", "sess-2", 3, &cancelled).await;
+    assert_eq!(turn["status"], "cancelled");
     assert_eq!(turn["error_type"], "cancelled");
+
+    // The engine's own status wins: a request refused by a full queue.
+    let refused = Usage {
+        finish_reason: "error".into(),
+        error_type: Some("overloaded".into()),
+        status: Some("refused".into()),
+        ..Usage::default()
+    };
+    let turn = finished(&t, "engine-t", "req-refused", "sess-2", 4, &refused).await;
+    assert_eq!(turn["status"], "refused");
+    assert_eq!(turn["error_type"], "overloaded");
 }
 
 #[tokio::test]

@@ -382,11 +382,12 @@ _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def engine_spans(instance: str, model: str):
-    """Two requests as the engine would trace them, with explicit times.
+    """Three requests as the engine would trace them, with explicit times.
 
     `done`: queued, prefilled (a third of the prompt cached), decoded on the solo path, moved
     into slot 0, finished. `live`: decoding in slot 1, its leg and request span still open
-    (so only its queue, prefill and decode-window spans are exported).
+    (so only its queue, prefill and decode-window spans are exported). `refused`: answered 429
+    by a full queue (a request span only, status `refused`).
     Returns (spans, trace id of `done` as hex).
     """
     from opentelemetry import trace
@@ -462,7 +463,7 @@ def engine_spans(instance: str, model: str):
             a["USAGE_E2E_MS"]: (end - t0) / MS, a["REQUEST_LEGS"]: len(slots), a["REQUEST_MOVED"]: len(slots) > 1,
             a["SLOT_GROUP"]: 0,
             a["GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN"]: (first - t0) / 1e9, a["GEN_AI_LATENCY_E2E"]: (end - t0) / 1e9,
-            a["GEN_AI_LATENCY_TIME_IN_QUEUE"]: 0.005,
+            a["GEN_AI_LATENCY_TIME_IN_QUEUE"]: 0.005, a["REQUEST_STATUS"]: "ok",
         })
         root.end(end_time=end)
         return root
@@ -474,6 +475,15 @@ def engine_spans(instance: str, model: str):
                    [(first, first + 200 * MS, 5), (first + 200 * MS, first + 500 * MS, 14)], "stop")
     t1 = now - 2_000 * MS
     request("deploy-live", t1, t1 + 20 * MS, [1], [(t1 + 20 * MS, t1 + 1_020 * MS, 20)], None)
+    from opentelemetry.trace import Status, StatusCode
+
+    t2 = now - 1_000 * MS
+    refused = tracer.start_span(f"{OP_CHAT} {model}", kind=SpanKind.SERVER, start_time=t2, attributes={
+        a["REQUEST_ID"]: "deploy-refused", a["REQUEST_START_TIME"]: t2,
+        a["GEN_AI_OPERATION_NAME"]: OP_CHAT, a["GEN_AI_PROVIDER_NAME"]: PROVIDER,
+        a["REQUEST_STATUS"]: "refused", a["ERROR_TYPE"]: "overloaded"})
+    refused.set_status(Status(StatusCode.ERROR, "the queue is full"))
+    refused.end(end_time=t2 + MS)
     spans = mem.get_finished_spans()
     provider.shutdown()
     return spans, format(done.get_span_context().trace_id, "032x")

@@ -69,12 +69,15 @@ def test_the_move_is_seen_by_the_sidecar_and_agrees_with_the_engine(engine, side
         s = c.chat.completions.create(
             model=engine.model,
             messages=[{"role": "user", "content": "Write a long story about a lighthouse keeper."}],
-            max_tokens=200,
+            max_tokens=400,
             stream=True,
+            stream_options={"include_usage": True},
             extra_body={"ignore_eos": True},
         )
         for ch in s:
             out.setdefault("id", ch.id)
+            if ch.usage is not None:
+                out["usage"] = ch.usage
 
     t = threading.Thread(target=long_request)
     t.start()
@@ -101,18 +104,25 @@ def test_the_move_is_seen_by_the_sidecar_and_agrees_with_the_engine(engine, side
     )
     row = next(r for i in view["instances"] if i["instance"] == inst for r in i["slots"] if r.get("request_id") == rid)
     assert row["elapsed_s"] >= elapsed_before, (row, solo)
-    # The engine agrees on where the request runs.
+    # The engine agrees on where the request runs (400 tokens: it is still running).
     code, reqs = engine.get("/v1/requests")
     mine = [r for r in reqs["data"] if r["id"] == rid]
-    if mine:
-        assert mine[0]["path"] == "slot"
-        assert mine[0]["slot"] == row["index"]
-        assert mine[0]["elapsed_s"] >= elapsed_before
+    assert len(mine) == 1, reqs
+    assert mine[0]["path"] == "slot"
+    assert mine[0]["slot"] == row["index"]
+    assert mine[0]["elapsed_s"] >= elapsed_before
     c2.join()
     t.join()
     turn = sidecar.wait_turn(rid)
     assert turn["moved"] is True
     assert [l["path"] for l in turn["legs"]][:2] == ["solo", "slot"]
+    # The sidecar's tok/s is the request's own rate on both sides of the move (the original
+    # bug read 3,946 tok/s for a request making 50): within 2x of its rate from its usage.
+    u = out["usage"]
+    extra = u.model_extra
+    own = (u.completion_tokens - 1) / (extra["generation_ms"] / 1000)
+    for where, r in (("solo", solo), ("slot", row)):
+        assert own / 2 <= r["tok_s"] <= own * 2, (where, r["tok_s"], own)
 
 
 def test_warm_resume_shows_cached_tokens_in_usage_and_turn(engine, sidecar):
@@ -240,20 +250,64 @@ def test_one_json_log_line_per_finished_request_without_content():
         code, v = e.post("/v1/chat/completions", {"messages": [{"role": "user", "content": f"Say {marker}."}], "max_tokens": 6, "user": "log-test"})
         assert code == 200, v
         rid = v["id"]
-        line = None
-        for _ in range(100):
-            found = [l for l in e.log if rid in l]
-            if found:
-                line = found[0]
-                break
-            time.sleep(0.05)
-        assert line is not None, "".join(e.log[-20:])
-        rec = json.loads(line)
+        # A refused request (malformed body) is a turn too: its own line, status `refused`.
+        code, bad = e.post("/v1/chat/completions", {"messages": [], "max_tokens": 2}, headers={"x-session-id": "log-refused"})
+        assert code == 400, bad
+
+        def lines_with(text):
+            for _ in range(100):
+                if any(text in l for l in e.log):
+                    break
+                time.sleep(0.05)
+            time.sleep(0.2)  # a second line, if there were one, would be written by now
+            return [json.loads(l) for l in e.log if text in l and l.lstrip().startswith("{")]
+
+        found = lines_with(rid)
+        assert len(found) == 1, "".join(e.log[-20:])
+        rec = found[0]
         assert rec["request_id"] == rid
         assert rec["session_id"] == "log-test"
+        assert rec["status"] == "ok"
         assert rec["completion_tokens"] == v["usage"]["completion_tokens"]
         assert rec["ttft_ms"] == v["usage"]["ttft_ms"]
         assert json.loads(rec["legs"])[0]["path"] == "solo"
+        refused = lines_with('"log-refused"')
+        assert len(refused) == 1, "".join(e.log[-20:])
+        assert refused[0]["status"] == "refused"
+        assert refused[0]["error_type"] == "validation"
+        assert refused[0]["http_status"] == 400
+        for k in ("queue_ms", "ttft_ms", "prefill_ms", "decode_ms"):
+            assert k not in refused[0], f"{k} is unknown for a refused request, never 0"
         assert not any(marker in l for l in e.log), "no prompt text in logs by default"
     finally:
         e.close()
+
+
+def test_refused_requests_are_turns_with_their_status_counted_apart(engine, sidecar):
+    """A request the engine refuses (validation, context length) is a turn in the sidecar with
+    status `refused` and its error type, counted apart from served turns, and never observed in
+    the time-to-first-token or queue histograms."""
+    code, _ = engine.post("/v1/chat/completions", {"messages": [], "max_tokens": 2}, headers={"x-session-id": "refused-e2e"})
+    assert code == 400
+    code, _ = engine.post(
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2048},
+        headers={"x-session-id": "refused-e2e"},
+    )
+    assert code == 400
+    v = sidecar.wait_for("/v1/turns?session_id=refused-e2e", lambda v: v["count"] == 2, "two refused turns")
+    kinds = sorted((t["status"], t["error_type"]) for t in v["turns"])
+    assert kinds == [("refused", "context_length"), ("refused", "validation")], v
+    for t in v["turns"]:
+        for k in ("queue_ms", "ttft_ms", "prefill_ms", "decode_ms", "generation_ms"):
+            assert t[k] is None, (k, t)
+    metrics = sidecar_metrics(sidecar)
+    refused = [l for l in metrics.splitlines() if l.startswith("slotlight_requests_total{") and 'status="refused"' in l]
+    assert sum(float(l.rsplit(" ", 1)[1]) for l in refused) >= 2, refused
+
+
+def sidecar_metrics(sidecar) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{sidecar.views}/metrics", timeout=10) as r:
+        return r.read().decode()

@@ -118,11 +118,10 @@ pub(super) fn run(a: GenerateArgs) -> anyhow::Result<()> {
                 }
                 let t = &c.timings;
                 let u = t.usage();
-                let prefill_tps = if u.prefill_ms > 0.0 {
-                    t.prefilled_tokens as f64 / (u.prefill_ms / 1000.0)
-                } else {
-                    0.0
-                };
+                let prefill_tps = u
+                    .prefill_ms
+                    .filter(|ms| *ms > 0.0)
+                    .map(|ms| t.prefilled_tokens as f64 / (ms / 1000.0));
                 if a.json {
                     let v = json!({
                         "prompt_token_ids": prompt,
@@ -143,10 +142,10 @@ pub(super) fn run(a: GenerateArgs) -> anyhow::Result<()> {
                     out.write_all(c.tail_text.as_bytes())?;
                     writeln!(out)?;
                     eprintln!(
-                        "[{} prompt tokens, {} generated, prefill {:.0} tok/s, decode {} tok/s, finish: {}]",
+                        "[{} prompt tokens, {} generated, prefill {} tok/s, decode {} tok/s, finish: {}]",
                         prompt.len(),
                         c.tokens.len(),
-                        prefill_tps,
+                        prefill_tps.map_or("-".into(), |v| format!("{v:.0}")),
                         u.decode_tps.map_or("-".into(), |v| format!("{v:.1}")),
                         c.finish_reason.as_str()
                     );

@@ -43,7 +43,7 @@ pub enum Arch {
 /// Everything the forward pass needs to know about a model's shape.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
-    /// Architecture.
+    /// The architecture family: decides tensor names and RoPE pairing.
     pub arch: Arch,
     /// Human-readable model name.
     pub name: String,

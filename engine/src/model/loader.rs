@@ -78,15 +78,15 @@ pub enum Format {
 pub struct Model {
     /// Where it came from.
     pub path: PathBuf,
-    /// Format.
+    /// The format it was read from (GGUF file or Hugging Face folder).
     pub format: Format,
     /// The name clients use (`model` in requests): the file or folder name without extension.
     pub id: String,
-    /// Shape.
+    /// Its architecture and sizes, as the file gives them.
     pub config: ModelConfig,
-    /// Weights.
+    /// Its weights, mapped from the file and shared by every backend.
     pub weights: Arc<LlamaWeights>,
-    /// Tokenizer.
+    /// Its tokenizer and chat template, shared by the server and every step loop.
     pub tokenizer: Arc<Tokenizer>,
     /// The model's chat template, or `None` when it has none.
     pub chat_template: Option<Arc<ChatTemplate>>,

@@ -2,6 +2,10 @@
 //!
 //! Used by unit tests, integration tests and benches; nothing here is used when serving.
 
+// A synthetic model's sizes are small constants of the tests (a few hundred at most): their
+// casts to the GGUF's u32 fields and to f32 scales are exact.
+#![allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -230,7 +234,7 @@ pub fn quantize_q4_1(x: &[f32]) -> Vec<u8> {
 pub struct FixtureRng(u64);
 
 impl FixtureRng {
-    /// Seeded.
+    /// A generator whose draws depend on `seed` only.
     pub fn new(seed: u64) -> Self {
         Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
@@ -272,7 +276,7 @@ pub struct TinyLlama {
     pub tied: bool,
     /// Whether q/k/v carry biases (Qwen2).
     pub qkv_bias: bool,
-    /// Seed.
+    /// Seed of the random weights: the same seed writes the same model, byte for byte.
     pub seed: u64,
 }
 

@@ -16,12 +16,14 @@ use tokio::sync::mpsc;
 
 use super::sequence::{Phase, PrefillProgress, Seq};
 use super::slots::Slots;
-use super::{Command, Completion, Event, FinishReason, InFlight, Placement, SchedulerConfig};
+use super::{
+    Command, Completion, EngineError, Event, FinishReason, InFlight, Placement, SchedulerConfig,
+};
 use crate::backend::{Backend, SeqChunk};
 use crate::kv_cache::BlockManager;
 use crate::sampling::Sampler;
 use crate::stop::StopMatcher;
-use crate::timing::{LegEnd, PathKind, PrefillReason, PrefillRecord, RequestTimings};
+use crate::timing::{LegEnd, PathKind, PrefillEnd, PrefillReason, RequestTimings};
 use crate::tokenizer::Tokenizer;
 
 /// Cumulative counters of one group (not per-request timing: those live in each request).
@@ -104,7 +106,7 @@ pub(super) fn run(
             shutdown |= lp.command(c);
         }
         if shutdown {
-            lp.abort_all("the engine is shutting down");
+            lp.abort_all(&EngineError::ShuttingDown);
             return;
         }
         lp.drop_cancelled();
@@ -112,7 +114,7 @@ pub(super) fn run(
         lp.settle_paths();
         if let Err(e) = lp.step() {
             tracing::error!(group, error = %e, "Scheduler.StepFailed");
-            lp.abort_all(&format!("internal error: {e}"));
+            lp.abort_all(&EngineError::Step(e.to_string()));
         }
     }
 }
@@ -130,7 +132,9 @@ impl<'t> Loop<'t> {
                         self.queued_total.fetch_sub(1, Ordering::AcqRel);
                         self.load.fetch_sub(1, Ordering::Relaxed);
                         let _ = events.send(Event::Done(Box::new(Completion {
-                            finish_reason: FinishReason::Error(e.to_string()),
+                            finish_reason: FinishReason::Error(EngineError::InvalidStop(
+                                e.to_string(),
+                            )),
                             tokens: Vec::new(),
                             tail_text: String::new(),
                             timings,
@@ -165,7 +169,7 @@ impl<'t> Loop<'t> {
                 false
             }
             Command::AbortAll => {
-                self.abort_all("the engine is shutting down");
+                self.abort_all(&EngineError::ShuttingDown);
                 false
             }
             Command::Shutdown => true,
@@ -230,6 +234,7 @@ impl<'t> Loop<'t> {
             FinishReason::Stop | FinishReason::Length => LegEnd::Finished,
             _ => LegEnd::Cancelled,
         };
+        seq.cut_prefill(PrefillEnd::Cancelled);
         if let Some(leg) = seq.timings.end_leg(now, leg_end).cloned() {
             seq.emit(Event::LegEnded(leg));
         }
@@ -259,13 +264,13 @@ impl<'t> Loop<'t> {
         seq.emit(Event::Done(Box::new(completion)));
     }
 
-    fn abort_all(&mut self, why: &str) {
+    fn abort_all(&mut self, why: &EngineError) {
         let seqs: Vec<Seq<'t>> = self.active.drain(..).chain(self.queue.drain(..)).collect();
         for s in seqs {
             if s.timings.admitted.is_none() {
                 self.queued_total.fetch_sub(1, Ordering::AcqRel);
             }
-            self.finish(s, FinishReason::Error(why.to_string()));
+            self.finish(s, FinishReason::Error(why.clone()));
         }
     }
 
@@ -314,7 +319,7 @@ impl<'t> Loop<'t> {
                 if first {
                     self.queued_total.fetch_sub(1, Ordering::AcqRel);
                 }
-                self.finish(seq, FinishReason::Error(e.to_string()));
+                self.finish(seq, FinishReason::Error(EngineError::KvCacheExhausted(e)));
                 continue;
             }
             let now = Instant::now();
@@ -328,6 +333,7 @@ impl<'t> Loop<'t> {
             seq.phase = Phase::Prefill;
             seq.prefill = Some(PrefillProgress {
                 start: None,
+                last_end: None,
                 target: seq.tokens.len(),
                 cached,
                 chunks: 0,
@@ -406,6 +412,8 @@ impl<'t> Loop<'t> {
         let Some(v) = victim else { return false };
         let mut seq = self.active.swap_remove(v);
         let now = Instant::now();
+        // A prefill cut here is recorded, so its steps' device time has a prefill span.
+        seq.cut_prefill(PrefillEnd::Preempted);
         if let Some(leg) = seq.timings.end_leg(now, LegEnd::Preempted).cloned() {
             seq.emit(Event::LegEnded(leg));
         }
@@ -439,14 +447,15 @@ impl<'t> Loop<'t> {
             while let Some(i) = self.active.iter().position(|s| s.order == order) {
                 let need = self.active[i].computed + 1;
                 let mut blocks = std::mem::take(&mut self.active[i].blocks);
-                let ok = self.blocks.reserve(&mut blocks, need).is_ok();
+                let reserved = self.blocks.reserve(&mut blocks, need);
                 self.active[i].blocks = blocks;
-                if ok {
+                let Err(out_of_blocks) = reserved else {
                     break;
-                }
+                };
                 if !self.preempt_newest_except(order) {
                     let s = self.active.swap_remove(i);
-                    self.finish(s, FinishReason::Error("KV cache exhausted".into()));
+                    let e = EngineError::KvCacheExhausted(out_of_blocks);
+                    self.finish(s, FinishReason::Error(e));
                     break;
                 }
             }
@@ -500,6 +509,7 @@ impl<'t> Loop<'t> {
         self.logits.clear();
         let started = Instant::now();
         let stats = self.backend.forward(&chunks, &mut self.logits)?;
+        let stepped = Instant::now();
         drop(chunks);
         self.stats.steps += 1;
         let batch = plan.len();
@@ -513,6 +523,7 @@ impl<'t> Loop<'t> {
             s.timings.add_step(stats.device_time, batch, is_prefill);
             if is_prefill && let Some(p) = s.prefill.as_mut() {
                 p.start.get_or_insert(started);
+                p.last_end = Some(stepped);
                 p.chunks += 1;
                 p.device += stats.device_time;
             }
@@ -527,19 +538,10 @@ impl<'t> Loop<'t> {
             let id = s.sampler.sample(logits);
             let now = Instant::now();
             if is_prefill {
-                if let Some(p) = s.prefill.take() {
-                    let computed_tokens = p.target - p.cached;
-                    s.timings.prefilled_tokens += computed_tokens;
-                    let rec = PrefillRecord {
-                        start: p.start.unwrap_or(started),
-                        end: now,
-                        prompt_tokens: p.target,
-                        cached_tokens: p.cached,
-                        computed_tokens,
-                        chunks: p.chunks,
-                        device: p.device,
-                        reason: p.reason,
-                    };
+                if let Some(mut p) = s.prefill.take() {
+                    p.last_end = Some(now);
+                    let rec = p.record(s.computed, PrefillEnd::Finished);
+                    s.timings.prefilled_tokens += rec.computed_tokens;
                     s.timings.prefills.push(rec.clone());
                     s.emit(Event::Prefilled(rec));
                 }
@@ -566,6 +568,7 @@ impl<'t> Loop<'t> {
                 at: now,
                 generated: s.timings.generated_tokens,
                 step_device: stats.device_time,
+                from_prefill: is_prefill,
                 placement,
             });
             let generated = s.tokens.len() - s.req.prompt.len();

@@ -19,7 +19,10 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
+use slotlight_otel::attr::value;
+
 use crate::backend::Backend;
+use crate::kv_cache::OutOfBlocks;
 use crate::sampling::SamplingParams;
 use crate::timing::{LegRecord, PathKind, PrefillRecord, RequestTimings};
 use crate::tokenizer::Tokenizer;
@@ -58,27 +61,26 @@ impl Default for SchedulerConfig {
 pub struct GenerateRequest {
     /// The request id (also the response id).
     pub id: String,
-    /// Prompt token ids.
+    /// Prompt token ids, already templated and tokenized.
     pub prompt: Vec<u32>,
-    /// Most tokens to generate.
+    /// Most tokens to generate; the request ends with `length` there.
     pub max_tokens: usize,
-    /// Sampling.
+    /// How tokens are drawn (validated), with the request's own seed.
     pub sampling: SamplingParams,
-    /// Stop strings.
+    /// Stop strings: the request ends with `stop` at the first, which is never sent.
     pub stop: Vec<String>,
     /// Keep generating past end-of-sequence tokens.
     pub ignore_eos: bool,
     /// Session (affinity to a group, for warm resume).
     pub session: Option<String>,
-    /// Arrival time.
+    /// Arrival at the HTTP layer: the start of every one of the request's clocks.
     pub received: Instant,
     /// Set by the caller to cancel the request; checked at every step.
     pub cancel: Arc<AtomicBool>,
 }
 
 /// Why a request finished.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FinishReason {
     /// An end-of-sequence token or a stop string.
     Stop,
@@ -87,17 +89,69 @@ pub enum FinishReason {
     /// The client cancelled (disconnected).
     Cancelled,
     /// The engine failed or is shutting down.
-    Error(String),
+    Error(EngineError),
 }
 
 impl FinishReason {
     /// The OpenAI `finish_reason` label.
     pub fn as_str(&self) -> &'static str {
         match self {
-            FinishReason::Stop => slotlight_otel::attr::value::FINISH_STOP,
-            FinishReason::Length => slotlight_otel::attr::value::FINISH_LENGTH,
-            FinishReason::Cancelled => slotlight_otel::attr::value::FINISH_CANCELLED,
-            FinishReason::Error(_) => slotlight_otel::attr::value::FINISH_ERROR,
+            FinishReason::Stop => value::FINISH_STOP,
+            FinishReason::Length => value::FINISH_LENGTH,
+            FinishReason::Cancelled => value::FINISH_CANCELLED,
+            FinishReason::Error(_) => value::FINISH_ERROR,
+        }
+    }
+
+    /// The `error.type` of a request that did not run to its end; `None` for `stop` and
+    /// `length`.
+    pub fn error_type(&self) -> Option<&'static str> {
+        match self {
+            FinishReason::Stop | FinishReason::Length => None,
+            FinishReason::Cancelled => Some(value::ERROR_CANCELLED),
+            FinishReason::Error(e) => Some(e.label()),
+        }
+    }
+
+    /// How the request ended (`slotlight.request.status`).
+    pub fn status(&self) -> &'static str {
+        match self {
+            FinishReason::Stop | FinishReason::Length => value::STATUS_OK,
+            FinishReason::Cancelled => value::STATUS_CANCELLED,
+            FinishReason::Error(_) => value::STATUS_ERROR,
+        }
+    }
+}
+
+/// Why the engine ended a request it had accepted with an error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    /// The engine is shutting down (or a drain timed out) before the request finished; the
+    /// caller may retry elsewhere.
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+    /// A forward step failed; every request of the step loop ends with it.
+    #[error("internal error: {0}")]
+    Step(String),
+    /// The KV cache cannot hold the request, even with every other request preempted.
+    #[error("{0}")]
+    KvCacheExhausted(OutOfBlocks),
+    /// Stop strings the HTTP layer should have refused (kept as a guard, never a panic).
+    #[error("invalid stop strings: {0}")]
+    InvalidStop(String),
+    /// The step loop went away without finishing the request (it panicked or was dropped).
+    #[error("the engine stopped without finishing the request")]
+    Lost,
+}
+
+impl EngineError {
+    /// The stable `error.type` label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            EngineError::ShuttingDown => value::ERROR_SHUTDOWN,
+            EngineError::Step(_) | EngineError::Lost => value::ERROR_INTERNAL,
+            EngineError::KvCacheExhausted(_) => value::ERROR_KV_CACHE_EXHAUSTED,
+            EngineError::InvalidStop(_) => value::ERROR_VALIDATION,
         }
     }
 }
@@ -105,7 +159,7 @@ impl FinishReason {
 /// Where a request was admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Placement {
-    /// Path.
+    /// Solo path or batch slot.
     pub path: PathKind,
     /// Device group.
     pub group: usize,
@@ -118,9 +172,9 @@ pub struct Placement {
 pub enum Event {
     /// Admitted at `at` (first admission only).
     Admitted {
-        /// When.
+        /// When it was admitted: the end of its queue time.
         at: Instant,
-        /// Where.
+        /// The path, group and slot it was admitted to.
         placement: Placement,
     },
     /// A leg started.
@@ -141,7 +195,10 @@ pub enum Event {
         generated: usize,
         /// Time of the forward step that produced it.
         step_device: Duration,
-        /// Where.
+        /// Whether a prefill step produced it (the first token, or the one after a
+        /// preemption's re-prefill) rather than a decode step.
+        from_prefill: bool,
+        /// The path, group and slot it was admitted to.
         placement: Placement,
     },
     /// The request finished; its own timings come with it.
@@ -192,7 +249,7 @@ pub enum SubmitError {
 /// One request in flight, as the step loop sees it.
 #[derive(Debug, Clone, Serialize)]
 pub struct InFlight {
-    /// Request id.
+    /// The request id (also the response id and `slotlight.request.id`).
     pub id: String,
     /// `queued`, `prefill` or `decoding`.
     pub state: &'static str,
@@ -216,7 +273,7 @@ pub struct InFlight {
     pub leg_tokens: usize,
     /// The current leg's own rate (its tokens over its time so far).
     pub leg_tok_s: Option<f64>,
-    /// Session.
+    /// The request's session (`x-session-id` or `user`), if any.
     pub session_id: Option<String>,
 }
 

@@ -8,7 +8,7 @@ use super::{Event, GenerateRequest, Placement};
 use crate::kv_cache::SeqBlocks;
 use crate::sampling::Sampler;
 use crate::stop::StopMatcher;
-use crate::timing::{PrefillReason, RequestTimings};
+use crate::timing::{PrefillEnd, PrefillReason, PrefillRecord, RequestTimings};
 use crate::tokenizer::StreamDecoder;
 
 /// What the sequence does next.
@@ -23,12 +23,39 @@ pub enum Phase {
 /// A prefill in progress.
 #[derive(Debug, Clone)]
 pub struct PrefillProgress {
+    /// Start of its first chunk's step (`None` before the first chunk).
     pub start: Option<Instant>,
+    /// End of its latest chunk's step.
+    pub last_end: Option<Instant>,
+    /// Positions it must have in the KV cache when done (prompt, plus reply after a preemption).
     pub target: usize,
+    /// Of those, found in the prefix cache at admission.
     pub cached: usize,
+    /// Chunks run so far.
     pub chunks: usize,
+    /// Time in the forward steps of those chunks.
     pub device: Duration,
+    /// Why it runs.
     pub reason: PrefillReason,
+}
+
+impl PrefillProgress {
+    /// The record of this prefill, ended with `end_reason` when `computed` positions are in
+    /// the cache.
+    pub fn record(&self, computed: usize, end_reason: PrefillEnd) -> PrefillRecord {
+        let start = self.start.or(self.last_end).unwrap_or_else(Instant::now);
+        PrefillRecord {
+            start,
+            end: self.last_end.unwrap_or(start),
+            prompt_tokens: self.target,
+            cached_tokens: self.cached,
+            computed_tokens: computed.saturating_sub(self.cached),
+            chunks: self.chunks,
+            device: self.device,
+            reason: self.reason,
+            end_reason,
+        }
+    }
 }
 
 /// A request admitted to (or waiting in) a step loop.
@@ -67,5 +94,21 @@ impl Seq<'_> {
     /// Sends an event; a closed channel is noticed at the next step as a cancellation.
     pub fn emit(&self, e: Event) {
         let _ = self.events.send(e);
+    }
+
+    /// Ends a prefill in progress before its last chunk (preemption, cancellation, failure).
+    /// A prefill that ran at least one chunk is recorded and emitted, so the device time of
+    /// its steps (already in the request's prefill time) has a prefill record of its own.
+    pub fn cut_prefill(&mut self, end_reason: PrefillEnd) {
+        let Some(p) = self.prefill.take() else {
+            return;
+        };
+        if p.chunks == 0 {
+            return;
+        }
+        let rec = p.record(self.computed, end_reason);
+        self.timings.prefilled_tokens += rec.computed_tokens;
+        self.timings.prefills.push(rec.clone());
+        self.emit(Event::Prefilled(rec));
     }
 }

@@ -5,11 +5,59 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use crate::scheduler::SubmitError;
+use slotlight_otel::attr::value;
+
+use crate::scheduler::{EngineError, SubmitError};
+
+/// What went wrong, as a type: each kind has one stable `error.type` label, taken from the
+/// telemetry contract (spans, log lines and the sidecar's metrics use it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The request is malformed or invalid; fix it before retrying.
+    Validation,
+    /// Prompt plus `max_tokens` exceed the context length.
+    ContextLength,
+    /// No such model (or route).
+    NotFound,
+    /// The body is over the size limit.
+    TooLarge,
+    /// The body did not arrive within the read timeout.
+    Timeout,
+    /// Missing or wrong API key.
+    Unauthorized,
+    /// The queue is full; retry after `Retry-After`.
+    Overloaded,
+    /// The server is shutting down; retry elsewhere.
+    Shutdown,
+    /// The KV cache cannot hold the request.
+    KvCacheExhausted,
+    /// A failure of the engine; not the client's fault.
+    Internal,
+}
+
+impl ErrorKind {
+    /// The `error.type` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            ErrorKind::Validation => value::ERROR_VALIDATION,
+            ErrorKind::ContextLength => value::ERROR_CONTEXT_LENGTH,
+            ErrorKind::NotFound => value::ERROR_NOT_FOUND,
+            ErrorKind::TooLarge => value::ERROR_TOO_LARGE,
+            ErrorKind::Timeout => value::ERROR_TIMEOUT,
+            ErrorKind::Unauthorized => value::ERROR_UNAUTHORIZED,
+            ErrorKind::Overloaded => value::ERROR_OVERLOADED,
+            ErrorKind::Shutdown => value::ERROR_SHUTDOWN,
+            ErrorKind::KvCacheExhausted => value::ERROR_KV_CACHE_EXHAUSTED,
+            ErrorKind::Internal => value::ERROR_INTERNAL,
+        }
+    }
+}
 
 /// An error answered to a client.
 #[derive(Debug, Clone)]
 pub struct ApiError {
+    /// What kind of error (gives the `error.type` label).
+    pub error: ErrorKind,
     /// HTTP status.
     pub status: StatusCode,
     /// What went wrong, for a person.
@@ -40,12 +88,14 @@ struct Inner<'a> {
 
 impl ApiError {
     fn new(
+        error: ErrorKind,
         status: StatusCode,
         kind: &'static str,
         code: Option<&'static str>,
         message: impl Into<String>,
     ) -> Self {
         Self {
+            error,
             status,
             message: message.into(),
             kind,
@@ -58,6 +108,7 @@ impl ApiError {
     /// 400: the request is malformed or invalid.
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(
+            ErrorKind::Validation,
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
             None,
@@ -75,6 +126,7 @@ impl ApiError {
     /// 401: missing or wrong API key.
     pub fn unauthorized() -> Self {
         Self::new(
+            ErrorKind::Unauthorized,
             StatusCode::UNAUTHORIZED,
             "invalid_request_error",
             Some("invalid_api_key"),
@@ -85,6 +137,7 @@ impl ApiError {
     /// 404: unknown model.
     pub fn model_not_found(model: &str, served: &str) -> Self {
         let mut e = Self::new(
+            ErrorKind::NotFound,
             StatusCode::NOT_FOUND,
             "invalid_request_error",
             Some("model_not_found"),
@@ -97,6 +150,7 @@ impl ApiError {
     /// 404: no such route.
     pub fn not_found(path: &str) -> Self {
         Self::new(
+            ErrorKind::NotFound,
             StatusCode::NOT_FOUND,
             "invalid_request_error",
             Some("not_found"),
@@ -107,6 +161,7 @@ impl ApiError {
     /// 413: the body is over the limit.
     pub fn too_large(limit: usize) -> Self {
         Self::new(
+            ErrorKind::TooLarge,
             StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_request_error",
             Some("request_too_large"),
@@ -117,6 +172,7 @@ impl ApiError {
     /// 408: the client did not send its whole body within the read timeout.
     pub fn request_timeout(deadline: std::time::Duration) -> Self {
         Self::new(
+            ErrorKind::Timeout,
             StatusCode::REQUEST_TIMEOUT,
             "invalid_request_error",
             Some("request_timeout"),
@@ -130,6 +186,7 @@ impl ApiError {
     /// 429: the queue is full.
     pub fn overloaded(message: impl Into<String>) -> Self {
         let mut e = Self::new(
+            ErrorKind::Overloaded,
             StatusCode::TOO_MANY_REQUESTS,
             "overloaded_error",
             Some("queue_full"),
@@ -142,6 +199,7 @@ impl ApiError {
     /// 503: shutting down.
     pub fn shutting_down() -> Self {
         let mut e = Self::new(
+            ErrorKind::Shutdown,
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable_error",
             Some("shutting_down"),
@@ -154,6 +212,7 @@ impl ApiError {
     /// 500.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(
+            ErrorKind::Internal,
             StatusCode::INTERNAL_SERVER_ERROR,
             "server_error",
             Some("internal_error"),
@@ -163,17 +222,7 @@ impl ApiError {
 
     /// The stable label used for `error.type` on spans.
     pub fn label(&self) -> &'static str {
-        match self.status {
-            StatusCode::TOO_MANY_REQUESTS => "overloaded",
-            StatusCode::SERVICE_UNAVAILABLE => "shutdown",
-            StatusCode::UNAUTHORIZED => "unauthorized",
-            StatusCode::NOT_FOUND => "not_found",
-            StatusCode::PAYLOAD_TOO_LARGE => "too_large",
-            StatusCode::REQUEST_TIMEOUT => "timeout",
-            s if s.is_server_error() => "internal",
-            _ if self.code == Some("context_length_exceeded") => "context_length",
-            _ => "validation",
-        }
+        self.error.label()
     }
 
     /// The body as JSON.
@@ -198,9 +247,26 @@ impl From<SubmitError> for ApiError {
             SubmitError::ContextOverflow { .. } => {
                 let mut a = ApiError::invalid_param("max_tokens", e.to_string());
                 a.code = Some("context_length_exceeded");
+                a.error = ErrorKind::ContextLength;
                 a
             }
             SubmitError::EmptyPrompt => ApiError::invalid_param("messages", e.to_string()),
+        }
+    }
+}
+
+impl From<&EngineError> for ApiError {
+    fn from(e: &EngineError) -> Self {
+        match e {
+            EngineError::ShuttingDown => ApiError::shutting_down(),
+            EngineError::InvalidStop(_) => ApiError::invalid_param("stop", e.to_string()),
+            EngineError::KvCacheExhausted(_) => {
+                let mut a = ApiError::internal(e.to_string());
+                a.error = ErrorKind::KvCacheExhausted;
+                a.code = Some("kv_cache_exhausted");
+                a
+            }
+            EngineError::Step(_) | EngineError::Lost => ApiError::internal(e.to_string()),
         }
     }
 }
@@ -212,6 +278,9 @@ impl IntoResponse for ApiError {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
+        // The outer layer of the generation routes reads the typed error back (its label),
+        // instead of working it out from the status code.
+        r.extensions_mut().insert(self);
         r
     }
 }

@@ -9,6 +9,7 @@ pub mod trace;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -24,6 +25,7 @@ use serde_json::json;
 
 use self::error::ApiError;
 use self::openai::types::Limits;
+use self::trace::{Refusal, ServerAddress};
 use crate::prompt::PromptBuilder;
 use crate::scheduler::EngineHandle;
 use crate::telemetry::Telemetry;
@@ -57,27 +59,139 @@ pub struct ServeConfig {
 #[derive(Debug, Clone, Copy)]
 pub struct Arrival(pub Instant);
 
+/// The address the server listens on (a request extension), for `server.address` when a
+/// request has no `Host` header.
+#[derive(Debug, Clone, Copy)]
+pub struct LocalAddr(pub SocketAddr);
+
+/// What the generation routes' outer layer ([`record_refusals`]) knows about one HTTP request,
+/// shared with [`pipeline::launch`] for the length of the handler.
+#[derive(Debug, Clone)]
+pub struct HttpScope {
+    /// `server.address` and `server.port`.
+    pub server: ServerAddress,
+    /// Set by [`pipeline::launch`]: the request has a span and a log line of its own (served,
+    /// or refused by the scheduler), so the outer layer records nothing more.
+    recorded: Arc<AtomicBool>,
+}
+
+impl HttpScope {
+    /// Marks the request as recorded by the pipeline.
+    pub fn mark_recorded(&self) {
+        self.recorded.store(true, Ordering::Relaxed);
+    }
+}
+
+tokio::task_local! {
+    static HTTP_SCOPE: HttpScope;
+}
+
+/// The scope of the generation request being handled on this task, if any.
+pub fn http_scope() -> Option<HttpScope> {
+    HTTP_SCOPE.try_with(Clone::clone).ok()
+}
+
+/// `server.address` and `server.port`: the `Host` header the client sent (HTTP/1.1 requires
+/// one), else the listening address.
+pub fn server_address(headers: &HeaderMap, local: Option<SocketAddr>) -> ServerAddress {
+    let from_host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|h| h.parse::<axum::http::uri::Authority>().ok())
+        .map(|a| ServerAddress {
+            address: Some(
+                a.host()
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .to_string(),
+            ),
+            port: a.port_u16().or_else(|| local.map(|l| l.port())),
+        });
+    from_host.unwrap_or_else(|| ServerAddress {
+        address: local.map(|l| l.ip().to_string()),
+        port: local.map(|l| l.port()),
+    })
+}
+
+/// Every request a generation route answers is a turn: the pipeline records the ones that
+/// reach it (served, or refused by the scheduler); this layer records the ones refused before
+/// (body, validation, unknown model, draining), with a span of status `refused` and a log line.
+/// It sits inside authentication: a caller without the API key gets its 401 and no span, so
+/// nobody without a key can fill the turn records.
+async fn record_refusals(State(st): State<SharedState>, req: Request, next: Next) -> Response {
+    let received = req
+        .extensions()
+        .get::<Arrival>()
+        .map_or_else(Instant::now, |a| a.0);
+    let local = req.extensions().get::<LocalAddr>().map(|l| l.0);
+    let operation = if req.uri().path() == "/v1/completions" {
+        slotlight_otel::span::OPERATION_TEXT_COMPLETION
+    } else {
+        slotlight_otel::span::OPERATION_CHAT
+    };
+    let headers = req.headers().clone();
+    let scope = HttpScope {
+        server: server_address(&headers, local),
+        recorded: Arc::new(AtomicBool::new(false)),
+    };
+    let recorded = Arc::clone(&scope.recorded);
+    let server = scope.server.clone();
+    let resp = HTTP_SCOPE.scope(scope, next.run(req)).await;
+    if recorded.load(Ordering::Relaxed) || resp.status().is_success() {
+        return resp;
+    }
+    let (error_type, message) = match resp.extensions().get::<ApiError>() {
+        Some(e) => (e.error.label(), e.message.clone()),
+        None => (
+            error::ErrorKind::Internal.label(),
+            format!("answered {}", resp.status()),
+        ),
+    };
+    let r = Refusal {
+        id: openai::new_id(if operation == slotlight_otel::span::OPERATION_CHAT {
+            "chatcmpl"
+        } else {
+            "cmpl"
+        }),
+        operation,
+        response_model: st.cfg.model_names.first().cloned().unwrap_or_default(),
+        session: openai::session(&headers, None),
+        received,
+        refused: Instant::now(),
+        error_type,
+        message,
+    };
+    trace::record_refusal(
+        &st.telemetry.tracer,
+        st.anchor,
+        &r,
+        &parent_context(&headers),
+        &server,
+    );
+    pipeline::log_refused(&r, resp.status().as_u16());
+    resp
+}
 /// Everything handlers share.
 pub struct AppState {
-    /// The engine.
+    /// The scheduler's handle: submit requests, read what is in flight.
     pub engine: Arc<EngineHandle>,
     /// Prompt building for the served model.
     pub prompts: PromptBuilder,
-    /// Settings.
+    /// The server's settings (limits, timeouts, model names).
     pub cfg: ServeConfig,
-    /// Telemetry.
+    /// The tracer request spans are recorded with, and the exporter's counts.
     pub telemetry: Arc<Telemetry>,
     /// Converts request instants to wall-clock time.
     pub anchor: TimeAnchor,
-    /// Vocabulary size.
+    /// Vocabulary size: token-id prompts are checked against it.
     pub vocab: usize,
-    /// Context length.
+    /// Context length served (`/v1/models` reports it as `max_model_len`).
     pub context: usize,
     /// When the server started (unix seconds).
     pub started: u64,
 }
 
-/// Shared state handle.
+/// The state every handler receives.
 pub type SharedState = Arc<AppState>;
 
 impl AppState {
@@ -185,7 +299,7 @@ async fn fallback(req: Request) -> ApiError {
     ApiError::not_found(req.uri().path())
 }
 
-/// The router.
+/// The routes, with authentication, draining and the turn-recording layer on the generation routes.
 pub fn router(st: SharedState) -> Router {
     let api = Router::new()
         .route("/v1/chat/completions", post(openai::chat::handle))
@@ -193,6 +307,10 @@ pub fn router(st: SharedState) -> Router {
         .route_layer(middleware::from_fn_with_state(
             Arc::clone(&st),
             refuse_when_draining,
+        ))
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(&st),
+            record_refusals,
         ))
         .route("/v1/models", get(models))
         .route("/v1/requests", get(requests))
@@ -251,7 +369,7 @@ pub async fn serve(
     let addr: SocketAddr = listener.local_addr()?;
     let engine = Arc::clone(&st.engine);
     let drain = st.cfg.drain_timeout;
-    let app = router(Arc::clone(&st));
+    let app = router(Arc::clone(&st)).layer(axum::Extension(LocalAddr(addr)));
     let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
     let signal = async move {
         shutdown.await;

@@ -13,8 +13,60 @@ use opentelemetry::trace::{Link, SpanContext, SpanKind, Status, TraceContextExt,
 use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
 use slotlight_otel::{attr, span};
 
-use crate::scheduler::{Completion, Event, FinishReason, Placement};
+use crate::scheduler::{Completion, Event, Placement};
 use crate::timing::{LegRecord, PathKind, PrefillRecord, TimeAnchor};
+
+/// Request parameters that go on the span only when the request set them
+/// (`gen_ai.request.frequency_penalty`, `presence_penalty`, `stop_sequences`, `choice.count`).
+#[derive(Debug, Clone, Default)]
+pub struct RequestedParams {
+    /// `frequency_penalty`, as given.
+    pub frequency_penalty: Option<f32>,
+    /// `presence_penalty`, as given.
+    pub presence_penalty: Option<f32>,
+    /// `stop`, as given (empty when absent).
+    pub stop_sequences: Vec<String>,
+    /// `n`, as given.
+    pub choice_count: Option<i64>,
+}
+
+impl From<&crate::server::openai::types::Common> for RequestedParams {
+    fn from(c: &crate::server::openai::types::Common) -> Self {
+        use crate::server::openai::types::StringOrList;
+        Self {
+            frequency_penalty: c.frequency_penalty,
+            presence_penalty: c.presence_penalty,
+            stop_sequences: match &c.stop {
+                None => Vec::new(),
+                Some(StringOrList::One(s)) => vec![s.clone()],
+                Some(StringOrList::Many(v)) => v.clone(),
+            },
+            choice_count: c.n,
+        }
+    }
+}
+
+/// The server the client addressed: `server.address` and `server.port`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServerAddress {
+    /// Host name or address.
+    pub address: Option<String>,
+    /// The port (`server.port`).
+    pub port: Option<u16>,
+}
+
+impl ServerAddress {
+    fn attrs(&self) -> Vec<KeyValue> {
+        let mut v = Vec::new();
+        if let Some(a) = &self.address {
+            v.push(KeyValue::new(attr::SERVER_ADDRESS, a.clone()));
+        }
+        if let Some(p) = self.port {
+            v.push(KeyValue::new(attr::SERVER_PORT, i64::from(p)));
+        }
+        v
+    }
+}
 
 /// What the root span needs to know at the start.
 #[derive(Debug, Clone)]
@@ -23,25 +75,27 @@ pub struct RequestInfo {
     pub id: String,
     /// `chat` or `text_completion`.
     pub operation: &'static str,
-    /// Model asked for.
+    /// The model the client asked for (`gen_ai.request.model`).
     pub request_model: String,
-    /// Model served.
+    /// The model that serves the request (`gen_ai.response.model`; names the span).
     pub response_model: String,
-    /// Session.
+    /// The session (`gen_ai.conversation.id`), from `x-session-id` or `user`.
     pub session: Option<String>,
-    /// Completion limit.
+    /// The completion token limit in force (`gen_ai.request.max_tokens`).
     pub max_tokens: usize,
-    /// Temperature.
+    /// Sampling temperature in force (`gen_ai.request.temperature`).
     pub temperature: f32,
-    /// Top-p.
+    /// Nucleus threshold in force (`gen_ai.request.top_p`).
     pub top_p: f32,
-    /// Top-k.
+    /// Top-k limit in force, 0 for none (`gen_ai.request.top_k`).
     pub top_k: usize,
-    /// Seed.
+    /// The sampling seed the request gave (`gen_ai.request.seed`), for reproducing it.
     pub seed: Option<u64>,
-    /// Streaming.
+    /// Whether the reply is streamed (`gen_ai.request.stream`).
     pub stream: bool,
-    /// Arrival.
+    /// Parameters recorded only when the request set them.
+    pub requested: RequestedParams,
+    /// Arrival at the HTTP layer: the request span's start.
     pub received: Instant,
     /// Prompt text, only with `--trace-content`.
     pub prompt_text: Option<String>,
@@ -97,6 +151,7 @@ impl RequestTrace {
         info: RequestInfo,
         parent: &Context,
         trace_content: bool,
+        server: &ServerAddress,
     ) -> Self {
         let mut attrs = vec![
             KeyValue::new(attr::GEN_AI_OPERATION_NAME, info.operation),
@@ -118,9 +173,37 @@ impl RequestTrace {
         if let Some(seed) = info.seed {
             attrs.push(kv_u(attr::GEN_AI_REQUEST_SEED, seed));
         }
-        if let Some(s) = &info.session {
-            attrs.push(KeyValue::new(attr::SESSION_ID, s.clone()));
+        let r = &info.requested;
+        if let Some(v) = r.frequency_penalty {
+            attrs.push(KeyValue::new(
+                attr::GEN_AI_REQUEST_FREQUENCY_PENALTY,
+                f64::from(v),
+            ));
         }
+        if let Some(v) = r.presence_penalty {
+            attrs.push(KeyValue::new(
+                attr::GEN_AI_REQUEST_PRESENCE_PENALTY,
+                f64::from(v),
+            ));
+        }
+        if !r.stop_sequences.is_empty() {
+            attrs.push(KeyValue::new(
+                attr::GEN_AI_REQUEST_STOP_SEQUENCES,
+                Value::Array(Array::String(
+                    r.stop_sequences
+                        .iter()
+                        .map(|s| StringValue::from(s.clone()))
+                        .collect(),
+                )),
+            ));
+        }
+        if let Some(n) = r.choice_count {
+            attrs.push(KeyValue::new(attr::GEN_AI_REQUEST_CHOICE_COUNT, n));
+        }
+        if let Some(s) = &info.session {
+            attrs.push(KeyValue::new(attr::GEN_AI_CONVERSATION_ID, s.clone()));
+        }
+        attrs.extend(server.attrs());
         if let (true, Some(p)) = (trace_content, &info.prompt_text) {
             attrs.push(KeyValue::new(attr::CONTENT_PROMPT, p.clone()));
         }
@@ -157,7 +240,7 @@ impl RequestTrace {
     fn ids(&self) -> Vec<KeyValue> {
         let mut v = vec![KeyValue::new(attr::REQUEST_ID, self.info.id.clone())];
         if let Some(s) = &self.info.session {
-            v.push(KeyValue::new(attr::SESSION_ID, s.clone()));
+            v.push(KeyValue::new(attr::GEN_AI_CONVERSATION_ID, s.clone()));
         }
         v
     }
@@ -239,6 +322,7 @@ impl RequestTrace {
                 generated,
                 text,
                 placement,
+                from_prefill,
                 ..
             } => {
                 self.placement = Some(*placement);
@@ -246,6 +330,14 @@ impl RequestTrace {
                 self.generated = *generated;
                 if self.trace_content {
                     self.completion_text.push_str(text);
+                }
+                if *from_prefill {
+                    // A prefill's token belongs to no decode window: the next window starts
+                    // where decoding starts, and neither its time nor its device time
+                    // includes the prefill step.
+                    self.flush_window();
+                    self.window_floor = Some(*at);
+                    return;
                 }
                 let floor = self
                     .window_floor
@@ -274,6 +366,7 @@ impl RequestTrace {
             kv_i(attr::PREFILL_CHUNKS, rec.chunks),
             KeyValue::new(attr::PREFILL_DEVICE_MS, ms(rec.device)),
             KeyValue::new(attr::PREFILL_REASON, rec.reason.as_str()),
+            KeyValue::new(attr::PREFILL_END_REASON, rec.end_reason.as_str()),
         ]);
         self.child(
             span::PREFILL,
@@ -363,6 +456,7 @@ impl RequestTrace {
         }
         let t = &c.timings;
         let u = t.usage();
+        let v = t.vllm_latencies();
         let sp = self.root.span();
         let mut attrs = vec![
             KeyValue::new(
@@ -375,34 +469,48 @@ impl RequestTrace {
                     c.finish_reason.as_str(),
                 )])),
             ),
+            KeyValue::new(attr::REQUEST_STATUS, c.finish_reason.status()),
             kv_i(attr::GEN_AI_USAGE_INPUT_TOKENS, t.prompt_tokens),
             kv_i(attr::GEN_AI_USAGE_OUTPUT_TOKENS, t.generated_tokens),
             kv_i(attr::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, t.cached_tokens),
-            KeyValue::new(attr::GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN, u.ttft_ms / 1000.0),
-            KeyValue::new(attr::GEN_AI_LATENCY_E2E, u.e2e_ms / 1000.0),
-            KeyValue::new(attr::GEN_AI_LATENCY_TIME_IN_QUEUE, u.queue_ms / 1000.0),
-            KeyValue::new(
-                attr::GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL,
-                u.prefill_ms / 1000.0,
-            ),
-            KeyValue::new(
-                attr::GEN_AI_LATENCY_TIME_IN_MODEL_DECODE,
-                u.decode_ms / 1000.0,
-            ),
-            KeyValue::new(attr::USAGE_QUEUE_MS, u.queue_ms),
-            KeyValue::new(attr::USAGE_PREFILL_MS, u.prefill_ms),
-            KeyValue::new(attr::USAGE_TTFT_MS, u.ttft_ms),
-            KeyValue::new(attr::USAGE_DECODE_MS, u.decode_ms),
-            KeyValue::new(attr::USAGE_GENERATION_MS, u.generation_ms),
-            KeyValue::new(attr::USAGE_E2E_MS, u.e2e_ms),
             kv_i(attr::USAGE_PREFILLED_TOKENS, t.prefilled_tokens),
             kv_i(attr::REQUEST_LEGS, t.legs.len()),
             KeyValue::new(attr::REQUEST_MOVED, t.legs.len() > 1),
             kv_i(attr::SLOT_GROUP, c.group),
         ];
-        if let Some(tps) = u.decode_tps {
-            attrs.push(KeyValue::new(attr::USAGE_DECODE_TPS, tps));
-        }
+        // Only what the request had: an unknown value is left off, never written as zero.
+        let known = [
+            (
+                attr::GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN,
+                v.time_to_first_token,
+            ),
+            (attr::GEN_AI_LATENCY_E2E, v.e2e),
+            (attr::GEN_AI_LATENCY_TIME_IN_QUEUE, v.time_in_queue),
+            (
+                attr::GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL,
+                v.time_in_model_prefill,
+            ),
+            (
+                attr::GEN_AI_LATENCY_TIME_IN_MODEL_DECODE,
+                v.time_in_model_decode,
+            ),
+            (
+                attr::GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE,
+                v.time_in_model_inference,
+            ),
+            (attr::USAGE_QUEUE_MS, u.queue_ms),
+            (attr::USAGE_PREFILL_MS, u.prefill_ms),
+            (attr::USAGE_TTFT_MS, u.ttft_ms),
+            (attr::USAGE_DECODE_MS, u.decode_ms),
+            (attr::USAGE_GENERATION_MS, u.generation_ms),
+            (attr::USAGE_DECODE_TPS, u.decode_tps),
+            (attr::USAGE_E2E_MS, u.e2e_ms),
+        ];
+        attrs.extend(
+            known
+                .into_iter()
+                .filter_map(|(k, v)| v.map(|v| KeyValue::new(k, v))),
+        );
         if let Some(f) = t.first_token {
             attrs.push(kv_u(
                 attr::REQUEST_FIRST_TOKEN_TIME,
@@ -414,24 +522,13 @@ impl RequestTrace {
             text.push_str(&c.tail_text);
             attrs.push(KeyValue::new(attr::CONTENT_COMPLETION, text));
         }
-        match &c.finish_reason {
-            FinishReason::Stop | FinishReason::Length => {}
-            FinishReason::Cancelled => {
-                attrs.push(KeyValue::new(
-                    attr::ERROR_TYPE,
-                    attr::value::ERROR_CANCELLED,
-                ));
-                sp.set_status(Status::error("cancelled by the client"));
-            }
-            FinishReason::Error(e) => {
-                let label = if e.contains("shutting down") {
-                    "shutdown"
-                } else {
-                    "internal"
-                };
-                attrs.push(KeyValue::new(attr::ERROR_TYPE, label));
-                sp.set_status(Status::error(e.clone()));
-            }
+        if let Some(label) = c.finish_reason.error_type() {
+            attrs.push(KeyValue::new(attr::ERROR_TYPE, label));
+            let message = match &c.finish_reason {
+                crate::scheduler::FinishReason::Error(e) => e.to_string(),
+                _ => "cancelled by the client".to_string(),
+            };
+            sp.set_status(Status::error(message));
         }
         sp.set_attributes(attrs);
         sp.end_with_timestamp(
@@ -440,11 +537,71 @@ impl RequestTrace {
         );
     }
 
-    /// Ends the request span for a request refused before reaching the engine.
-    pub fn refuse(self, error_type: &'static str, message: &str) {
+    /// Ends the request span of a request refused before reaching the step loop, at
+    /// `refused` (now, normally).
+    pub fn refuse(self, error_type: &'static str, message: &str, refused: Instant) {
         let sp = self.root.span();
-        sp.set_attribute(KeyValue::new(attr::ERROR_TYPE, error_type));
+        sp.set_attributes([
+            KeyValue::new(attr::ERROR_TYPE, error_type),
+            KeyValue::new(attr::REQUEST_STATUS, attr::value::STATUS_REFUSED),
+        ]);
         sp.set_status(Status::error(message.to_string()));
-        sp.end();
+        sp.end_with_timestamp(self.anchor.system_time(refused.max(self.info.received)));
     }
+}
+
+/// A request answered with an error before its parameters were known (the body did not parse
+/// or validate, the model does not exist, the server is draining).
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    /// The id given to the request (no response carries it; the span and log line do).
+    pub id: String,
+    /// `chat` or `text_completion`, from the route.
+    pub operation: &'static str,
+    /// The served model (names the span).
+    pub response_model: String,
+    /// Session, from `x-session-id`.
+    pub session: Option<String>,
+    /// Arrival at the HTTP layer: the request span's start.
+    pub received: Instant,
+    /// When the error was answered.
+    pub refused: Instant,
+    /// The `error.type` label.
+    pub error_type: &'static str,
+    /// The error message.
+    pub message: String,
+}
+
+/// Records a refused request's span: a request span with what is known of it, status
+/// `refused`, `error.type` and an error status; no child spans and no usage attributes (the
+/// request never had any).
+pub fn record_refusal(
+    tracer: &BoxedTracer,
+    anchor: TimeAnchor,
+    r: &Refusal,
+    parent: &Context,
+    server: &ServerAddress,
+) {
+    let mut attrs = vec![
+        KeyValue::new(attr::GEN_AI_OPERATION_NAME, r.operation),
+        KeyValue::new(attr::GEN_AI_PROVIDER_NAME, attr::value::PROVIDER),
+        KeyValue::new(attr::REQUEST_ID, r.id.clone()),
+        kv_u(attr::REQUEST_START_TIME, anchor.unix_nanos(r.received)),
+        KeyValue::new(attr::REQUEST_STATUS, attr::value::STATUS_REFUSED),
+        KeyValue::new(attr::ERROR_TYPE, r.error_type),
+    ];
+    if let Some(s) = &r.session {
+        attrs.push(KeyValue::new(attr::GEN_AI_CONVERSATION_ID, s.clone()));
+    }
+    attrs.extend(server.attrs());
+    let name = span::request_span_name(r.operation, &r.response_model);
+    let mut sp = tracer
+        .span_builder(Cow::Owned(name))
+        .with_kind(SpanKind::Server)
+        .with_start_time(anchor.system_time(r.received))
+        .with_attributes(attrs)
+        .start_with_context(tracer, parent);
+    use opentelemetry::trace::Span as _;
+    sp.set_status(Status::error(r.message.clone()));
+    sp.end_with_timestamp(anchor.system_time(r.refused.max(r.received)));
 }

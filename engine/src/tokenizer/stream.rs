@@ -115,6 +115,8 @@ fn diff(prefix: &str, full: &str) -> String {
 }
 
 #[cfg(test)]
+// Test data: small counts and indices, exact in every cast.
+#[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
 mod tests {
     use super::super::gguf::tests::llama_tokenizer;
     use super::super::tests::gpt2_tokenizer;

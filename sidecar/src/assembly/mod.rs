@@ -9,7 +9,6 @@
 //! tests drive it deterministically.
 
 pub mod slots;
-pub mod spans;
 pub mod turns;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -19,8 +18,8 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, broadcast, mpsc, watch};
 
 use crate::metrics::{EvictReason, Metrics};
+use crate::spans::{Body, DecodeSpan, EngineSpan, SlotKey};
 use slots::{InstanceSnapshot, Occupant, Row, RowState, SlotsSnapshot};
-use spans::{Body, DecodeSpan, EngineSpan, SlotKey};
 use turns::{TurnLeg, TurnRecord, TurnStore};
 
 /// Engine instances tracked at once.
@@ -81,7 +80,8 @@ pub struct Outputs {
     pub evicted_capacity: u64,
     /// Requests evicted because they went silent.
     pub evicted_ttl: u64,
-    /// Spans of requests already finished (ignored).
+    /// Spans that came after what they describe was over (a span of a request already
+    /// finished, a decode window of a leg already ended): applied to no view.
     pub late_spans: u64,
 }
 
@@ -95,8 +95,17 @@ struct RequestState {
     /// Timestamp of the newest queue/decode update applied to the rows.
     as_of_ns: i64,
     admitted: bool,
+    /// The legs that ended (their spans arrived), kept until the turn record is written: a
+    /// decode window of one of them arriving late must not bring its row back.
     legs: Vec<TurnLeg>,
     root: Option<Box<EngineSpan>>,
+}
+
+impl RequestState {
+    /// Whether the leg `index` has ended (its leg span arrived).
+    fn leg_ended(&self, index: i64) -> bool {
+        self.legs.iter().any(|l| l.index == index)
+    }
 }
 
 struct Instance {
@@ -263,7 +272,10 @@ impl Assembler {
             }
             Body::Decode(d) => {
                 st.admitted = true;
-                if d.last_token_ns >= st.as_of_ns {
+                if st.root.is_some() || st.leg_ended(d.leg_index) {
+                    // Its leg (or the whole request) is over: the row has moved on.
+                    out.late_spans += 1;
+                } else if d.last_token_ns >= st.as_of_ns {
                     st.as_of_ns = d.last_token_ns;
                     let occ = decode_occupant(st, &s, d);
                     let rate = window_rate(&s, d);
@@ -462,6 +474,8 @@ fn st_key(s: &EngineSpan) -> &str {
     &s.request_id
 }
 
+/// Whether every leg the request span announces has arrived, counting distinct leg indices
+/// (a leg span sent twice is one leg), as the turn record does.
 fn legs_complete(st: &RequestState) -> bool {
     let Some(root) = &st.root else {
         return false;
@@ -469,8 +483,14 @@ fn legs_complete(st: &RequestState) -> bool {
     let Body::Request(req) = &root.body else {
         return true;
     };
+    let distinct = st
+        .legs
+        .iter()
+        .map(|l| l.index)
+        .collect::<HashSet<i64>>()
+        .len();
     req.legs
-        .is_none_or(|n| i64::try_from(st.legs.len()).unwrap_or(i64::MAX) >= n)
+        .is_none_or(|n| i64::try_from(distinct).unwrap_or(i64::MAX) >= n)
 }
 
 fn decode_occupant(st: &RequestState, s: &EngineSpan, d: &DecodeSpan) -> Occupant {
@@ -670,7 +690,7 @@ pub async fn run(
             out.evicted_capacity = 0;
             out.evicted_ttl = 0;
         }
-        out.late_spans = 0;
+        metrics.count_late(std::mem::take(&mut out.late_spans));
         for t in out.turns.drain(..) {
             metrics.observe_turn(&t);
             let t = Arc::new(t);

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::spans::{Path, SlotKey, TraceId, hex};
+use crate::vocab::{Path, SlotKey, TraceId, hex};
 
 /// Rate samples kept per row for the page's sparkline.
 pub const HISTORY_LEN: usize = 60;

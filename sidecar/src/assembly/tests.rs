@@ -1,11 +1,11 @@
 //! Deterministic assembly tests: spans are built with [`crate::synth`], validated with
-//! [`spans::convert`], and applied with an explicit clock.
+//! [`crate::spans::convert`], and applied with an explicit clock.
 
 use super::*;
+use crate::spans::{Path, convert_request};
 use crate::synth::{self, Usage};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use slots::RowState;
-use spans::{Path, convert_request};
 
 const MS: i64 = 1_000_000;
 const S: i64 = 1_000_000_000;
@@ -234,6 +234,76 @@ fn later_request_keeps_the_slot_against_late_windows() {
     let snap = a.snapshot();
     let v = row(&snap, "e1", Path::Slot, Some(0)).view(T0 + 4 * S);
     assert_eq!(v.request_id, Some("new"));
+}
+
+/// Regression (issue 12, item 8): a decode window that arrives after its own leg's span (the
+/// exporter does not keep order) used to put the request back in the row that leg had left.
+#[test]
+fn a_window_after_its_own_leg_does_not_bring_the_row_back() {
+    let mut a = asm();
+    let mut out = Outputs::default();
+    let mut r = synth::Request::new("r7", 7, T0);
+    r.first_token_ns = Some(T0 + 10 * MS);
+    let l0 = r.leg(0, Some(0), T0 + 5 * MS, 0);
+    a.apply(
+        engine("e1", vec![r.queue(Some(0), T0 + 5 * MS)]),
+        T0 + S,
+        &mut out,
+    );
+    // The leg ends (the request moved on); its last window comes after its span.
+    let leg0 = r.leg_span(&l0, T0 + 2 * S, 40, "moved");
+    let late = r.decode(&l0, T0 + S, T0 + 2 * S, 20, 40);
+    a.apply(engine("e1", vec![leg0]), T0 + 2 * S, &mut out);
+    a.apply(engine("e1", vec![late]), T0 + 2 * S + MS, &mut out);
+    let snap = a.snapshot();
+    assert_eq!(
+        row(&snap, "e1", Path::Slot, Some(0)).view(T0 + 3 * S).state,
+        RowState::Idle,
+        "the ended leg's row stays empty"
+    );
+    assert_eq!(out.late_spans, 1, "the late window is counted");
+    // A window of the request's next leg is applied as usual.
+    let l1 = r.leg(1, Some(1), T0 + 2 * S, 40);
+    let w = r.decode(&l1, T0 + 2 * S, T0 + 3 * S, 10, 50);
+    a.apply(engine("e1", vec![w]), T0 + 3 * S, &mut out);
+    let snap = a.snapshot();
+    assert_eq!(
+        row(&snap, "e1", Path::Slot, Some(1))
+            .view(T0 + 3 * S)
+            .request_id,
+        Some("r7")
+    );
+    assert_eq!(out.late_spans, 1);
+}
+
+/// Regression (issue 12, item 8): a leg span received twice counted as two legs, so a request
+/// span announcing two legs wrote its record before the second one came.
+#[test]
+fn a_leg_sent_twice_counts_once_toward_the_announced_legs() {
+    let mut a = asm();
+    let mut out = Outputs::default();
+    let mut r = synth::Request::new("r8", 8, T0);
+    r.first_token_ns = Some(T0 + 10 * MS);
+    let l0 = r.leg(0, None, T0, 0);
+    let l1 = r.leg(1, Some(0), T0 + S, 50);
+    let usage = Usage {
+        legs: 2,
+        moved: true,
+        ..Usage::default()
+    };
+    let leg0 = r.leg_span(&l0, T0 + S, 50, "moved");
+    let leg1 = r.leg_span(&l1, T0 + 2 * S, 50, "finished");
+    let root = r.root("m", T0 + 2 * S, &usage);
+    a.apply(
+        engine("e1", vec![leg0.clone(), leg0, root]),
+        T0 + 2 * S,
+        &mut out,
+    );
+    assert!(out.turns.is_empty(), "one distinct leg of two: wait");
+    a.apply(engine("e1", vec![leg1]), T0 + 2 * S + MS, &mut out);
+    assert_eq!(out.turns.len(), 1);
+    assert_eq!(out.turns[0].legs.len(), 2);
+    assert!(out.turns[0].legs_complete);
 }
 
 #[test]

@@ -9,7 +9,8 @@ use std::sync::{Arc, RwLock};
 
 use serde::Serialize;
 
-use super::spans::{EngineSpan, LegSpan, Path, RequestSpan, TraceId, hex};
+use crate::spans::{EngineSpan, LegSpan, RequestSpan};
+use crate::vocab::{Path, TraceId, hex};
 
 /// One leg of a finished request.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -62,6 +63,54 @@ impl TurnLeg {
     }
 }
 
+/// How a turn ended (`slotlight.request.status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TurnStatus {
+    /// Ran to its end (`stop` or `length`).
+    Ok,
+    /// The client went away before the end.
+    Cancelled,
+    /// Answered with an error before it reached the engine's step loop.
+    Refused,
+    /// Accepted, then failed.
+    Error,
+}
+
+impl TurnStatus {
+    /// The wire value.
+    pub fn as_str(self) -> &'static str {
+        use slotlight_otel::attr::value;
+        match self {
+            TurnStatus::Ok => value::STATUS_OK,
+            TurnStatus::Cancelled => value::STATUS_CANCELLED,
+            TurnStatus::Refused => value::STATUS_REFUSED,
+            TurnStatus::Error => value::STATUS_ERROR,
+        }
+    }
+
+    /// The request span's `slotlight.request.status`; an engine that does not send it gets
+    /// one from the span's status and `error.type`.
+    fn of(req: &RequestSpan, span_error: bool) -> Self {
+        use slotlight_otel::attr::value;
+        let parsed = req.status.as_deref().and_then(|s| {
+            [
+                TurnStatus::Ok,
+                TurnStatus::Cancelled,
+                TurnStatus::Refused,
+                TurnStatus::Error,
+            ]
+            .into_iter()
+            .find(|t| t.as_str() == s)
+        });
+        parsed.unwrap_or(match (span_error, req.error_type.as_deref()) {
+            (false, None) => TurnStatus::Ok,
+            (_, Some(value::ERROR_CANCELLED)) => TurnStatus::Cancelled,
+            _ => TurnStatus::Error,
+        })
+    }
+}
+
 /// One finished request (`/v1/turns`, and one JSON line on stdout).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct TurnRecord {
@@ -80,12 +129,18 @@ pub struct TurnRecord {
     pub trace_id_bytes: TraceId,
     /// `gen_ai.response.model`, else `gen_ai.request.model`, else the span name's model.
     pub model: Option<String>,
+    /// `gen_ai.request.model`.
+    pub request_model: Option<String>,
+    /// `gen_ai.response.model`.
+    pub response_model: Option<String>,
     /// `gen_ai.operation.name`.
     pub operation: Option<String>,
+    /// `gen_ai.provider.name`.
+    pub provider: Option<String>,
     /// The first of `gen_ai.response.finish_reasons`, else `error.type`.
     pub finish_reason: Option<String>,
-    /// `ok` or `error` (the request span's status).
-    pub status: &'static str,
+    /// How the request ended: `ok`, `cancelled`, `refused` or `error`.
+    pub status: TurnStatus,
     /// `error.type`.
     pub error_type: Option<String>,
     /// Request span start, Unix ns.
@@ -170,9 +225,12 @@ impl TurnRecord {
             trace_id: hex(&root.trace_id),
             trace_id_bytes: root.trace_id,
             model,
+            request_model: req.request_model.clone(),
+            response_model: req.response_model.clone(),
             operation: req.operation.clone(),
+            provider: req.provider.clone(),
             finish_reason,
-            status: if root.error { "error" } else { "ok" },
+            status: TurnStatus::of(req, root.error),
             error_type: req.error_type.clone(),
             start_time_unix_nano: root.start_ns,
             end_time_unix_nano: root.end_ns,
@@ -275,7 +333,7 @@ impl TurnStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::assembly::spans::Body;
+    use crate::spans::Body;
 
     fn root(req: RequestSpan) -> EngineSpan {
         EngineSpan {

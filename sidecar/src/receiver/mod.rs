@@ -1,7 +1,7 @@
 //! OTLP receivers: decode, validate, count, hand over, map errors to a status. No state.
 //!
 //! Both transports end in [`Ingest::accept`], which reads the encoded request into typed
-//! spans without copying it ([`crate::assembly::spans::convert`]), takes room in the bounded ingest queue (counted in
+//! spans without copying it ([`crate::spans::convert`]), takes room in the bounded ingest queue (counted in
 //! spans, so one huge export cannot hold the queue hostage), sends the batch to the assembly
 //! task without waiting, updates the counters and span metrics, and offers the request's
 //! bytes, unchanged, to the forwarder. A full queue refuses the whole request (retryable), so a sender that retries
@@ -19,11 +19,11 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use tokio::sync::{Semaphore, mpsc};
 
 use crate::assembly::Batch;
-use crate::assembly::spans::{SpanBatch, convert};
 use crate::error::IngestError;
 use crate::forward::Forwarder;
 use crate::metrics::Metrics;
 use crate::net::AllowList;
+use crate::spans::{SpanBatch, convert};
 
 /// The receivers' shared handle.
 #[derive(Debug, Clone)]

@@ -52,7 +52,7 @@ def exporter(kind, sidecar, compression=None):
 
 
 def ids(request_id, session_id):
-    return {ATTR["REQUEST_ID"]: request_id, ATTR["SESSION_ID"]: session_id}
+    return {ATTR["REQUEST_ID"]: request_id, ATTR["GEN_AI_CONVERSATION_ID"]: session_id}
 
 
 def place(path, index):
@@ -219,5 +219,7 @@ def test_sdk_spans_become_rows_and_turns(sidecar, transport, compression):
     assert lines == [turn]
 
     metrics = sidecar.get("/metrics")
-    assert f'{METRIC["MOVES"]}{{model="tiny-model"}} 1' in metrics
+    genai = f'gen_ai_operation_name="{OP_CHAT}",gen_ai_request_model="tiny-model",gen_ai_response_model="tiny-model"'
+    assert f'{METRIC["MOVES"]}{{{genai}}} 1' in metrics
+    assert f'{METRIC["REQUESTS"]}{{{genai},status="ok",finish_reason="stop"}} 1' in metrics
     assert METRIC["SPAN_CALLS"] in metrics

@@ -234,6 +234,8 @@ mod avx2 {
 }
 
 #[cfg(test)]
+// Test data: small counts and indices, exact in every cast.
+#[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
 mod tests {
     use super::*;
     use crate::model::testing::FixtureRng;

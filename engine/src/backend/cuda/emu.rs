@@ -372,10 +372,11 @@ impl EmuGpu {
     }
 
     fn check_range(&self, ptr: u64, bytes: usize) -> Result<(), GpuError> {
-        let ok = self
-            .bufs
-            .iter()
-            .any(|(&p, v)| ptr >= p && (ptr - p) as usize + bytes <= v.len() * 16);
+        let ok = self.bufs.iter().any(|(&p, v)| {
+            ptr >= p
+                && usize::try_from(ptr - p)
+                    .is_ok_and(|off| off.saturating_add(bytes) <= v.len() * 16)
+        });
         if ok {
             Ok(())
         } else {

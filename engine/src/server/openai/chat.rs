@@ -45,6 +45,7 @@ pub async fn handle(
         top_k: opts.sampling.top_k,
         seed: opts.sampling.seed,
         stream: opts.stream,
+        requested: (&req.common).into(),
         received,
         prompt_text: st.cfg.trace_content.then_some(text),
     };
@@ -62,7 +63,7 @@ pub async fn handle(
                 Out::Done(f) => {
                     guard.disarm();
                     if let Some(e) = f.error {
-                        return Err(ApiError::internal(e));
+                        return Err(e);
                     }
                     text.push_str(&f.tail);
                     return Ok(Json(json!({
@@ -126,7 +127,7 @@ pub async fn handle(
                 }
                 let mut v = Vec::new();
                 if let Some(e) = &f.error {
-                    v.push(json!({"error": {"message": e, "type": "server_error", "param": Value::Null, "code": "internal_error"}}));
+                    v.push(e.body());
                     return futures_util::stream::iter(v);
                 }
                 if !f.tail.is_empty() {

@@ -67,6 +67,7 @@ pub async fn handle(
         top_k: opts.sampling.top_k,
         seed: opts.sampling.seed,
         stream: opts.stream,
+        requested: (&req.common).into(),
         received,
         prompt_text: st.cfg.trace_content.then_some(text),
     };
@@ -84,7 +85,7 @@ pub async fn handle(
                 Out::Done(f) => {
                     guard.disarm();
                     if let Some(e) = f.error {
-                        return Err(ApiError::internal(e));
+                        return Err(e);
                     }
                     text.push_str(&f.tail);
                     return Ok(Json(json!({
@@ -138,7 +139,7 @@ pub async fn handle(
                     g.disarm();
                 }
                 if let Some(e) = &f.error {
-                    vec![json!({"error": {"message": e, "type": "server_error", "param": Value::Null, "code": "internal_error"}})]
+                    vec![e.body()]
                 } else {
                     let mut last = chunk(f.tail.clone(), json!(f.finish_reason));
                     last["timings"] = json!(f.timings);

@@ -32,12 +32,9 @@ pub async fn read_json<T: DeserializeOwned>(
     let bytes = match read {
         Ok(b) => b,
         Err(e) => {
-            let mut too_large = false;
-            let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(&e);
-            while let Some(err) = cur {
-                too_large |= err.to_string().contains("length limit");
-                cur = err.source();
-            }
+            // axum documents the limit's error as the source: a type, not a message.
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
             return Err(if too_large {
                 ApiError::too_large(limit)
             } else {

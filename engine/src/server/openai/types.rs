@@ -378,8 +378,8 @@ pub struct LegUsage {
     pub tokens_carried: usize,
     /// Tokens generated in the leg.
     pub tokens: usize,
-    /// Wall time of the leg.
-    pub ms: f64,
+    /// Wall time of the leg (`null` if it never ended).
+    pub ms: Option<f64>,
     /// Time in the forward steps of the leg.
     pub device_ms: f64,
 }
@@ -391,21 +391,27 @@ pub struct PromptDetails {
     pub cached_tokens: usize,
 }
 
-/// llama.cpp's `timings` object.
+/// llama.cpp's `timings` object, with llama.cpp's definitions (see
+/// [`crate::server::pipeline::llama_cpp_timings`]); a value that is unknown or would divide by
+/// zero is `null`.
 #[derive(Debug, Clone, Serialize)]
 pub struct LlamaCppTimings {
-    /// Prompt tokens computed.
-    pub prompt_n: usize,
-    /// Prefill time.
-    pub prompt_ms: f64,
-    /// Prefill rate.
-    pub prompt_per_second: f64,
-    /// Completion tokens.
-    pub predicted_n: usize,
-    /// Decode time.
-    pub predicted_ms: f64,
-    /// Decode rate.
-    pub predicted_per_second: f64,
-    /// Prompt tokens from the cache.
+    /// Prompt tokens reused from the cache.
     pub cache_n: usize,
+    /// Prompt tokens evaluated (not from the cache).
+    pub prompt_n: usize,
+    /// Wall time of prompt processing, ms.
+    pub prompt_ms: Option<f64>,
+    /// `prompt_ms / prompt_n`.
+    pub prompt_per_token_ms: Option<f64>,
+    /// `prompt_n` per second of `prompt_ms`.
+    pub prompt_per_second: Option<f64>,
+    /// Generated tokens, the first included.
+    pub predicted_n: usize,
+    /// Wall time from the first token to the last, ms.
+    pub predicted_ms: Option<f64>,
+    /// `predicted_ms / predicted_n`.
+    pub predicted_per_token_ms: Option<f64>,
+    /// `predicted_n` per second of `predicted_ms`.
+    pub predicted_per_second: Option<f64>,
 }

@@ -1,4 +1,8 @@
-//! Wire spans to typed engine spans: the receivers' validation step.
+//! The span decoder: wire spans to typed engine spans, the receivers' validation step.
+//!
+//! A leaf of the crate: the receivers, the assembly, the views and the metrics import it; it
+//! imports only the shared vocabulary ([`crate::vocab`]), the wire reader ([`crate::otlp`]) and
+//! the histogram type ([`crate::histogram`]).
 //!
 //! [`convert`] reads an encoded OTLP export request once, with the zero-copy reader in
 //! [`crate::otlp`], keeps the engine's spans as [`EngineSpan`]s
@@ -11,64 +15,11 @@ use std::sync::Arc;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use prost::Message;
-use serde::Serialize;
 use slotlight_otel::{attr, span as names};
 
+use crate::histogram::Histogram;
 use crate::otlp::{self, Value, WireError};
-
-/// A trace id (16 bytes).
-pub type TraceId = [u8; 16];
-
-/// Lowercase hex of a trace or span id.
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(char::from(DIGITS[usize::from(b >> 4)]));
-        s.push(char::from(DIGITS[usize::from(b & 0xf)]));
-    }
-    s
-}
-
-/// A decode path: the batch-1 solo path or a batch slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Path {
-    /// The solo path (`slotlight.leg.path = solo`).
-    Solo,
-    /// A batch slot (`slotlight.leg.path = slot`).
-    Slot,
-}
-
-impl Path {
-    /// Parses a `slotlight.leg.path` value.
-    pub fn parse(s: &str) -> Option<Path> {
-        match s {
-            attr::value::PATH_SOLO => Some(Path::Solo),
-            attr::value::PATH_SLOT => Some(Path::Slot),
-            _ => None,
-        }
-    }
-
-    /// The wire value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Path::Solo => attr::value::PATH_SOLO,
-            Path::Slot => attr::value::PATH_SLOT,
-        }
-    }
-}
-
-/// Where a request runs: a row of the slot view.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct SlotKey {
-    /// The device group (`slotlight.slot.group`, 0 on one device).
-    pub group: i64,
-    /// Solo path or slot.
-    pub path: Path,
-    /// The slot index within its group; `None` on the solo path.
-    pub index: Option<i64>,
-}
+pub use crate::vocab::{Path, SlotKey, TraceId, hex};
 
 /// One validated span of the engine.
 #[derive(Debug, Clone)]
@@ -87,7 +38,7 @@ pub struct EngineSpan {
     pub error: bool,
     /// `slotlight.request.id`.
     pub request_id: Box<str>,
-    /// `slotlight.session.id`.
+    /// `gen_ai.conversation.id` (the session).
     pub session_id: Option<Box<str>>,
     /// What kind of span, with its attributes.
     pub body: Body,
@@ -181,6 +132,10 @@ pub struct RequestSpan {
     pub name: String,
     /// `gen_ai.operation.name`.
     pub operation: Option<String>,
+    /// `gen_ai.provider.name`.
+    pub provider: Option<String>,
+    /// `slotlight.request.status`.
+    pub status: Option<String>,
     /// `gen_ai.request.model`.
     pub request_model: Option<String>,
     /// `gen_ai.response.model`.
@@ -528,6 +483,8 @@ fn convert_span(
         _ => Body::Request(Box::new(RequestSpan {
             name: head.name.to_string(),
             operation: text(f.get(F::OpName)),
+            provider: text(f.get(F::ProviderName)),
+            status: text(f.get(F::Status)),
             request_model: text(f.get(F::RequestModel)),
             response_model: text(f.get(F::ResponseModel)),
             finish_reasons: f
@@ -642,6 +599,8 @@ enum F {
     PrefillComputed,
     PrefillDeviceMs,
     OpName,
+    ProviderName,
+    Status,
     RequestModel,
     ResponseModel,
     FinishReasons,
@@ -667,7 +626,7 @@ const N_FIELDS: usize = F::ErrorType as usize + 1;
 /// Every attribute key the sidecar reads, and where it goes.
 const KEYS: [(&str, F); N_FIELDS] = [
     (attr::REQUEST_ID, F::RequestId),
-    (attr::SESSION_ID, F::SessionId),
+    (attr::GEN_AI_CONVERSATION_ID, F::SessionId),
     (attr::LEG_PATH, F::LegPath),
     (attr::SLOT_INDEX, F::SlotIndex),
     (attr::SLOT_GROUP, F::SlotGroup),
@@ -689,6 +648,8 @@ const KEYS: [(&str, F); N_FIELDS] = [
     (attr::PREFILL_COMPUTED_TOKENS, F::PrefillComputed),
     (attr::PREFILL_DEVICE_MS, F::PrefillDeviceMs),
     (attr::GEN_AI_OPERATION_NAME, F::OpName),
+    (attr::GEN_AI_PROVIDER_NAME, F::ProviderName),
+    (attr::REQUEST_STATUS, F::Status),
     (attr::GEN_AI_REQUEST_MODEL, F::RequestModel),
     (attr::GEN_AI_RESPONSE_MODEL, F::ResponseModel),
     (attr::GEN_AI_RESPONSE_FINISH_REASONS, F::FinishReasons),
@@ -752,6 +713,25 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// One spanmetrics series being collected (calls and duration histogram).
+#[derive(Debug, Clone)]
+pub struct SpanSeries(pub Histogram);
+
+impl Default for SpanSeries {
+    fn default() -> Self {
+        SpanSeries(Histogram::new(
+            slotlight_otel::metric::buckets::SPAN_DURATION_MS,
+        ))
+    }
+}
+
+impl SpanSeries {
+    /// Adds one span of `ms` milliseconds, ending at `end_ns`.
+    pub fn observe(&mut self, ms: f64, trace_id: Option<TraceId>, end_ns: u64) {
+        self.0.observe(ms, trace_id, end_ns);
+    }
+}
+
 /// Labels of one spanmetrics series: service, span name, kind, status code.
 pub type SpanKey<'a> = (&'a str, &'a str, i32, i32);
 
@@ -762,7 +742,7 @@ pub type SpanKey<'a> = (&'a str, &'a str, i32, i32);
 #[derive(Debug, Default)]
 pub struct SpanBatch<'a> {
     /// The series, in first-seen order.
-    pub series: Vec<(SpanKey<'a>, crate::metrics::SpanSeries)>,
+    pub series: Vec<(SpanKey<'a>, SpanSeries)>,
     index: std::collections::HashMap<SpanKey<'a>, usize>,
     last: usize,
 }
