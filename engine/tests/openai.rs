@@ -16,10 +16,12 @@ use slotlight_engine::model::testing::TinyLlama;
 use slotlight_otel::{attr, span};
 use support::server::{Options, TestServer};
 
-/// The tiny model with room for the generic tool prompt (every byte is a token).
+/// The tiny model with room for the generic tool prompt (every byte is a token), and every
+/// printable ASCII byte, space and newline in its vocabulary.
 fn model() -> Model {
     let path = TinyLlama {
         context: 4096,
+        vocab: 3 + 94 + 2,
         ..TinyLlama::default()
     }
     .write_temp();
@@ -514,13 +516,16 @@ async fn tool_calls_in_the_generic_format() {
         assert_eq!(calls.len(), 1);
         check_call(&calls[0]);
     }
-    // Parallel calls: every call listed is valid.
+    // Parallel calls (asked for: the generic format defaults to one): every call listed is valid.
     let (code, v) = s
-        .chat(json!({"messages": user("weather in Oslo?"), "tools": tools(), "tool_choice": "required", "max_tokens": 300, "seed": 8}))
+        .chat(json!({"messages": user("weather in Oslo?"), "tools": tools(), "tool_choice": "required", "parallel_tool_calls": true, "max_tokens": 300, "seed": 8}))
         .await;
     assert_eq!(code, 200, "{v}");
     if v["choices"][0]["finish_reason"] == "tool_calls" {
-        for call in v["choices"][0]["message"]["tool_calls"].as_array().expect("calls") {
+        for call in v["choices"][0]["message"]["tool_calls"]
+            .as_array()
+            .expect("calls")
+        {
             check_call(call);
         }
     }
@@ -953,4 +958,93 @@ async fn tokenize_and_detokenize_in_both_shapes() {
         assert_eq!(param_of(&v), param, "{path} {body}: {v}");
     }
     s.stop().await;
+}
+
+/// A Qwen 2.5-style template (Hermes tool format), abridged.
+const HERMES_TEMPLATE: &str = r#"{%- if tools %}<|im_start|>system
+You may call functions. Signatures: <tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools>
+For each function call, return a json object within <tool_call></tool_call> XML tags.<|im_end|>
+{% endif %}{%- for message in messages %}{%- if message.role == "assistant" and message.tool_calls %}<|im_start|>assistant
+{% for tc in message.tool_calls %}<tool_call>
+{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments | tojson }}}
+</tool_call>{% endfor %}<|im_end|>
+{% elif message.role == "tool" %}<|im_start|>user
+<tool_response>{{ message.content }}</tool_response><|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"#;
+
+/// A Llama 3.1-style template (JSON tool format), abridged.
+const LLAMA3_TEMPLATE: &str = r#"{%- if tools is not none %}<|im_start|>system
+Given the following functions, respond with a JSON for a function call with its proper arguments. Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}. {% for t in tools %}{{ t | tojson }}{% endfor %}<|im_end|>
+{% endif %}{%- for message in messages %}<|im_start|>{{ message.role }}
+{%- if message.tool_calls %}{{ message.tool_calls[0].function | tojson }}{% else %}{{ message.content }}{% endif %}<|im_end|>
+{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_templates_get_their_own_format() {
+    for (template, format) in [
+        (HERMES_TEMPLATE, "hermes"),
+        (LLAMA3_TEMPLATE, "llama3_json"),
+    ] {
+        let mut m = model();
+        m.chat_template = Some(std::sync::Arc::new(
+            slotlight_engine::chat_template::ChatTemplate::new(template, None, None)
+                .expect("template compiles"),
+        ));
+        let s = server(&m).await;
+        // Enforced by a grammar in the model's own format, parsed back into tool_calls.
+        for seed in 0..3 {
+            let (code, v) = s
+                .chat(json!({"messages": user("weather?"), "tools": tools(), "tool_choice": "required", "parallel_tool_calls": false, "max_tokens": 200, "seed": seed}))
+                .await;
+            assert_eq!(code, 200, "{format}: {v}");
+            let c = &v["choices"][0];
+            assert_eq!(c["finish_reason"], "tool_calls", "{format}: {v}");
+            let calls = c["message"]["tool_calls"].as_array().expect("calls");
+            assert_eq!(calls.len(), 1, "{format}: {v}");
+            check_call(&calls[0]);
+        }
+        // The tools reached the template: the prompt is longer with them.
+        let (_, with) = s
+            .chat(json!({"messages": user("hi"), "tools": tools(), "max_tokens": 1}))
+            .await;
+        let (_, without) = s
+            .chat(json!({"messages": user("hi"), "max_tokens": 1}))
+            .await;
+        assert!(
+            with["usage"]["prompt_tokens"].as_u64() > without["usage"]["prompt_tokens"].as_u64()
+        );
+        // `auto` in a native format: whatever the model wrote comes back, as text or calls.
+        let (code, v) = s
+            .chat(json!({"messages": user("hi"), "tools": tools(), "max_tokens": 30, "seed": 1}))
+            .await;
+        assert_eq!(code, 200, "{v}");
+        let msg = &v["choices"][0]["message"];
+        assert!(
+            msg["content"].is_string() || msg["tool_calls"].is_array(),
+            "{v}"
+        );
+        // History with calls and results renders through the template.
+        let (code, v) = s
+            .chat(json!({
+                "messages": [
+                    {"role": "user", "content": "time?"},
+                    {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{\"zone\":\"UTC\"}"}}]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "12:00"}
+                ],
+                "tools": tools(), "max_tokens": 3
+            }))
+            .await;
+        assert_eq!(code, 200, "{format}: {v}");
+        let roots = root_spans(&s, 3).await;
+        assert!(
+            roots
+                .iter()
+                .any(|r| attr_of(r, attr::TOOLS_FORMAT).is_some_and(|v| v.as_str() == format))
+        );
+        s.stop().await;
+    }
 }

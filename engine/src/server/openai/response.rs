@@ -92,7 +92,7 @@ impl ToolCall {
     /// A call with a fresh id.
     pub fn new(c: &ParsedCall) -> Self {
         Self {
-            id: super::new_id("call"),
+            id: super::new_id("call").replacen('-', "_", 1),
             kind: "function",
             function: FunctionCall {
                 name: c.name.clone(),

@@ -121,7 +121,8 @@ pub struct ToolSetup {
     pub choice: ToolChoice,
     /// The tools offered.
     pub tools: Vec<Tool>,
-    /// Whether several calls may come in one reply (`parallel_tool_calls`, default true).
+    /// Whether several calls may come in one reply (`parallel_tool_calls`; by default true,
+    /// except in the generic format).
     pub parallel: bool,
 }
 
@@ -211,7 +212,7 @@ impl ToolSetup {
             .map(|t| {
                 let mut props = Map::new();
                 props.insert("name".into(), json!({"const": t.name}));
-                props.insert(args_key.into(), t.parameters.clone());
+                props.insert(args_key.into(), closed(&t.parameters));
                 json!({
                     "type": "object",
                     "properties": Value::Object(props),
@@ -266,6 +267,22 @@ impl ToolSetup {
             }
         })
     }
+}
+
+/// A function's parameters as the grammar enforces them: when the schema does not say whether
+/// other arguments are allowed, they are not (what the function declared, and nothing else;
+/// small models otherwise copy `type` and `description` from the tool list into the call).
+/// The arguments still validate against the schema as given.
+fn closed(parameters: &Value) -> Value {
+    let mut p = parameters.clone();
+    if let Value::Object(m) = &mut p
+        && m.contains_key("properties")
+        && !m.contains_key("additionalProperties")
+        && !m.contains_key("patternProperties")
+    {
+        m.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    p
 }
 
 /// For templates without tool support: an assistant's calls become the generic format's JSON,
@@ -456,6 +473,72 @@ fn parse_generic(text: &str) -> Parsed {
     text_only(text)
 }
 
+/// How the generic format's plain answer starts (compact JSON: the grammar allows no spaces).
+const GENERIC_ANSWER: &str = r#"{"response":""#;
+
+/// The text of a JSON string body, decoded as far as it has arrived: up to the closing quote,
+/// holding back an escape (or a surrogate pair) that is not whole yet.
+fn json_string_prefix(body: &str) -> String {
+    let b = body.as_bytes();
+    let mut out = String::new();
+    let mut i = 0;
+    while i < body.len() {
+        let Some(c) = body[i..].chars().next() else {
+            break;
+        };
+        match c {
+            '"' => break,
+            '\\' => {
+                let Some(&e) = b.get(i + 1) else { break };
+                let simple = match e {
+                    b'n' => Some('\n'),
+                    b't' => Some('\t'),
+                    b'r' => Some('\r'),
+                    b'b' => Some('\u{8}'),
+                    b'f' => Some('\u{c}'),
+                    b'"' => Some('"'),
+                    b'\\' => Some('\\'),
+                    b'/' => Some('/'),
+                    _ => None,
+                };
+                if let Some(ch) = simple {
+                    out.push(ch);
+                    i += 2;
+                    continue;
+                }
+                if e != b'u' {
+                    break;
+                }
+                let Some(unit) = hex4(body.get(i + 2..i + 6)) else {
+                    break;
+                };
+                if (0xD800..0xDC00).contains(&unit) {
+                    let low = (body.get(i + 6..i + 8) == Some("\\u"))
+                        .then(|| hex4(body.get(i + 8..i + 12)))
+                        .flatten();
+                    let Some(low) = low else { break };
+                    let cp = 0x10000 + ((unit - 0xD800) << 10) + (low.wrapping_sub(0xDC00) & 0x3FF);
+                    out.push(char::from_u32(cp).unwrap_or('\u{FFFD}'));
+                    i += 12;
+                } else {
+                    out.push(char::from_u32(unit).unwrap_or('\u{FFFD}'));
+                    i += 6;
+                }
+            }
+            other => {
+                out.push(other);
+                i += other.len_utf8();
+            }
+        }
+    }
+    out
+}
+
+fn hex4(s: Option<&str>) -> Option<u32> {
+    s.filter(|h| h.len() == 4 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        .and_then(|h| u32::from_str_radix(h, 16).ok())
+}
+
 /// Shapes one choice's text as it streams: what can be shown as content now, and what must
 /// wait to be parsed as calls at the end.
 #[derive(Debug, Clone)]
@@ -467,6 +550,8 @@ pub struct Shaper {
     capturing: bool,
     /// Content released so far (the whole content, for the final parse).
     released: String,
+    /// The generic format's answer streamed so far, decoded from its JSON string.
+    streamed: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -498,6 +583,7 @@ impl Shaper {
             held: String::new(),
             capturing: false,
             released: String::new(),
+            streamed: String::new(),
         }
     }
 
@@ -510,6 +596,20 @@ impl Shaper {
     /// Feeds text; returns what may be shown as content now.
     pub fn push(&mut self, text: &str) -> String {
         self.held.push_str(text);
+        if self.mode == Mode::Whole(ToolFormat::Generic) {
+            // The answer of the generic format streams as it is decoded; calls wait.
+            self.capturing = true;
+            let Some(body) = self.held.strip_prefix(GENERIC_ANSWER) else {
+                return String::new();
+            };
+            let decoded = json_string_prefix(body);
+            let delta = decoded
+                .strip_prefix(self.streamed.as_str())
+                .unwrap_or_default()
+                .to_string();
+            self.streamed = decoded;
+            return delta;
+        }
         if self.capturing {
             return String::new();
         }
@@ -574,9 +674,13 @@ impl Shaper {
         };
         let parsed = parse(format, &self.held);
         if parsed.calls.is_empty() {
-            // Not calls after all: all of it is content (for the generic format, the answer).
+            // Not calls after all: all of it is content (for the generic format, the answer,
+            // less what was streamed of it).
             let content = parsed.content.unwrap_or_default();
-            return (content, Vec::new());
+            let rest = content
+                .strip_prefix(self.streamed.as_str())
+                .map_or_else(|| content.clone(), str::to_string);
+            return (rest, Vec::new());
         }
         // Calls: content is what came before them (released already), plus any text the
         // format put before the calls in the held part.
@@ -744,11 +848,27 @@ mod tests {
         let (_, calls) = sh.finish(" \"parameters\": {}}");
         assert_eq!(calls.len(), 1);
 
+        // The generic format's answer streams as it is decoded, each escape once whole.
         let s = setup(ToolFormat::Generic, ToolChoice::Auto);
         let mut sh = Shaper::new(Some(&s));
-        assert_eq!(sh.push(r#"{"response":"Hi"#), "");
+        let mut shown = Vec::new();
+        for piece in [
+            r#"{"resp"#,
+            r#"onse":"Hi"#,
+            r#" \"#,
+            r#"n\u00"#,
+            r#"e9 \ud83d"#,
+            r#"\ude42"#,
+        ] {
+            shown.push(sh.push(piece));
+        }
+        assert_eq!(shown, vec!["", "Hi", " ", "\n", "é ", "🙂"]);
         let (rest, calls) = sh.finish(r#"!"}"#);
-        assert_eq!((rest.as_str(), calls.len()), ("Hi!", 0));
+        assert_eq!((rest.as_str(), calls.len()), ("!", 0));
+        let mut sh = Shaper::new(Some(&s));
+        assert_eq!(sh.push(r#"{"tool_calls":[{"name":"get_time","#), "");
+        let (rest, calls) = sh.finish(r#""arguments":{}}]}"#);
+        assert_eq!((rest.as_str(), calls.len()), ("", 1));
 
         let mut sh = Shaper::new(None);
         assert_eq!(sh.push("<tool_call>"), "<tool_call>");
@@ -789,6 +909,72 @@ mod tests {
         assert!(none.template_tools().is_none() && none.grammar().is_none());
     }
 
+    /// Whether the compiled grammar lets a model write `text` and then stop.
+    fn accepts(spec: &GrammarSpec, text: &str) -> bool {
+        let tok = std::sync::Arc::new(crate::tokenizer::tests::gpt2_tokenizer(Some("smollm")));
+        let vocab = tok.vocab_size();
+        let compiler =
+            crate::constraint::Compiler::new(std::sync::Arc::clone(&tok), vocab).expect("compiler");
+        let mut c = compiler.compile(spec).expect("compiles");
+        for t in tok.encode(text, false).expect("encodes") {
+            let Ok(mask) = c.compute_mask() else {
+                return false;
+            };
+            if !mask.is_allowed(t) || c.consume(t).is_err() {
+                return false;
+            }
+        }
+        c.is_stopped() || c.compute_mask().is_ok_and(|m| m.is_allowed(2))
+    }
+
+    #[test]
+    fn native_grammars_accept_the_models_own_format_only() {
+        let hermes = setup(ToolFormat::Hermes, ToolChoice::Required)
+            .grammar()
+            .expect("grammar");
+        let one = "<tool_call>\n{\"name\":\"get_time\",\"arguments\":{}}\n</tool_call>";
+        assert!(accepts(&hermes, one));
+        assert!(accepts(&hermes, &format!("{one}\n{one}")), "parallel calls");
+        assert!(!accepts(&hermes, "Sure! {\"name\":\"get_time\"}"));
+        assert!(!accepts(
+            &hermes,
+            "<tool_call>\n{\"name\":\"get_time\",\"arguments\":{\"x\":1}}\n</tool_call>"
+        ));
+        let mut single = setup(
+            ToolFormat::Hermes,
+            ToolChoice::Function("get_weather".into()),
+        );
+        single.parallel = false;
+        let g = single.grammar().expect("grammar");
+        let w = "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}\n</tool_call>";
+        assert!(accepts(&g, w));
+        assert!(!accepts(&g, &format!("{w}\n{w}")));
+        assert!(!accepts(&g, one), "only the named function");
+        let llama = setup(ToolFormat::Llama3Json, ToolChoice::Required)
+            .grammar()
+            .expect("grammar");
+        assert!(accepts(
+            &llama,
+            "{\"name\":\"get_weather\",\"parameters\":{\"city\":\"Oslo\",\"unit\":\"c\"}}"
+        ));
+        assert!(
+            !accepts(
+                &llama,
+                "{\"name\":\"get_weather\",\"parameters\":{\"unit\":\"c\"}}"
+            ),
+            "city is required"
+        );
+        let generic = setup(ToolFormat::Generic, ToolChoice::Auto)
+            .grammar()
+            .expect("grammar");
+        assert!(accepts(&generic, "{\"response\":\"hello\"}"));
+        assert!(accepts(
+            &generic,
+            "{\"tool_calls\":[{\"name\":\"get_time\",\"arguments\":{}}]}"
+        ));
+        assert!(!accepts(&generic, "hello"));
+    }
+
     #[test]
     fn grammars_enforce_required_and_named_calls() {
         assert!(
@@ -814,6 +1000,13 @@ mod tests {
         };
         let item = &g["properties"]["tool_calls"]["items"];
         assert_eq!(item["properties"]["name"]["const"], "get_time");
+        // Undeclared arguments are closed off; a schema that allows them keeps them.
+        assert_eq!(
+            item["properties"]["arguments"]["additionalProperties"],
+            false
+        );
+        let open = json!({"type": "object", "properties": {}, "additionalProperties": true});
+        assert_eq!(closed(&open), open);
         let Some(GrammarSpec::Lark(l)) = setup(ToolFormat::Hermes, ToolChoice::Required).grammar()
         else {
             panic!("hermes is lark");

@@ -580,7 +580,12 @@ fn tool_setup(
         format,
         choice,
         tools,
-        parallel: req.parallel_tool_calls.unwrap_or(true),
+        // OpenAI's default is parallel calls. The generic format defaults to one call, as
+        // llama.cpp's does: a model never trained on tools, offered a list, repeats its call
+        // until `max_tokens`. An explicit `parallel_tool_calls: true` allows the list.
+        parallel: req
+            .parallel_tool_calls
+            .unwrap_or(format != ToolFormat::Generic),
     }))
 }
 
