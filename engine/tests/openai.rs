@@ -1048,3 +1048,55 @@ async fn native_templates_get_their_own_format() {
         s.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_returns_the_prompt_first_and_json_requests_say_so_on_their_span() {
+    let m = model();
+    let s = server(&m).await;
+    let r = s
+        .post(
+            "/v1/completions",
+            json!({"prompt": "abc", "max_tokens": 3, "ignore_eos": true, "echo": true}),
+        )
+        .await;
+    let v: Value = r.json().await.expect("json");
+    let text = v["choices"][0]["text"].as_str().unwrap_or("");
+    assert!(text.starts_with("abc") && text.len() > 3, "{v}");
+    let (chunks, _) = s
+        .stream(
+            "/v1/completions",
+            json!({"prompt": "abc", "max_tokens": 3, "ignore_eos": true, "echo": true, "stream": true}),
+        )
+        .await;
+    assert_eq!(chunks[0]["choices"][0]["text"], "abc");
+    let (code, _) = s
+        .chat(json!({"messages": user("x"), "max_tokens": 40, "response_format": {"type": "json_object"}}))
+        .await;
+    assert_eq!(code, 200);
+    let roots = root_spans(&s, 3).await;
+    let json_root = roots
+        .iter()
+        .find(|r| attr_of(r, attr::CONSTRAINT_KIND).is_some())
+        .expect("the constrained request");
+    assert_eq!(
+        attr_of(json_root, attr::CONSTRAINT_KIND).map(|v| v.as_str().into_owned()),
+        Some("json_object".into())
+    );
+    assert_eq!(
+        attr_of(json_root, attr::GEN_AI_OUTPUT_TYPE).map(|v| v.as_str().into_owned()),
+        Some("json".into())
+    );
+    let Some(OtelValue::I64(masks)) = attr_of(json_root, attr::CONSTRAINT_MASKS) else {
+        panic!("no mask count");
+    };
+    assert!(*masks >= 1);
+    // Unconstrained requests carry none of it.
+    assert!(
+        roots
+            .iter()
+            .filter(|r| attr_of(r, attr::CONSTRAINT_KIND).is_none())
+            .all(|r| attr_of(r, attr::CONSTRAINT_MASK_MS).is_none()
+                && attr_of(r, attr::TOOLS_NAMES).is_none())
+    );
+    s.stop().await;
+}
