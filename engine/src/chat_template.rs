@@ -31,9 +31,8 @@
 //! are untrusted data that no usual template copies more than a few times.
 //!
 //! JSON objects given as extra variables (`tools`) reach the template through serde_json's map,
-//! which orders keys alphabetically unless serde_json's `preserve_order` feature is on (and
-//! minijinja's, for its own maps): HF keeps the caller's key order, so tool schemas may render
-//! with their keys in a different order than `transformers` would.
+//! which keeps the caller's key order (serde_json's `preserve_order` feature is on in this build,
+//! required by llguidance), as HF does.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -92,6 +91,18 @@ pub struct ChatMessage {
     pub role: String,
     /// The message text.
     pub content: String,
+    /// The author's name (OpenAI `name`), when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// An assistant message's tool calls, as templates read them: `[{"id", "type":
+    /// "function", "function": {"name", "arguments": {...}}}]` (arguments as an object, as
+    /// Hugging Face templates expect). Absent, not empty, when there are none: templates test
+    /// `'tool_calls' in message`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A tool message's `tool_call_id`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
@@ -100,6 +111,9 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            name: None,
+            tool_calls: None,
+            tool_call_id: None,
         }
     }
 }

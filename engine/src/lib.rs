@@ -10,6 +10,7 @@
 pub mod backend;
 pub mod chat_template;
 pub mod cli;
+pub mod constraint;
 pub mod default_model;
 pub mod kv_cache;
 pub mod model;

@@ -53,9 +53,36 @@ impl PromptBuilder {
 
     /// Renders and encodes a conversation ending with a generation prompt.
     pub fn chat(&self, messages: &[ChatMessage]) -> Result<(String, Vec<u32>), PromptError> {
-        let text = self.template.render(messages, true)?;
+        self.chat_with(messages, None, true)
+    }
+
+    /// Renders and encodes a conversation, offering `tools` (OpenAI tool objects) to the
+    /// template as its `tools` variable, with or without a generation prompt.
+    pub fn chat_with(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<(String, Vec<u32>), PromptError> {
+        let mut extra = serde_json::Map::new();
+        if let Some(t) = tools {
+            extra.insert("tools".into(), t.clone());
+        }
+        let text = self
+            .template
+            .render_with(messages, add_generation_prompt, &extra)?;
         let ids = self.tokenizer.encode(&text, true)?;
         Ok((text, ids))
+    }
+
+    /// The chat template's source (tool-call formats are recognised from it).
+    pub fn template_source(&self) -> &str {
+        self.template.source()
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
     }
 
     /// Encodes a raw prompt as it is.

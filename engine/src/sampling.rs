@@ -73,6 +73,9 @@ pub struct SamplingParams {
     pub repetition_penalty: f32,
     /// Seed for the request's random number generator; `None` draws one from process entropy.
     pub seed: Option<u64>,
+    /// OpenAI `logit_bias`: added to a token's logit before anything else (-100 bans a token,
+    /// +100 all but forces it).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -87,6 +90,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
             seed: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -162,6 +166,14 @@ impl SamplingParams {
             rp > 0.0 && rp <= 10.0,
             "greater than 0 and at most 10",
         )?;
+        for &(_, b) in &self.logit_bias {
+            check(
+                "logit_bias",
+                b,
+                (-100.0..=100.0).contains(&b),
+                "between -100 and 100",
+            )?;
+        }
         Ok(())
     }
 }
@@ -240,6 +252,11 @@ impl Sampler {
     /// ignored, a `+inf` logit wins outright, `-inf` means "never", and an empty slice yields
     /// token 0.
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        for &(id, bias) in &self.params.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
         self.apply_penalties(logits);
         let t = self.params.temperature;
         let token = if self.params.is_greedy() || t.is_nan() || t <= 0.0 {
@@ -408,6 +425,72 @@ impl Sampler {
             acc += cs;
         }
         best
+    }
+}
+
+/// The log-probabilities of one generated token: its own and the most likely alternatives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    /// The generated token.
+    pub id: u32,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The `top` most likely tokens with their log-probabilities, most likely first (ties to
+    /// the lower id).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Log-probabilities from the model's raw `logits`: the log-softmax of the whole distribution,
+/// before penalties, `logit_bias`, temperature, top-k/top-p/min-p and grammar masks (what vLLM
+/// calls raw logprobs). Returns the entry of `chosen` and the `top` most likely tokens. NaN
+/// logits count as impossible.
+pub fn logprobs(logits: &[f32], chosen: u32, top: usize) -> TokenLogprobs {
+    let max = max_f32(logits);
+    let lse = if max.is_finite() {
+        let total: f64 = logits
+            .chunks(CHUNK)
+            .map(|c| {
+                let mut acc = [0.0f32; LANES];
+                for (i, &l) in c.iter().enumerate() {
+                    acc[i % LANES] += fast_exp(l - max);
+                }
+                f64::from(acc.iter().sum::<f32>())
+            })
+            .sum();
+        f64::from(max) + total.ln()
+    } else {
+        f64::from(max)
+    };
+    #[allow(clippy::cast_possible_truncation)] // log-probabilities fit f32
+    let lp = |l: f32| {
+        if l.is_nan() {
+            f32::NEG_INFINITY
+        } else {
+            (f64::from(l) - lse) as f32
+        }
+    };
+    let logprob = logits
+        .get(chosen as usize)
+        .map_or(f32::NEG_INFINITY, |&l| lp(l));
+    // The `top` largest by a single pass keeping a small sorted list.
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
+    if top > 0 {
+        for (i, &l) in logits.iter().enumerate() {
+            if l.is_nan() {
+                continue;
+            }
+            if best.len() == top && best.last().is_some_and(|&(_, b)| l <= b) {
+                continue;
+            }
+            let pos = best.partition_point(|&(_, b)| b >= l);
+            best.insert(pos, (index_u32(i), l));
+            best.truncate(top);
+        }
+    }
+    TokenLogprobs {
+        id: chosen,
+        logprob,
+        top: best.into_iter().map(|(id, l)| (id, lp(l))).collect(),
     }
 }
 
@@ -1026,6 +1109,53 @@ mod tests {
 
     /// Not a benchmark, a guard against accidental quadratic behaviour: 200 steps over a
     /// 49,152-token vocabulary with every filter on must finish quickly even in debug builds.
+    #[test]
+    fn logprobs_are_the_log_softmax_of_the_raw_logits() {
+        let logits = [1.0f32, 3.0, 2.0, f32::NEG_INFINITY, 3.0];
+        let lp = logprobs(&logits, 2, 3);
+        let z: f64 = logits.iter().map(|&l| f64::from(l).exp()).sum();
+        let want = |l: f32| (f64::from(l) - z.ln()) as f32;
+        assert!((lp.logprob - want(2.0)).abs() < 1e-5, "{lp:?}");
+        assert_eq!(lp.id, 2);
+        let ids: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+        assert_eq!(
+            ids,
+            vec![1, 4, 2],
+            "most likely first, ties to the lower id"
+        );
+        for (id, l) in &lp.top {
+            assert!((l - want(logits[*id as usize])).abs() < 1e-5);
+        }
+        let probs: f64 = logits.iter().map(|&l| f64::from(want(l)).exp()).sum();
+        assert!((probs - 1.0).abs() < 1e-5);
+        let none = logprobs(&logits, 3, 0);
+        assert!(none.top.is_empty() && none.logprob == f32::NEG_INFINITY);
+        // Penalties and bias never change logprobs: they are taken before sampling.
+        let big = big_logits(49_152, 3);
+        let lp = logprobs(&big, 7, 20);
+        assert_eq!(lp.top.len(), 20);
+        assert!(lp.top.windows(2).all(|w| w[0].1 >= w[1].1));
+        assert_eq!(lp.top[0].0, argmax(&big).0);
+    }
+
+    #[test]
+    fn logit_bias_bans_and_forces() {
+        let logits = logits_of(&[0.5, 0.3, 0.2]);
+        let mut p = SamplingParams::greedy();
+        p.logit_bias = vec![(0, -100.0)];
+        let mut s = Sampler::new(p.clone(), &[]);
+        assert_eq!(s.sample(&mut logits.clone()), 1);
+        p.logit_bias = vec![(2, 100.0), (99, 5.0)];
+        let mut s = Sampler::new(p.clone(), &[]);
+        assert_eq!(
+            s.sample(&mut logits.clone()),
+            2,
+            "ids past the vocabulary are ignored"
+        );
+        p.logit_bias = vec![(0, 101.0)];
+        assert!(p.validate().is_err());
+    }
+
     #[test]
     fn big_vocabulary_is_fast_enough() {
         let logits = big_logits(49_152, 3);

@@ -24,12 +24,14 @@
 //! that never split a UTF-8 character and concatenate to exactly [`Tokenizer::decode`] of the
 //! whole sequence (for any valid text).
 
+mod bytes;
 mod config;
 mod gguf;
 mod stream;
 
 use std::path::Path;
 
+pub use bytes::TokenBytes;
 pub use config::TokenizerConfig;
 pub use gguf::{GgufVocab, SUPPORTED_PRE_TOKENIZERS};
 pub use stream::StreamDecoder;
@@ -130,6 +132,8 @@ pub struct Tokenizer {
     adds_bos: bool,
     stop_ids: Vec<u32>,
     vocab_size: usize,
+    /// Every token's bytes, built on first use (structured outputs, logprobs, `/tokenize`).
+    token_bytes: std::sync::OnceLock<std::sync::Arc<TokenBytes>>,
 }
 
 impl Tokenizer {
@@ -224,6 +228,7 @@ impl Tokenizer {
             adds_bos,
             stop_ids,
             vocab_size,
+            token_bytes: std::sync::OnceLock::new(),
         }
     }
 
@@ -233,15 +238,29 @@ impl Tokenizer {
     /// post-processor), but never a second one when the text already starts with BOS (chat
     /// templates often write `{{ bos_token }}`); appends EOS when the model asks (rare).
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_with(text, parse_special, true)
+    }
+
+    /// Like [`Tokenizer::encode`]; with `add_special = false` no BOS or EOS is added, whatever
+    /// the model asks for (vLLM's `add_special_tokens`, llama.cpp's `add_special`).
+    pub fn encode_with(
+        &self,
+        text: &str,
+        parse_special: bool,
+        add_special: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
         let tk = if parse_special {
             &self.parse
         } else {
             &self.plain
         };
         let enc = tk
-            .encode_fast(text, true)
+            .encode_fast(text, add_special)
             .map_err(|e| TokenizerError::Encode(e.to_string()))?;
         let body = enc.get_ids();
+        if !add_special {
+            return Ok(body.to_vec());
+        }
         let mut ids = Vec::with_capacity(body.len() + 2);
         if let (true, Some(bos)) = (self.prepend_bos, self.bos_id) {
             ids.push(bos);
@@ -338,6 +357,14 @@ impl Tokenizer {
     /// The EOS token's text, for chat templates (`eos_token`).
     pub fn eos_token(&self) -> Option<String> {
         self.eos_id.and_then(|id| self.token_str(id))
+    }
+
+    /// Every token's bytes (built on the first call, then shared).
+    pub fn token_bytes(&self) -> std::sync::Arc<TokenBytes> {
+        std::sync::Arc::clone(
+            self.token_bytes
+                .get_or_init(|| std::sync::Arc::new(TokenBytes::new(self, self.vocab_size))),
+        )
     }
 
     /// The underlying `tokenizers` tokenizer (special tokens recognised).

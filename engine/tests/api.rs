@@ -250,7 +250,7 @@ async fn bad_input_gets_openai_errors_and_loses_nothing() {
     let cases = [
         (json!({"messages": []}), 400, "messages"),
         (
-            json!({"messages": [{"role": "user", "content": "x"}], "n": 2}),
+            json!({"messages": [{"role": "user", "content": "x"}], "n": 99}),
             400,
             "n",
         ),

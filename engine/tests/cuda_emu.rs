@@ -21,10 +21,23 @@ use slotlight_engine::model::loader::Model;
 use slotlight_engine::model::testing::TinyLlama;
 use slotlight_engine::model::weights::DType;
 
-/// Largest logit difference from the CPU backend. The CPU feeds its integer kernels 16-bit
-/// quantized activations; the GPU kernels use f32 activations (and the GEMM path f16), so
-/// results differ by rounding only.
+/// Largest logit difference from the CPU backend for float weights: both use f32
+/// activations (the GEMM path f16), so results differ by rounding only.
 const TOLERANCE: f32 = 2e-2;
+
+/// Largest logit difference from the CPU backend for quantized weights. The CPU quantizes
+/// each matmul input to 8 bits per 32-value block for its integer kernels (as llama.cpp does;
+/// `tiny_models.rs` bounds that at 0.25 from the reference logits) while the GPU kernels keep
+/// f32 activations, so the two differ by up to that cost and a little rounding.
+const QUANTIZED_TOLERANCE: f32 = 0.35;
+
+/// The tolerance for weights of `dtype`.
+fn tolerance(dtype: DType) -> f32 {
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 => TOLERANCE,
+        _ => QUANTIZED_TOLERANCE,
+    }
+}
 
 fn skip() -> bool {
     if emu::available() {
@@ -91,7 +104,7 @@ fn tiny_models_match_the_cpu_for_every_weight_format() {
         let c = support::all_logits(&mut cpu, &seq);
         let d = max_diff(&g, &c);
         eprintln!("{dtype:?} tied={tied} bias={bias}: worst logit difference {d:.2e}");
-        assert!(d <= TOLERANCE, "{dtype:?}: {d}");
+        assert!(d <= tolerance(dtype), "{dtype:?}: {d}");
     }
 }
 
@@ -120,7 +133,13 @@ fn reference_fixture_models_match_the_cpu() {
             &support::all_logits(&mut cpu, &seq),
         );
         eprintln!("{name}: worst logit difference {d:.2e}");
-        assert!(d <= TOLERANCE, "{name}: {d}");
+        // Every fixture but the Hugging Face folders (f32) has quantized weights.
+        let tol = if name.ends_with(".gguf") {
+            QUANTIZED_TOLERANCE
+        } else {
+            TOLERANCE
+        };
+        assert!(d <= tol, "{name}: {d}");
     }
 }
 
@@ -159,7 +178,8 @@ fn batched_decode_equals_solo_bit_for_bit() {
         let ct: Vec<u32> = c.iter().map(|r| support::argmax(r)).collect();
         assert_eq!(gt, ct, "sequence {s}: greedy tokens");
         for (x, y) in g.iter().zip(c) {
-            assert!(max_diff(x, y) <= TOLERANCE);
+            let d = max_diff(x, y);
+            assert!(d <= QUANTIZED_TOLERANCE, "sequence {s}: {d}");
         }
     }
 }
@@ -229,7 +249,8 @@ fn gemm_path_and_mixed_steps_match_the_cpu() {
     let c = run(&mut cpu);
     let d = max_diff(&g, &c);
     eprintln!("GEMM path (f16 weights and activations): worst logit difference {d:.2e}");
-    assert!(d <= 5.0 * TOLERANCE, "{d}");
+    // Q8_0 weights: the CPU's 8-bit activations against the GEMM path's f16 ones.
+    assert!(d <= QUANTIZED_TOLERANCE, "{d}");
 }
 
 #[test]

@@ -22,10 +22,12 @@ use slotlight_engine::model::llama::LlamaWeights;
 use slotlight_engine::model::loader::Model;
 
 /// Matvec path (every decode, short chunks) against the CPU: f32 activations on the GPU,
-/// 16-bit quantized activations on the CPU.
-const MATVEC_TOLERANCE: f32 = 0.05;
-/// GEMM path (prompt chunks of at least 16 tokens): f16 weights and activations in cuBLAS.
-const GEMM_TOLERANCE: f32 = 0.15;
+/// activations quantized to 8 bits per 32-value block on the CPU (its integer kernels; up to
+/// 0.25 from the reference logits on the tiny models, `tiny_models.rs`).
+const MATVEC_TOLERANCE: f32 = 0.35;
+/// GEMM path (prompt chunks of at least 16 tokens): f16 weights and activations in cuBLAS,
+/// against the same CPU.
+const GEMM_TOLERANCE: f32 = 0.45;
 /// Greedy tokens compared per fixture prompt.
 const GREEDY_TOKENS: usize = 16;
 

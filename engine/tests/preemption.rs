@@ -57,6 +57,9 @@ fn request(id: &str, prompt_len: usize, n: usize) -> GenerateRequest {
         session: None,
         received: Instant::now(),
         cancel: Arc::new(AtomicBool::new(false)),
+        n: 1,
+        logprobs: None,
+        constraint: None,
     }
 }
 

@@ -259,6 +259,9 @@ fn request(id: &str, prompt: Vec<u32>, n: usize) -> GenerateRequest {
         session: None,
         received: Instant::now(),
         cancel: Arc::new(AtomicBool::new(false)),
+        n: 1,
+        logprobs: None,
+        constraint: None,
     }
 }
 

@@ -1,8 +1,10 @@
 //! Chat and completion request bodies, through the handlers' own code path: `read_json` (the
-//! body read with its size limit, then serde), `Common::validate` (sampling values, stop
-//! lists, `max_tokens`, `n`, `user`) and `ChatRequest::messages` (roles, content parts, size
-//! limits); then the validated stop strings run over the message text, cut into arbitrary
-//! deltas, through `StopMatcher` (what the request task does with generated text).
+//! body read with its size limit, then serde), `ChatRequest::from_json` /
+//! `CompletionRequest::from_json` (every field taken apart by name, the rest refused),
+//! `Common::validate` (sampling values, stop lists, `max_tokens`, `n`, `user`, grammars) and
+//! `validate::messages` (roles, content parts, tool calls, size limits); then the validated stop
+//! strings run over the message text, cut into arbitrary deltas, through `StopMatcher` (what
+//! the request task does with generated text).
 //!
 //! Checked: nothing panics; the stop matcher's output is a prefix of its input, equal to the
 //! input when no stop string matched, and cut exactly before the matched stop string.
@@ -11,6 +13,7 @@
 use libfuzzer_sys::fuzz_target;
 use slotlight_engine::server::openai::read_json;
 use slotlight_engine::server::openai::types::{ChatRequest, CompletionRequest, Limits, Prompt};
+use slotlight_engine::server::openai::validate::messages;
 use slotlight_engine::stop::StopMatcher;
 
 /// The body is whole already; the deadline only has to be there.
@@ -20,9 +23,14 @@ fuzz_target!(|data: &[u8]| {
     let rt = slotlight_fuzz::runtime();
     let limits = Limits::default();
     let body = || axum::body::Body::from(bytes::Bytes::copy_from_slice(data));
-    if let Ok(req) = rt.block_on(read_json::<ChatRequest>(body(), 1 << 20, DEADLINE)) {
-        let opts = req.common.validate(&limits);
-        let messages = req.messages(&limits);
+    let vocab = 49_152;
+    let chat = rt
+        .block_on(read_json::<serde_json::Value>(body(), 1 << 20, DEADLINE))
+        .ok()
+        .and_then(|v| ChatRequest::from_json(v).ok());
+    if let Some(req) = chat {
+        let opts = req.common.validate(&limits, vocab);
+        let messages = messages(&req, &limits);
         if let (Ok(opts), Ok(messages)) = (opts, messages) {
             assert!(opts.max_tokens >= 1 && opts.max_tokens <= limits.max_tokens);
             assert!(messages.len() <= limits.max_messages);
@@ -30,13 +38,17 @@ fuzz_target!(|data: &[u8]| {
             check_stops(&opts.stop, &text, data);
         }
     }
-    if let Ok(req) = rt.block_on(read_json::<CompletionRequest>(body(), 1 << 20, DEADLINE))
-        && let Ok(opts) = req.common.validate(&limits)
+    let completion = rt
+        .block_on(read_json::<serde_json::Value>(body(), 1 << 20, DEADLINE))
+        .ok()
+        .and_then(|v| CompletionRequest::from_json(v).ok());
+    if let Some(req) = completion
+        && let Ok(opts) = req.common.validate(&limits, vocab)
     {
         let text = match &req.prompt {
             Prompt::Text(t) => t.clone(),
             Prompt::Texts(v) => v.concat(),
-            Prompt::Tokens(_) => String::new(),
+            Prompt::Tokens(_) | Prompt::TokenLists(_) => String::new(),
         };
         check_stops(&opts.stop, &text, data);
     }

@@ -164,6 +164,26 @@ crate::contract! {
     /// Decode span: time inside the decode forward steps of this window (never a prefill step).
     DECODE_DEVICE_MS = "slotlight.decode.device_ms", "double", "ms";
 
+    /// Request span: `json` when the reply is constrained to JSON (`response_format` `json_object` or `json_schema`, or a JSON schema through a vendor field).
+    GEN_AI_OUTPUT_TYPE = "gen_ai.output.type", "string", "";
+    /// Queue, prefill, leg and decode spans: which choice of the request (`n`) the span belongs to, from 0. Leg indices count per choice.
+    CHOICE_INDEX = "slotlight.choice.index", "int", "";
+
+    /// Request span of a constrained request: the kind of constraint (`json_object`, `json_schema`, `regex`, `choice`, `grammar`, `tools`). Never the schema or grammar itself.
+    CONSTRAINT_KIND = "slotlight.constraint.kind", "string", "";
+    /// Request span of a constrained request: time spent computing token masks, over all choices (computed beside the forward step, so a slow grammar shows here before it shows in step times).
+    CONSTRAINT_MASK_MS = "slotlight.constraint.mask_ms", "double", "ms";
+    /// Request span of a constrained request: token masks computed, over all choices.
+    CONSTRAINT_MASKS = "slotlight.constraint.masks", "int", "";
+    /// Request span of a request with `tools`: the names of the tools offered.
+    TOOLS_NAMES = "slotlight.tools.names", "string[]", "";
+    /// Request span of a request with `tools`: `tool_choice` (`none`, `auto`, `required`, `function`).
+    TOOLS_CHOICE = "slotlight.tools.choice", "string", "";
+    /// Request span of a request with `tools`: the tool-call format (`hermes`, `llama3_json`, `generic`), chosen from the model's chat template.
+    TOOLS_FORMAT = "slotlight.tools.format", "string", "";
+    /// Request span of a request with `tools`: tool calls produced, over all choices. Their arguments are never recorded (only inside the completion text, with `--trace-content`).
+    TOOLS_CALLS = "slotlight.tools.calls", "int", "";
+
     /// Request span, only with `--trace-content`: the prompt text.
     CONTENT_PROMPT = "slotlight.content.prompt", "string", "";
     /// Request span, only with `--trace-content`: the completion text.
@@ -220,6 +240,40 @@ pub mod value {
     pub const FINISH_CANCELLED: &str = "cancelled";
     /// `gen_ai.response.finish_reasons`: the engine failed or shut down.
     pub const FINISH_ERROR: &str = "error";
+    /// `gen_ai.response.finish_reasons`: the reply is a call of one or more tools.
+    pub const FINISH_TOOL_CALLS: &str = "tool_calls";
+
+    /// `gen_ai.output.type`: JSON.
+    pub const OUTPUT_TYPE_JSON: &str = "json";
+
+    /// `slotlight.constraint.kind`: `response_format` `json_object`.
+    pub const CONSTRAINT_JSON_OBJECT: &str = "json_object";
+    /// `slotlight.constraint.kind`: a JSON schema.
+    pub const CONSTRAINT_JSON_SCHEMA: &str = "json_schema";
+    /// `slotlight.constraint.kind`: a regular expression.
+    pub const CONSTRAINT_REGEX: &str = "regex";
+    /// `slotlight.constraint.kind`: one of a list of strings.
+    pub const CONSTRAINT_CHOICE: &str = "choice";
+    /// `slotlight.constraint.kind`: a Lark grammar.
+    pub const CONSTRAINT_GRAMMAR: &str = "grammar";
+    /// `slotlight.constraint.kind`: a tool call enforced by `tool_choice` or by the generic tool format.
+    pub const CONSTRAINT_TOOLS: &str = "tools";
+
+    /// `slotlight.tools.choice`: no tool may be called.
+    pub const TOOL_CHOICE_NONE: &str = "none";
+    /// `slotlight.tools.choice`: the model chooses.
+    pub const TOOL_CHOICE_AUTO: &str = "auto";
+    /// `slotlight.tools.choice`: some tool must be called.
+    pub const TOOL_CHOICE_REQUIRED: &str = "required";
+    /// `slotlight.tools.choice`: one named function must be called.
+    pub const TOOL_CHOICE_FUNCTION: &str = "function";
+
+    /// `slotlight.tools.format`: `<tool_call>{...}</tool_call>` (Hermes, Qwen).
+    pub const TOOL_FORMAT_HERMES: &str = "hermes";
+    /// `slotlight.tools.format`: a bare `{"name": ..., "parameters": ...}` object (Llama 3.1).
+    pub const TOOL_FORMAT_LLAMA3_JSON: &str = "llama3_json";
+    /// `slotlight.tools.format`: tools described in a system message, the reply constrained to a JSON object of tool calls or an answer (templates without tool support).
+    pub const TOOL_FORMAT_GENERIC: &str = "generic";
 
     /// `slotlight.resume`: the session's first turn (or one no longer remembered).
     pub const RESUME_FIRST: &str = "first";

@@ -177,6 +177,63 @@ pub fn render_contract() -> String {
                 "`slotlight.resume`: no session; a prefix shared with an earlier request reused",
             ),
             (
+                attr::value::FINISH_TOOL_CALLS,
+                "`gen_ai.response.finish_reasons`: the reply calls tools",
+            ),
+            (attr::value::OUTPUT_TYPE_JSON, "`gen_ai.output.type`: JSON"),
+            (
+                attr::value::CONSTRAINT_JSON_OBJECT,
+                "`slotlight.constraint.kind`: `response_format` `json_object`",
+            ),
+            (
+                attr::value::CONSTRAINT_JSON_SCHEMA,
+                "`slotlight.constraint.kind`: a JSON schema",
+            ),
+            (
+                attr::value::CONSTRAINT_REGEX,
+                "`slotlight.constraint.kind`: a regular expression",
+            ),
+            (
+                attr::value::CONSTRAINT_CHOICE,
+                "`slotlight.constraint.kind`: one of a list of strings",
+            ),
+            (
+                attr::value::CONSTRAINT_GRAMMAR,
+                "`slotlight.constraint.kind`: a Lark grammar",
+            ),
+            (
+                attr::value::CONSTRAINT_TOOLS,
+                "`slotlight.constraint.kind`: a tool call (enforced by `tool_choice` or the generic tool format)",
+            ),
+            (
+                attr::value::TOOL_CHOICE_NONE,
+                "`slotlight.tools.choice`: no tool may be called",
+            ),
+            (
+                attr::value::TOOL_CHOICE_AUTO,
+                "`slotlight.tools.choice`: the model chooses",
+            ),
+            (
+                attr::value::TOOL_CHOICE_REQUIRED,
+                "`slotlight.tools.choice`: some tool must be called",
+            ),
+            (
+                attr::value::TOOL_CHOICE_FUNCTION,
+                "`slotlight.tools.choice`: one named function must be called",
+            ),
+            (
+                attr::value::TOOL_FORMAT_HERMES,
+                "`slotlight.tools.format`: `<tool_call>{...}</tool_call>` (Hermes, Qwen)",
+            ),
+            (
+                attr::value::TOOL_FORMAT_LLAMA3_JSON,
+                "`slotlight.tools.format`: a JSON object with `name` and `parameters` (Llama 3.1)",
+            ),
+            (
+                attr::value::TOOL_FORMAT_GENERIC,
+                "`slotlight.tools.format`: tools in a system message, reply constrained to JSON (any template)",
+            ),
+            (
                 attr::value::ERROR_CANCELLED,
                 "`error.type`: the client cancelled",
             ),

@@ -84,8 +84,10 @@ pub struct PrefillSpan {
 pub struct LegSpan {
     /// The leg's path and slot.
     pub key: SlotKey,
-    /// `slotlight.leg.index`.
+    /// `slotlight.leg.index` (counted per choice).
     pub leg_index: i64,
+    /// `slotlight.choice.index` (0 when absent: a request of one choice).
+    pub choice: i64,
     /// `slotlight.leg.start_time_unix_nano` (the span start when absent).
     pub leg_start_ns: i64,
     /// `slotlight.leg.tokens_carried`.
@@ -457,6 +459,7 @@ fn convert_span(
         names::LEG => Body::Leg(Box::new(LegSpan {
             key: req.slot_key(f)?,
             leg_index: req.int(attr::LEG_INDEX, f.get(F::LegIndex))?,
+            choice: int(f.get(F::ChoiceIndex)).unwrap_or(0),
             leg_start_ns: int(f.get(F::LegStart)).unwrap_or(start_ns),
             tokens_carried: int(f.get(F::TokensCarried)),
             tokens_generated: int(f.get(F::LegTokensGenerated)),
@@ -617,6 +620,7 @@ enum F {
     E2eMs,
     Legs,
     Moved,
+    ChoiceIndex,
     ErrorType,
 }
 
@@ -638,6 +642,7 @@ const KEYS: [(&str, F); N_FIELDS] = [
     (attr::LEG_BATCH_SIZE_MEAN, F::BatchMean),
     (attr::LEG_DEVICE_MS, F::LegDeviceMs),
     (attr::LEG_END_REASON, F::LegEndReason),
+    (attr::CHOICE_INDEX, F::ChoiceIndex),
     (attr::REQUEST_START_TIME, F::RequestStart),
     (attr::REQUEST_FIRST_TOKEN_TIME, F::FirstToken),
     (attr::DECODE_WINDOW_TOKENS, F::WindowTokens),

@@ -74,7 +74,8 @@ def test_errors(client, lone_engine):
             model=lone_engine.model, messages=[{"role": "user", "content": "x"}], max_tokens=1_000_000
         )
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=lone_engine.model, messages=[{"role": "user", "content": "x"}], n=3)
+        client.chat.completions.create(model=lone_engine.model, messages=[{"role": "user", "content": "x"}], n=99)
+    assert e.value.body["param"] == "n"
     # The server is still fine.
     r = client.chat.completions.create(model=lone_engine.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert r.usage.completion_tokens >= 1

@@ -33,6 +33,11 @@ pub struct BenchArgs {
     /// first, untimed, then `--gen-tokens` tokens are decoded after it.
     #[arg(long, value_delimiter = ',')]
     pub decode_depth: Vec<usize>,
+    /// Also time each `--concurrency` level with one of its requests constrained by a grammar
+    /// (JSON objects, one per line): the step time with and without a token mask computed
+    /// beside the forward step.
+    #[arg(long)]
+    pub constrained: bool,
     /// Skip the memory read-bandwidth measurement (with all threads) that decode is compared
     /// with.
     #[arg(long)]
@@ -266,15 +271,34 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
     drop(backend);
     // Aggregate decode through the scheduler.
     let mut conc = Vec::new();
+    let mut constrained = Vec::new();
     for &c in &a.concurrency {
-        let s = concurrent_decode(&model, &a.model, c.max(1), a.gen_tokens, reps)?;
+        let c = c.max(1);
+        let (s, _) = concurrent_decode(&model, &a.model, c, a.gen_tokens, reps, false)?;
         if !a.json {
             println!(
-                "decode concurrency {c:>2}: {:>8.1} tok/s aggregate (min {:.1}, max {:.1})",
-                s.median, s.min, s.max
+                "decode concurrency {c:>2}: {:>8.1} tok/s aggregate (min {:.1}, max {:.1}), {:.2} ms a step",
+                s.median,
+                s.min,
+                s.max,
+                1000.0 * c as f64 / s.median.max(1e-9)
             );
         }
         conc.push((c, s));
+        if a.constrained {
+            let (s, mask_ms) = concurrent_decode(&model, &a.model, c, a.gen_tokens, reps, true)?;
+            if !a.json {
+                println!(
+                    "  one constrained   : {:>8.1} tok/s aggregate (min {:.1}, max {:.1}), {:.2} ms a step; its mask {:.3} ms a token",
+                    s.median,
+                    s.min,
+                    s.max,
+                    1000.0 * c as f64 / s.median.max(1e-9),
+                    mask_ms.unwrap_or(0.0)
+                );
+            }
+            constrained.push((c, s, mask_ms));
+        }
     }
     if a.json {
         let sp = |s: Spread| json!({"median": s.median, "min": s.min, "max": s.max});
@@ -295,7 +319,8 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
                 "read_bandwidth_gbs": bandwidth,
                 "weight_bytes_per_token": weight_bytes,
                 "decode_bandwidth_fraction": bandwidth.map(|bw| decode.median * weight_bytes as f64 / (bw * 1e9)),
-                "concurrency": conc.iter().map(|(c, s)| json!({"concurrency": c, "aggregate_tps": sp(*s)})).collect::<Vec<_>>(),
+                "concurrency": conc.iter().map(|(c, s)| json!({"concurrency": c, "aggregate_tps": sp(*s), "step_ms": 1000.0 * *c as f64 / s.median.max(1e-9)})).collect::<Vec<_>>(),
+                "concurrency_one_constrained": constrained.iter().map(|(c, s, m)| json!({"concurrency": c, "aggregate_tps": sp(*s), "step_ms": 1000.0 * *c as f64 / s.median.max(1e-9), "mask_ms_per_token": m})).collect::<Vec<_>>(),
                 "rss_mib": rss,
                 "peak_rss_mib": peak,
                 "context": ctx,
@@ -334,8 +359,14 @@ fn argmax(v: &[f32]) -> u32 {
     u32::try_from(best).unwrap_or(0)
 }
 
+/// A grammar that keeps a sequence generating: JSON objects of a small schema, one per line,
+/// ended only by three control bytes no model writes.
+const BENCH_GRAMMAR: &str = r#"start: (item "\n")+ "\u0001\u0002\u0003"
+item: %json {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16}, "age": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3}}, "required": ["name", "age", "tags"], "additionalProperties": false}"#;
+
 /// Aggregate decode rate with `c` requests decoding at once: tokens produced while all of them
-/// were decoding, divided by the length of that window.
+/// were decoding, divided by the length of that window. With `constrained`, the first request
+/// follows [`BENCH_GRAMMAR`]; its mean mask time per token comes back too.
 #[allow(clippy::cast_precision_loss)]
 fn concurrent_decode(
     model: &Model,
@@ -343,7 +374,16 @@ fn concurrent_decode(
     c: usize,
     gen_n: usize,
     reps: usize,
-) -> anyhow::Result<Spread> {
+    constrained: bool,
+) -> anyhow::Result<(Spread, Option<f64>)> {
+    let constraint = if constrained {
+        let compiler =
+            crate::constraint::Compiler::new(Arc::clone(&model.tokenizer), model.config.vocab)?;
+        Some(compiler.compile(&crate::constraint::GrammarSpec::Lark(BENCH_GRAMMAR.into()))?)
+    } else {
+        None
+    };
+    let mut mask_times = Vec::new();
     let sched = SchedulerConfig {
         batch: c.max(1),
         max_queue: c * 2,
@@ -369,6 +409,9 @@ fn concurrent_decode(
                     session: None,
                     received: Instant::now(),
                     cancel: Arc::new(AtomicBool::new(false)),
+                    n: 1,
+                    logprobs: None,
+                    constraint: if i == 0 { constraint.clone() } else { None },
                 })
             })
             .collect::<Result<_, _>>()?;
@@ -377,18 +420,31 @@ fn concurrent_decode(
             .map(|mut rx| {
                 std::thread::spawn(move || {
                     let mut times = Vec::new();
+                    let mut mask = None;
                     while let Some(ev) = rx.blocking_recv() {
                         match ev {
                             Event::Token { at, .. } => times.push(at),
-                            Event::Done(_) => break,
+                            Event::Done(c) => {
+                                mask = c.mask;
+                                break;
+                            }
                             _ => {}
                         }
                     }
-                    times
+                    (times, mask)
                 })
             })
             .collect();
-        let all: Vec<Vec<Instant>> = handles.into_iter().filter_map(|h| h.join().ok()).collect();
+        let results: Vec<_> = handles.into_iter().filter_map(|h| h.join().ok()).collect();
+        for (_, m) in &results {
+            if let Some(m) = m
+                && m.masks > 0
+                && rep > 0
+            {
+                mask_times.push(m.time.as_secs_f64() * 1000.0 / m.masks as f64);
+            }
+        }
+        let all: Vec<Vec<Instant>> = results.into_iter().map(|(t, _)| t).collect();
         let start = all.iter().filter_map(|t| t.first().copied()).max();
         let end = all.iter().filter_map(|t| t.last().copied()).min();
         if let (Some(s), Some(e)) = (start, end)
@@ -404,5 +460,6 @@ fn concurrent_decode(
             }
         }
     }
-    Ok(spread(runs))
+    let mask = (!mask_times.is_empty()).then(|| spread(mask_times).median);
+    Ok((spread(runs), mask))
 }

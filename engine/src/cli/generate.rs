@@ -99,6 +99,9 @@ pub(super) fn run(a: GenerateArgs) -> anyhow::Result<()> {
         session: None,
         received: Instant::now(),
         cancel: Arc::new(AtomicBool::new(false)),
+        n: 1,
+        logprobs: None,
+        constraint: None,
     })?;
     let mut out = std::io::stdout().lock();
     let mut text = String::new();

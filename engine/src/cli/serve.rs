@@ -148,6 +148,10 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     };
     let st = Arc::new(AppState {
         engine,
+        grammars: Arc::new(crate::constraint::Grammars::new(
+            Arc::clone(&model.tokenizer),
+            model.config.vocab,
+        )),
         prompts,
         cfg,
         vocab: model.config.vocab,

@@ -17,9 +17,11 @@ use tokio::sync::mpsc;
 use super::sequence::{Phase, PrefillProgress, Seq};
 use super::slots::Slots;
 use super::{
-    Command, Completion, EngineError, Event, FinishReason, InFlight, Placement, SchedulerConfig,
+    Command, Completion, EngineError, Event, FinishReason, InFlight, MaskStats, Placement,
+    SchedulerConfig,
 };
 use crate::backend::{Backend, SeqChunk};
+use crate::constraint::SeqConstraint;
 use crate::kv_cache::BlockManager;
 use crate::sampling::Sampler;
 use crate::stop::StopMatcher;
@@ -59,6 +61,7 @@ struct Loop<'t> {
     queued_total: Arc<AtomicUsize>,
     load: Arc<AtomicUsize>,
     next_order: u64,
+    next_family: u64,
     stats: GroupStats,
     logits: Vec<f32>,
 }
@@ -87,6 +90,7 @@ pub(super) fn run(
         queued_total,
         load,
         next_order: 0,
+        next_family: 0,
         stats: GroupStats {
             group,
             ..GroupStats::default()
@@ -123,45 +127,62 @@ impl<'t> Loop<'t> {
     /// Handles one command; returns true on shutdown.
     fn command(&mut self, c: Command) -> bool {
         match c {
-            Command::Submit(req, events) => {
-                let timings = RequestTimings::new(req.received, req.prompt.len());
+            Command::Submit(mut req, channels) => {
                 let stop = match StopMatcher::new(&req.stop) {
                     Ok(s) => s,
                     Err(e) => {
                         // Validated by the HTTP layer; refuse rather than panic if not.
-                        self.queued_total.fetch_sub(1, Ordering::AcqRel);
-                        self.load.fetch_sub(1, Ordering::Relaxed);
-                        let _ = events.send(Event::Done(Box::new(Completion {
-                            finish_reason: FinishReason::Error(EngineError::InvalidStop(
-                                e.to_string(),
-                            )),
-                            tokens: Vec::new(),
-                            tail_text: String::new(),
-                            timings,
-                            group: self.group,
-                        })));
+                        for (choice, events) in channels.into_iter().enumerate() {
+                            self.queued_total.fetch_sub(1, Ordering::AcqRel);
+                            self.load.fetch_sub(1, Ordering::Relaxed);
+                            let _ = events.send(Event::Done(Box::new(Completion {
+                                finish_reason: FinishReason::Error(EngineError::InvalidStop(
+                                    e.to_string(),
+                                )),
+                                tokens: Vec::new(),
+                                tail_text: String::new(),
+                                timings: RequestTimings::new(req.received, req.prompt.len()),
+                                group: self.group,
+                                choice,
+                                mask: None,
+                            })));
+                        }
                         return false;
                     }
                 };
-                let sampler = Sampler::new(req.sampling.clone(), &req.prompt);
-                let tokens = req.prompt.clone();
-                let decoder = self.tok.decoder_after(&tokens);
-                self.queue.push_back(Seq {
-                    req,
-                    events,
-                    timings,
-                    tokens,
-                    computed: 0,
-                    blocks: Default::default(),
-                    sampler,
-                    decoder,
-                    stop,
-                    phase: Phase::Prefill,
-                    placement: None,
-                    prefill: None,
-                    order: 0,
-                    ever_slotted: false,
-                });
+                let family = self.next_family;
+                self.next_family += 1;
+                let constraint = req.constraint.take();
+                let seed = req.sampling.seed;
+                for (choice, events) in channels.into_iter().enumerate() {
+                    let mut r = req.clone();
+                    // Each choice its own random stream: seed + index (vLLM's rule), so
+                    // choice 0 equals the same request with n = 1.
+                    r.sampling.seed = seed.map(|s| s.wrapping_add(choice as u64));
+                    let timings = RequestTimings::new(r.received, r.prompt.len());
+                    let sampler = Sampler::new(r.sampling.clone(), &r.prompt);
+                    let tokens = r.prompt.clone();
+                    let decoder = self.tok.decoder_after(&tokens);
+                    self.queue.push_back(Seq {
+                        req: r,
+                        events,
+                        timings,
+                        tokens,
+                        computed: 0,
+                        blocks: Default::default(),
+                        sampler,
+                        decoder,
+                        stop: stop.clone(),
+                        phase: Phase::Prefill,
+                        placement: None,
+                        prefill: None,
+                        order: 0,
+                        ever_slotted: false,
+                        family,
+                        choice,
+                        constraint: constraint.clone().map(SeqConstraint::new),
+                    });
+                }
                 false
             }
             Command::Snapshot(reply) => {
@@ -260,6 +281,11 @@ impl<'t> Loop<'t> {
             tail_text: tail,
             timings: seq.timings.clone(),
             group: self.group,
+            choice: seq.choice,
+            mask: seq.constraint.as_ref().map(|c| MaskStats {
+                time: c.mask_time,
+                masks: c.masks,
+            }),
         };
         seq.emit(Event::Done(Box::new(completion)));
     }
@@ -304,6 +330,16 @@ impl<'t> Loop<'t> {
             let Some(front) = self.queue.front() else {
                 break;
             };
+            // A fork waits for choice 0 to finish prefilling the shared prompt, then takes its
+            // blocks from the prefix cache.
+            if front.choice > 0
+                && self
+                    .active
+                    .iter()
+                    .any(|s| s.family == front.family && s.choice == 0 && s.phase == Phase::Prefill)
+            {
+                break;
+            }
             let need = self.blocks.blocks_for(front.tokens.len() + 1);
             if need > self.blocks.available() && !self.active.is_empty() {
                 break; // wait for blocks to free up
@@ -491,26 +527,68 @@ impl<'t> Loop<'t> {
             plan.push((i, s.computed, len));
             budget -= len;
         }
-        let chunks: Vec<SeqChunk<'_>> = plan
+        // Chunks that end in logits sample a token; a constrained sequence among them computes
+        // its grammar mask on a helper thread while the forward step runs.
+        let rows: Vec<usize> = plan
             .iter()
             .map(|&(i, start, len)| {
-                let s = &self.active[i];
-                let last = start + len == s.tokens.len();
-                SeqChunk {
-                    tokens: &s.tokens[start..start + len],
-                    start_pos: start,
-                    blocks: &s.blocks.table,
-                    all_logits: false,
-                    no_logits: !last,
-                }
+                let last = start + len == self.active[i].tokens.len();
+                usize::from(last)
             })
             .collect();
-        let rows: Vec<usize> = chunks.iter().map(SeqChunk::logit_rows).collect();
+        let mut wants_mask = vec![false; self.active.len()];
+        for (pi, &(i, _, _)) in plan.iter().enumerate() {
+            wants_mask[i] = rows[pi] > 0;
+        }
+        let mut views: Vec<(&[u32], &[u32])> = Vec::with_capacity(self.active.len());
+        let mut jobs: Vec<&mut SeqConstraint> = Vec::new();
+        for (i, s) in self.active.iter_mut().enumerate() {
+            let Seq {
+                tokens,
+                blocks,
+                constraint,
+                ..
+            } = s;
+            views.push((tokens.as_slice(), blocks.table.as_slice()));
+            if wants_mask[i]
+                && let Some(c) = constraint.as_mut()
+            {
+                jobs.push(c);
+            }
+        }
+        let chunks: Vec<SeqChunk<'_>> = plan
+            .iter()
+            .zip(&rows)
+            .map(|(&(i, start, len), &r)| SeqChunk {
+                tokens: &views[i].0[start..start + len],
+                start_pos: start,
+                blocks: views[i].1,
+                all_logits: false,
+                no_logits: r == 0,
+            })
+            .collect();
         self.logits.clear();
         let started = Instant::now();
-        let stats = self.backend.forward(&chunks, &mut self.logits)?;
+        let stats = if jobs.is_empty() {
+            self.backend.forward(&chunks, &mut self.logits)
+        } else {
+            let backend = &mut self.backend;
+            let logits = &mut self.logits;
+            std::thread::scope(|sc| {
+                let masks = sc.spawn(move || {
+                    for c in jobs {
+                        c.prepare();
+                    }
+                });
+                let r = backend.forward(&chunks, logits);
+                // A mask that panicked is left unset and recomputed (and reported) at sampling.
+                let _ = masks.join();
+                r
+            })
+        }?;
         let stepped = Instant::now();
         drop(chunks);
+        drop(views);
         self.stats.steps += 1;
         let batch = plan.len();
         let vocab = self.backend.config().vocab;
@@ -535,7 +613,26 @@ impl<'t> Loop<'t> {
             }
             let logits = &mut self.logits[row * vocab..(row + 1) * vocab];
             row += 1;
+            // Logprobs are taken from the model's own distribution, before any mask, bias,
+            // penalty or sampling filter.
+            let raw = s.req.logprobs.map(|_| logits.to_vec());
+            if let Some(c) = s.constraint.as_mut()
+                && let Err(e) = c.apply(logits)
+            {
+                done.push((
+                    i,
+                    FinishReason::Error(EngineError::StructuredOutput(e.to_string())),
+                ));
+                continue;
+            }
             let id = s.sampler.sample(logits);
+            let logprobs = raw.map(|r| {
+                Box::new(crate::sampling::logprobs(
+                    &r,
+                    id,
+                    s.req.logprobs.unwrap_or(0),
+                ))
+            });
             let now = Instant::now();
             if is_prefill {
                 if let Some(mut p) = s.prefill.take() {
@@ -570,14 +667,28 @@ impl<'t> Loop<'t> {
                 step_device: stats.device_time,
                 from_prefill: is_prefill,
                 placement,
+                logprobs,
             });
+            // The grammar follows the token; once complete, nothing more may come.
+            let grammar = match s.constraint.as_mut() {
+                None => Ok(false),
+                Some(c) => c.constraint.consume(id).map(|()| c.constraint.is_stopped()),
+            };
             let generated = s.tokens.len() - s.req.prompt.len();
-            if is_eos || out.matched.is_some() {
-                done.push((i, FinishReason::Stop));
-            } else if generated >= s.req.max_tokens
-                || s.tokens.len() >= self.backend.config().context
-            {
-                done.push((i, FinishReason::Length));
+            match grammar {
+                Err(e) => done.push((
+                    i,
+                    FinishReason::Error(EngineError::StructuredOutput(e.to_string())),
+                )),
+                Ok(_) if is_eos || out.matched.is_some() => done.push((i, FinishReason::Stop)),
+                Ok(true) => done.push((i, FinishReason::Stop)),
+                Ok(false)
+                    if generated >= s.req.max_tokens
+                        || s.tokens.len() >= self.backend.config().context =>
+                {
+                    done.push((i, FinishReason::Length));
+                }
+                Ok(false) => {}
             }
         }
         done.sort_by_key(|d| std::cmp::Reverse(d.0));

@@ -22,8 +22,9 @@ use tokio::sync::{mpsc, oneshot};
 use slotlight_otel::attr::value;
 
 use crate::backend::Backend;
+use crate::constraint::Constraint;
 use crate::kv_cache::OutOfBlocks;
-use crate::sampling::SamplingParams;
+use crate::sampling::{SamplingParams, TokenLogprobs};
 use crate::timing::{LegRecord, PathKind, PrefillRecord, RequestTimings};
 use crate::tokenizer::Tokenizer;
 
@@ -77,6 +78,37 @@ pub struct GenerateRequest {
     pub received: Instant,
     /// Set by the caller to cancel the request; checked at every step.
     pub cancel: Arc<AtomicBool>,
+    /// Choices (`n`, at least 1). Each has its own event channel and its own random stream
+    /// (seed + choice index); they share the prompt's KV: choice 0 prefills the prompt, the
+    /// others wait for that prefill and fork from it through the prefix cache, computing only
+    /// the prompt's last, partial block.
+    pub n: usize,
+    /// Log-probabilities of each generated token, with this many most likely alternatives
+    /// (`None`: none at all).
+    pub logprobs: Option<usize>,
+    /// A grammar the output must follow (structured outputs, enforced tool calls); each
+    /// choice gets its own copy.
+    pub constraint: Option<Constraint>,
+}
+
+impl GenerateRequest {
+    /// A request for `max_tokens` tokens after `prompt`, with default everything else.
+    pub fn new(id: impl Into<String>, prompt: Vec<u32>, max_tokens: usize) -> Self {
+        Self {
+            id: id.into(),
+            prompt,
+            max_tokens,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            ignore_eos: false,
+            session: None,
+            received: Instant::now(),
+            cancel: Arc::new(AtomicBool::new(false)),
+            n: 1,
+            logprobs: None,
+            constraint: None,
+        }
+    }
 }
 
 /// Why a request finished.
@@ -142,6 +174,9 @@ pub enum EngineError {
     /// The step loop went away without finishing the request (it panicked or was dropped).
     #[error("the engine stopped without finishing the request")]
     Lost,
+    /// The structured-output grammar failed while generating (its mask or its state).
+    #[error("structured output: {0}")]
+    StructuredOutput(String),
 }
 
 impl EngineError {
@@ -149,7 +184,9 @@ impl EngineError {
     pub fn label(&self) -> &'static str {
         match self {
             EngineError::ShuttingDown => value::ERROR_SHUTDOWN,
-            EngineError::Step(_) | EngineError::Lost => value::ERROR_INTERNAL,
+            EngineError::Step(_) | EngineError::Lost | EngineError::StructuredOutput(_) => {
+                value::ERROR_INTERNAL
+            }
             EngineError::KvCacheExhausted(_) => value::ERROR_KV_CACHE_EXHAUSTED,
             EngineError::InvalidStop(_) => value::ERROR_VALIDATION,
         }
@@ -200,9 +237,20 @@ pub enum Event {
         from_prefill: bool,
         /// The path, group and slot it was admitted to.
         placement: Placement,
+        /// Its log-probabilities, when the request asked for them.
+        logprobs: Option<Box<TokenLogprobs>>,
     },
     /// The request finished; its own timings come with it.
     Done(Box<Completion>),
+}
+
+/// Time spent on a sequence's grammar masks.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MaskStats {
+    /// Time computing masks.
+    pub time: Duration,
+    /// Masks computed.
+    pub masks: u64,
 }
 
 /// A finished request.
@@ -218,6 +266,10 @@ pub struct Completion {
     pub timings: RequestTimings,
     /// Group it finished on.
     pub group: usize,
+    /// Which choice of the request this is, from 0.
+    pub choice: usize,
+    /// Grammar mask statistics, for a constrained request.
+    pub mask: Option<MaskStats>,
 }
 
 /// Why a request was not accepted.
@@ -278,7 +330,8 @@ pub struct InFlight {
 }
 
 enum Command {
-    Submit(Box<GenerateRequest>, mpsc::UnboundedSender<Event>),
+    /// A request and one event channel per choice.
+    Submit(Box<GenerateRequest>, Vec<mpsc::UnboundedSender<Event>>),
     Snapshot(oneshot::Sender<(Vec<InFlight>, GroupStats)>),
     AbortAll,
     Shutdown,
@@ -355,11 +408,24 @@ impl EngineHandle {
         self.queued.load(Ordering::Relaxed)
     }
 
-    /// Submits a request; its events arrive on the returned channel.
+    /// Submits a request of one choice; its events arrive on the returned channel.
     pub fn submit(
         &self,
-        req: GenerateRequest,
+        mut req: GenerateRequest,
     ) -> Result<mpsc::UnboundedReceiver<Event>, SubmitError> {
+        req.n = 1;
+        let mut rx = self.submit_choices(req)?;
+        rx.pop().ok_or(SubmitError::ShuttingDown)
+    }
+
+    /// Submits a request of `req.n` choices; the events of choice `i` arrive on the `i`-th
+    /// channel. Each choice takes a place in the queue.
+    pub fn submit_choices(
+        &self,
+        mut req: GenerateRequest,
+    ) -> Result<Vec<mpsc::UnboundedReceiver<Event>>, SubmitError> {
+        req.n = req.n.max(1);
+        let n = req.n;
         if self.shutting_down.load(Ordering::Relaxed) {
             return Err(SubmitError::ShuttingDown);
         }
@@ -377,24 +443,24 @@ impl EngineHandle {
         let reserved = self
             .queued
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
-                (q < self.max_queue).then_some(q + 1)
+                (q + n <= self.max_queue).then_some(q + n)
             });
         if reserved.is_err() {
             return Err(SubmitError::QueueFull(self.max_queue));
         }
         let g = self.pick_group(req.session.as_deref());
-        let (tx, rx) = mpsc::unbounded_channel();
-        self.groups[g].load.fetch_add(1, Ordering::Relaxed);
+        let (txs, rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::unbounded_channel()).unzip();
+        self.groups[g].load.fetch_add(n, Ordering::Relaxed);
         if self.groups[g]
             .tx
-            .send(Command::Submit(Box::new(req), tx))
+            .send(Command::Submit(Box::new(req), txs))
             .is_err()
         {
-            self.queued.fetch_sub(1, Ordering::AcqRel);
-            self.groups[g].load.fetch_sub(1, Ordering::Relaxed);
+            self.queued.fetch_sub(n, Ordering::AcqRel);
+            self.groups[g].load.fetch_sub(n, Ordering::Relaxed);
             return Err(SubmitError::ShuttingDown);
         }
-        Ok(rx)
+        Ok(rxs)
     }
 
     /// Session affinity keeps a chat on one group (its KV prefix lives there); otherwise the

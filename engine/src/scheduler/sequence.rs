@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::{Event, GenerateRequest, Placement};
+use crate::constraint::SeqConstraint;
 use crate::kv_cache::SeqBlocks;
 use crate::sampling::Sampler;
 use crate::stop::StopMatcher;
@@ -78,6 +79,13 @@ pub struct Seq<'t> {
     pub order: u64,
     /// Whether any leg was on a slot.
     pub ever_slotted: bool,
+    /// The request's choices share a family id within the group; choice 0 prefills the
+    /// prompt, the others wait for it and fork from the prefix cache.
+    pub family: u64,
+    /// Which choice this is, from 0.
+    pub choice: usize,
+    /// The grammar this choice must follow, with its mask for the next token.
+    pub constraint: Option<SeqConstraint>,
 }
 
 impl Seq<'_> {

@@ -266,7 +266,9 @@ impl From<&EngineError> for ApiError {
                 a.code = Some("kv_cache_exhausted");
                 a
             }
-            EngineError::Step(_) | EngineError::Lost => ApiError::internal(e.to_string()),
+            EngineError::Step(_) | EngineError::Lost | EngineError::StructuredOutput(_) => {
+                ApiError::internal(e.to_string())
+            }
         }
     }
 }

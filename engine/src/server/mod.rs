@@ -1,11 +1,13 @@
-//! The HTTP server: OpenAI-compatible chat and completions, plus `/v1/models`, `/health` and
-//! `/v1/requests`. Routing, authentication and limits live here; request handling in
-//! [`openai`]; the per-request task and its telemetry in [`pipeline`] and [`trace`].
+//! The HTTP server: OpenAI-compatible chat and completions, `/tokenize` and `/detokenize`,
+//! plus `/v1/models`, `/health` and `/v1/requests`. Routing, authentication and limits live
+//! here; request handling in [`openai`]; the per-request task and its telemetry in
+//! [`pipeline`] and [`trace`]; `usage` in [`usage`].
 
 pub mod error;
 pub mod openai;
 pub mod pipeline;
 pub mod trace;
+pub mod usage;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,6 +28,7 @@ use serde_json::json;
 use self::error::ApiError;
 use self::openai::types::Limits;
 use self::trace::{Refusal, ServerAddress};
+use crate::constraint::Grammars;
 use crate::prompt::PromptBuilder;
 use crate::scheduler::EngineHandle;
 use crate::telemetry::Telemetry;
@@ -177,6 +180,8 @@ pub struct AppState {
     pub engine: Arc<EngineHandle>,
     /// Prompt building for the served model.
     pub prompts: PromptBuilder,
+    /// Structured-output grammars for the served model (compiler built on first use).
+    pub grammars: Arc<Grammars>,
     /// The server's settings (limits, timeouts, model names).
     pub cfg: ServeConfig,
     /// The tracer request spans are recorded with, and the exporter's counts.
@@ -302,8 +307,8 @@ async fn fallback(req: Request) -> ApiError {
 /// The routes, with authentication, draining and the turn-recording layer on the generation routes.
 pub fn router(st: SharedState) -> Router {
     let api = Router::new()
-        .route("/v1/chat/completions", post(openai::chat::handle))
-        .route("/v1/completions", post(openai::completions::handle))
+        .route("/v1/chat/completions", post(openai::handler::chat))
+        .route("/v1/completions", post(openai::handler::completions))
         .route_layer(middleware::from_fn_with_state(
             Arc::clone(&st),
             refuse_when_draining,
@@ -312,6 +317,8 @@ pub fn router(st: SharedState) -> Router {
             Arc::clone(&st),
             record_refusals,
         ))
+        .route("/tokenize", post(openai::tokenize::tokenize))
+        .route("/detokenize", post(openai::tokenize::detokenize))
         .route("/v1/models", get(models))
         .route("/v1/requests", get(requests))
         .route_layer(middleware::from_fn_with_state(

@@ -1,43 +1,67 @@
 //! From a validated request to its output: submit to the engine, then one task per request
-//! that consumes the request's own event channel, records its spans and its log line, and
-//! forwards text to the HTTP side. The task never waits on the client: output goes through an
-//! unbounded channel, so a slow reader cannot stall the step loop or other requests.
+//! that consumes the events of each of its choices, records its spans and its log line, shapes
+//! each choice's text (content to stream now, tool calls to parse at the end), and forwards it
+//! to the HTTP side. The task never waits on the client: output goes through an unbounded
+//! channel, so a slow reader cannot stall the step loop or other requests.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use opentelemetry::Context;
 use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::AppState;
 use super::error::ApiError;
-use super::openai::types::{LegUsage, LlamaCppTimings, PromptDetails, Usage, ValidOptions};
+use super::openai::tools::{ParsedCall, Shaper, ToolSetup};
+use super::openai::validate::ValidRequest;
 use super::trace::{Refusal, RequestInfo, RequestTrace};
+use super::usage::{LlamaCppTimings, Usage, usage_of};
+use crate::sampling::TokenLogprobs;
 use crate::scheduler::{Completion, EngineError, Event, FinishReason, GenerateRequest};
 use crate::timing::RequestTimings;
 
 /// What the HTTP side receives.
 #[derive(Debug)]
 pub enum Out {
-    /// New text (possibly empty) and the count of tokens generated so far.
+    /// Content for one choice (possibly empty), with the log-probabilities of the tokens
+    /// generated since its last delta.
     Delta {
-        /// The text this token completes (may be empty while a character or a stop string is held back).
+        /// The choice.
+        choice: usize,
+        /// Content to show now.
         text: String,
-        /// Tokens so far.
+        /// Tokens generated so far, over all choices.
         generated: usize,
+        /// Log-probabilities of the tokens this delta covers (when asked for).
+        logprobs: Vec<TokenLogprobs>,
     },
-    /// The request finished: what is left to send, its usage, or its error.
+    /// One choice finished.
+    ChoiceDone(Box<ChoiceEnd>),
+    /// The request finished (after every choice).
     Done(Box<Final>),
+}
+
+/// The end of one choice.
+#[derive(Debug, Clone)]
+pub struct ChoiceEnd {
+    /// The choice.
+    pub choice: usize,
+    /// OpenAI finish reason (`tool_calls` when the reply is calls).
+    pub finish_reason: &'static str,
+    /// Content not yet sent.
+    pub text: String,
+    /// The tool calls found in the reply.
+    pub tool_calls: Vec<ParsedCall>,
+    /// Log-probabilities of tokens not yet sent.
+    pub logprobs: Vec<TokenLogprobs>,
 }
 
 /// A finished request as the API reports it.
 #[derive(Debug, Clone)]
 pub struct Final {
-    /// OpenAI finish reason.
-    pub finish_reason: &'static str,
-    /// Text still to send.
-    pub tail: String,
     /// Usage, with the request's own timings.
     pub usage: Usage,
     /// llama.cpp-style timings.
@@ -72,82 +96,11 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// Builds the usage block and llama.cpp's `timings` from a request's own timings.
-pub fn usage_of(c: &Completion) -> (Usage, LlamaCppTimings) {
-    let t = &c.timings;
-    let u = t.usage();
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    let usage = Usage {
-        prompt_tokens: t.prompt_tokens,
-        completion_tokens: t.generated_tokens,
-        total_tokens: t.prompt_tokens + t.generated_tokens,
-        prompt_tokens_details: PromptDetails {
-            cached_tokens: t.cached_tokens,
-        },
-        timings: u,
-        legs: t
-            .legs
-            .iter()
-            .map(|l| LegUsage {
-                path: l.path.as_str(),
-                group: l.group,
-                slot: l.slot,
-                tokens_carried: l.tokens_carried,
-                tokens: l.tokens_generated,
-                ms: l.end.map(|e| ms(e.saturating_duration_since(l.start))),
-                device_ms: ms(l.device),
-            })
-            .collect(),
-    };
-    (usage, llama_cpp_timings(t))
-}
-
-/// llama.cpp's `timings`, with llama.cpp's own definitions (its server's
-/// `server_slot::get_timings`): wall-clock times, and rates as counts per second of those
-/// times. A rate whose time is zero or unknown is `null` (llama.cpp would divide by zero).
-#[allow(clippy::cast_precision_loss)] // token counts are far below 2^53
-pub fn llama_cpp_timings(t: &RequestTimings) -> LlamaCppTimings {
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    let per_second =
-        |n: usize, ms: Option<f64>| ms.filter(|m| *m > 0.0).map(|m| n as f64 / (m / 1e3));
-    let per_token = |n: usize, ms: Option<f64>| ms.filter(|_| n > 0).map(|m| m / n as f64);
-    // prompt_n: `n_prompt_tokens_processed`, the prompt tokens evaluated (not taken from the
-    // cache); here every prefill's computed tokens, a re-prefill after a preemption included.
-    let prompt_n = t.prefilled_tokens;
-    // prompt_ms: `t_prompt_processing`, the wall time from the start of prompt processing to
-    // the first token; here the wall time of every prefill (first chunk's start to its end).
-    let prompt_ms = t.prefill_wall().map(ms);
-    // predicted_n: `n_decoded`, every generated token (the first one included).
-    let predicted_n = t.generated_tokens;
-    // predicted_ms: `t_token_generation`, the wall time from the first token to the last.
-    let predicted_ms = match (t.first_token, t.last_token) {
-        (Some(f), Some(l)) => Some(ms(l.saturating_duration_since(f))),
-        _ => None,
-    };
-    LlamaCppTimings {
-        // cache_n: `n_prompt_tokens_cache`, prompt tokens reused from the cache.
-        cache_n: t.cached_tokens,
-        prompt_n,
-        prompt_ms,
-        // prompt_per_token_ms: `prompt_ms / prompt_n`.
-        prompt_per_token_ms: per_token(prompt_n, prompt_ms),
-        // prompt_per_second: `prompt_n` per second of `prompt_ms`.
-        prompt_per_second: per_second(prompt_n, prompt_ms),
-        predicted_n,
-        predicted_ms,
-        // predicted_per_token_ms: `predicted_ms / predicted_n`.
-        predicted_per_token_ms: per_token(predicted_n, predicted_ms),
-        // predicted_per_second: `predicted_n` per second of `predicted_ms`.
-        predicted_per_second: per_second(predicted_n, predicted_ms),
-    }
-}
-
 /// Submits a request and starts its task. Returns its output channel and cancel flag.
 pub fn launch(
     st: &AppState,
     info: RequestInfo,
-    prompt: Vec<u32>,
-    opts: &ValidOptions,
+    req: &ValidRequest,
     parent: &Context,
 ) -> Result<(mpsc::UnboundedReceiver<Out>, Arc<AtomicBool>), ApiError> {
     let scope = super::http_scope();
@@ -165,10 +118,10 @@ pub fn launch(
         &server,
     );
     let cancel = Arc::new(AtomicBool::new(false));
-    let prompt_tokens = prompt.len();
-    let req = GenerateRequest {
+    let opts = &req.opts;
+    let gen_req = GenerateRequest {
         id: info.id.clone(),
-        prompt,
+        prompt: req.prompt.clone(),
         max_tokens: opts.max_tokens,
         sampling: opts.sampling.clone(),
         stop: opts.stop.clone(),
@@ -176,8 +129,11 @@ pub fn launch(
         session: info.session.clone(),
         received: info.received,
         cancel: Arc::clone(&cancel),
+        n: opts.n,
+        logprobs: req.logprobs,
+        constraint: req.constraint.clone(),
     };
-    let rx = match st.engine.submit(req) {
+    let rxs = match st.engine.submit_choices(gen_req) {
         Ok(rx) => rx,
         Err(e) => {
             let api = ApiError::from(e);
@@ -199,19 +155,73 @@ pub fn launch(
     let (tx, out) = mpsc::unbounded_channel();
     let progress = st.cfg.progress_interval;
     let flag = Arc::clone(&cancel);
-    tokio::spawn(run(trace, rx, tx, flag, progress, info, prompt_tokens));
+    let tools = req.tools.clone();
+    tokio::spawn(run(trace, rxs, tx, flag, progress, info, tools));
     Ok((out, cancel))
+}
+
+/// One choice in progress, as the request task sees it.
+struct ChoiceState {
+    shaper: Shaper,
+    logprobs: Vec<TokenLogprobs>,
+    generated: usize,
+    done: Option<Completion>,
+    /// What this task has seen of the choice's clocks, for the case where the engine loses it.
+    seen: RequestTimings,
+    /// The group it was admitted to.
+    group: usize,
+}
+
+impl ChoiceState {
+    /// The completion of a choice the step loop went away from without finishing (it
+    /// panicked or was dropped): an error, with the clocks this task saw.
+    fn lost(&mut self, choice: usize, info: &RequestInfo, prompt_tokens: usize) -> Completion {
+        let mut timings = std::mem::replace(
+            &mut self.seen,
+            RequestTimings::new(info.received, prompt_tokens),
+        );
+        timings.mark_finished(Instant::now());
+        Completion {
+            finish_reason: FinishReason::Error(EngineError::Lost),
+            tokens: Vec::new(),
+            tail_text: String::new(),
+            timings,
+            group: self.group,
+            choice,
+            mask: None,
+        }
+    }
 }
 
 async fn run(
     mut trace: RequestTrace,
-    mut rx: mpsc::UnboundedReceiver<Event>,
+    rxs: Vec<mpsc::UnboundedReceiver<Event>>,
     tx: mpsc::UnboundedSender<Out>,
     cancel: Arc<AtomicBool>,
     progress: Duration,
     info: RequestInfo,
-    prompt_tokens: usize,
+    tools: Option<ToolSetup>,
 ) {
+    let prompt_tokens = info.prompt_tokens;
+    let n = rxs.len();
+    let mut choices: Vec<ChoiceState> = (0..n)
+        .map(|_| ChoiceState {
+            shaper: Shaper::new(tools.as_ref()),
+            logprobs: Vec::new(),
+            generated: 0,
+            done: None,
+            seen: RequestTimings::new(info.received, prompt_tokens),
+            group: 0,
+        })
+        .collect();
+    // Each choice's events, tagged with its index, and a `None` when its channel closes.
+    let mut events =
+        futures_util::stream::select_all(rxs.into_iter().enumerate().map(|(i, rx)| {
+            UnboundedReceiverStream::new(rx)
+                .map(move |ev| (i, Some(ev)))
+                .chain(futures_util::stream::once(async move { (i, None) }))
+                .boxed()
+        }));
     let mut tick = tokio::time::interval(if progress.is_zero() {
         Duration::from_secs(3600)
     } else {
@@ -219,58 +229,67 @@ async fn run(
     });
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     tick.tick().await;
-    // What this task has seen of the request, for the case where the engine loses it.
-    let mut seen = RequestTimings::new(info.received, prompt_tokens);
-    let mut group = 0;
-    loop {
+    let mut finished = 0;
+    let mut tool_calls = 0;
+    let mut reasons: Vec<&'static str> = vec![slotlight_otel::attr::value::FINISH_ERROR; n];
+    while finished < n {
         tokio::select! {
-            ev = rx.recv() => {
+            item = events.next() => {
+                let Some((i, ev)) = item else { break };
                 let ev = match ev {
                     Some(ev) => ev,
-                    None => {
-                        // The step loop went away without finishing the request: it still
-                        // gets its span, its log line and an error answer, with what is known.
-                        seen.mark_finished(Instant::now());
-                        Event::Done(Box::new(Completion {
-                            finish_reason: FinishReason::Error(EngineError::Lost),
-                            tokens: Vec::new(),
-                            tail_text: String::new(),
-                            timings: std::mem::replace(
-                                &mut seen,
-                                RequestTimings::new(info.received, prompt_tokens),
-                            ),
-                            group,
-                        }))
+                    // The step loop went away without finishing this choice: it still gets
+                    // its span, its log line and an error answer, with what is known.
+                    None if choices[i].done.is_none() => {
+                        Event::Done(Box::new(choices[i].lost(i, &info, prompt_tokens)))
                     }
+                    None => continue,
                 };
-                trace.on_event(&ev);
+                trace.on_event(i, &ev);
                 match ev {
                     Event::Admitted { at, placement } => {
-                        seen.mark_admitted(at);
-                        group = placement.group;
+                        let c = &mut choices[i];
+                        c.seen.mark_admitted(at);
+                        c.group = placement.group;
                     }
-                    Event::Token { text, generated, at, .. } => {
-                        if seen.admitted.is_some() {
-                            seen.mark_token(at);
+                    Event::Token { text, logprobs, at, .. } => {
+                        let c = &mut choices[i];
+                        c.generated += 1;
+                        if c.seen.admitted.is_some() {
+                            c.seen.mark_token(at);
                         }
-                        let gone = tx.send(Out::Delta { text, generated }).is_err();
+                        if let Some(lp) = logprobs {
+                            c.logprobs.push(*lp);
+                        }
+                        let shown = c.shaper.push(&text);
+                        let lps = if shown.is_empty() { Vec::new() } else { std::mem::take(&mut c.logprobs) };
+                        let generated = choices.iter().map(|c| c.generated).sum();
+                        let gone = tx
+                            .send(Out::Delta { choice: i, text: shown, generated, logprobs: lps })
+                            .is_err();
                         cancel.fetch_or(gone, Ordering::Relaxed);
                     }
                     Event::Done(c) => {
-                        log_finished(&info, &trace.trace_id(), &c);
-                        let (usage, timings) = usage_of(&c);
-                        let error = match &c.finish_reason {
-                            FinishReason::Error(e) => Some(ApiError::from(e)),
-                            _ => None,
+                        let state = &mut choices[i];
+                        let shaper = std::mem::replace(&mut state.shaper, Shaper::new(None));
+                        let (text, calls) = shaper.finish(&c.tail_text);
+                        let reason = match (&c.finish_reason, calls.is_empty()) {
+                            (FinishReason::Stop, false) => {
+                                slotlight_otel::attr::value::FINISH_TOOL_CALLS
+                            }
+                            (r, _) => r.as_str(),
                         };
-                        let _ = tx.send(Out::Done(Box::new(Final {
-                            finish_reason: c.finish_reason.as_str(),
-                            tail: c.tail_text.clone(),
-                            usage,
-                            timings,
-                            error,
+                        reasons[i] = reason;
+                        tool_calls += calls.len();
+                        let _ = tx.send(Out::ChoiceDone(Box::new(ChoiceEnd {
+                            choice: i,
+                            finish_reason: reason,
+                            text,
+                            tool_calls: calls,
+                            logprobs: std::mem::take(&mut state.logprobs),
                         })));
-                        break;
+                        state.done = Some(*c);
+                        finished += 1;
                     }
                     _ => {}
                 }
@@ -278,43 +297,72 @@ async fn run(
             _ = tick.tick(), if !progress.is_zero() => trace.flush_window(),
         }
     }
+    let done: Vec<Completion> = choices
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut c)| match c.done.take() {
+            Some(d) => d,
+            None => c.lost(i, &info, prompt_tokens),
+        })
+        .collect();
+    let refs: Vec<&Completion> = done.iter().collect();
+    let (usage, timings) = usage_of(&refs);
+    log_finished(&info, &trace.trace_id(), &refs, &usage);
+    trace.finish(&refs, &usage, &reasons, tool_calls);
+    let error = done.iter().find_map(|c| match &c.finish_reason {
+        FinishReason::Error(e) => Some(ApiError::from(e)),
+        _ => None,
+    });
+    let _ = tx.send(Out::Done(Box::new(Final {
+        usage,
+        timings,
+        error,
+    })));
 }
 
 /// One structured log line per finished request. A value the request never had is left out
 /// of the line, never written as zero.
-fn log_finished(info: &RequestInfo, trace_id: &str, c: &Completion) {
-    let t = &c.timings;
-    let u = t.usage();
-    let legs: Vec<serde_json::Value> = t
-        .legs
+fn log_finished(info: &RequestInfo, trace_id: &str, done: &[&Completion], usage: &Usage) {
+    let legs: Vec<serde_json::Value> = done
         .iter()
-        .map(|l| {
-            serde_json::json!({
-                "path": l.path.as_str(),
-                "group": l.group,
-                "slot": l.slot,
-                "tokens_carried": l.tokens_carried,
-                "tokens": l.tokens_generated,
-                "ms": l.end.map(|e| (e - l.start).as_secs_f64() * 1000.0),
-                "device_ms": l.device.as_secs_f64() * 1000.0,
-                "end": l.end_reason.map(|r| r.as_str()),
+        .flat_map(|c| {
+            c.timings.legs.iter().map(|l| {
+                serde_json::json!({
+                    "choice": c.choice,
+                    "path": l.path.as_str(),
+                    "group": l.group,
+                    "slot": l.slot,
+                    "tokens_carried": l.tokens_carried,
+                    "tokens": l.tokens_generated,
+                    "ms": l.end.map(|e| e.saturating_duration_since(l.start).as_secs_f64() * 1000.0),
+                    "device_ms": l.device.as_secs_f64() * 1000.0,
+                    "end": l.end_reason.map(|r| r.as_str()),
+                })
             })
         })
         .collect();
     let legs = serde_json::Value::Array(legs).to_string();
+    let u = &usage.timings;
+    let reasons: Vec<&str> = done.iter().map(|c| c.finish_reason.as_str()).collect();
+    // The request's status is its first failed choice's, else `ok`.
+    let failed = done
+        .iter()
+        .find(|c| matches!(c.finish_reason, FinishReason::Error(_)))
+        .or(done.first());
     tracing::info!(
         target: "slotlight::request",
         request_id = %info.id,
         session_id = info.session.as_deref(),
         trace_id = %trace_id,
         operation = info.operation,
-        status = c.finish_reason.status(),
-        finish_reason = c.finish_reason.as_str(),
-        error_type = c.finish_reason.error_type(),
-        prompt_tokens = t.prompt_tokens,
-        cached_tokens = t.cached_tokens,
-        prefilled_tokens = t.prefilled_tokens,
-        completion_tokens = t.generated_tokens,
+        status = failed.map(|c| c.finish_reason.status()),
+        finish_reason = reasons.join(","),
+        error_type = failed.and_then(|c| c.finish_reason.error_type()),
+        choices = done.len(),
+        prompt_tokens = usage.prompt_tokens,
+        cached_tokens = usage.prompt_tokens_details.cached_tokens,
+        prefilled_tokens = done.iter().map(|c| c.timings.prefilled_tokens).sum::<usize>(),
+        completion_tokens = usage.completion_tokens,
         queue_ms = u.queue_ms,
         prefill_ms = u.prefill_ms,
         ttft_ms = u.ttft_ms,
@@ -322,7 +370,7 @@ fn log_finished(info: &RequestInfo, trace_id: &str, c: &Completion) {
         generation_ms = u.generation_ms,
         decode_tps = u.decode_tps,
         e2e_ms = u.e2e_ms,
-        group = c.group,
+        group = done.first().map(|c| c.group),
         legs = %legs,
         "Request.Finished"
     );
@@ -389,6 +437,11 @@ mod tests {
             requested: RequestedParams::default(),
             received,
             prompt_text: None,
+            prompt_tokens: 5,
+            n: 1,
+            constraint: None,
+            json_output: false,
+            tools: None,
         }
     }
 
@@ -426,13 +479,28 @@ mod tests {
             .expect("send");
         drop(events);
         let cancel = Arc::new(AtomicBool::new(false));
-        run(trace, rx, tx, cancel, Duration::ZERO, info(received), 5).await;
-        let Some(Out::Done(f)) = out.recv().await else {
-            panic!("an answer");
+        run(
+            trace,
+            vec![rx],
+            tx,
+            cancel,
+            Duration::ZERO,
+            info(received),
+            None,
+        )
+        .await;
+        let mut reason = None;
+        let f = loop {
+            match out.recv().await {
+                Some(Out::ChoiceDone(c)) => reason = Some(c.finish_reason),
+                Some(Out::Done(f)) => break f,
+                Some(Out::Delta { .. }) => {}
+                None => panic!("an answer"),
+            }
         };
         let e = f.error.expect("an error answer");
         assert_eq!(e.error, ErrorKind::Internal);
-        assert_eq!(f.finish_reason, "error");
+        assert_eq!(reason, Some("error"));
         let u = &f.usage;
         assert_eq!(u.prompt_tokens, 5);
         assert_eq!(u.timings.queue_ms, Some(1.0));

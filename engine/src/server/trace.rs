@@ -13,7 +13,8 @@ use opentelemetry::trace::{Link, SpanContext, SpanKind, Status, TraceContextExt,
 use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
 use slotlight_otel::{attr, span};
 
-use crate::scheduler::{Completion, Event, Placement};
+use crate::scheduler::{Completion, Event, FinishReason, Placement};
+use crate::server::usage::Usage;
 use crate::timing::{LegRecord, PathKind, PrefillRecord, TimeAnchor};
 
 /// Request parameters that go on the span only when the request set them
@@ -68,6 +69,17 @@ impl ServerAddress {
     }
 }
 
+/// What the request span says about a request's tools.
+#[derive(Debug, Clone)]
+pub struct ToolsInfo {
+    /// The tools' names.
+    pub names: Vec<String>,
+    /// `tool_choice`.
+    pub choice: &'static str,
+    /// The tool-call format.
+    pub format: &'static str,
+}
+
 /// What the root span needs to know at the start.
 #[derive(Debug, Clone)]
 pub struct RequestInfo {
@@ -99,6 +111,16 @@ pub struct RequestInfo {
     pub received: Instant,
     /// Prompt text, only with `--trace-content`.
     pub prompt_text: Option<String>,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Choices (`n`).
+    pub n: usize,
+    /// The kind of output constraint, when there is one.
+    pub constraint: Option<&'static str>,
+    /// Whether the output is constrained to JSON.
+    pub json_output: bool,
+    /// The request's tools, when it has some.
+    pub tools: Option<ToolsInfo>,
 }
 
 struct Window {
@@ -113,21 +135,27 @@ struct OpenLeg {
     record: LegRecord,
 }
 
+/// One choice's spans in progress.
+#[derive(Default)]
+struct ChoiceTrace {
+    leg: Option<OpenLeg>,
+    prev_leg: Option<SpanContext>,
+    window: Option<Window>,
+    window_floor: Option<Instant>,
+    generated: usize,
+    placement: Option<Placement>,
+    completion_text: String,
+}
+
 /// The spans of one request in progress.
 pub struct RequestTrace {
     tracer: std::sync::Arc<BoxedTracer>,
     anchor: TimeAnchor,
     info: RequestInfo,
     root: Context,
-    leg: Option<OpenLeg>,
-    prev_leg: Option<SpanContext>,
-    window: Option<Window>,
-    window_floor: Option<Instant>,
+    choices: Vec<ChoiceTrace>,
     first_token: Option<Instant>,
-    generated: usize,
-    placement: Option<Placement>,
     trace_content: bool,
-    completion_text: String,
 }
 
 fn kv_i(k: &'static str, v: usize) -> KeyValue {
@@ -207,6 +235,25 @@ impl RequestTrace {
         if let (true, Some(p)) = (trace_content, &info.prompt_text) {
             attrs.push(KeyValue::new(attr::CONTENT_PROMPT, p.clone()));
         }
+        if info.json_output {
+            attrs.push(KeyValue::new(
+                attr::GEN_AI_OUTPUT_TYPE,
+                attr::value::OUTPUT_TYPE_JSON,
+            ));
+        }
+        if let Some(k) = info.constraint {
+            attrs.push(KeyValue::new(attr::CONSTRAINT_KIND, k));
+        }
+        if let Some(t) = &info.tools {
+            attrs.push(KeyValue::new(
+                attr::TOOLS_NAMES,
+                Value::Array(Array::String(
+                    t.names.iter().cloned().map(StringValue::from).collect(),
+                )),
+            ));
+            attrs.push(KeyValue::new(attr::TOOLS_CHOICE, t.choice));
+            attrs.push(KeyValue::new(attr::TOOLS_FORMAT, t.format));
+        }
         let name = span::request_span_name(info.operation, &info.response_model);
         let root_span = tracer
             .span_builder(Cow::Owned(name))
@@ -215,20 +262,15 @@ impl RequestTrace {
             .with_attributes(attrs)
             .start_with_context(tracer.as_ref(), parent);
         let root = parent.with_span(root_span);
+        let n = info.n.max(1);
         Self {
             tracer,
             anchor,
             info,
             root,
-            leg: None,
-            prev_leg: None,
-            window: None,
-            window_floor: None,
+            choices: (0..n).map(|_| ChoiceTrace::default()).collect(),
             first_token: None,
-            generated: 0,
-            placement: None,
             trace_content,
-            completion_text: String::new(),
         }
     }
 
@@ -237,8 +279,11 @@ impl RequestTrace {
         self.root.span().span_context().trace_id().to_string()
     }
 
-    fn ids(&self) -> Vec<KeyValue> {
-        let mut v = vec![KeyValue::new(attr::REQUEST_ID, self.info.id.clone())];
+    fn ids(&self, choice: usize) -> Vec<KeyValue> {
+        let mut v = vec![
+            KeyValue::new(attr::REQUEST_ID, self.info.id.clone()),
+            kv_i(attr::CHOICE_INDEX, choice),
+        ];
         if let Some(s) = &self.info.session {
             v.push(KeyValue::new(attr::GEN_AI_CONVERSATION_ID, s.clone()));
         }
@@ -293,12 +338,15 @@ impl RequestTrace {
         );
     }
 
-    /// Records one event.
-    pub fn on_event(&mut self, ev: &Event) {
+    /// Records one event of choice `choice`.
+    pub fn on_event(&mut self, choice: usize, ev: &Event) {
+        if choice >= self.choices.len() {
+            self.choices.resize_with(choice + 1, ChoiceTrace::default);
+        }
         match ev {
             Event::Admitted { at, placement } => {
-                self.placement = Some(*placement);
-                let mut attrs = self.ids();
+                self.choices[choice].placement = Some(*placement);
+                let mut attrs = self.ids(choice);
                 attrs.extend(Self::placement_attrs(
                     placement.path,
                     placement.group,
@@ -313,9 +361,9 @@ impl RequestTrace {
                     Vec::new(),
                 );
             }
-            Event::Prefilled(rec) => self.prefill(rec),
-            Event::LegStarted(leg) => self.leg_started(leg),
-            Event::LegEnded(leg) => self.leg_ended(leg),
+            Event::Prefilled(rec) => self.prefill(choice, rec),
+            Event::LegStarted(leg) => self.leg_started(choice, leg),
+            Event::LegEnded(leg) => self.leg_ended(choice, leg),
             Event::Token {
                 at,
                 step_device,
@@ -325,25 +373,28 @@ impl RequestTrace {
                 from_prefill,
                 ..
             } => {
-                self.placement = Some(*placement);
-                self.first_token.get_or_insert(*at);
-                self.generated = *generated;
-                if self.trace_content {
-                    self.completion_text.push_str(text);
+                self.first_token = Some(self.first_token.map_or(*at, |f| f.min(*at)));
+                let trace_content = self.trace_content;
+                let c = &mut self.choices[choice];
+                c.placement = Some(*placement);
+                c.generated = *generated;
+                if trace_content {
+                    c.completion_text.push_str(text);
                 }
                 if *from_prefill {
                     // A prefill's token belongs to no decode window: the next window starts
                     // where decoding starts, and neither its time nor its device time
                     // includes the prefill step.
-                    self.flush_window();
-                    self.window_floor = Some(*at);
+                    self.flush_choice(choice);
+                    self.choices[choice].window_floor = Some(*at);
                     return;
                 }
-                let floor = self
+                let c = &mut self.choices[choice];
+                let floor = c
                     .window_floor
-                    .or_else(|| self.leg.as_ref().map(|l| l.record.start))
+                    .or_else(|| c.leg.as_ref().map(|l| l.record.start))
                     .unwrap_or(*at);
-                let w = self.window.get_or_insert(Window {
+                let w = c.window.get_or_insert(Window {
                     start: floor.min(*at),
                     last: *at,
                     tokens: 0,
@@ -353,12 +404,19 @@ impl RequestTrace {
                 w.device += *step_device;
                 w.last = *at;
             }
-            Event::Done(c) => self.finish(c),
+            Event::Done(c) => {
+                if self.trace_content
+                    && let Some(ct) = self.choices.get_mut(choice)
+                {
+                    ct.completion_text.push_str(&c.tail_text);
+                }
+                self.close_choice(choice);
+            }
         }
     }
 
-    fn prefill(&mut self, rec: &PrefillRecord) {
-        let mut attrs = self.ids();
+    fn prefill(&mut self, choice: usize, rec: &PrefillRecord) {
+        let mut attrs = self.ids(choice);
         attrs.extend([
             kv_i(attr::PREFILL_PROMPT_TOKENS, rec.prompt_tokens),
             kv_i(attr::PREFILL_CACHED_TOKENS, rec.cached_tokens),
@@ -378,16 +436,16 @@ impl RequestTrace {
         );
     }
 
-    fn leg_started(&mut self, leg: &LegRecord) {
-        self.flush_window();
-        let mut attrs = self.ids();
+    fn leg_started(&mut self, choice: usize, leg: &LegRecord) {
+        self.flush_choice(choice);
+        let mut attrs = self.ids(choice);
         attrs.extend(Self::placement_attrs(leg.path, leg.group, leg.slot));
         attrs.extend([
             kv_i(attr::LEG_INDEX, leg.index),
             kv_u(attr::LEG_START_TIME, self.anchor.unix_nanos(leg.start)),
             kv_i(attr::LEG_TOKENS_CARRIED, leg.tokens_carried),
         ]);
-        let links = self
+        let links = self.choices[choice]
             .prev_leg
             .clone()
             .map(|sc| vec![Link::with_context(sc)])
@@ -401,16 +459,19 @@ impl RequestTrace {
             .with_links(links)
             .start_with_context(self.tracer.as_ref(), &self.root);
         let cx = self.root.with_span(s);
-        self.window_floor = Some(leg.start);
-        self.leg = Some(OpenLeg {
+        let c = &mut self.choices[choice];
+        c.window_floor = Some(leg.start);
+        c.leg = Some(OpenLeg {
             cx,
             record: leg.clone(),
         });
     }
 
-    fn leg_ended(&mut self, leg: &LegRecord) {
-        self.flush_window();
-        let Some(open) = self.leg.take() else { return };
+    fn leg_ended(&mut self, choice: usize, leg: &LegRecord) {
+        self.flush_choice(choice);
+        let Some(open) = self.choices[choice].leg.take() else {
+            return;
+        };
         let sp = open.cx.span();
         let mut attrs = vec![
             kv_i(attr::LEG_TOKENS_GENERATED, leg.tokens_generated),
@@ -423,16 +484,27 @@ impl RequestTrace {
         }
         attrs.extend(self.clocks());
         sp.set_attributes(attrs);
-        self.prev_leg = Some(sp.span_context().clone());
+        self.choices[choice].prev_leg = Some(sp.span_context().clone());
         sp.end_with_timestamp(self.anchor.system_time(leg.end.unwrap_or(leg.start)));
     }
 
-    /// Closes the current decode window, if it holds tokens, as a `slotlight.decode` span.
+    /// Closes every choice's current decode window, if it holds tokens, as a
+    /// `slotlight.decode` span.
     pub fn flush_window(&mut self) {
-        let Some(w) = self.window.take() else { return };
-        self.window_floor = Some(w.last);
-        let Some(open) = &self.leg else { return };
-        let mut attrs = self.ids();
+        for i in 0..self.choices.len() {
+            self.flush_choice(i);
+        }
+    }
+
+    fn flush_choice(&mut self, choice: usize) {
+        let Some(w) = self.choices[choice].window.take() else {
+            return;
+        };
+        self.choices[choice].window_floor = Some(w.last);
+        let Some(open) = &self.choices[choice].leg else {
+            return;
+        };
+        let mut attrs = self.ids(choice);
         let l = &open.record;
         attrs.extend(Self::placement_attrs(l.path, l.group, l.slot));
         attrs.extend([
@@ -440,7 +512,10 @@ impl RequestTrace {
             kv_u(attr::LEG_START_TIME, self.anchor.unix_nanos(l.start)),
             kv_i(attr::LEG_TOKENS_CARRIED, l.tokens_carried),
             kv_i(attr::DECODE_WINDOW_TOKENS, w.tokens),
-            kv_i(attr::DECODE_TOKENS_GENERATED, self.generated),
+            kv_i(
+                attr::DECODE_TOKENS_GENERATED,
+                self.choices[choice].generated,
+            ),
             kv_u(attr::DECODE_LAST_TOKEN_TIME, self.anchor.unix_nanos(w.last)),
             KeyValue::new(attr::DECODE_DEVICE_MS, ms(w.device)),
         ]);
@@ -449,15 +524,44 @@ impl RequestTrace {
         self.child(span::DECODE, &parent, w.start, w.last, attrs, Vec::new());
     }
 
-    fn finish(&mut self, c: &Completion) {
-        self.flush_window();
-        if let Some(open) = self.leg.take() {
+    /// A choice finished: its last window and its open leg end.
+    fn close_choice(&mut self, choice: usize) {
+        self.flush_choice(choice);
+        if let Some(open) = self.choices[choice].leg.take() {
             open.cx.span().end();
         }
-        let t = &c.timings;
-        let u = t.usage();
-        let v = t.vllm_latencies();
+    }
+
+    /// Ends the request span with the request's outcome: every choice's completion, the usage
+    /// answered to the client, the API finish reasons and the tool calls found.
+    pub fn finish(
+        &mut self,
+        done: &[&Completion],
+        usage: &Usage,
+        reasons: &[&'static str],
+        tool_calls: usize,
+    ) {
+        for i in 0..self.choices.len() {
+            self.close_choice(i);
+        }
+        let u = &usage.timings;
         let sp = self.root.span();
+        let legs: usize = done.iter().map(|c| c.timings.legs.len()).sum();
+        let moved = done.iter().any(|c| c.timings.legs.len() > 1);
+        let first_token = done.iter().filter_map(|c| c.timings.first_token).min();
+        let finished = done.iter().filter_map(|c| c.timings.finished).max();
+        let prefilled: usize = done.iter().map(|c| c.timings.prefilled_tokens).sum();
+        let group = done.first().map_or(0, |c| c.group);
+        // The choice that says how the request ended: the first failed one, else the first
+        // cancelled one.
+        let failed = done
+            .iter()
+            .find(|c| matches!(c.finish_reason, FinishReason::Error(_)))
+            .or_else(|| {
+                done.iter()
+                    .find(|c| matches!(c.finish_reason, FinishReason::Cancelled))
+            })
+            .copied();
         let mut attrs = vec![
             KeyValue::new(
                 attr::GEN_AI_RESPONSE_MODEL,
@@ -465,38 +569,55 @@ impl RequestTrace {
             ),
             KeyValue::new(
                 attr::GEN_AI_RESPONSE_FINISH_REASONS,
-                Value::Array(Array::String(vec![StringValue::from(
-                    c.finish_reason.as_str(),
-                )])),
+                Value::Array(Array::String(
+                    reasons.iter().map(|r| StringValue::from(*r)).collect(),
+                )),
             ),
-            KeyValue::new(attr::REQUEST_STATUS, c.finish_reason.status()),
-            kv_i(attr::GEN_AI_USAGE_INPUT_TOKENS, t.prompt_tokens),
-            kv_i(attr::GEN_AI_USAGE_OUTPUT_TOKENS, t.generated_tokens),
-            kv_i(attr::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, t.cached_tokens),
-            kv_i(attr::USAGE_PREFILLED_TOKENS, t.prefilled_tokens),
-            kv_i(attr::REQUEST_LEGS, t.legs.len()),
-            KeyValue::new(attr::REQUEST_MOVED, t.legs.len() > 1),
-            kv_i(attr::SLOT_GROUP, c.group),
+            kv_i(attr::GEN_AI_USAGE_INPUT_TOKENS, usage.prompt_tokens),
+            kv_i(attr::GEN_AI_USAGE_OUTPUT_TOKENS, usage.completion_tokens),
+            kv_i(
+                attr::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+                usage.prompt_tokens_details.cached_tokens,
+            ),
+            KeyValue::new(
+                attr::REQUEST_STATUS,
+                failed
+                    .or(done.first().copied())
+                    .map_or(attr::value::STATUS_OK, |c| c.finish_reason.status()),
+            ),
+            kv_i(attr::USAGE_PREFILLED_TOKENS, prefilled),
+            kv_i(attr::REQUEST_LEGS, legs),
+            KeyValue::new(attr::REQUEST_MOVED, moved),
+            kv_i(attr::SLOT_GROUP, group),
         ];
+        // vLLM's latencies, with vLLM's meanings: wall-clock intervals between the request's
+        // own instants (the first admission, the first token of any choice, the last token and
+        // the last finish), in seconds.
+        let admitted = done.iter().filter_map(|c| c.timings.admitted).min();
+        let last_token = done.iter().filter_map(|c| c.timings.last_token).max();
+        let secs = |from: Option<Instant>, to: Option<Instant>| {
+            Some(to?.saturating_duration_since(from?).as_secs_f64())
+        };
+        let arrival = Some(self.info.received);
         // Only what the request had: an unknown value is left off, never written as zero.
         let known = [
             (
                 attr::GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN,
-                v.time_to_first_token,
+                secs(arrival, first_token),
             ),
-            (attr::GEN_AI_LATENCY_E2E, v.e2e),
-            (attr::GEN_AI_LATENCY_TIME_IN_QUEUE, v.time_in_queue),
+            (attr::GEN_AI_LATENCY_E2E, secs(arrival, finished)),
+            (attr::GEN_AI_LATENCY_TIME_IN_QUEUE, secs(arrival, admitted)),
             (
                 attr::GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL,
-                v.time_in_model_prefill,
+                secs(admitted, first_token),
             ),
             (
                 attr::GEN_AI_LATENCY_TIME_IN_MODEL_DECODE,
-                v.time_in_model_decode,
+                secs(first_token, last_token),
             ),
             (
                 attr::GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE,
-                v.time_in_model_inference,
+                secs(admitted, finished),
             ),
             (attr::USAGE_QUEUE_MS, u.queue_ms),
             (attr::USAGE_PREFILL_MS, u.prefill_ms),
@@ -511,21 +632,39 @@ impl RequestTrace {
                 .into_iter()
                 .filter_map(|(k, v)| v.map(|v| KeyValue::new(k, v))),
         );
-        if let Some(f) = t.first_token {
+        if let Some(f) = first_token {
             attrs.push(kv_u(
                 attr::REQUEST_FIRST_TOKEN_TIME,
                 self.anchor.unix_nanos(f),
             ));
         }
+        if self.info.constraint.is_some() {
+            let mask: Duration = done.iter().filter_map(|c| c.mask).map(|m| m.time).sum();
+            let masks: u64 = done.iter().filter_map(|c| c.mask).map(|m| m.masks).sum();
+            attrs.push(KeyValue::new(attr::CONSTRAINT_MASK_MS, ms(mask)));
+            attrs.push(kv_u(attr::CONSTRAINT_MASKS, masks));
+        }
+        if self.info.tools.is_some() {
+            attrs.push(kv_i(attr::TOOLS_CALLS, tool_calls));
+        }
         if self.trace_content {
-            let mut text = std::mem::take(&mut self.completion_text);
-            text.push_str(&c.tail_text);
+            let texts: Vec<String> = self
+                .choices
+                .iter_mut()
+                .map(|c| std::mem::take(&mut c.completion_text))
+                .collect();
+            let text = match texts.as_slice() {
+                [one] => one.clone(),
+                many => serde_json::to_string(many).unwrap_or_default(),
+            };
             attrs.push(KeyValue::new(attr::CONTENT_COMPLETION, text));
         }
-        if let Some(label) = c.finish_reason.error_type() {
+        if let Some(c) = failed
+            && let Some(label) = c.finish_reason.error_type()
+        {
             attrs.push(KeyValue::new(attr::ERROR_TYPE, label));
             let message = match &c.finish_reason {
-                crate::scheduler::FinishReason::Error(e) => e.to_string(),
+                FinishReason::Error(e) => e.to_string(),
                 _ => "cancelled by the client".to_string(),
             };
             sp.set_status(Status::error(message));
@@ -533,7 +672,7 @@ impl RequestTrace {
         sp.set_attributes(attrs);
         sp.end_with_timestamp(
             self.anchor
-                .system_time(t.finished.unwrap_or_else(Instant::now)),
+                .system_time(finished.unwrap_or_else(Instant::now)),
         );
     }
 

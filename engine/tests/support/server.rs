@@ -110,6 +110,10 @@ impl TestServer {
         };
         let st = Arc::new(AppState {
             engine,
+            grammars: Arc::new(slotlight_engine::constraint::Grammars::new(
+                Arc::clone(&model.tokenizer),
+                model.config.vocab,
+            )),
             prompts: PromptBuilder::new(model),
             cfg: ServeConfig {
                 api_key: o.api_key.clone(),

@@ -15,7 +15,9 @@ use crate::vocab::{Path, TraceId, hex};
 /// One leg of a finished request.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct TurnLeg {
-    /// `slotlight.leg.index`.
+    /// `slotlight.choice.index`: which choice of the request (`n`) the leg belongs to.
+    pub choice: i64,
+    /// `slotlight.leg.index` (counted per choice).
     pub index: i64,
     /// `solo` or `slot`.
     pub path: Path,
@@ -47,6 +49,7 @@ impl TurnLeg {
         #[allow(clippy::cast_precision_loss)] // span durations in ns fit f64 exactly enough
         let ms = (end_ns - start_ns) as f64 / 1e6;
         TurnLeg {
+            choice: leg.choice,
             index: leg.leg_index,
             path: leg.key.path,
             slot: leg.key.index,
@@ -173,7 +176,7 @@ pub struct TurnRecord {
     pub decode_tps: Option<f64>,
     /// `prefilled_tokens / (prefill_ms / 1000)` when both are known and `prefill_ms > 0`.
     pub prefill_tps: Option<f64>,
-    /// The request's legs, by index.
+    /// The request's legs, by choice, then index.
     pub legs: Vec<TurnLeg>,
     /// `slotlight.request.legs`.
     pub legs_expected: Option<i64>,
@@ -188,8 +191,8 @@ pub struct TurnRecord {
 impl TurnRecord {
     /// Builds the record from the request span and the legs received.
     pub fn build(root: &EngineSpan, req: &RequestSpan, mut legs: Vec<TurnLeg>) -> Self {
-        legs.sort_by_key(|l| l.index);
-        legs.dedup_by_key(|l| l.index);
+        legs.sort_by_key(|l| (l.choice, l.index));
+        legs.dedup_by_key(|l| (l.choice, l.index));
         let model = req
             .response_model
             .clone()
@@ -211,8 +214,10 @@ impl TurnRecord {
             _ => None,
         };
         let moved = req.moved.unwrap_or_else(|| {
-            legs.windows(2)
-                .any(|w| (w[0].path, w[0].slot, w[0].group) != (w[1].path, w[1].slot, w[1].group))
+            legs.windows(2).any(|w| {
+                w[0].choice == w[1].choice
+                    && (w[0].path, w[0].slot, w[0].group) != (w[1].path, w[1].slot, w[1].group)
+            })
         });
         let legs_complete = req
             .legs
@@ -351,6 +356,7 @@ mod tests {
 
     fn leg(index: i64, path: Path, slot: Option<i64>) -> TurnLeg {
         TurnLeg {
+            choice: 0,
             index,
             path,
             slot,
@@ -390,6 +396,33 @@ mod tests {
         let json = serde_json::to_value(&t).expect("json");
         assert_eq!(json["e2e_ms"], serde_json::json!(123.456));
         assert!(json.get("trace_id_bytes").is_none());
+    }
+
+    #[test]
+    fn each_choice_keeps_its_own_legs() {
+        let req = RequestSpan {
+            name: "chat small".into(),
+            legs: Some(3),
+            ..Default::default()
+        };
+        let mut fork = leg(0, Path::Slot, Some(1));
+        fork.choice = 1;
+        let t = TurnRecord::build(
+            &root(req.clone()),
+            &req,
+            vec![
+                fork.clone(),
+                leg(1, Path::Slot, Some(0)),
+                leg(0, Path::Solo, None),
+                fork,
+            ],
+        );
+        // Leg 0 of choice 1 is not a duplicate of leg 0 of choice 0; the repeat of it is.
+        let keys: Vec<(i64, i64)> = t.legs.iter().map(|l| (l.choice, l.index)).collect();
+        assert_eq!(keys, vec![(0, 0), (0, 1), (1, 0)]);
+        assert!(t.legs_complete);
+        let json = serde_json::to_value(&t).expect("json");
+        assert_eq!(json["legs"][2]["choice"], serde_json::json!(1));
     }
 
     #[test]

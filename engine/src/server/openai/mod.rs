@@ -1,8 +1,15 @@
-//! The OpenAI-compatible endpoints.
+//! The OpenAI-compatible endpoints, plus `/tokenize` and `/detokenize`.
+//!
+//! Chat and completions share one path ([`handler`]): wire types ([`types`]) → validated request
+//! ([`validate`]) → the per-request pipeline → typed responses ([`response`]); tool calls live in
+//! [`tools`].
 
-pub mod chat;
-pub mod completions;
+pub mod handler;
+pub mod response;
+pub mod tokenize;
+pub mod tools;
 pub mod types;
+pub mod validate;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -82,7 +89,8 @@ pub fn created() -> u64 {
         .as_secs()
 }
 
-/// The session: the `x-session-id` header, else the request's `user`.
+/// The session: the `x-session-id` header, else the body's hint (`prompt_cache_key`, else
+/// `user`, else `safety_identifier`).
 pub fn session(headers: &HeaderMap, user: Option<&str>) -> Option<String> {
     headers
         .get("x-session-id")
@@ -92,13 +100,13 @@ pub fn session(headers: &HeaderMap, user: Option<&str>) -> Option<String> {
         .or_else(|| user.filter(|u| !u.is_empty()).map(str::to_string))
 }
 
-/// Wraps a stream of JSON chunks as SSE ending with `[DONE]`.
+/// Wraps a stream of JSON chunks (serialized) as SSE ending with `[DONE]`.
 pub fn sse(
-    stream: impl Stream<Item = serde_json::Value> + Send + 'static,
+    stream: impl Stream<Item = String> + Send + 'static,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     use futures_util::StreamExt;
     let events = stream
-        .map(|v| Ok(SseEvent::default().data(v.to_string())))
+        .map(|v| Ok(SseEvent::default().data(v)))
         .chain(futures_util::stream::once(async {
             Ok(SseEvent::default().data("[DONE]"))
         }));

@@ -1,11 +1,19 @@
-//! OpenAI wire types, and their validation into engine requests.
+//! OpenAI wire types: request bodies taken apart field by field.
+//!
+//! Nothing is silently ignored. A body is read as a JSON object and every field is taken out by
+//! name, with its own type check (a wrong type is a 400 naming the field in `param`); what is
+//! left at the end is refused the same way. Fields of OpenAI's API that slotlight does not
+//! implement are refused with a reason ([`REFUSED`]); an explicit `null` asks for nothing and is
+//! accepted for any field (several clients write every unset optional field as `null`).
+//! `docs/api.md` lists every field and what happens to it.
 
-use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
 
 use super::super::error::ApiError;
-use crate::chat_template::ChatMessage;
-use crate::sampling::SamplingParams;
-use crate::timing::UsageTimings;
 
 /// Limits on what a request may ask for.
 #[derive(Debug, Clone)]
@@ -20,6 +28,10 @@ pub struct Limits {
     pub max_tokens: usize,
     /// `max_tokens` when the request gives none.
     pub default_max_tokens: usize,
+    /// Largest `n`.
+    pub max_n: usize,
+    /// Most tools in one request.
+    pub max_tools: usize,
 }
 
 impl Default for Limits {
@@ -30,7 +42,162 @@ impl Default for Limits {
             max_stop: crate::stop::MAX_STOP_STRINGS,
             max_tokens: 4096,
             default_max_tokens: 256,
+            max_n: 16,
+            max_tools: 128,
         }
+    }
+}
+
+/// Fields of OpenAI's API (and other servers' extensions) that slotlight refuses, with why.
+pub const REFUSED: &[(&str, &str)] = &[
+    ("audio", "audio output is not supported"),
+    (
+        "functions",
+        "the deprecated `functions` API is not supported; use `tools`",
+    ),
+    (
+        "function_call",
+        "the deprecated `function_call` is not supported; use `tool_choice`",
+    ),
+    ("prediction", "predicted outputs are not supported"),
+    (
+        "reasoning_effort",
+        "the model does not reason; `reasoning_effort` is not supported",
+    ),
+    ("verbosity", "`verbosity` is not supported"),
+    ("web_search_options", "web search is not supported"),
+    (
+        "metadata",
+        "`metadata` belongs to stored completions, which are not supported",
+    ),
+    (
+        "suffix",
+        "insertion (`suffix`) is not supported by this model",
+    ),
+    (
+        "guided_json",
+        "vLLM's `guided_*` fields were replaced by `structured_outputs`; use `structured_outputs.json`",
+    ),
+    (
+        "guided_regex",
+        "use `structured_outputs.regex` (vLLM's `guided_*` fields were replaced)",
+    ),
+    (
+        "guided_choice",
+        "use `structured_outputs.choice` (vLLM's `guided_*` fields were replaced)",
+    ),
+    (
+        "guided_grammar",
+        "use `structured_outputs.grammar` (vLLM's `guided_*` fields were replaced)",
+    ),
+    (
+        "guided_decoding_backend",
+        "structured outputs always use llguidance; there is no backend to choose",
+    ),
+];
+
+/// A request body being taken apart.
+#[derive(Debug)]
+pub struct Body {
+    map: Map<String, Value>,
+    /// The path of this object in the request (`""` at the top, `stream_options.` inside).
+    prefix: String,
+}
+
+impl Body {
+    /// The body, which must be a JSON object.
+    pub fn new(v: Value, prefix: &str) -> Result<Self, ApiError> {
+        match v {
+            Value::Object(map) => Ok(Self {
+                map,
+                prefix: prefix.to_string(),
+            }),
+            other => {
+                let what = if prefix.is_empty() {
+                    "the request body".to_string()
+                } else {
+                    format!("`{}`", prefix.trim_end_matches('.'))
+                };
+                let err = format!("{what} must be a JSON object, not {}", kind_of(&other));
+                if prefix.is_empty() {
+                    Err(ApiError::invalid(err))
+                } else {
+                    Err(ApiError::invalid_param(prefix.trim_end_matches('.'), err))
+                }
+            }
+        }
+    }
+
+    fn path(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    /// Takes `key` as a `T`; absent or `null` is `None`, a wrong type is a 400 naming it.
+    pub fn take<T: DeserializeOwned>(&mut self, key: &str) -> Result<Option<T>, ApiError> {
+        match self.map.remove(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => serde_json::from_value(v).map(Some).map_err(|e| {
+                let p = self.path(key);
+                ApiError::invalid_param(&p, format!("`{p}`: {e}"))
+            }),
+        }
+    }
+
+    /// Takes `key` as a raw JSON value (absent or `null` is `None`).
+    pub fn take_value(&mut self, key: &str) -> Option<Value> {
+        self.map.remove(key).filter(|v| !v.is_null())
+    }
+
+    /// Takes `key`, refusing it unless `accepted` holds for its value.
+    pub fn refuse_unless(
+        &mut self,
+        key: &str,
+        accepted: impl Fn(&Value) -> bool,
+        why: &str,
+    ) -> Result<(), ApiError> {
+        match self.map.remove(key) {
+            Some(v) if !v.is_null() && !accepted(&v) => {
+                let p = self.path(key);
+                let mut e = ApiError::invalid_param(&p, format!("`{p}`: {why}"));
+                e.code = Some("unsupported_parameter");
+                Err(e)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Refuses whatever is left: [`REFUSED`] fields with their reason, others as unknown.
+    pub fn finish(mut self) -> Result<(), ApiError> {
+        self.map.retain(|_, v| !v.is_null());
+        let Some(key) = self.map.keys().next().cloned() else {
+            return Ok(());
+        };
+        let p = self.path(&key);
+        let why = REFUSED
+            .iter()
+            .find(|(k, _)| self.prefix.is_empty() && *k == key)
+            .map_or_else(
+                || {
+                    format!(
+                        "unknown field `{p}`: slotlight refuses fields it does not implement rather than ignore them"
+                    )
+                },
+                |(_, why)| format!("`{p}`: {why}"),
+            );
+        let mut e = ApiError::invalid_param(&p, why);
+        e.code = Some("unsupported_parameter");
+        Err(e)
+    }
+}
+
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
     }
 }
 
@@ -54,15 +221,76 @@ pub struct ContentPart {
     pub text: Option<String>,
 }
 
-/// One chat message.
+/// A tool call in an assistant message of the history.
 #[derive(Debug, Clone, Deserialize)]
+pub struct WireToolCall {
+    /// Its id.
+    pub id: Option<String>,
+    /// `function`.
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    /// The call.
+    pub function: WireFunctionCall,
+}
+
+/// The function part of a tool call.
+#[derive(Debug, Clone, Deserialize)]
+pub struct WireFunctionCall {
+    /// Function name.
+    pub name: String,
+    /// Arguments, a JSON text (an object is accepted too).
+    pub arguments: Value,
+}
+
+/// One chat message.
+#[derive(Debug, Clone)]
 pub struct WireMessage {
-    /// `system`, `user`, `assistant` or `tool`.
+    /// `system`, `developer`, `user`, `assistant` or `tool`.
     pub role: String,
-    /// Content (may be null for assistant tool calls).
+    /// Content (may be null for an assistant message with tool calls).
     pub content: Option<Content>,
     /// Optional author name.
     pub name: Option<String>,
+    /// An assistant's tool calls.
+    pub tool_calls: Option<Vec<WireToolCall>>,
+    /// A tool message's call id.
+    pub tool_call_id: Option<String>,
+}
+
+impl WireMessage {
+    fn parse(v: Value, i: usize) -> Result<Self, ApiError> {
+        let mut b = Body::new(v, &format!("messages[{i}]."))?;
+        let role: Option<String> = b.take("role")?;
+        let Some(role) = role else {
+            return Err(ApiError::invalid_param(
+                &format!("messages[{i}].role"),
+                "every message needs a `role`",
+            ));
+        };
+        let m = Self {
+            role,
+            content: b.take("content")?,
+            name: b.take("name")?,
+            tool_calls: b.take("tool_calls")?,
+            tool_call_id: b.take("tool_call_id")?,
+        };
+        // Fields a client echoes back from an earlier response; empty ones carry nothing.
+        for key in [
+            "refusal",
+            "audio",
+            "function_call",
+            "annotations",
+            "reasoning_content",
+        ] {
+            b.refuse_unless(
+                key,
+                |v| v.as_array().is_some_and(Vec::is_empty) || v.as_str() == Some(""),
+                "is not supported in messages",
+            )?;
+        }
+        b.finish()?;
+        Ok(m)
+    }
 }
 
 /// A string or a list of strings (`stop`).
@@ -76,7 +304,8 @@ pub enum StringOrList {
 }
 
 impl StringOrList {
-    fn into_vec(self) -> Vec<String> {
+    /// The strings.
+    pub fn into_vec(self) -> Vec<String> {
         match self {
             StringOrList::One(s) => vec![s],
             StringOrList::Many(v) => v,
@@ -85,18 +314,66 @@ impl StringOrList {
 }
 
 /// `stream_options`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default)]
 pub struct StreamOptions {
     /// Send a final chunk with `usage` (and empty `choices`) before `[DONE]`.
-    #[serde(default)]
     pub include_usage: bool,
     /// Attach `usage` to every chunk (vLLM's extension).
-    #[serde(default)]
     pub continuous_usage_stats: bool,
 }
 
-/// Sampling and output fields shared by chat and completions.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// A tool definition as sent.
+#[derive(Debug, Clone)]
+pub struct WireTool {
+    /// The function's name.
+    pub name: String,
+    /// Its description.
+    pub description: Option<String>,
+    /// Its arguments' JSON schema.
+    pub parameters: Option<Value>,
+}
+
+/// `tool_choice` as sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WireToolChoice {
+    /// `none`.
+    None,
+    /// `auto`.
+    Auto,
+    /// `required`.
+    Required,
+    /// `{"type": "function", "function": {"name": ...}}`.
+    Function(String),
+}
+
+/// `response_format` as sent.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ResponseFormat {
+    /// `{"type": "text"}`.
+    Text,
+    /// `{"type": "json_object"}`; llama.cpp also takes a `schema` here.
+    JsonObject(Option<Value>),
+    /// `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`.
+    JsonSchema(Value),
+}
+
+/// vLLM's `structured_outputs` as sent: exactly one of its kinds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StructuredOutputs {
+    /// `json`: a JSON schema (an object, or its JSON text).
+    Json(Value),
+    /// `json_object: true`.
+    JsonObject,
+    /// `regex`.
+    Regex(String),
+    /// `choice`.
+    Choice(Vec<String>),
+    /// `grammar` (Lark).
+    Grammar(String),
+}
+
+/// Sampling, limits and output fields shared by chat and completions.
+#[derive(Debug, Clone, Default)]
 pub struct Common {
     /// Model name.
     pub model: Option<String>,
@@ -122,28 +399,380 @@ pub struct Common {
     pub seed: Option<i64>,
     /// Stop strings.
     pub stop: Option<StringOrList>,
-    /// Number of choices (only 1).
+    /// Number of choices.
     pub n: Option<i64>,
     /// Stream as server-sent events.
-    #[serde(default)]
     pub stream: bool,
     /// Streaming options.
     pub stream_options: Option<StreamOptions>,
     /// End-user id (also the session id when no `x-session-id` header is sent).
     pub user: Option<String>,
+    /// OpenAI's replacement for `user` as an end-user id.
+    pub safety_identifier: Option<String>,
+    /// OpenAI's cache routing key: the session (affinity to the group holding the prefix).
+    pub prompt_cache_key: Option<String>,
     /// Keep generating past end-of-sequence tokens (extension).
-    #[serde(default)]
     pub ignore_eos: bool,
+    /// `logit_bias`: token id → bias.
+    pub logit_bias: Option<BTreeMap<String, f32>>,
+    /// `response_format`.
+    pub response_format: Option<ResponseFormat>,
+    /// vLLM's `structured_outputs`.
+    pub structured_outputs: Option<StructuredOutputs>,
+    /// llama.cpp's `json_schema`.
+    pub json_schema: Option<Value>,
+    /// llama.cpp's `grammar` (Lark here).
+    pub grammar: Option<String>,
+}
+
+impl Common {
+    fn parse(b: &mut Body) -> Result<Self, ApiError> {
+        let stream_options = match b.take_value("stream_options") {
+            None => None,
+            Some(v) => {
+                let mut so = Body::new(v, "stream_options.")?;
+                let r = StreamOptions {
+                    include_usage: so.take("include_usage")?.unwrap_or(false),
+                    continuous_usage_stats: so.take("continuous_usage_stats")?.unwrap_or(false),
+                };
+                so.refuse_unless(
+                    "include_obfuscation",
+                    |v| v == &Value::Bool(false),
+                    "stream obfuscation is not supported",
+                )?;
+                so.finish()?;
+                Some(r)
+            }
+        };
+        let response_format = match b.take_value("response_format") {
+            None => None,
+            Some(v) => Some(parse_response_format(v)?),
+        };
+        let structured_outputs = match b.take_value("structured_outputs") {
+            None => None,
+            Some(v) => Some(parse_structured_outputs(v)?),
+        };
+        let c = Self {
+            model: b.take("model")?,
+            max_tokens: b.take("max_tokens")?,
+            max_completion_tokens: b.take("max_completion_tokens")?,
+            temperature: b.take("temperature")?,
+            top_p: b.take("top_p")?,
+            top_k: b.take("top_k")?,
+            min_p: b.take("min_p")?,
+            repetition_penalty: b.take("repetition_penalty")?,
+            presence_penalty: b.take("presence_penalty")?,
+            frequency_penalty: b.take("frequency_penalty")?,
+            seed: b.take("seed")?,
+            stop: b.take("stop")?,
+            n: b.take("n")?,
+            stream: b.take("stream")?.unwrap_or(false),
+            stream_options,
+            user: b.take("user")?,
+            safety_identifier: b.take("safety_identifier")?,
+            prompt_cache_key: b.take("prompt_cache_key")?,
+            ignore_eos: b.take("ignore_eos")?.unwrap_or(false),
+            logit_bias: b.take("logit_bias")?,
+            response_format,
+            structured_outputs,
+            json_schema: b.take_value("json_schema"),
+            grammar: b.take("grammar")?,
+        };
+        // Settings that match what slotlight always does are accepted; others are refused.
+        b.refuse_unless(
+            "store",
+            |v| v == &Value::Bool(false),
+            "stored completions are not supported (only `store: false`)",
+        )?;
+        b.refuse_unless(
+            "service_tier",
+            |v| matches!(v.as_str(), Some("auto" | "default")),
+            "there is one service tier (`auto` or `default`)",
+        )?;
+        b.refuse_unless(
+            "modalities",
+            |v| v.as_array().is_some_and(|a| a.iter().all(|m| m == "text")),
+            "only the `text` modality is supported",
+        )?;
+        b.refuse_unless(
+            "cache_prompt",
+            |v| v == &Value::Bool(true),
+            "the prefix cache is always on and cannot be turned off per request",
+        )?;
+        Ok(c)
+    }
+}
+
+fn parse_response_format(v: Value) -> Result<ResponseFormat, ApiError> {
+    let mut b = Body::new(v, "response_format.")?;
+    let kind: Option<String> = b.take("type")?;
+    let r = match kind.as_deref() {
+        Some("text") => ResponseFormat::Text,
+        Some("json_object") => ResponseFormat::JsonObject(b.take_value("schema")),
+        Some("json_schema") => {
+            let Some(js) = b.take_value("json_schema") else {
+                return Err(ApiError::invalid_param(
+                    "response_format.json_schema",
+                    "`response_format` of type `json_schema` needs a `json_schema` object",
+                ));
+            };
+            let mut j = Body::new(js, "response_format.json_schema.")?;
+            let _name: Option<String> = j.take("name")?;
+            let _description: Option<String> = j.take("description")?;
+            // Every schema is enforced by a grammar, so `strict` true or false changes nothing.
+            let _strict: Option<bool> = j.take("strict")?;
+            let schema = j
+                .take_value("schema")
+                .unwrap_or_else(|| serde_json::json!({}));
+            j.finish()?;
+            ResponseFormat::JsonSchema(schema)
+        }
+        Some(other) => {
+            return Err(ApiError::invalid_param(
+                "response_format.type",
+                format!(
+                    "unknown response_format type `{other}` (text, json_object or json_schema)"
+                ),
+            ));
+        }
+        None => {
+            return Err(ApiError::invalid_param(
+                "response_format.type",
+                "`response_format` needs a `type`",
+            ));
+        }
+    };
+    b.finish()?;
+    Ok(r)
+}
+
+fn parse_structured_outputs(v: Value) -> Result<StructuredOutputs, ApiError> {
+    let mut b = Body::new(v, "structured_outputs.")?;
+    let mut found = Vec::new();
+    if let Some(j) = b.take_value("json") {
+        let schema = match j {
+            Value::String(s) => serde_json::from_str(&s).map_err(|e| {
+                ApiError::invalid_param(
+                    "structured_outputs.json",
+                    format!("`structured_outputs.json` is not a JSON schema: {e}"),
+                )
+            })?,
+            other => other,
+        };
+        found.push(StructuredOutputs::Json(schema));
+    }
+    if b.take::<bool>("json_object")?.unwrap_or(false) {
+        found.push(StructuredOutputs::JsonObject);
+    }
+    if let Some(r) = b.take::<String>("regex")? {
+        found.push(StructuredOutputs::Regex(r));
+    }
+    if let Some(c) = b.take::<Vec<String>>("choice")? {
+        found.push(StructuredOutputs::Choice(c));
+    }
+    if let Some(g) = b.take::<String>("grammar")? {
+        found.push(StructuredOutputs::Grammar(g));
+    }
+    // Compact JSON is already what every schema produces.
+    b.refuse_unless(
+        "disable_any_whitespace",
+        |v| v == &Value::Bool(true),
+        "generated JSON never has free whitespace; only `true` is supported",
+    )?;
+    b.refuse_unless(
+        "disable_fallback",
+        |v| v.is_boolean(),
+        "there is no fallback backend",
+    )?;
+    b.finish()?;
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        0 => Err(ApiError::invalid_param(
+            "structured_outputs",
+            "`structured_outputs` needs one of `json`, `json_object`, `regex`, `choice` or `grammar`",
+        )),
+        _ => Err(ApiError::invalid_param(
+            "structured_outputs",
+            "`structured_outputs` takes only one of `json`, `json_object`, `regex`, `choice` or `grammar`",
+        )),
+    }
 }
 
 /// `POST /v1/chat/completions` body.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct ChatRequest {
     /// The conversation.
     pub messages: Vec<WireMessage>,
-    /// Everything else.
-    #[serde(flatten)]
+    /// Sampling, limits and output.
     pub common: Common,
+    /// Tools the model may call.
+    pub tools: Option<Vec<WireTool>>,
+    /// `tool_choice`.
+    pub tool_choice: Option<WireToolChoice>,
+    /// `parallel_tool_calls`.
+    pub parallel_tool_calls: Option<bool>,
+    /// Return log-probabilities of the output tokens.
+    pub logprobs: bool,
+    /// How many alternatives per token (0–20; needs `logprobs`).
+    pub top_logprobs: Option<i64>,
+}
+
+impl ChatRequest {
+    /// Takes a chat body apart; any field left over is refused.
+    pub fn from_json(v: Value) -> Result<Self, ApiError> {
+        let mut b = Body::new(v, "")?;
+        let messages = match b.take_value("messages") {
+            None => {
+                return Err(ApiError::invalid_param(
+                    "messages",
+                    "`messages` is required",
+                ));
+            }
+            Some(Value::Array(items)) => items
+                .into_iter()
+                .enumerate()
+                .map(|(i, m)| WireMessage::parse(m, i))
+                .collect::<Result<Vec<_>, _>>()?,
+            Some(other) => {
+                return Err(ApiError::invalid_param(
+                    "messages",
+                    format!("`messages` must be an array, not {}", kind_of(&other)),
+                ));
+            }
+        };
+        let tools = match b.take_value("tools") {
+            None => None,
+            Some(Value::Array(items)) => Some(
+                items
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, t)| parse_tool(t, i))
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            Some(other) => {
+                return Err(ApiError::invalid_param(
+                    "tools",
+                    format!("`tools` must be an array, not {}", kind_of(&other)),
+                ));
+            }
+        };
+        let tool_choice = match b.take_value("tool_choice") {
+            None => None,
+            Some(v) => Some(parse_tool_choice(v)?),
+        };
+        let r = Self {
+            messages,
+            common: Common::parse(&mut b)?,
+            tools,
+            tool_choice,
+            parallel_tool_calls: b.take("parallel_tool_calls")?,
+            logprobs: b.take("logprobs")?.unwrap_or(false),
+            top_logprobs: b.take("top_logprobs")?,
+        };
+        b.finish()?;
+        Ok(r)
+    }
+}
+
+fn parse_tool(v: Value, i: usize) -> Result<WireTool, ApiError> {
+    let mut b = Body::new(v, &format!("tools[{i}]."))?;
+    let kind: Option<String> = b.take("type")?;
+    if kind.as_deref() != Some("function") {
+        return Err(ApiError::invalid_param(
+            &format!("tools[{i}].type"),
+            format!(
+                "tool type `{}` is not supported (only `function`)",
+                kind.unwrap_or_default()
+            ),
+        ));
+    }
+    let Some(f) = b.take_value("function") else {
+        return Err(ApiError::invalid_param(
+            &format!("tools[{i}].function"),
+            "a function tool needs a `function` object",
+        ));
+    };
+    b.finish()?;
+    let mut f = Body::new(f, &format!("tools[{i}].function."))?;
+    let name: Option<String> = f.take("name")?;
+    let name = name.unwrap_or_default();
+    let valid = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.');
+    if !valid {
+        return Err(ApiError::invalid_param(
+            &format!("tools[{i}].function.name"),
+            format!("invalid function name `{name}`: 1 to 64 letters, digits, `_`, `-` or `.`"),
+        ));
+    }
+    let description: Option<String> = f.take("description")?;
+    let parameters = f.take_value("parameters");
+    if let Some(p) = &parameters
+        && !p.is_object()
+    {
+        return Err(ApiError::invalid_param(
+            &format!("tools[{i}].function.parameters"),
+            "`parameters` must be a JSON schema object",
+        ));
+    }
+    // Arguments are always enforced by a grammar when a call is required; `strict` adds nothing.
+    let _strict: Option<bool> = f.take("strict")?;
+    f.finish()?;
+    Ok(WireTool {
+        name,
+        description,
+        parameters,
+    })
+}
+
+fn parse_tool_choice(v: Value) -> Result<WireToolChoice, ApiError> {
+    match v {
+        Value::String(s) => match s.as_str() {
+            "none" => Ok(WireToolChoice::None),
+            "auto" => Ok(WireToolChoice::Auto),
+            "required" => Ok(WireToolChoice::Required),
+            other => Err(ApiError::invalid_param(
+                "tool_choice",
+                format!("unknown tool_choice `{other}` (none, auto, required or a function)"),
+            )),
+        },
+        obj @ Value::Object(_) => {
+            let mut b = Body::new(obj, "tool_choice.")?;
+            let kind: Option<String> = b.take("type")?;
+            if kind.as_deref() != Some("function") {
+                return Err(ApiError::invalid_param(
+                    "tool_choice.type",
+                    "a named tool_choice needs `\"type\": \"function\"`",
+                ));
+            }
+            let Some(f) = b.take_value("function") else {
+                return Err(ApiError::invalid_param(
+                    "tool_choice.function",
+                    "a named tool_choice needs `function.name`",
+                ));
+            };
+            b.finish()?;
+            let mut f = Body::new(f, "tool_choice.function.")?;
+            let name: Option<String> = f.take("name")?;
+            f.finish()?;
+            match name {
+                Some(n) if !n.is_empty() => Ok(WireToolChoice::Function(n)),
+                _ => Err(ApiError::invalid_param(
+                    "tool_choice.function.name",
+                    "a named tool_choice needs `function.name`",
+                )),
+            }
+        }
+        other => Err(ApiError::invalid_param(
+            "tool_choice",
+            format!(
+                "`tool_choice` must be a string or an object, not {}",
+                kind_of(&other)
+            ),
+        )),
+    }
 }
 
 /// A prompt: text, a list of one text, or token ids.
@@ -156,262 +785,40 @@ pub enum Prompt {
     Texts(Vec<String>),
     /// Token ids.
     Tokens(Vec<u32>),
+    /// Lists of token ids (only one is supported).
+    TokenLists(Vec<Vec<u32>>),
 }
 
 /// `POST /v1/completions` body.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct CompletionRequest {
     /// The prompt.
     pub prompt: Prompt,
-    /// Everything else.
-    #[serde(flatten)]
+    /// Sampling, limits and output.
     pub common: Common,
+    /// Legacy `logprobs`: how many alternatives per token (0–20), or none.
+    pub logprobs: Option<i64>,
+    /// Return the prompt before the completion.
+    pub echo: bool,
+    /// `best_of` (only equal to `n`).
+    pub best_of: Option<i64>,
 }
 
-/// Validated generation options.
-#[derive(Debug, Clone)]
-pub struct ValidOptions {
-    /// Completion token limit.
-    pub max_tokens: usize,
-    /// Sampling.
-    pub sampling: SamplingParams,
-    /// Stop strings.
-    pub stop: Vec<String>,
-    /// Stream.
-    pub stream: bool,
-    /// Final usage chunk.
-    pub include_usage: bool,
-    /// Usage on every chunk.
-    pub continuous_usage: bool,
-    /// End-user id.
-    pub user: Option<String>,
-    /// Ignore EOS.
-    pub ignore_eos: bool,
-}
-
-impl Common {
-    /// Checks every field against the limits.
-    pub fn validate(&self, limits: &Limits) -> Result<ValidOptions, ApiError> {
-        if let Some(n) = self.n
-            && n != 1
-        {
-            return Err(ApiError::invalid_param(
-                "n",
-                format!("n must be 1 (got {n}): one choice per request is supported"),
-            ));
-        }
-        let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
-            None => limits.default_max_tokens,
-            Some(v) if v < 1 => {
-                return Err(ApiError::invalid_param(
-                    "max_tokens",
-                    format!("max_tokens must be at least 1 (got {v})"),
-                ));
-            }
-            Some(v) => {
-                let v = usize::try_from(v).unwrap_or(usize::MAX);
-                if v > limits.max_tokens {
-                    return Err(ApiError::invalid_param(
-                        "max_tokens",
-                        format!(
-                            "max_tokens is {v}, above the limit of {}",
-                            limits.max_tokens
-                        ),
-                    ));
-                }
-                v
-            }
+impl CompletionRequest {
+    /// Takes a completion body apart; any field left over is refused.
+    pub fn from_json(v: Value) -> Result<Self, ApiError> {
+        let mut b = Body::new(v, "")?;
+        let Some(prompt) = b.take::<Prompt>("prompt")? else {
+            return Err(ApiError::invalid_param("prompt", "`prompt` is required"));
         };
-        let top_k = match self.top_k {
-            None => 0,
-            Some(k) if k < 0 => 0, // -1 means off (vLLM)
-            Some(k) => usize::try_from(k).unwrap_or(usize::MAX),
+        let r = Self {
+            prompt,
+            common: Common::parse(&mut b)?,
+            logprobs: b.take("logprobs")?,
+            echo: b.take("echo")?.unwrap_or(false),
+            best_of: b.take("best_of")?,
         };
-        let sampling = SamplingParams {
-            temperature: self.temperature.unwrap_or(1.0),
-            top_k,
-            top_p: self.top_p.unwrap_or(1.0),
-            min_p: self.min_p.unwrap_or(0.0),
-            presence_penalty: self.presence_penalty.unwrap_or(0.0),
-            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
-            repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
-            seed: self.seed.map(i64::cast_unsigned),
-        };
-        sampling
-            .validate()
-            .map_err(|e| ApiError::invalid(e.to_string()))?;
-        let stop = self
-            .stop
-            .clone()
-            .map(StringOrList::into_vec)
-            .unwrap_or_default();
-        if stop.len() > limits.max_stop {
-            return Err(ApiError::invalid_param(
-                "stop",
-                format!(
-                    "{} stop strings given; at most {} are allowed",
-                    stop.len(),
-                    limits.max_stop
-                ),
-            ));
-        }
-        crate::stop::StopMatcher::new(&stop)
-            .map_err(|e| ApiError::invalid_param("stop", e.to_string()))?;
-        let so = self.stream_options.clone().unwrap_or_default();
-        if self.stream_options.is_some() && !self.stream {
-            return Err(ApiError::invalid_param(
-                "stream_options",
-                "stream_options is only allowed with stream: true",
-            ));
-        }
-        if let Some(u) = &self.user
-            && u.len() > 256
-        {
-            return Err(ApiError::invalid_param(
-                "user",
-                "user is longer than 256 bytes",
-            ));
-        }
-        Ok(ValidOptions {
-            max_tokens,
-            sampling,
-            stop,
-            stream: self.stream,
-            include_usage: so.include_usage,
-            continuous_usage: so.continuous_usage_stats,
-            user: self.user.clone(),
-            ignore_eos: self.ignore_eos,
-        })
+        b.finish()?;
+        Ok(r)
     }
-}
-
-impl ChatRequest {
-    /// The messages as the chat template takes them.
-    pub fn messages(&self, limits: &Limits) -> Result<Vec<ChatMessage>, ApiError> {
-        if self.messages.is_empty() {
-            return Err(ApiError::invalid_param(
-                "messages",
-                "messages must not be empty",
-            ));
-        }
-        if self.messages.len() > limits.max_messages {
-            return Err(ApiError::invalid_param(
-                "messages",
-                format!(
-                    "{} messages given; at most {} are allowed",
-                    self.messages.len(),
-                    limits.max_messages
-                ),
-            ));
-        }
-        self.messages
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool" | "developer") {
-                    return Err(ApiError::invalid_param(
-                        &format!("messages[{i}].role"),
-                        format!("unknown role `{}` (system, user, assistant, tool or developer)", m.role),
-                    ));
-                }
-                let content = match &m.content {
-                    None => String::new(),
-                    Some(Content::Text(s)) => s.clone(),
-                    Some(Content::Parts(parts)) => {
-                        let mut s = String::new();
-                        for (j, p) in parts.iter().enumerate() {
-                            match (p.kind.as_str(), &p.text) {
-                                ("text", Some(t)) => s.push_str(t),
-                                _ => {
-                                    return Err(ApiError::invalid_param(
-                                        &format!("messages[{i}].content[{j}]"),
-                                        format!("content part of type `{}` is not supported (only text)", p.kind),
-                                    ));
-                                }
-                            }
-                        }
-                        s
-                    }
-                };
-                if content.len() > limits.max_message_bytes {
-                    return Err(ApiError::invalid_param(
-                        &format!("messages[{i}].content"),
-                        format!("message content is {} bytes; the limit is {}", content.len(), limits.max_message_bytes),
-                    ));
-                }
-                let role = if m.role == "developer" { "system".to_string() } else { m.role.clone() };
-                let _ = &m.name;
-                Ok(ChatMessage::new(role, content))
-            })
-            .collect()
-    }
-}
-
-/// `usage`, with the request's own timings.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Usage {
-    /// Prompt tokens.
-    pub prompt_tokens: usize,
-    /// Completion tokens.
-    pub completion_tokens: usize,
-    /// Their sum.
-    pub total_tokens: usize,
-    /// Details of the prompt.
-    pub prompt_tokens_details: PromptDetails,
-    /// The request's own timings.
-    #[serde(flatten)]
-    pub timings: UsageTimings,
-    /// The request's legs (slotlight extension): where it ran and what each stretch did.
-    pub legs: Vec<LegUsage>,
-}
-
-/// One leg in `usage.legs`.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct LegUsage {
-    /// `solo` or `slot`.
-    pub path: &'static str,
-    /// Device group.
-    pub group: usize,
-    /// Slot index (slot path only).
-    pub slot: Option<usize>,
-    /// Reply tokens carried into the leg.
-    pub tokens_carried: usize,
-    /// Tokens generated in the leg.
-    pub tokens: usize,
-    /// Wall time of the leg (`null` if it never ended).
-    pub ms: Option<f64>,
-    /// Time in the forward steps of the leg.
-    pub device_ms: f64,
-}
-
-/// `usage.prompt_tokens_details`.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct PromptDetails {
-    /// Prompt tokens served from the KV cache.
-    pub cached_tokens: usize,
-}
-
-/// llama.cpp's `timings` object, with llama.cpp's definitions (see
-/// [`crate::server::pipeline::llama_cpp_timings`]); a value that is unknown or would divide by
-/// zero is `null`.
-#[derive(Debug, Clone, Serialize)]
-pub struct LlamaCppTimings {
-    /// Prompt tokens reused from the cache.
-    pub cache_n: usize,
-    /// Prompt tokens evaluated (not from the cache).
-    pub prompt_n: usize,
-    /// Wall time of prompt processing, ms.
-    pub prompt_ms: Option<f64>,
-    /// `prompt_ms / prompt_n`.
-    pub prompt_per_token_ms: Option<f64>,
-    /// `prompt_n` per second of `prompt_ms`.
-    pub prompt_per_second: Option<f64>,
-    /// Generated tokens, the first included.
-    pub predicted_n: usize,
-    /// Wall time from the first token to the last, ms.
-    pub predicted_ms: Option<f64>,
-    /// `predicted_ms / predicted_n`.
-    pub predicted_per_token_ms: Option<f64>,
-    /// `predicted_n` per second of `predicted_ms`.
-    pub predicted_per_second: Option<f64>,
 }

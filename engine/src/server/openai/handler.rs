@@ -1,0 +1,528 @@
+//! The one request path of `POST /v1/chat/completions` and `POST /v1/completions`: read the
+//! body, take it apart ([`super::types`]), validate it and compile its grammar
+//! ([`super::validate`]), launch it ([`crate::server::pipeline`]), then answer whole or as a
+//! stream of typed chunks ([`super::response`]). The endpoints differ only in how the body is
+//! read and how a choice is written out.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use futures_util::StreamExt;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use super::response::{
+    AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChatLogprobs, ChunkChoice, ChunkUsage,
+    CompletionLogprobs, Delta, TextChoice, TextCompletion, ToolCall, ToolCallDelta,
+};
+use super::types::{ChatRequest, CompletionRequest};
+use super::validate::{Endpoint, ValidRequest};
+use super::{created, new_id, read_json, session, sse};
+use crate::sampling::TokenLogprobs;
+use crate::server::error::ApiError;
+use crate::server::pipeline::{CancelOnDrop, ChoiceEnd, Final, Out, launch};
+use crate::server::trace::{RequestInfo, ToolsInfo};
+use crate::server::{Arrival, SharedState};
+use crate::tokenizer::TokenBytes;
+
+/// `POST /v1/chat/completions`.
+pub async fn chat(
+    State(st): State<SharedState>,
+    Extension(Arrival(received)): Extension<Arrival>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let v: Value = read_json(body, st.cfg.max_body_bytes, st.cfg.read_timeout).await?;
+    let req = ValidRequest::chat(&st, ChatRequest::from_json(v)?)?;
+    generate(st, received, &headers, req).await
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(
+    State(st): State<SharedState>,
+    Extension(Arrival(received)): Extension<Arrival>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let v: Value = read_json(body, st.cfg.max_body_bytes, st.cfg.read_timeout).await?;
+    let req = ValidRequest::completion(&st, CompletionRequest::from_json(v)?)?;
+    generate(st, received, &headers, req).await
+}
+
+async fn generate(
+    st: SharedState,
+    received: Instant,
+    headers: &HeaderMap,
+    mut req: ValidRequest,
+) -> Result<Response, ApiError> {
+    req.compile(&st).await?;
+    let id = new_id(req.endpoint.id_prefix());
+    let kind = req
+        .constraint
+        .as_ref()
+        .map(crate::constraint::Constraint::kind);
+    let json_output = matches!(
+        kind,
+        Some(slotlight_otel::attr::value::CONSTRAINT_JSON_OBJECT)
+            | Some(slotlight_otel::attr::value::CONSTRAINT_JSON_SCHEMA)
+    );
+    let info = RequestInfo {
+        id: id.clone(),
+        operation: req.endpoint.operation(),
+        request_model: req.request_model.clone(),
+        response_model: req.model.clone(),
+        session: session(headers, req.opts.session_hint.as_deref()),
+        max_tokens: req.opts.max_tokens,
+        temperature: req.opts.sampling.temperature,
+        top_p: req.opts.sampling.top_p,
+        top_k: req.opts.sampling.top_k,
+        seed: req.opts.sampling.seed,
+        stream: req.opts.stream,
+        requested: req.opts.requested.clone(),
+        received,
+        prompt_text: st.cfg.trace_content.then(|| req.prompt_text.clone()),
+        prompt_tokens: req.prompt.len(),
+        n: req.opts.n,
+        constraint: kind,
+        json_output,
+        tools: req.tools.as_ref().map(|t| ToolsInfo {
+            names: t.names(),
+            choice: t.choice.as_str(),
+            format: t.format.as_str(),
+        }),
+    };
+    let parent = crate::server::parent_context(headers);
+    let (out, cancel) = launch(&st, info, &req, &parent)?;
+    let shape = Shape {
+        endpoint: req.endpoint,
+        id,
+        created: created(),
+        model: req.model.clone(),
+        prompt_len: req.prompt.len(),
+        n: req.opts.n,
+        logprobs: req.logprobs.is_some(),
+        echo: req.echo.then(|| req.prompt_text.clone()),
+        include_usage: req.opts.include_usage,
+        continuous: req.opts.continuous_usage,
+        bytes: st.prompts.tokenizer().token_bytes(),
+    };
+    if req.opts.stream {
+        Ok(shape.stream(out, cancel))
+    } else {
+        shape.collect(out, cancel).await
+    }
+}
+
+/// How a request's output is written: the response's fixed fields and its options.
+struct Shape {
+    endpoint: Endpoint,
+    id: String,
+    created: u64,
+    model: String,
+    prompt_len: usize,
+    n: usize,
+    logprobs: bool,
+    echo: Option<String>,
+    include_usage: bool,
+    continuous: bool,
+    bytes: Arc<TokenBytes>,
+}
+
+/// One choice collected whole.
+#[derive(Default)]
+struct Collected {
+    text: String,
+    logprobs: Vec<TokenLogprobs>,
+    end: Option<ChoiceEnd>,
+}
+
+impl Shape {
+    async fn collect(
+        self,
+        mut out: mpsc::UnboundedReceiver<Out>,
+        cancel: Arc<std::sync::atomic::AtomicBool>,
+    ) -> Result<Response, ApiError> {
+        let mut guard = CancelOnDrop::new(cancel);
+        let mut choices: Vec<Collected> = (0..self.n).map(|_| Collected::default()).collect();
+        while let Some(o) = out.recv().await {
+            match o {
+                Out::Delta {
+                    choice,
+                    text,
+                    logprobs,
+                    ..
+                } => {
+                    if let Some(c) = choices.get_mut(choice) {
+                        c.text.push_str(&text);
+                        c.logprobs.extend(logprobs);
+                    }
+                }
+                Out::ChoiceDone(e) => {
+                    if let Some(c) = choices.get_mut(e.choice) {
+                        c.text.push_str(&e.text);
+                        c.logprobs.extend(e.logprobs.iter().cloned());
+                        c.end = Some(*e);
+                    }
+                }
+                Out::Done(f) => {
+                    guard.disarm();
+                    if let Some(e) = f.error {
+                        return Err(e);
+                    }
+                    return Ok(self.whole(choices, *f));
+                }
+            }
+        }
+        Err(ApiError::internal("the request ended without a result"))
+    }
+
+    fn whole(&self, choices: Vec<Collected>, f: Final) -> Response {
+        let reason = |c: &Collected| {
+            c.end
+                .as_ref()
+                .map_or(slotlight_otel::attr::value::FINISH_ERROR, |e| {
+                    e.finish_reason
+                })
+        };
+        match self.endpoint {
+            Endpoint::Chat => {
+                let choices = choices
+                    .iter()
+                    .enumerate()
+                    .map(|(index, c)| {
+                        let calls: Vec<ToolCall> = c
+                            .end
+                            .iter()
+                            .flat_map(|e| e.tool_calls.iter().map(ToolCall::new))
+                            .collect();
+                        ChatChoice {
+                            index,
+                            message: AssistantMessage {
+                                role: "assistant",
+                                content: (calls.is_empty() || !c.text.is_empty())
+                                    .then(|| c.text.clone()),
+                                tool_calls: calls,
+                            },
+                            logprobs: self
+                                .logprobs
+                                .then(|| ChatLogprobs::new(&c.logprobs, &self.bytes)),
+                            finish_reason: reason(c),
+                        }
+                    })
+                    .collect();
+                Json(ChatCompletion {
+                    id: self.id.clone(),
+                    object: "chat.completion",
+                    created: self.created,
+                    model: self.model.clone(),
+                    system_fingerprint: None,
+                    choices,
+                    usage: f.usage,
+                    timings: f.timings,
+                })
+                .into_response()
+            }
+            Endpoint::Completions => {
+                let echo = self.echo.clone().unwrap_or_default();
+                let start = echo.chars().count();
+                let choices = choices
+                    .iter()
+                    .enumerate()
+                    .map(|(index, c)| TextChoice {
+                        index,
+                        text: format!("{echo}{}", c.text),
+                        logprobs: self
+                            .logprobs
+                            .then(|| CompletionLogprobs::new(&c.logprobs, &self.bytes, start)),
+                        finish_reason: Some(reason(c)),
+                    })
+                    .collect();
+                Json(TextCompletion {
+                    id: self.id.clone(),
+                    object: "text_completion",
+                    created: self.created,
+                    model: self.model.clone(),
+                    system_fingerprint: None,
+                    choices,
+                    usage: Some(ChunkUsage::Full(Box::new(f.usage))),
+                    timings: Some(f.timings),
+                })
+                .into_response()
+            }
+        }
+    }
+
+    fn stream(
+        self,
+        out: mpsc::UnboundedReceiver<Out>,
+        cancel: Arc<std::sync::atomic::AtomicBool>,
+    ) -> Response {
+        let mut st = Streaming {
+            guard: Some(CancelOnDrop::new(cancel)),
+            remaining: self.n,
+            offsets: vec![0; self.n],
+            held: None,
+            shape: self,
+        };
+        let opening = st.opening();
+        let body = UnboundedReceiverStream::new(out)
+            .flat_map(move |o| futures_util::stream::iter(st.on(o)));
+        sse(futures_util::stream::iter(opening).chain(body)).into_response()
+    }
+}
+
+/// A chunk of either endpoint.
+enum Chunk {
+    Chat(ChatChunk),
+    Text(TextCompletion),
+}
+
+impl Chunk {
+    fn json(&self) -> String {
+        let r = match self {
+            Chunk::Chat(c) => serde_json::to_string(c),
+            Chunk::Text(c) => serde_json::to_string(c),
+        };
+        r.unwrap_or_default()
+    }
+
+    fn finish_extras(&mut self, f: &Final, continuous: bool) {
+        let usage = continuous.then(|| ChunkUsage::Full(Box::new(f.usage.clone())));
+        match self {
+            Chunk::Chat(c) => {
+                c.timings = Some(f.timings.clone());
+                c.usage = usage;
+            }
+            Chunk::Text(c) => {
+                c.timings = Some(f.timings.clone());
+                c.usage = usage;
+            }
+        }
+    }
+}
+
+/// A stream in progress.
+struct Streaming {
+    shape: Shape,
+    guard: Option<CancelOnDrop>,
+    remaining: usize,
+    /// Characters sent per choice (legacy `text_offset`).
+    offsets: Vec<usize>,
+    /// The last choice's finishing chunk, held until the usage is known.
+    held: Option<Chunk>,
+}
+
+impl Streaming {
+    fn chat_chunk(&self, choices: Vec<ChunkChoice>) -> ChatChunk {
+        ChatChunk {
+            id: self.shape.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.shape.created,
+            model: self.shape.model.clone(),
+            system_fingerprint: None,
+            choices,
+            usage: None,
+            timings: None,
+        }
+    }
+
+    fn text_chunk(&self, choices: Vec<TextChoice>) -> TextCompletion {
+        TextCompletion {
+            id: self.shape.id.clone(),
+            object: "text_completion",
+            created: self.shape.created,
+            model: self.shape.model.clone(),
+            system_fingerprint: None,
+            choices,
+            usage: None,
+            timings: None,
+        }
+    }
+
+    /// Chat: each choice's role chunk. Completions with `echo`: each choice's prompt.
+    fn opening(&mut self) -> Vec<String> {
+        let n = self.shape.n;
+        match self.shape.endpoint {
+            Endpoint::Chat => (0..n)
+                .map(|index| {
+                    Chunk::Chat(self.chat_chunk(vec![ChunkChoice {
+                        index,
+                        delta: Delta {
+                            role: Some("assistant"),
+                            content: Some(String::new()),
+                            tool_calls: Vec::new(),
+                        },
+                        logprobs: None,
+                        finish_reason: None,
+                    }]))
+                    .json()
+                })
+                .collect(),
+            Endpoint::Completions => match self.shape.echo.clone() {
+                Some(echo) => (0..n)
+                    .map(|index| {
+                        self.offsets[index] = echo.chars().count();
+                        Chunk::Text(self.text_chunk(vec![TextChoice {
+                            index,
+                            text: echo.clone(),
+                            logprobs: None,
+                            finish_reason: None,
+                        }]))
+                        .json()
+                    })
+                    .collect(),
+                None => Vec::new(),
+            },
+        }
+    }
+
+    /// A chunk of content (and its tokens' log-probabilities) for one choice.
+    fn content(
+        &mut self,
+        index: usize,
+        text: String,
+        logprobs: &[TokenLogprobs],
+        finish: Option<&'static str>,
+    ) -> Chunk {
+        match self.shape.endpoint {
+            Endpoint::Chat => Chunk::Chat(self.chat_chunk(vec![ChunkChoice {
+                index,
+                delta: Delta {
+                    role: None,
+                    content: (!text.is_empty() || finish.is_none()).then_some(text),
+                    tool_calls: Vec::new(),
+                },
+                logprobs: (self.shape.logprobs && !logprobs.is_empty())
+                    .then(|| ChatLogprobs::new(logprobs, &self.shape.bytes)),
+                finish_reason: finish,
+            }])),
+            Endpoint::Completions => {
+                let offset = self.offsets.get(index).copied().unwrap_or(0);
+                if let Some(o) = self.offsets.get_mut(index) {
+                    *o += text.chars().count();
+                }
+                Chunk::Text(self.text_chunk(vec![
+                    TextChoice {
+                        index,
+                        text,
+                        logprobs:
+                            (self.shape.logprobs && !logprobs.is_empty()).then(|| {
+                                CompletionLogprobs::new(logprobs, &self.shape.bytes, offset)
+                            }),
+                        finish_reason: finish,
+                    },
+                ]))
+            }
+        }
+    }
+
+    fn on(&mut self, o: Out) -> Vec<String> {
+        match o {
+            Out::Delta {
+                choice,
+                text,
+                generated,
+                logprobs,
+            } => {
+                if text.is_empty() && !self.shape.continuous {
+                    return Vec::new();
+                }
+                let mut c = self.content(choice, text, &logprobs, None);
+                if self.shape.continuous {
+                    let usage = ChunkUsage::Partial {
+                        prompt_tokens: self.shape.prompt_len,
+                        completion_tokens: generated,
+                        total_tokens: self.shape.prompt_len + generated,
+                    };
+                    match &mut c {
+                        Chunk::Chat(c) => c.usage = Some(usage),
+                        Chunk::Text(c) => c.usage = Some(usage),
+                    }
+                }
+                vec![c.json()]
+            }
+            Out::ChoiceDone(e) => {
+                let mut v = Vec::new();
+                let mut logprobs = e.logprobs.clone();
+                if !e.text.is_empty() {
+                    v.push(
+                        self.content(e.choice, e.text.clone(), &logprobs, None)
+                            .json(),
+                    );
+                    logprobs.clear();
+                }
+                if !e.tool_calls.is_empty() && self.shape.endpoint == Endpoint::Chat {
+                    let calls = e
+                        .tool_calls
+                        .iter()
+                        .enumerate()
+                        .map(|(index, c)| ToolCallDelta {
+                            index,
+                            call: ToolCall::new(c),
+                        })
+                        .collect();
+                    v.push(
+                        Chunk::Chat(self.chat_chunk(vec![ChunkChoice {
+                            index: e.choice,
+                            delta: Delta {
+                                role: None,
+                                content: None,
+                                tool_calls: calls,
+                            },
+                            logprobs: None,
+                            finish_reason: None,
+                        }]))
+                        .json(),
+                    );
+                }
+                let finish =
+                    self.content(e.choice, String::new(), &logprobs, Some(e.finish_reason));
+                self.remaining = self.remaining.saturating_sub(1);
+                if self.remaining == 0 {
+                    self.held = Some(finish);
+                } else {
+                    v.push(finish.json());
+                }
+                v
+            }
+            Out::Done(f) => {
+                if let Some(g) = self.guard.as_mut() {
+                    g.disarm();
+                }
+                if let Some(e) = &f.error {
+                    return vec![e.body().to_string()];
+                }
+                let mut v = Vec::new();
+                if let Some(mut last) = self.held.take() {
+                    last.finish_extras(&f, self.shape.continuous);
+                    v.push(last.json());
+                }
+                if self.shape.include_usage {
+                    let usage = Some(ChunkUsage::Full(Box::new(f.usage.clone())));
+                    let chunk = match self.shape.endpoint {
+                        Endpoint::Chat => {
+                            let mut c = self.chat_chunk(Vec::new());
+                            c.usage = usage;
+                            c.timings = Some(f.timings.clone());
+                            Chunk::Chat(c)
+                        }
+                        Endpoint::Completions => {
+                            let mut c = self.text_chunk(Vec::new());
+                            c.usage = usage;
+                            c.timings = Some(f.timings.clone());
+                            Chunk::Text(c)
+                        }
+                    };
+                    v.push(chunk.json());
+                }
+                v
+            }
+        }
+    }
+}

@@ -1,0 +1,720 @@
+//! From wire requests to a [`ValidRequest`]: every value checked against the limits, the prompt
+//! built, tools set up, and the grammar compiled, all before anything is queued. Chat and
+//! completions meet here and share the rest of the path.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::tools::{self, Tool, ToolChoice, ToolFormat, ToolSetup};
+use super::types::{
+    ChatRequest, Common, CompletionRequest, Content, Limits, Prompt, ResponseFormat, StringOrList,
+    StructuredOutputs, WireToolChoice,
+};
+use crate::chat_template::ChatMessage;
+use crate::constraint::{Constraint, GrammarSpec};
+use crate::sampling::SamplingParams;
+use crate::server::AppState;
+use crate::server::error::ApiError;
+use slotlight_otel::attr::value;
+
+/// Which endpoint a request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/completions`.
+    Completions,
+}
+
+impl Endpoint {
+    /// The GenAI operation name.
+    pub fn operation(self) -> &'static str {
+        match self {
+            Endpoint::Chat => slotlight_otel::span::OPERATION_CHAT,
+            Endpoint::Completions => slotlight_otel::span::OPERATION_TEXT_COMPLETION,
+        }
+    }
+
+    /// The response id prefix.
+    pub fn id_prefix(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chatcmpl",
+            Endpoint::Completions => "cmpl",
+        }
+    }
+}
+
+/// A grammar the output must follow, where it came from, and what telemetry calls it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GrammarRequest {
+    /// The grammar.
+    pub spec: GrammarSpec,
+    /// The request field it came from (the `param` of a 400 when it does not compile).
+    pub param: &'static str,
+    /// `slotlight.constraint.kind`.
+    pub kind: &'static str,
+}
+
+/// Validated generation options shared by both endpoints.
+#[derive(Debug, Clone)]
+pub struct ValidOptions {
+    /// Parameters the span records only when the request set them.
+    pub requested: crate::server::trace::RequestedParams,
+    /// Completion token limit.
+    pub max_tokens: usize,
+    /// Sampling.
+    pub sampling: SamplingParams,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Choices.
+    pub n: usize,
+    /// Stream.
+    pub stream: bool,
+    /// Final usage chunk.
+    pub include_usage: bool,
+    /// Usage on every chunk.
+    pub continuous_usage: bool,
+    /// End-user id.
+    pub user: Option<String>,
+    /// The session hint from the body (`prompt_cache_key`, else `user`, else
+    /// `safety_identifier`); the `x-session-id` header wins over it.
+    pub session_hint: Option<String>,
+    /// Ignore EOS.
+    pub ignore_eos: bool,
+    /// The output constraint from `response_format`, `structured_outputs`, `json_schema` or
+    /// `grammar`.
+    pub grammar: Option<GrammarRequest>,
+}
+
+fn check_id(param: &str, s: &Option<String>) -> Result<(), ApiError> {
+    if let Some(u) = s
+        && u.len() > 256
+    {
+        return Err(ApiError::invalid_param(
+            param,
+            format!("{param} is longer than 256 bytes"),
+        ));
+    }
+    Ok(())
+}
+
+impl Common {
+    /// Checks every field against the limits; `vocab` bounds `logit_bias` ids.
+    pub fn validate(&self, limits: &Limits, vocab: usize) -> Result<ValidOptions, ApiError> {
+        let n = match self.n {
+            None => 1,
+            Some(n) if n < 1 || usize::try_from(n).map_or(true, |n| n > limits.max_n) => {
+                return Err(ApiError::invalid_param(
+                    "n",
+                    format!("n must be between 1 and {} (got {n})", limits.max_n),
+                ));
+            }
+            Some(n) => usize::try_from(n).unwrap_or(1),
+        };
+        let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
+            None => limits.default_max_tokens,
+            Some(v) if v < 1 => {
+                return Err(ApiError::invalid_param(
+                    "max_tokens",
+                    format!("max_tokens must be at least 1 (got {v})"),
+                ));
+            }
+            Some(v) => {
+                let v = usize::try_from(v).unwrap_or(usize::MAX);
+                if v > limits.max_tokens {
+                    return Err(ApiError::invalid_param(
+                        "max_tokens",
+                        format!(
+                            "max_tokens is {v}, above the limit of {}",
+                            limits.max_tokens
+                        ),
+                    ));
+                }
+                v
+            }
+        };
+        let top_k = match self.top_k {
+            None => 0,
+            Some(k) if k < 0 => 0, // -1 means off (vLLM)
+            Some(k) => usize::try_from(k).unwrap_or(usize::MAX),
+        };
+        let mut logit_bias = Vec::new();
+        for (k, &b) in self.logit_bias.iter().flatten() {
+            let id = k
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|&t| (t as usize) < vocab);
+            let Some(id) = id else {
+                return Err(ApiError::invalid_param(
+                    "logit_bias",
+                    format!("logit_bias key `{k}` is not a token id of this model (0..{vocab})"),
+                ));
+            };
+            logit_bias.push((id, b));
+        }
+        let sampling = SamplingParams {
+            temperature: self.temperature.unwrap_or(1.0),
+            top_k,
+            top_p: self.top_p.unwrap_or(1.0),
+            min_p: self.min_p.unwrap_or(0.0),
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
+            seed: self.seed.map(i64::cast_unsigned),
+            logit_bias,
+        };
+        sampling.validate().map_err(|e| {
+            let p = match &e {
+                crate::sampling::SamplingError::OutOfRange { param, .. } => *param,
+            };
+            ApiError::invalid_param(p, e.to_string())
+        })?;
+        let stop = self
+            .stop
+            .clone()
+            .map(StringOrList::into_vec)
+            .unwrap_or_default();
+        if stop.len() > limits.max_stop {
+            return Err(ApiError::invalid_param(
+                "stop",
+                format!(
+                    "{} stop strings given; at most {} are allowed",
+                    stop.len(),
+                    limits.max_stop
+                ),
+            ));
+        }
+        crate::stop::StopMatcher::new(&stop)
+            .map_err(|e| ApiError::invalid_param("stop", e.to_string()))?;
+        let so = self.stream_options.clone().unwrap_or_default();
+        if self.stream_options.is_some() && !self.stream {
+            return Err(ApiError::invalid_param(
+                "stream_options",
+                "stream_options is only allowed with stream: true",
+            ));
+        }
+        check_id("user", &self.user)?;
+        check_id("safety_identifier", &self.safety_identifier)?;
+        check_id("prompt_cache_key", &self.prompt_cache_key)?;
+        Ok(ValidOptions {
+            requested: self.into(),
+            max_tokens,
+            sampling,
+            stop,
+            n,
+            stream: self.stream,
+            include_usage: so.include_usage,
+            continuous_usage: so.continuous_usage_stats,
+            user: self.user.clone().or_else(|| self.safety_identifier.clone()),
+            session_hint: self
+                .prompt_cache_key
+                .clone()
+                .or_else(|| self.user.clone())
+                .or_else(|| self.safety_identifier.clone())
+                .filter(|s| !s.is_empty()),
+            ignore_eos: self.ignore_eos,
+            grammar: self.grammar_request()?,
+        })
+    }
+
+    /// The one constraint the request asks for, from whichever field it uses.
+    fn grammar_request(&self) -> Result<Option<GrammarRequest>, ApiError> {
+        let mut found: Vec<GrammarRequest> = Vec::new();
+        let object = || GrammarSpec::JsonSchema(json!({"type": "object"}));
+        match &self.response_format {
+            None | Some(ResponseFormat::Text) => {}
+            Some(ResponseFormat::JsonObject(None)) => found.push(GrammarRequest {
+                spec: object(),
+                param: "response_format",
+                kind: value::CONSTRAINT_JSON_OBJECT,
+            }),
+            Some(ResponseFormat::JsonObject(Some(s)) | ResponseFormat::JsonSchema(s)) => {
+                found.push(GrammarRequest {
+                    spec: GrammarSpec::JsonSchema(s.clone()),
+                    param: "response_format",
+                    kind: value::CONSTRAINT_JSON_SCHEMA,
+                });
+            }
+        }
+        if let Some(so) = &self.structured_outputs {
+            let (spec, kind) = match so {
+                StructuredOutputs::Json(s) => (
+                    GrammarSpec::JsonSchema(s.clone()),
+                    value::CONSTRAINT_JSON_SCHEMA,
+                ),
+                StructuredOutputs::JsonObject => (object(), value::CONSTRAINT_JSON_OBJECT),
+                StructuredOutputs::Regex(r) => {
+                    (GrammarSpec::Regex(r.clone()), value::CONSTRAINT_REGEX)
+                }
+                StructuredOutputs::Choice(c) => {
+                    (GrammarSpec::Choice(c.clone()), value::CONSTRAINT_CHOICE)
+                }
+                StructuredOutputs::Grammar(g) => {
+                    (GrammarSpec::Lark(g.clone()), value::CONSTRAINT_GRAMMAR)
+                }
+            };
+            found.push(GrammarRequest {
+                spec,
+                param: "structured_outputs",
+                kind,
+            });
+        }
+        if let Some(s) = &self.json_schema {
+            found.push(GrammarRequest {
+                spec: GrammarSpec::JsonSchema(s.clone()),
+                param: "json_schema",
+                kind: value::CONSTRAINT_JSON_SCHEMA,
+            });
+        }
+        if let Some(g) = &self.grammar {
+            found.push(GrammarRequest {
+                spec: GrammarSpec::Lark(g.clone()),
+                param: "grammar",
+                kind: value::CONSTRAINT_GRAMMAR,
+            });
+        }
+        if found.len() > 1 {
+            return Err(ApiError::invalid_param(
+                found[1].param,
+                format!(
+                    "`{}` and `{}` both constrain the output; send only one",
+                    found[0].param, found[1].param
+                ),
+            ));
+        }
+        Ok(found.pop())
+    }
+}
+
+/// A request ready to generate.
+#[derive(Debug, Clone)]
+pub struct ValidRequest {
+    /// Which endpoint.
+    pub endpoint: Endpoint,
+    /// The model asked for.
+    pub request_model: String,
+    /// The model served.
+    pub model: String,
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Prompt text (rendered chat, or the completion prompt).
+    pub prompt_text: String,
+    /// Options.
+    pub opts: ValidOptions,
+    /// Log-probabilities per token with this many alternatives (`None`: off).
+    pub logprobs: Option<usize>,
+    /// Completions' `echo`: the prompt comes back before the completion.
+    pub echo: bool,
+    /// Tools (chat).
+    pub tools: Option<ToolSetup>,
+    /// The compiled constraint (after [`ValidRequest::compile`]).
+    pub constraint: Option<Constraint>,
+}
+
+fn top_logprobs(param: &str, v: i64) -> Result<usize, ApiError> {
+    usize::try_from(v).ok().filter(|&k| k <= 20).ok_or_else(|| {
+        ApiError::invalid_param(param, format!("{param} must be between 0 and 20 (got {v})"))
+    })
+}
+
+impl ValidRequest {
+    /// Validates a chat request and renders its prompt.
+    pub fn chat(st: &AppState, req: ChatRequest) -> Result<Self, ApiError> {
+        let limits = &st.cfg.limits;
+        let opts = req.common.validate(limits, st.vocab)?;
+        let model = st.check_model(req.common.model.as_deref())?;
+        let logprobs = match (req.logprobs, req.top_logprobs) {
+            (false, None | Some(0)) => None,
+            (false, Some(_)) => {
+                return Err(ApiError::invalid_param(
+                    "top_logprobs",
+                    "top_logprobs needs logprobs: true",
+                ));
+            }
+            (true, k) => Some(top_logprobs("top_logprobs", k.unwrap_or(0))?),
+        };
+        let (text, prompt, tools) = chat_prompt(st, &req, true)?;
+        if let (Some(t), Some(g)) = (&tools, &opts.grammar)
+            && t.active()
+        {
+            return Err(ApiError::invalid_param(
+                g.param,
+                format!(
+                    "`{}` cannot be combined with tools (unless tool_choice is `none`)",
+                    g.param
+                ),
+            ));
+        }
+        Ok(Self {
+            endpoint: Endpoint::Chat,
+            request_model: req.common.model.clone().unwrap_or_else(|| model.clone()),
+            model,
+            prompt,
+            prompt_text: text,
+            opts,
+            logprobs,
+            echo: false,
+            tools,
+            constraint: None,
+        })
+    }
+
+    /// Validates a completion request and encodes its prompt.
+    pub fn completion(st: &AppState, req: CompletionRequest) -> Result<Self, ApiError> {
+        let opts = req.common.validate(&st.cfg.limits, st.vocab)?;
+        let model = st.check_model(req.common.model.as_deref())?;
+        if let Some(b) = req.best_of
+            && usize::try_from(b).ok() != Some(opts.n)
+        {
+            return Err(ApiError::invalid_param(
+                "best_of",
+                format!(
+                    "best_of must equal n ({}): choices are not ranked server-side",
+                    opts.n
+                ),
+            ));
+        }
+        let logprobs = req
+            .logprobs
+            .map(|k| top_logprobs("logprobs", k))
+            .transpose()?;
+        if req.echo && logprobs.is_some() {
+            return Err(ApiError::invalid_param(
+                "echo",
+                "echo with logprobs would need prompt logprobs, which are not supported",
+            ));
+        }
+        let one = |n: usize, what: &str| {
+            ApiError::invalid_param(
+                "prompt",
+                format!("{n} {what} given; one prompt per request is supported"),
+            )
+        };
+        let tok = st.prompts.tokenizer();
+        let ids_prompt = |ids: &[u32]| -> Result<(String, Vec<u32>), ApiError> {
+            if let Some(bad) = ids.iter().find(|&&t| t as usize >= st.vocab) {
+                return Err(ApiError::invalid_param(
+                    "prompt",
+                    format!("token id {bad} is outside the vocabulary of {}", st.vocab),
+                ));
+            }
+            Ok((
+                tok.decode_with(ids, false).unwrap_or_default(),
+                ids.to_vec(),
+            ))
+        };
+        let text_prompt = |t: &str| -> Result<(String, Vec<u32>), ApiError> {
+            let ids = st
+                .prompts
+                .raw(t)
+                .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))?;
+            Ok((t.to_string(), ids))
+        };
+        let (text, prompt) = match &req.prompt {
+            Prompt::Text(t) => text_prompt(t)?,
+            Prompt::Texts(v) if v.len() == 1 => text_prompt(&v[0])?,
+            Prompt::Texts(v) => return Err(one(v.len(), "prompts")),
+            Prompt::Tokens(ids) => ids_prompt(ids)?,
+            Prompt::TokenLists(v) if v.len() == 1 => ids_prompt(&v[0])?,
+            Prompt::TokenLists(v) => return Err(one(v.len(), "token prompts")),
+        };
+        if prompt.is_empty() {
+            return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
+        }
+        Ok(Self {
+            endpoint: Endpoint::Completions,
+            request_model: req.common.model.clone().unwrap_or_else(|| model.clone()),
+            model,
+            prompt,
+            prompt_text: text,
+            opts,
+            logprobs,
+            echo: req.echo,
+            tools: None,
+            constraint: None,
+        })
+    }
+
+    /// Compiles the request's grammar (and checks its tool definitions), off the async
+    /// runtime. A grammar that does not compile is a 400 that says why.
+    pub async fn compile(&mut self, st: &Arc<AppState>) -> Result<(), ApiError> {
+        let enforce = match (&self.opts.grammar, &self.tools) {
+            (Some(g), _) => Some((g.spec.clone(), g.param, g.kind)),
+            (None, Some(t)) if t.enforced() => {
+                t.grammar().map(|g| (g, "tools", value::CONSTRAINT_TOOLS))
+            }
+            _ => None,
+        };
+        // Tools whose calls are parsed rather than enforced still get their schemas checked.
+        let check = match (&enforce, &self.tools) {
+            (None, Some(t)) if !t.tools.is_empty() => {
+                let mut all = t.clone();
+                all.choice = ToolChoice::Required;
+                all.grammar()
+            }
+            _ => None,
+        };
+        if enforce.is_none() && check.is_none() {
+            return Ok(());
+        }
+        let grammars = Arc::clone(&st.grammars);
+        let compiled = tokio::task::spawn_blocking(move || {
+            let compiler = grammars.compiler().map_err(|e| (e, "model"))?;
+            if let Some(c) = &check {
+                compiler.compile(c).map_err(|e| (e, "tools"))?;
+            }
+            enforce
+                .map(|(spec, param, kind)| {
+                    compiler
+                        .compile(&spec)
+                        .map(|c| c.with_kind(kind))
+                        .map_err(|e| (e, param))
+                })
+                .transpose()
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("grammar compilation failed: {e}")))?;
+        match compiled {
+            Ok(c) => {
+                self.constraint = c;
+                Ok(())
+            }
+            Err((crate::constraint::ConstraintError::Unavailable(m), _)) => {
+                Err(ApiError::internal(m))
+            }
+            Err((e, param)) => {
+                let mut a = ApiError::invalid_param(param, format!("`{param}`: {e}"));
+                a.code = Some("invalid_grammar");
+                Err(a)
+            }
+        }
+    }
+}
+
+/// The prompt of a chat: messages checked, tools set up in the model's format, the template
+/// rendered (with a generation prompt when asked) and the text encoded. `/tokenize` uses the
+/// same function, so its counts equal a chat request's `prompt_tokens`.
+pub fn chat_prompt(
+    st: &AppState,
+    req: &ChatRequest,
+    add_generation_prompt: bool,
+) -> Result<(String, Vec<u32>, Option<ToolSetup>), ApiError> {
+    let limits = &st.cfg.limits;
+    let format = ToolFormat::detect(st.prompts.template_source());
+    let tools = tool_setup(req, format, limits)?;
+    let messages = messages(req, limits)?;
+    let messages = match &tools {
+        Some(t) => t.prepare(messages),
+        None if format == ToolFormat::Generic => tools::polyfill_history(messages),
+        None => messages,
+    };
+    let template_tools = tools.as_ref().and_then(ToolSetup::template_tools);
+    let (text, prompt) = st
+        .prompts
+        .chat_with(&messages, template_tools.as_ref(), add_generation_prompt)
+        .map_err(|e| {
+            let mut a = ApiError::invalid_param("messages", e.to_string());
+            a.code = Some("invalid_messages");
+            a
+        })?;
+    Ok((text, prompt, tools))
+}
+
+fn tool_setup(
+    req: &ChatRequest,
+    format: ToolFormat,
+    limits: &Limits,
+) -> Result<Option<ToolSetup>, ApiError> {
+    let wire = req.tools.clone().unwrap_or_default();
+    if wire.is_empty() {
+        return match &req.tool_choice {
+            None | Some(WireToolChoice::None | WireToolChoice::Auto) => Ok(None),
+            Some(_) => Err(ApiError::invalid_param(
+                "tool_choice",
+                "tool_choice asks for a tool call, but no `tools` were given",
+            )),
+        };
+    }
+    if wire.len() > limits.max_tools {
+        return Err(ApiError::invalid_param(
+            "tools",
+            format!(
+                "{} tools given; at most {} are allowed",
+                wire.len(),
+                limits.max_tools
+            ),
+        ));
+    }
+    let mut seen = HashSet::new();
+    let mut tools = Vec::with_capacity(wire.len());
+    for (i, t) in wire.into_iter().enumerate() {
+        if !seen.insert(t.name.clone()) {
+            return Err(ApiError::invalid_param(
+                &format!("tools[{i}].function.name"),
+                format!("two tools are named `{}`", t.name),
+            ));
+        }
+        tools.push(Tool {
+            name: t.name,
+            description: t.description,
+            parameters: t
+                .parameters
+                .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+        });
+    }
+    let choice = match req.tool_choice.clone() {
+        None | Some(WireToolChoice::Auto) => ToolChoice::Auto,
+        Some(WireToolChoice::None) => ToolChoice::None,
+        Some(WireToolChoice::Required) => ToolChoice::Required,
+        Some(WireToolChoice::Function(name)) => {
+            if !tools.iter().any(|t| t.name == name) {
+                return Err(ApiError::invalid_param(
+                    "tool_choice.function.name",
+                    format!("tool_choice names `{name}`, which is not among the tools"),
+                ));
+            }
+            ToolChoice::Function(name)
+        }
+    };
+    Ok(Some(ToolSetup {
+        format,
+        choice,
+        tools,
+        // OpenAI's default is parallel calls. The generic format defaults to one call, as
+        // llama.cpp's does: a model never trained on tools, offered a list, repeats its call
+        // until `max_tokens`. An explicit `parallel_tool_calls: true` allows the list.
+        parallel: req
+            .parallel_tool_calls
+            .unwrap_or(format != ToolFormat::Generic),
+    }))
+}
+
+/// The messages as the chat template takes them.
+pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, ApiError> {
+    if req.messages.is_empty() {
+        return Err(ApiError::invalid_param(
+            "messages",
+            "messages must not be empty",
+        ));
+    }
+    if req.messages.len() > limits.max_messages {
+        return Err(ApiError::invalid_param(
+            "messages",
+            format!(
+                "{} messages given; at most {} are allowed",
+                req.messages.len(),
+                limits.max_messages
+            ),
+        ));
+    }
+    let mut names: HashMap<String, String> = HashMap::new();
+    let mut out = Vec::with_capacity(req.messages.len());
+    for (i, m) in req.messages.iter().enumerate() {
+        if !matches!(
+            m.role.as_str(),
+            "system" | "user" | "assistant" | "tool" | "developer"
+        ) {
+            return Err(ApiError::invalid_param(
+                &format!("messages[{i}].role"),
+                format!(
+                    "unknown role `{}` (system, user, assistant, tool or developer)",
+                    m.role
+                ),
+            ));
+        }
+        let content = match &m.content {
+            None => String::new(),
+            Some(Content::Text(s)) => s.clone(),
+            Some(Content::Parts(parts)) => {
+                let mut s = String::new();
+                for (j, p) in parts.iter().enumerate() {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => s.push_str(t),
+                        _ => {
+                            return Err(ApiError::invalid_param(
+                                &format!("messages[{i}].content[{j}]"),
+                                format!(
+                                    "content part of type `{}` is not supported (only text)",
+                                    p.kind
+                                ),
+                            ));
+                        }
+                    }
+                }
+                s
+            }
+        };
+        if content.len() > limits.max_message_bytes {
+            return Err(ApiError::invalid_param(
+                &format!("messages[{i}].content"),
+                format!(
+                    "message content is {} bytes; the limit is {}",
+                    content.len(),
+                    limits.max_message_bytes
+                ),
+            ));
+        }
+        let role = if m.role == "developer" {
+            "system"
+        } else {
+            m.role.as_str()
+        };
+        let mut msg = ChatMessage::new(role, content);
+        msg.name = m.name.clone();
+        if let Some(calls) = &m.tool_calls {
+            if m.role != "assistant" {
+                return Err(ApiError::invalid_param(
+                    &format!("messages[{i}].tool_calls"),
+                    "only assistant messages carry tool_calls",
+                ));
+            }
+            let mut list = Vec::with_capacity(calls.len());
+            for (j, c) in calls.iter().enumerate() {
+                if c.kind.as_deref().is_some_and(|k| k != "function") {
+                    return Err(ApiError::invalid_param(
+                        &format!("messages[{i}].tool_calls[{j}].type"),
+                        "only function tool calls are supported",
+                    ));
+                }
+                // Templates expect arguments as an object (vLLM and HF do the same).
+                let args = match &c.function.arguments {
+                    Value::String(s) => serde_json::from_str::<Value>(s)
+                        .ok()
+                        .filter(Value::is_object)
+                        .unwrap_or_else(|| Value::String(s.clone())),
+                    other => other.clone(),
+                };
+                let id = c.id.clone().unwrap_or_else(|| format!("call_{i}_{j}"));
+                names.insert(id.clone(), c.function.name.clone());
+                list.push(json!({
+                    "id": id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": args},
+                }));
+            }
+            msg.tool_calls = Some(list);
+        }
+        if m.role == "tool" {
+            let Some(id) = &m.tool_call_id else {
+                return Err(ApiError::invalid_param(
+                    &format!("messages[{i}].tool_call_id"),
+                    "a tool message needs the `tool_call_id` it answers",
+                ));
+            };
+            msg.tool_call_id = Some(id.clone());
+            if msg.name.is_none() {
+                msg.name = names.get(id).cloned();
+            }
+        } else if m.tool_call_id.is_some() {
+            return Err(ApiError::invalid_param(
+                &format!("messages[{i}].tool_call_id"),
+                "only tool messages carry a tool_call_id",
+            ));
+        }
+        out.push(msg);
+    }
+    Ok(out)
+}
