@@ -114,8 +114,16 @@ crate::contract! {
     USAGE_DECODE_TPS = "slotlight.usage.decode_tps", "double", "{token}/s";
     /// Request span (same as `usage.e2e_ms`): arrival to finish, wall clock.
     USAGE_E2E_MS = "slotlight.usage.e2e_ms", "double", "ms";
-    /// Request span: prompt tokens actually computed (prompt − cached, plus any re-prefill).
+    /// Request span: prompt tokens actually computed (prompt − cached, plus any re-prefill). Every prefill rate slotlight shows (the sidecar's `prefill_tps`, llama.cpp `timings.prompt_per_second`, `generate`'s prefill figure) is these tokens per second of prefill: tokens reused from the cache are never counted.
     USAGE_PREFILLED_TOKENS = "slotlight.usage.prefilled_tokens", "int", "{token}";
+    /// Request span: whether the turn reused its conversation's KV and, if not, why: `first` (no earlier turn of the session remembered), `full` (everything reusable was reused, to block granularity), `diverged` (the prompt departs from the last turn), `evicted` (blocks of the reusable prefix had been reclaimed), `other_group` (the session's KV lives in another slot group); without a session `none` or `prefix` (a prefix shared with any earlier request was reused). Decided at admission from the session's remembered last turn and what the prefix cache gave; absent for a request never admitted.
+    RESUME = "slotlight.resume", "string", "";
+    /// Request span: tokens the prompt has in common with the session's remembered last turn (its prompt and the reply tokens whose KV was computed): what could have been reused. Absent without a remembered turn.
+    RESUME_REUSABLE_TOKENS = "slotlight.resume.reusable_tokens", "int", "{token}";
+    /// Request span: the token index where the prompt departs from the session's last turn (`diverged`, and `evicted` when the history changed too).
+    RESUME_DIVERGED_AT = "slotlight.resume.diverged_at", "int", "{token}";
+    /// Request span (`evicted`): reusable tokens, to block granularity, whose KV blocks had been reclaimed by other traffic.
+    RESUME_EVICTED_TOKENS = "slotlight.resume.evicted_tokens", "int", "{token}";
 
     /// Queue, leg and decode spans: `solo` or `slot`.
     LEG_PATH = "slotlight.leg.path", "string", "";

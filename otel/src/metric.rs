@@ -30,6 +30,8 @@ crate::contract! {
     GENERATED_TOKENS = "slotlight_generated_tokens_total", "counter", "{token}";
     /// Counter: turns (every request the engine answered), by `status` (`ok`, `cancelled`, `refused`, `error`), `finish_reason` (served turns) and `error_type` (the others).
     REQUESTS = "slotlight_requests_total", "counter", "{request}";
+    /// Counter: served turns by `resume` outcome (`slotlight.resume`: `first`, `full`, `diverged`, `evicted`, `other_group`, `none`, `prefix`).
+    TURNS_BY_RESUME = "slotlight_turns_by_resume_total", "counter", "{turn}";
     /// Counter: moves of a request between paths (solo to slot or back).
     MOVES = "slotlight_moves_total", "counter", "{move}";
     /// Gauge: requests admitted and not yet finished, per engine instance.
@@ -80,6 +82,8 @@ pub mod label {
     pub const STATUS: &str = "status";
     /// A request's finish reason.
     pub const FINISH_REASON: &str = "finish_reason";
+    /// A turn's resume outcome (`slotlight.resume`).
+    pub const RESUME: &str = "resume";
     /// A slot's device group.
     pub const SLOT_GROUP: &str = "slot_group";
     /// A slot's index, or `solo` for the solo path.
