@@ -5,6 +5,7 @@
 //! the request's own channel. Nothing here is shared between requests: there is no "last
 //! timing" anywhere in the engine.
 
+use crate::scheduler::resume::Resume;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -236,6 +237,9 @@ pub struct RequestTimings {
     pub legs: Vec<LegRecord>,
     /// Prefills, in order.
     pub prefills: Vec<PrefillRecord>,
+    /// Whether the request reused its conversation's KV and, if not, why (decided at its
+    /// first admission; `None` before).
+    pub resume: Option<Resume>,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -306,6 +310,7 @@ impl RequestTimings {
             decode_steps: 0,
             legs: Vec::new(),
             prefills: Vec::new(),
+            resume: None,
         }
     }
 

@@ -244,6 +244,7 @@ fn engine(model: &Model, batch: usize) -> EngineHandle {
             prefill_chunk: 128,
             mixed_prefill_chunk: 16,
             return_to_solo: true,
+            max_sessions: 64,
         },
     )
 }

@@ -34,6 +34,10 @@ pub struct ServeArgs {
     /// Requests that may wait for a slot; more get 429.
     #[arg(long, default_value_t = 256)]
     pub max_queue: usize,
+    /// Sessions whose last turn the engine remembers, to say whether each turn reused the
+    /// conversation's KV and why not (`usage.resume`); the least recently used is dropped first.
+    #[arg(long, default_value_t = 4096)]
+    pub max_sessions: usize,
     /// KV cache positions per device group (default: 2 × context or 512 per slot, whichever is larger).
     #[arg(long)]
     pub kv_cache_tokens: Option<usize>,
@@ -115,6 +119,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         prefill_chunk: a.prefill_chunk.max(1),
         mixed_prefill_chunk: a.mixed_prefill_chunk.max(1),
         return_to_solo: true,
+        max_sessions: a.max_sessions,
     };
     let engine = Arc::new(super::start_engine(&model, &a.model, kv, sched)?);
     let telemetry = Telemetry::init(&TelemetryConfig {

@@ -7,13 +7,14 @@
 //! within a token budget; then sample and emit, per request, on its own channel.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use super::resume::{self, SessionMemory};
 use super::sequence::{Phase, PrefillProgress, Seq};
 use super::slots::Slots;
 use super::{
@@ -64,6 +65,18 @@ struct Loop<'t> {
     next_family: u64,
     stats: GroupStats,
     logits: Vec<f32>,
+    /// The engine's memory of sessions (shared by every group; held only briefly).
+    sessions: Arc<Mutex<SessionMemory>>,
+}
+
+/// What a step loop shares with the engine handle.
+pub(super) struct Shared {
+    /// Requests waiting for admission, over all groups.
+    pub queued_total: Arc<AtomicUsize>,
+    /// Requests queued or admitted in this group.
+    pub load: Arc<AtomicUsize>,
+    /// The engine's memory of sessions.
+    pub sessions: Arc<Mutex<SessionMemory>>,
 }
 
 /// Runs the loop until shutdown.
@@ -73,9 +86,13 @@ pub(super) fn run(
     tokenizer: Arc<crate::tokenizer::Tokenizer>,
     cfg: SchedulerConfig,
     mut rx: mpsc::UnboundedReceiver<Command>,
-    queued_total: Arc<AtomicUsize>,
-    load: Arc<AtomicUsize>,
+    shared: Shared,
 ) {
+    let Shared {
+        queued_total,
+        load,
+        sessions,
+    } = shared;
     let tok: &Tokenizer = &tokenizer;
     let blocks = BlockManager::new(backend.num_blocks(), backend.block_size());
     let mut lp = Loop {
@@ -96,6 +113,7 @@ pub(super) fn run(
             ..GroupStats::default()
         },
         logits: Vec::new(),
+        sessions,
     };
     loop {
         // Commands: wait when idle, otherwise take what is there.
@@ -127,7 +145,7 @@ impl<'t> Loop<'t> {
     /// Handles one command; returns true on shutdown.
     fn command(&mut self, c: Command) -> bool {
         match c {
-            Command::Submit(mut req, channels) => {
+            Command::Submit(mut req, channels, prior) => {
                 let stop = match StopMatcher::new(&req.stop) {
                     Ok(s) => s,
                     Err(e) => {
@@ -181,6 +199,7 @@ impl<'t> Loop<'t> {
                         family,
                         choice,
                         constraint: constraint.clone().map(SeqConstraint::new),
+                        prior: prior.clone(),
                     });
                 }
                 false
@@ -266,6 +285,16 @@ impl<'t> Loop<'t> {
         self.blocks
             .register_full(&mut seq.blocks, &seq.tokens, computed);
         self.blocks.release(&mut seq.blocks);
+        // The session's next turn is compared with the tokens whose KV this one left behind
+        // (choice 0's; the others fork from the same prompt). Remembered before the
+        // completion is sent, so a client's next turn always finds it.
+        if let Some(session) = seq.req.session.as_deref()
+            && seq.choice == 0
+            && computed > 0
+            && let Ok(mut m) = self.sessions.lock()
+        {
+            m.remember(session, &seq.tokens[..computed], self.group);
+        }
         seq.timings.mark_finished(now);
         let mut tail = seq.decoder.flush();
         if !seq.stop.is_stopped() {
@@ -363,6 +392,14 @@ impl<'t> Loop<'t> {
             if first {
                 self.queued_total.fetch_sub(1, Ordering::AcqRel);
                 seq.timings.cached_tokens = cached;
+                seq.timings.resume = Some(resume::decide(
+                    seq.req.session.is_some(),
+                    seq.prior.as_ref(),
+                    self.group,
+                    cached,
+                    seq.tokens.len(),
+                    self.blocks.block_size(),
+                ));
             }
             seq.blocks = blocks;
             seq.computed = cached;

@@ -12,8 +12,8 @@ pub mod resume;
 mod sequence;
 mod slots;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -29,6 +29,7 @@ use crate::timing::{LegRecord, PathKind, PrefillRecord, RequestTimings};
 use crate::tokenizer::Tokenizer;
 
 pub use group::GroupStats;
+use resume::SessionMemory;
 
 /// Scheduler settings.
 #[derive(Debug, Clone)]
@@ -43,6 +44,9 @@ pub struct SchedulerConfig {
     pub mixed_prefill_chunk: usize,
     /// Return a request to the solo path when the batch drains to it.
     pub return_to_solo: bool,
+    /// Sessions whose last turn the engine remembers for warm resume (least recently used
+    /// dropped first; 0 remembers none).
+    pub max_sessions: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -53,6 +57,7 @@ impl Default for SchedulerConfig {
             prefill_chunk: 512,
             mixed_prefill_chunk: 64,
             return_to_solo: true,
+            max_sessions: 4096,
         }
     }
 }
@@ -330,8 +335,12 @@ pub struct InFlight {
 }
 
 enum Command {
-    /// A request and one event channel per choice.
-    Submit(Box<GenerateRequest>, Vec<mpsc::UnboundedSender<Event>>),
+    /// A request, one event channel per choice, and what the engine remembered of its session.
+    Submit(
+        Box<GenerateRequest>,
+        Vec<mpsc::UnboundedSender<Event>>,
+        Option<resume::Prior>,
+    ),
     Snapshot(oneshot::Sender<(Vec<InFlight>, GroupStats)>),
     AbortAll,
     Shutdown,
@@ -349,7 +358,20 @@ pub struct EngineHandle {
     queued: Arc<AtomicUsize>,
     max_queue: usize,
     context: usize,
+    batch: usize,
+    sessions: Arc<Mutex<SessionMemory>>,
     shutting_down: AtomicBool,
+}
+
+/// The engine's memory of sessions, for `/v1/requests` and metrics.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct SessionStats {
+    /// Sessions whose last turn is remembered now.
+    pub remembered: usize,
+    /// The most it remembers (`--max-sessions`).
+    pub capacity: usize,
+    /// Sessions dropped (least recently used) to stay within the capacity.
+    pub dropped: u64,
 }
 
 impl EngineHandle {
@@ -360,6 +382,7 @@ impl EngineHandle {
         cfg: SchedulerConfig,
     ) -> Self {
         let queued = Arc::new(AtomicUsize::new(0));
+        let sessions = Arc::new(Mutex::new(SessionMemory::new(cfg.max_sessions)));
         let context = backends
             .iter()
             .map(|b| b.config().context)
@@ -372,10 +395,15 @@ impl EngineHandle {
                 let (tx, rx) = mpsc::unbounded_channel();
                 let load = Arc::new(AtomicUsize::new(0));
                 let tok = Arc::clone(&tokenizer);
-                let (cfg, queued, l2) = (cfg.clone(), Arc::clone(&queued), Arc::clone(&load));
+                let cfg = cfg.clone();
+                let shared = group::Shared {
+                    queued_total: Arc::clone(&queued),
+                    load: Arc::clone(&load),
+                    sessions: Arc::clone(&sessions),
+                };
                 let thread = std::thread::Builder::new()
                     .name(format!("slotlight-group-{g}"))
-                    .spawn(move || group::run(g, backend, tok, cfg, rx, queued, l2))
+                    .spawn(move || group::run(g, backend, tok, cfg, rx, shared))
                     .expect("spawn step loop thread");
                 GroupHandle {
                     tx,
@@ -389,6 +417,8 @@ impl EngineHandle {
             queued,
             max_queue: cfg.max_queue,
             context,
+            batch: cfg.batch,
+            sessions,
             shutting_down: AtomicBool::new(false),
         }
     }
@@ -448,12 +478,12 @@ impl EngineHandle {
         if reserved.is_err() {
             return Err(SubmitError::QueueFull(self.max_queue));
         }
-        let g = self.pick_group(req.session.as_deref());
+        let (g, prior) = self.route(req.session.as_deref(), &req.prompt);
         let (txs, rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::unbounded_channel()).unzip();
         self.groups[g].load.fetch_add(n, Ordering::Relaxed);
         if self.groups[g]
             .tx
-            .send(Command::Submit(Box::new(req), txs))
+            .send(Command::Submit(Box::new(req), txs, prior))
             .is_err()
         {
             self.queued.fetch_sub(n, Ordering::AcqRel);
@@ -463,22 +493,44 @@ impl EngineHandle {
         Ok(rxs)
     }
 
-    /// Session affinity keeps a chat on one group (its KV prefix lives there); otherwise the
-    /// least loaded group.
-    fn pick_group(&self, session: Option<&str>) -> usize {
-        let n = self.groups.len();
-        if n == 1 {
-            return 0;
+    /// Picks the group for a request, and returns what the engine remembers of its session.
+    ///
+    /// A session stays on the group that holds its last turn's KV, unless that group is full
+    /// (as many requests in it as it has slots) while another has room: then the turn goes to
+    /// the least loaded group and its resume outcome says `other_group`. A new session, or a
+    /// request without one, goes to the least loaded group (the lowest index on a tie).
+    fn route(&self, session: Option<&str>, prompt: &[u32]) -> (usize, Option<resume::Prior>) {
+        let load = |g: usize| self.groups[g].load.load(Ordering::Relaxed);
+        let least = (0..self.groups.len()).min_by_key(|&g| load(g)).unwrap_or(0);
+        let Some(s) = session else {
+            return (least, None);
+        };
+        let prior = self
+            .sessions
+            .lock()
+            .ok()
+            .and_then(|mut m| m.prior(s, prompt));
+        let g = match &prior {
+            Some(p) if p.group < self.groups.len() => {
+                if load(p.group) >= self.batch && load(least) < self.batch {
+                    least
+                } else {
+                    p.group
+                }
+            }
+            _ => least,
+        };
+        (g, prior)
+    }
+
+    /// The engine's memory of sessions.
+    pub fn session_stats(&self) -> SessionStats {
+        let m = self.sessions.lock();
+        SessionStats {
+            remembered: m.as_ref().map_or(0, |m| m.len()),
+            capacity: m.as_ref().map_or(0, |m| m.capacity()),
+            dropped: m.as_ref().map_or(0, |m| m.dropped()),
         }
-        if let Some(s) = session {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            s.hash(&mut h);
-            return usize::try_from(h.finish() % n as u64).unwrap_or(0);
-        }
-        (0..n)
-            .min_by_key(|&g| self.groups[g].load.load(Ordering::Relaxed))
-            .unwrap_or(0)
     }
 
     /// The requests in flight and per-group statistics, as each step loop reports them.

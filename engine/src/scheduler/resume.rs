@@ -218,6 +218,11 @@ impl SessionMemory {
             .insert(session.to_string(), (tokens.to_vec(), group, self.tick));
     }
 
+    /// The most sessions remembered.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     /// Sessions remembered now.
     pub fn len(&self) -> usize {
         self.turns.len()

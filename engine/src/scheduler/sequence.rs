@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use super::resume::Prior;
 use super::{Event, GenerateRequest, Placement};
 use crate::constraint::SeqConstraint;
 use crate::kv_cache::SeqBlocks;
@@ -86,6 +87,8 @@ pub struct Seq<'t> {
     pub choice: usize,
     /// The grammar this choice must follow, with its mask for the next token.
     pub constraint: Option<SeqConstraint>,
+    /// What the engine remembered of the request's session when it arrived.
+    pub prior: Option<Prior>,
 }
 
 impl Seq<'_> {

@@ -297,7 +297,9 @@ async fn health(State(st): State<SharedState>) -> Response {
 
 async fn requests(State(st): State<SharedState>) -> Response {
     let (data, groups) = st.engine.snapshot().await;
-    axum::Json(json!({"object": "list", "data": data, "groups": groups})).into_response()
+    let sessions = st.engine.session_stats();
+    axum::Json(json!({"object": "list", "data": data, "groups": groups, "sessions": sessions}))
+        .into_response()
 }
 
 async fn fallback(req: Request) -> ApiError {

@@ -632,6 +632,19 @@ impl RequestTrace {
                 .into_iter()
                 .filter_map(|(k, v)| v.map(|v| KeyValue::new(k, v))),
         );
+        if let Some(r) = usage.resume {
+            attrs.push(KeyValue::new(attr::RESUME, r));
+        }
+        let resume_counts = [
+            (attr::RESUME_REUSABLE_TOKENS, usage.reusable_tokens),
+            (attr::RESUME_DIVERGED_AT, usage.diverged_at),
+            (attr::RESUME_EVICTED_TOKENS, usage.evicted_tokens),
+        ];
+        attrs.extend(
+            resume_counts
+                .into_iter()
+                .filter_map(|(k, v)| v.map(|v| kv_i(k, v))),
+        );
         if let Some(f) = first_token {
             attrs.push(kv_u(
                 attr::REQUEST_FIRST_TOKEN_TIME,

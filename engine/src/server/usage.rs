@@ -22,6 +22,18 @@ pub struct Usage {
     /// The request's own timings.
     #[serde(flatten)]
     pub timings: UsageTimings,
+    /// Whether the turn reused its conversation's KV and, if not, why (`first`, `full`,
+    /// `diverged`, `evicted`, `other_group`; without a session `none` or `prefix`); `null`
+    /// for a request never admitted.
+    pub resume: Option<&'static str>,
+    /// Tokens the prompt had in common with the session's remembered last turn: what could
+    /// have been reused (`null` without a remembered turn).
+    pub reusable_tokens: Option<usize>,
+    /// Where the prompt departs from the session's last turn (`diverged`, and `evicted` when
+    /// the history changed too).
+    pub diverged_at: Option<usize>,
+    /// Reusable tokens whose KV blocks had been reclaimed (`evicted`).
+    pub evicted_tokens: Option<usize>,
     /// The request's legs (slotlight extension): where each choice ran and what each stretch
     /// did.
     pub legs: Vec<LegUsage>,
@@ -178,7 +190,13 @@ pub fn usage_of(choices: &[&Completion]) -> (Usage, LlamaCppTimings) {
     let prompt_tokens = choices.first().map_or(0, |c| c.timings.prompt_tokens);
     let cached_tokens = choices.first().map_or(0, |c| c.timings.cached_tokens);
     let completion_tokens: usize = choices.iter().map(|c| c.timings.generated_tokens).sum();
+    // The prompt's fate is choice 0's (the others fork from its prefill).
+    let resume = choices.first().and_then(|c| c.timings.resume);
     let usage = Usage {
+        resume: resume.map(|r| r.outcome.as_str()),
+        reusable_tokens: resume.and_then(|r| r.reusable_tokens),
+        diverged_at: resume.and_then(|r| r.diverged_at),
+        evicted_tokens: resume.and_then(|r| r.evicted_tokens),
         prompt_tokens,
         completion_tokens,
         total_tokens: prompt_tokens + completion_tokens,

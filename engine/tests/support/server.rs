@@ -97,6 +97,7 @@ impl TestServer {
                 prefill_chunk: 256,
                 mixed_prefill_chunk: 32,
                 return_to_solo: true,
+                max_sessions: 64,
             },
         ));
         let spans = MemoryExporter::default();
