@@ -609,3 +609,72 @@ async fn spans_carry_no_content_unless_asked_to() {
         s.stop().await;
     }
 }
+
+/// Warm resume on the request span: each turn's `slotlight.resume` and its counts equal the
+/// turn's own `usage` (first, full, then an edited history that diverges), and a value that
+/// does not apply is left off the span (`null` in usage).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_request_span_says_whether_the_turn_reused_its_conversation() {
+    let Some(path) = support::default_model() else {
+        return;
+    };
+    let m = Model::load(&path).expect("default model");
+    let s = TestServer::start(&m, Options::default()).await;
+    let turn = |messages: Value| {
+        let s = &s;
+        async move {
+            let (code, v) = s
+                .chat(json!({"messages": messages, "max_tokens": 8, "temperature": 0, "user": "span-resume"}))
+                .await;
+            assert_eq!(code, 200, "{v}");
+            v
+        }
+    };
+    let reply =
+        |v: &Value| json!({"role": "assistant", "content": v["choices"][0]["message"]["content"]});
+    let mut msgs = vec![json!({"role": "user", "content": "Name a planet."})];
+    let v1 = turn(json!(msgs)).await;
+    msgs.extend([
+        reply(&v1),
+        json!({"role": "user", "content": "Another one."}),
+    ]);
+    let v2 = turn(json!(msgs)).await;
+    let mut edited = msgs.clone();
+    edited[0] = json!({"role": "user", "content": "Name a moon."});
+    let v3 = turn(json!(edited)).await;
+    let spans = settle(&s, 3).await;
+    let mut outcomes = Vec::new();
+    for v in [&v1, &v2, &v3] {
+        let id = v["id"].as_str().expect("id");
+        let root = spans
+            .iter()
+            .find(|x| {
+                span::is_request_span_name(&x.name)
+                    && get(x, attr::REQUEST_ID).is_some_and(|r| r.as_str() == id)
+            })
+            .unwrap_or_else(|| panic!("root span of {id}"));
+        let u = &v["usage"];
+        let outcome = string(root, attr::RESUME);
+        assert_eq!(outcome, u["resume"].as_str().expect("usage.resume"));
+        for (key, field) in [
+            (attr::RESUME_REUSABLE_TOKENS, "reusable_tokens"),
+            (attr::RESUME_DIVERGED_AT, "diverged_at"),
+            (attr::RESUME_EVICTED_TOKENS, "evicted_tokens"),
+        ] {
+            match u[field].as_i64() {
+                Some(n) => assert_eq!(int(root, key), n, "{id}: {key}"),
+                None => assert!(get(root, key).is_none(), "{id}: {key} does not apply"),
+            }
+        }
+        outcomes.push(outcome);
+    }
+    assert_eq!(outcomes, ["first", "full", "diverged"]);
+    // The edit is in the first user message: the prompts part inside it.
+    let diverged_at = v3["usage"]["diverged_at"].as_u64().expect("diverged_at");
+    let first_prompt = v1["usage"]["prompt_tokens"].as_u64().expect("prompt");
+    assert!(
+        diverged_at > 0 && diverged_at < first_prompt,
+        "{diverged_at}"
+    );
+    s.stop().await;
+}

@@ -15,6 +15,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+import urllib.request
 
 import openai
 import pytest
@@ -311,3 +312,136 @@ def sidecar_metrics(sidecar) -> str:
 
     with urllib.request.urlopen(f"http://{sidecar.views}/metrics", timeout=10) as r:
         return r.read().decode()
+
+
+def _common_prefix(a, b):
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def test_every_turn_says_whether_it_reused_its_conversation_and_why(sidecar):
+    """Warm resume explained, with the real model on two CPU groups of one slot each and a small
+    KV cache: a three-turn chat gives first, full, full; an edited history gives `diverged` at
+    the token where the prompt departs; other traffic filling the cache gives `evicted` with the
+    lost tokens counted; a turn whose group is full goes to the other group (`other_group`).
+    Each outcome is the same in the HTTP usage, the engine's log line and the sidecar's turn
+    record (built from the request span)."""
+    e = EngineProcess(
+        "--device", "cpu,cpu", "--batch", "1", "--kv-cache-tokens", "1024", "--log-format", "json",
+        "--progress-interval-ms", "100", otlp=f"http://{sidecar.grpc}", ctx_size=1024,
+    )
+    try:
+        def chat(messages, session, max_tokens=12, **extra):
+            body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, **extra}
+            code, v = e.post("/v1/chat/completions", body, headers={"x-session-id": session})
+            assert code == 200, v
+            return v
+
+        def log_line(rid):
+            for _ in range(200):
+                found = [json.loads(l) for l in e.log if rid in l and l.lstrip().startswith("{")]
+                if found:
+                    return found[0]
+                time.sleep(0.05)
+            raise AssertionError("no log line for " + rid)
+
+        def check(v, outcome):
+            """The outcome agrees in usage, log line and turn record; returns the usage."""
+            u = v["usage"]
+            assert u["resume"] == outcome, u
+            rec = log_line(v["id"])
+            turn = sidecar.wait_turn(v["id"])
+            for k in ("reusable_tokens", "diverged_at", "evicted_tokens"):
+                assert rec.get(k) == u[k], (k, rec, u)
+                assert turn[k] == u[k], (k, turn, u)
+            assert rec["resume"] == outcome and rec["finish_reason"] != outcome
+            assert turn["resume"] == outcome
+            assert turn["cached_tokens"] == u["prompt_tokens_details"]["cached_tokens"]
+            return u
+
+        def reply(v):
+            return {"role": "assistant", "content": v["choices"][0]["message"]["content"]}
+
+        # Without a session: nothing reused the first time, a shared prefix the second.
+        code, v = e.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Count from one to five."}], "max_tokens": 4})
+        assert code == 200 and v["usage"]["resume"] in ("none", "prefix"), v["usage"]
+        assert v["usage"]["reusable_tokens"] is None
+
+        # Three turns: first, full, full. What was reusable was reused.
+        msgs = [{"role": "system", "content": "You are a terse assistant."}, {"role": "user", "content": "Name a large ocean."}]
+        v1 = chat(msgs, "resume-chat")
+        u1 = check(v1, "first")
+        assert u1["reusable_tokens"] is None
+        msgs += [reply(v1), {"role": "user", "content": "Name a small sea."}]
+        v2 = chat(msgs, "resume-chat")
+        u2 = check(v2, "full")
+        assert u2["reusable_tokens"] > u1["prompt_tokens"]
+        assert u2["prompt_tokens_details"]["cached_tokens"] >= (min(u2["reusable_tokens"], u2["prompt_tokens"] - 1) // 16) * 16
+        msgs += [reply(v2), {"role": "user", "content": "Name a river."}]
+        check(chat(msgs, "resume-chat"), "full")
+
+        # An edited history: diverged where the new prompt departs from the last turn.
+        edited = [dict(m) for m in msgs]
+        edited[1] = {"role": "user", "content": "Name a large desert."}
+        last_prompt = e.post("/tokenize", {"messages": msgs})[1]["tokens"]
+        new_prompt = e.post("/tokenize", {"messages": edited})[1]["tokens"]
+        u = check(chat(edited, "resume-chat"), "diverged")
+        assert u["diverged_at"] == _common_prefix(last_prompt, new_prompt), (u, len(last_prompt))
+        assert u["reusable_tokens"] == u["diverged_at"]
+
+        # A turn whose group is busy (its one slot taken) goes to the idle group.
+        m = [{"role": "user", "content": "Say hello."}]
+        g1 = chat(m, "resume-move")
+        check(g1, "first")
+        home = g1["usage"]["legs"][0]["group"]
+        busy = threading.Event()
+        done = {}
+
+        def long_request():
+            body = {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 160,
+                    "ignore_eos": True, "stream": True}
+            req = urllib.request.Request(e.base + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                         headers={"content-type": "application/json"})
+            with urllib.request.urlopen(req, timeout=300) as r:
+                for line in r:
+                    if line.startswith(b"data: {"):
+                        busy.set()
+            done["ok"] = True
+
+        t = threading.Thread(target=long_request)
+        t.start()
+        assert busy.wait(120), "the long request started"
+        # The long request (no session) went to the least loaded group: the session's own.
+        g2 = chat(m + [reply(g1), {"role": "user", "content": "Again."}], "resume-move", max_tokens=4)
+        t.join(300)
+        assert done.get("ok")
+        u = check(g2, "other_group")
+        assert g2["usage"]["legs"][0]["group"] != home
+        assert u["reusable_tokens"] > 0
+
+        # Other traffic fills the cache between two turns: evicted, the lost tokens counted.
+        m = [{"role": "user", "content": "Tell me about the moon in one sentence."}]
+        f1 = chat(m, "resume-evict")
+        check(f1, "first")
+        for i in range(4):
+            filler = " ".join(f"word{i}x{j}" for j in range(120))
+            code, _ = e.post("/v1/chat/completions", {"messages": [{"role": "user", "content": filler}], "max_tokens": 2})
+            assert code == 200
+        u = check(chat(m + [reply(f1), {"role": "user", "content": "And the sun?"}], "resume-evict"), "evicted")
+        assert u["evicted_tokens"] > 0
+        reachable = (min(u["reusable_tokens"], u["prompt_tokens"] - 1) // 16) * 16
+        assert u["evicted_tokens"] == reachable - u["prompt_tokens_details"]["cached_tokens"]
+
+        # The sidecar lists the session's turns in order with their outcomes.
+        turns = sidecar.get("/v1/turns?session_id=resume-chat")["turns"]
+        assert [t["resume"] for t in turns] == ["first", "full", "full", "diverged"], turns
+        # ... and counts turns by outcome.
+        with urllib.request.urlopen(f"http://{sidecar.views}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        assert 'slotlight_turns_by_resume_total{' in text and 'resume="diverged"' in text
+    finally:
+        e.close()
