@@ -299,6 +299,7 @@ pub fn render_contract() -> String {
         metric::label::ERROR_TYPE,
         metric::label::STATUS,
         metric::label::FINISH_REASON,
+        metric::label::RESUME,
         metric::label::SLOT_GROUP,
         metric::label::SLOT,
         metric::label::REASON,

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -24,6 +25,7 @@ use tokio_stream::wrappers::BroadcastStream;
 
 use crate::assembly::Published;
 use crate::assembly::turns::TurnQuery;
+use crate::error::ViewError;
 use crate::metrics::{Metrics, negotiate};
 
 /// The live page (self-contained: no external script, style or font).
@@ -32,7 +34,7 @@ pub const PAGE: &str = include_str!("page/index.html");
 /// How often a slot stream re-sends an unchanged snapshot (so ages and elapsed times move).
 const SLOTS_REFRESH: Duration = Duration::from_secs(1);
 
-/// Default and largest `limit` of `/v1/turns`.
+/// Default `limit` of `/v1/turns`.
 const DEFAULT_TURNS: usize = 100;
 
 /// What the view handlers read.
@@ -133,42 +135,74 @@ async fn slots_stream(
         .keep_alive(KeepAlive::default())
 }
 
-/// `/v1/turns` query parameters.
+/// `/v1/turns` and `/v1/turns/stream` query parameters.
 #[derive(Debug, Deserialize, Default)]
 pub struct TurnsParams {
-    /// Only this session.
+    /// Only this session (then oldest first, by request start).
     pub session_id: Option<String>,
     /// Only this request.
     pub request_id: Option<String>,
     /// Only this engine instance.
     pub instance: Option<String>,
-    /// At most this many, newest first (default 100).
+    /// At most this many (default 100): the newest ones.
     pub limit: Option<usize>,
 }
 
 impl TurnsParams {
-    fn query(self) -> TurnQuery {
-        TurnQuery {
-            session_id: self.session_id,
-            request_id: self.request_id,
-            instance: self.instance,
-            limit: self.limit.unwrap_or(DEFAULT_TURNS),
+    /// The validated query: a query string that does not parse, or a filter present with an
+    /// empty value (which no turn has), is a [`ViewError::InvalidQuery`].
+    fn query(parsed: Result<Query<Self>, QueryRejection>) -> Result<TurnQuery, ViewError> {
+        let Query(p) = parsed.map_err(|r| ViewError::InvalidQuery {
+            param: None,
+            message: r.body_text(),
+        })?;
+        for (param, v) in [
+            ("session_id", &p.session_id),
+            ("request_id", &p.request_id),
+            ("instance", &p.instance),
+        ] {
+            if v.as_deref().is_some_and(str::is_empty) {
+                return Err(ViewError::InvalidQuery {
+                    param: Some(param),
+                    message: format!("{param} must not be empty"),
+                });
+            }
         }
+        Ok(TurnQuery {
+            session_id: p.session_id,
+            request_id: p.request_id,
+            instance: p.instance,
+            limit: p.limit.unwrap_or(DEFAULT_TURNS),
+        })
     }
 }
 
-async fn turns(State(st): State<ApiState>, Query(p): Query<TurnsParams>) -> Response {
-    let q = p.query();
+/// `GET /v1/turns`: `{"count", "turns": [record, ...]}` from the ring of the last `--turns`
+/// finished requests (default 10000), filtered by `session_id`, `request_id` and `instance`.
+///
+/// Without `session_id`: the newest `limit` (default 100) records, newest first. With
+/// `session_id=S`: that session's turns in the order its conversation ran, oldest first by
+/// request start, each with its outcome (`status`, `finish_reason`, `resume`); the latest
+/// `limit` of them, and only those still in the ring, so the listing never exceeds the ring's
+/// bound and a long session's oldest turns may be gone. An unknown session is an empty list
+/// (200). A malformed query, or an empty filter value, is a 400 [`ViewError`].
+async fn turns(
+    State(st): State<ApiState>,
+    params: Result<Query<TurnsParams>, QueryRejection>,
+) -> Result<Response, ViewError> {
+    let q = TurnsParams::query(params)?;
     let list = st.published.turns.query(&q);
     let body = serde_json::json!({ "count": list.len(), "turns": list });
-    json_response(body.to_string())
+    Ok(json_response(body.to_string()))
 }
 
+/// `GET /v1/turns/stream`: each new record matching the filters (as `/v1/turns`), as SSE
+/// event `turn`, in completion order.
 async fn turns_stream(
     State(st): State<ApiState>,
-    Query(p): Query<TurnsParams>,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let q = p.query();
+    params: Result<Query<TurnsParams>, QueryRejection>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ViewError> {
+    let q = TurnsParams::query(params)?;
     let rx = st.published.turn_events.subscribe();
     let stream = BroadcastStream::new(rx).filter_map(move |r| {
         let out = match r {
@@ -179,8 +213,10 @@ async fn turns_stream(
         };
         std::future::ready(out)
     });
-    Sse::new(stream.take_until(until_shutdown(st.shutdown.clone())))
-        .keep_alive(KeepAlive::default())
+    Ok(
+        Sse::new(stream.take_until(until_shutdown(st.shutdown.clone())))
+            .keep_alive(KeepAlive::default()),
+    )
 }
 
 async fn metrics(State(st): State<ApiState>, headers: HeaderMap) -> Response {

@@ -79,6 +79,64 @@ impl IngestError {
     }
 }
 
+/// Why a view request was refused (`/v1/turns`, `/v1/turns/stream`). The body has the shape
+/// of the engine's API errors: `{"error": {"message", "type", "param"}}`, `type` being
+/// [`ViewError::label`] and `param` the query parameter at fault (null when unknown).
+#[derive(Debug, thiserror::Error)]
+pub enum ViewError {
+    /// The query string is malformed, or a parameter has the wrong type (`limit=banana`), or a
+    /// filter is present with an empty value (`session_id=`, which no turn has). Fix the query;
+    /// retrying it unchanged gets the same answer. HTTP 400.
+    #[error("{message}")]
+    InvalidQuery {
+        /// The parameter at fault, when known.
+        param: Option<&'static str>,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl ViewError {
+    /// The stable label (`type` in the body).
+    pub fn label(&self) -> &'static str {
+        match self {
+            ViewError::InvalidQuery { .. } => "invalid_query",
+        }
+    }
+
+    /// The HTTP status.
+    pub fn http_status(&self) -> StatusCode {
+        match self {
+            ViewError::InvalidQuery { .. } => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// The query parameter at fault, when known.
+    pub fn param(&self) -> Option<&'static str> {
+        match self {
+            ViewError::InvalidQuery { param, .. } => *param,
+        }
+    }
+}
+
+impl axum::response::IntoResponse for ViewError {
+    fn into_response(self) -> axum::response::Response {
+        let body = serde_json::json!({
+            "error": {
+                "message": self.to_string(),
+                "type": self.label(),
+                "param": self.param(),
+            }
+        });
+        (
+            self.http_status(),
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response()
+    }
+}
+
 /// Why the sidecar could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -132,5 +190,27 @@ mod tests {
             IngestError::Overloaded.grpc_code(),
             tonic::Code::Unavailable
         );
+    }
+
+    #[tokio::test]
+    async fn view_errors_answer_in_the_api_error_shape() {
+        use axum::response::IntoResponse;
+        let e = ViewError::InvalidQuery {
+            param: Some("session_id"),
+            message: "session_id must not be empty".into(),
+        };
+        let resp = e.into_response();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            resp.headers()[axum::http::header::CONTENT_TYPE],
+            "application/json"
+        );
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 16)
+            .await
+            .expect("body");
+        let v: serde_json::Value = serde_json::from_slice(&bytes).expect("json");
+        assert_eq!(v["error"]["type"], "invalid_query");
+        assert_eq!(v["error"]["param"], "session_id");
+        assert_eq!(v["error"]["message"], "session_id must not be empty");
     }
 }

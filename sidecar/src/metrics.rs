@@ -406,6 +406,8 @@ struct SeriesMetrics {
     generated_tokens: u64,
     moves: u64,
     requests: BTreeMap<Outcome, u64>,
+    /// Turns by `slotlight.resume` (only turns that carry it: admitted ones).
+    resume: BTreeMap<String, u64>,
 }
 
 impl Default for SeriesMetrics {
@@ -422,6 +424,7 @@ impl Default for SeriesMetrics {
             generated_tokens: 0,
             moves: 0,
             requests: BTreeMap::new(),
+            resume: BTreeMap::new(),
         }
     }
 }
@@ -541,6 +544,17 @@ impl RequestMetrics {
             outcome
         };
         *m.requests.entry(outcome).or_default() += 1;
+        // A turn never admitted has no resume outcome and is not counted. The engine sends
+        // the contract's values; anything else is kept, within the same cap as outcomes.
+        let resume = label_value(t.resume.as_deref());
+        if !resume.is_empty() {
+            let resume = if m.resume.len() >= MAX_OUTCOMES && !m.resume.contains_key(&resume) {
+                OVERFLOW.to_string()
+            } else {
+                resume
+            };
+            *m.resume.entry(resume).or_default() += 1;
+        }
     }
 
     fn render(&self, w: &mut Writer) {
@@ -601,6 +615,14 @@ impl RequestMetrics {
                     l.push((label::ERROR_TYPE, e.clone()));
                 }
                 w.sample(metric::REQUESTS, "", &as_refs(&l), &U(*n));
+            }
+        }
+        w.family(metric::TURNS_BY_RESUME, Type::Counter);
+        for (k, m) in &self.series {
+            for (resume, n) in &m.resume {
+                let mut l = genai_labels(k);
+                l.push((label::RESUME, resume.clone()));
+                w.sample(metric::TURNS_BY_RESUME, "", &as_refs(&l), &U(*n));
             }
         }
     }
@@ -911,6 +933,78 @@ mod tests {
                 "{status}: {text}"
             );
         }
+    }
+
+    /// The `slotlight_turns_by_resume_total` sample of [`turn`]'s series for `resume`.
+    fn resume_count(text: &str, resume: &str) -> Option<u64> {
+        let prefix = format!(
+            "{}{{{GENAI},{}=\"{resume}\"}} ",
+            metric::TURNS_BY_RESUME,
+            label::RESUME
+        );
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.parse().ok())
+    }
+
+    #[test]
+    fn turns_are_counted_by_resume_outcome_and_unadmitted_ones_not_at_all() {
+        use slotlight_otel::attr::value;
+        let m = Metrics::new(10);
+        let with = |resume: &str| {
+            turn_with(RequestSpan {
+                resume: Some(resume.into()),
+                ..Default::default()
+            })
+        };
+        for r in [
+            value::RESUME_FULL,
+            value::RESUME_FULL,
+            value::RESUME_DIVERGED,
+            value::RESUME_FIRST,
+        ] {
+            m.observe_turn(&with(r));
+        }
+        // Refused before admission: no resume attribute.
+        m.observe_turn(&turn_with(RequestSpan {
+            status: Some("refused".into()),
+            error_type: Some("overloaded".into()),
+            ..Default::default()
+        }));
+        m.observe_turn(&turn());
+        let text = m.render(&SlotsSnapshot::default(), false);
+        assert!(
+            text.contains(&format!("# TYPE {} counter\n", metric::TURNS_BY_RESUME)),
+            "{text}"
+        );
+        assert_eq!(resume_count(&text, value::RESUME_FULL), Some(2), "{text}");
+        assert_eq!(resume_count(&text, value::RESUME_DIVERGED), Some(1));
+        assert_eq!(resume_count(&text, value::RESUME_FIRST), Some(1));
+        assert_eq!(resume_count(&text, value::RESUME_EVICTED), None);
+        let total: u64 = text
+            .lines()
+            .filter(|l| l.starts_with(metric::TURNS_BY_RESUME))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum();
+        assert_eq!(total, 4, "the two turns without a resume are not counted");
+    }
+
+    #[test]
+    fn resume_labels_are_capped() {
+        let m = Metrics::new(10);
+        for i in 0..MAX_OUTCOMES + 5 {
+            m.observe_turn(&turn_with(RequestSpan {
+                resume: Some(format!("made_up_{i}")),
+                ..Default::default()
+            }));
+        }
+        let text = m.render(&SlotsSnapshot::default(), false);
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with(metric::TURNS_BY_RESUME))
+            .count();
+        assert_eq!(series, MAX_OUTCOMES + 1, "{text}");
+        assert_eq!(resume_count(&text, OVERFLOW), Some(5));
     }
 
     #[test]

@@ -176,6 +176,15 @@ pub struct RequestSpan {
     pub moved: Option<bool>,
     /// `slotlight.slot.group`.
     pub slot_group: Option<i64>,
+    /// `slotlight.resume`: whether the turn reused its conversation's KV and, if not, why.
+    /// Absent for a request never admitted (and from an engine that does not send it).
+    pub resume: Option<String>,
+    /// `slotlight.resume.reusable_tokens`.
+    pub resume_reusable_tokens: Option<i64>,
+    /// `slotlight.resume.diverged_at`.
+    pub resume_diverged_at: Option<i64>,
+    /// `slotlight.resume.evicted_tokens`.
+    pub resume_evicted_tokens: Option<i64>,
     /// `error.type`.
     pub error_type: Option<String>,
 }
@@ -510,6 +519,10 @@ fn convert_span(
             legs: int(f.get(F::Legs)),
             moved: f.get(F::Moved).and_then(Value::as_bool),
             slot_group: int(f.get(F::SlotGroup)),
+            resume: text(f.get(F::Resume)),
+            resume_reusable_tokens: int(f.get(F::ResumeReusable)),
+            resume_diverged_at: int(f.get(F::ResumeDivergedAt)),
+            resume_evicted_tokens: int(f.get(F::ResumeEvicted)),
             error_type: text(f.get(F::ErrorType)),
         })),
     };
@@ -621,6 +634,11 @@ enum F {
     Legs,
     Moved,
     ChoiceIndex,
+    Resume,
+    ResumeReusable,
+    ResumeDivergedAt,
+    ResumeEvicted,
+    /// Must stay last: [`N_FIELDS`] counts up to it.
     ErrorType,
 }
 
@@ -671,6 +689,10 @@ const KEYS: [(&str, F); N_FIELDS] = [
     (attr::USAGE_E2E_MS, F::E2eMs),
     (attr::REQUEST_LEGS, F::Legs),
     (attr::REQUEST_MOVED, F::Moved),
+    (attr::RESUME, F::Resume),
+    (attr::RESUME_REUSABLE_TOKENS, F::ResumeReusable),
+    (attr::RESUME_DIVERGED_AT, F::ResumeDivergedAt),
+    (attr::RESUME_EVICTED_TOKENS, F::ResumeEvicted),
     (attr::ERROR_TYPE, F::ErrorType),
 ];
 
@@ -990,6 +1012,39 @@ mod tests {
         assert_eq!(r.ttft_ms, Some(12.5));
         assert_eq!(r.finish_reasons, vec!["stop".to_string()]);
         assert_eq!(r.output_tokens, Some(7));
+    }
+
+    #[test]
+    fn request_span_reads_resume() {
+        let req = request(
+            attr::value::SERVICE_NAME_ENGINE,
+            Some("i"),
+            vec![
+                span(
+                    "chat m",
+                    vec![
+                        kv(attr::REQUEST_ID, s("r")),
+                        kv(attr::RESUME, s(attr::value::RESUME_EVICTED)),
+                        kv(attr::RESUME_REUSABLE_TOKENS, PValue::IntValue(96)),
+                        kv(attr::RESUME_DIVERGED_AT, PValue::IntValue(80)),
+                        kv(attr::RESUME_EVICTED_TOKENS, PValue::IntValue(32)),
+                    ],
+                ),
+                span("chat m", vec![kv(attr::REQUEST_ID, s("never-admitted"))]),
+            ],
+        );
+        let c = convert_request(&req).expect("decodes");
+        let [Body::Request(r), Body::Request(none)] = [&c.spans[0].body, &c.spans[1].body] else {
+            panic!("not request spans")
+        };
+        assert_eq!(r.resume.as_deref(), Some(attr::value::RESUME_EVICTED));
+        assert_eq!(r.resume_reusable_tokens, Some(96));
+        assert_eq!(r.resume_diverged_at, Some(80));
+        assert_eq!(r.resume_evicted_tokens, Some(32));
+        assert_eq!(none.resume, None);
+        assert_eq!(none.resume_reusable_tokens, None);
+        assert_eq!(none.resume_diverged_at, None);
+        assert_eq!(none.resume_evicted_tokens, None);
     }
 
     #[test]

@@ -318,6 +318,18 @@ impl Request {
         if let Some(st) = &usage.status {
             s.attributes.push(kv_str(attr::REQUEST_STATUS, st.clone()));
         }
+        if let Some(r) = &usage.resume {
+            s.attributes.push(kv_str(attr::RESUME, r.clone()));
+        }
+        for (k, v) in [
+            (attr::RESUME_REUSABLE_TOKENS, usage.reusable_tokens),
+            (attr::RESUME_DIVERGED_AT, usage.diverged_at),
+            (attr::RESUME_EVICTED_TOKENS, usage.evicted_tokens),
+        ] {
+            if let Some(v) = v {
+                s.attributes.push(kv_int(k, v));
+            }
+        }
         if let Some(e) = &usage.error_type {
             s.attributes.push(kv_str(attr::ERROR_TYPE, e.clone()));
             s.status = Some(Status {
@@ -382,6 +394,14 @@ pub struct Usage {
     pub error_type: Option<String>,
     /// `slotlight.request.status`, when set.
     pub status: Option<String>,
+    /// `slotlight.resume`, when set.
+    pub resume: Option<String>,
+    /// `slotlight.resume.reusable_tokens`, when set.
+    pub reusable_tokens: Option<i64>,
+    /// `slotlight.resume.diverged_at`, when set.
+    pub diverged_at: Option<i64>,
+    /// `slotlight.resume.evicted_tokens`, when set.
+    pub evicted_tokens: Option<i64>,
 }
 
 impl Default for Usage {
@@ -403,6 +423,10 @@ impl Default for Usage {
             moved: false,
             error_type: None,
             status: None,
+            resume: None,
+            reusable_tokens: None,
+            diverged_at: None,
+            evicted_tokens: None,
         }
     }
 }

@@ -7,17 +7,20 @@ mod support;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
+use slotlight_otel::attr::value;
 use slotlight_otel::metric::{self, label};
 use slotlight_sidecar::synth::{self, Usage};
 use support::*;
 
 async fn populated() -> TestSidecar {
     let t = TestSidecar::start().await;
-    // Two finished requests on two models, one still decoding, and another producer's spans.
+    // Two finished requests on two models (one resumed, one from an engine that does not say),
+    // one still decoding, and another producer's spans.
     for (i, model) in [(1u64, "model-a"), (2, "model-b")] {
         let mut r = synth::Request::new(format!("m{i}"), i, now_ns() - S);
         let usage = Usage {
             legs: 0,
+            resume: (i == 1).then(|| value::RESUME_FULL.into()),
             ..Usage::default()
         };
         t.send_grpc(synth::export(
@@ -58,6 +61,7 @@ async fn prometheus_text_has_every_family_and_passes_promtool() {
         metric::CACHED_TOKENS,
         metric::GENERATED_TOKENS,
         metric::REQUESTS,
+        metric::TURNS_BY_RESUME,
         metric::MOVES,
         metric::RUNNING_REQUESTS,
         metric::SLOT_TOKENS_PER_SECOND,
@@ -98,6 +102,22 @@ async fn prometheus_text_has_every_family_and_passes_promtool() {
     )
     .expect("slot rate");
     assert!((rate - 50.0).abs() < 1e-6, "{rate}");
+    let resumed = text
+        .lines()
+        .filter(|l| l.starts_with(metric::TURNS_BY_RESUME))
+        .collect::<Vec<_>>();
+    assert_eq!(
+        resumed.len(),
+        1,
+        "only the turn with a resume outcome: {resumed:?}"
+    );
+    assert!(
+        resumed[0].contains(&format!("{}=\"{}\"", label::RESUME, value::RESUME_FULL))
+            && resumed[0].contains("\"model-a\"")
+            && resumed[0].ends_with(" 1"),
+        "{}",
+        resumed[0]
+    );
     assert!(!text.contains("m1\""), "no request ids in labels");
     assert!(!text.contains("# EOF"));
 

@@ -4,6 +4,7 @@
 mod support;
 
 use serde_json::Value;
+use slotlight_otel::attr::value;
 use slotlight_sidecar::synth::{self, Request, Usage};
 use support::*;
 
@@ -64,6 +65,10 @@ async fn turn_record_equals_the_request_span() {
         moved: false,
         error_type: None,
         status: None,
+        resume: Some(value::RESUME_EVICTED.into()),
+        reusable_tokens: Some(96),
+        diverged_at: Some(90),
+        evicted_tokens: Some(32),
     };
     let turn = finished(&t, "engine-t", "req-eq", "sess-1", 1, &usage).await;
     // Exactly the attribute values (JSON numbers round-trip f64 exactly).
@@ -91,6 +96,10 @@ async fn turn_record_equals_the_request_span() {
     );
     assert_eq!(turn["moved"], false);
     assert_eq!(turn["legs_complete"], true);
+    assert_eq!(turn["resume"], value::RESUME_EVICTED);
+    assert_eq!(turn["reusable_tokens"], 96);
+    assert_eq!(turn["diverged_at"], 90);
+    assert_eq!(turn["evicted_tokens"], 32);
     let leg = &turn["legs"][0];
     assert_eq!(leg["path"], "slot");
     assert_eq!(leg["slot"], 1);
@@ -129,6 +138,11 @@ async fn turn_record_equals_the_request_span() {
     let turn = finished(&t, "engine-t", "req-refused", "sess-2", 4, &refused).await;
     assert_eq!(turn["status"], "refused");
     assert_eq!(turn["error_type"], "overloaded");
+    // Never admitted: no resume attributes on its span, null in its record (present, not
+    // left out).
+    for k in ["resume", "reusable_tokens", "diverged_at", "evicted_tokens"] {
+        assert_eq!(turn.get(k), Some(&Value::Null), "{k}: {turn}");
+    }
 }
 
 #[tokio::test]
@@ -175,4 +189,125 @@ async fn turns_stream_delivers_new_records() {
     finished(&t, "engine-s", "me", "watched", 2, &Usage::default()).await;
     let got = read_sse(&mut resp, "turn", 1).await;
     assert_eq!(got[0]["request_id"], "me");
+}
+
+/// Sends one finished request of `session` (its request span alone) that started at
+/// `start_ns`, with `resume` as its outcome, and waits for its record.
+async fn resumed(
+    t: &TestSidecar,
+    (id, seed): (&str, u64),
+    session: &str,
+    start_ns: i64,
+    resume: &str,
+) -> Value {
+    let mut r = Request::new(id, seed, start_ns).with_session(session);
+    let usage = Usage {
+        legs: 0,
+        cached_tokens: 48,
+        resume: Some(resume.into()),
+        reusable_tokens: Some(50),
+        ..Usage::default()
+    };
+    t.send_grpc(synth::export(
+        "engine-r",
+        vec![r.root("small-model", start_ns + 100 * MS, &usage)],
+    ))
+    .await
+    .expect("export");
+    t.wait_turn(id).await
+}
+
+fn request_ids(v: &Value) -> Vec<&str> {
+    v["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["request_id"].as_str().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_session_lists_its_turns_oldest_first_with_their_outcomes() {
+    let t = TestSidecar::start().await;
+    let base = now_ns() - 10 * S;
+    // Finished (sent) in the order 2, other, 1, 3; started in the order 1, 2, 3.
+    resumed(
+        &t,
+        ("turn-2", 2),
+        "chat-7",
+        base + 2 * S,
+        value::RESUME_FULL,
+    )
+    .await;
+    resumed(
+        &t,
+        ("other-1", 4),
+        "chat-8",
+        base + 2 * S,
+        value::RESUME_FIRST,
+    )
+    .await;
+    resumed(&t, ("turn-1", 1), "chat-7", base + S, value::RESUME_FIRST).await;
+    resumed(
+        &t,
+        ("turn-3", 3),
+        "chat-7",
+        base + 3 * S,
+        value::RESUME_DIVERGED,
+    )
+    .await;
+
+    let v = t.get_json("/v1/turns?session_id=chat-7").await;
+    assert_eq!(v["count"], 3);
+    assert_eq!(request_ids(&v), ["turn-1", "turn-2", "turn-3"]);
+    let outcomes: Vec<(&str, &str)> = v["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["status"].as_str().unwrap(), t["resume"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            ("ok", value::RESUME_FIRST),
+            ("ok", value::RESUME_FULL),
+            ("ok", value::RESUME_DIVERGED)
+        ]
+    );
+    assert_eq!(v["turns"][1]["cached_tokens"], 48);
+    assert_eq!(v["turns"][1]["reusable_tokens"], 50);
+    // `limit` keeps the session's latest turns, still oldest first.
+    let v = t.get_json("/v1/turns?session_id=chat-7&limit=2").await;
+    assert_eq!(request_ids(&v), ["turn-2", "turn-3"]);
+    // An unknown session is an empty list.
+    let (status, body) = t.get("/v1/turns?session_id=nobody").await;
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["count"], 0);
+    assert_eq!(v["turns"], serde_json::json!([]));
+    // Without a session: completion order, newest first, as before.
+    let v = t.get_json("/v1/turns").await;
+    assert_eq!(request_ids(&v), ["turn-3", "turn-1", "other-1", "turn-2"]);
+}
+
+#[tokio::test]
+async fn a_bad_turns_query_answers_in_the_api_error_shape() {
+    let t = TestSidecar::start().await;
+    for (path, param) in [
+        ("/v1/turns?session_id=", Value::from("session_id")),
+        ("/v1/turns?limit=banana", Value::Null),
+        ("/v1/turns/stream?session_id=", Value::from("session_id")),
+        ("/v1/turns/stream?limit=-1", Value::Null),
+    ] {
+        let (status, body) = t.get(path).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        let v: Value =
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
+        assert_eq!(v["error"]["type"], "invalid_query", "{path}: {body}");
+        assert_eq!(v["error"]["param"], param, "{path}: {body}");
+        assert!(
+            !v["error"]["message"].as_str().unwrap().is_empty(),
+            "{path}: {body}"
+        );
+    }
 }

@@ -464,6 +464,7 @@ def engine_spans(instance: str, model: str):
             a["SLOT_GROUP"]: 0,
             a["GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN"]: (first - t0) / 1e9, a["GEN_AI_LATENCY_E2E"]: (end - t0) / 1e9,
             a["GEN_AI_LATENCY_TIME_IN_QUEUE"]: 0.005, a["REQUEST_STATUS"]: "ok",
+            a["RESUME"]: "full", a["RESUME_REUSABLE_TOKENS"]: 8,
         })
         root.end(end_time=end)
         return root

@@ -156,6 +156,19 @@ pub struct TurnRecord {
     pub cached_tokens: Option<i64>,
     /// `slotlight.usage.prefilled_tokens`.
     pub prefilled_tokens: Option<i64>,
+    /// `slotlight.resume`: whether the turn reused its conversation's KV and, if not, why
+    /// (`first`, `full`, `diverged`, `evicted`, `other_group`; without a session `none` or
+    /// `prefix`). Null for a request never admitted.
+    pub resume: Option<String>,
+    /// `slotlight.resume.reusable_tokens`: what could have been reused (set beside
+    /// `cached_tokens`, what was). Null without a remembered last turn.
+    pub reusable_tokens: Option<i64>,
+    /// `slotlight.resume.diverged_at`: the token index where the prompt departs from the
+    /// session's last turn. Null unless the history changed.
+    pub diverged_at: Option<i64>,
+    /// `slotlight.resume.evicted_tokens`: reusable tokens whose KV blocks had been reclaimed.
+    /// Null unless `resume` is `evicted`.
+    pub evicted_tokens: Option<i64>,
     /// `gen_ai.usage.output_tokens`.
     pub completion_tokens: Option<i64>,
     /// `slotlight.usage.queue_ms`.
@@ -242,6 +255,10 @@ impl TurnRecord {
             prompt_tokens: req.input_tokens,
             cached_tokens: req.cached_tokens,
             prefilled_tokens: req.prefilled_tokens,
+            resume: req.resume.clone(),
+            reusable_tokens: req.resume_reusable_tokens,
+            diverged_at: req.resume_diverged_at,
+            evicted_tokens: req.resume_evicted_tokens,
             completion_tokens: req.output_tokens,
             queue_ms: req.queue_ms,
             prefill_ms: req.prefill_ms,
@@ -264,17 +281,24 @@ impl TurnRecord {
 /// Filters of `/v1/turns`.
 #[derive(Debug, Default, Clone)]
 pub struct TurnQuery {
-    /// Only this session.
+    /// Only this session; the answer then lists the session's turns oldest first (see
+    /// [`TurnStore::query`]).
     pub session_id: Option<String>,
     /// Only this request.
     pub request_id: Option<String>,
     /// Only this engine instance.
     pub instance: Option<String>,
-    /// At most this many (newest first).
+    /// At most this many: the newest ones.
     pub limit: usize,
 }
 
 impl TurnQuery {
+    /// True when the answer lists oldest first: one session's turns, in the order its
+    /// conversation ran.
+    pub fn oldest_first(&self) -> bool {
+        self.session_id.is_some()
+    }
+
     /// True when `t` passes the filters.
     pub fn matches(&self, t: &TurnRecord) -> bool {
         self.session_id
@@ -313,15 +337,32 @@ impl TurnStore {
         ring.push_back(t);
     }
 
-    /// Records matching `q`, newest first.
+    /// Records matching `q`, at most `q.limit` of them, and only those the ring still holds
+    /// (a session's oldest turns may have left it).
+    ///
+    /// Without a session: the newest `q.limit` records, newest first (completion order). With
+    /// a session ([`TurnQuery::oldest_first`]): the session's latest `q.limit` turns by request
+    /// start, oldest first; turns that started at the same instant keep completion order.
     pub fn query(&self, q: &TurnQuery) -> Vec<Arc<TurnRecord>> {
         let ring = self.ring.read().unwrap_or_else(|p| p.into_inner());
-        ring.iter()
-            .rev()
-            .filter(|t| q.matches(t))
-            .take(q.limit)
-            .cloned()
-            .collect()
+        if !q.oldest_first() {
+            return ring
+                .iter()
+                .rev()
+                .filter(|t| q.matches(t))
+                .take(q.limit)
+                .cloned()
+                .collect();
+        }
+        // Bounded by the ring's capacity; completion order can differ from start order when
+        // turns of one session overlap, so select after sorting.
+        let mut hits: Vec<Arc<TurnRecord>> =
+            ring.iter().filter(|t| q.matches(t)).cloned().collect();
+        drop(ring);
+        hits.sort_by_key(|t| t.start_time_unix_nano); // stable
+        let older = hits.len().saturating_sub(q.limit);
+        hits.drain(..older);
+        hits
     }
 
     /// Records held.
@@ -423,6 +464,104 @@ mod tests {
         assert!(t.legs_complete);
         let json = serde_json::to_value(&t).expect("json");
         assert_eq!(json["legs"][2]["choice"], serde_json::json!(1));
+    }
+
+    #[test]
+    fn record_carries_resume_from_the_root_span() {
+        use slotlight_otel::attr::value;
+        let req = RequestSpan {
+            name: "chat small".into(),
+            cached_tokens: Some(64),
+            resume: Some(value::RESUME_DIVERGED.into()),
+            resume_reusable_tokens: Some(80),
+            resume_diverged_at: Some(81),
+            resume_evicted_tokens: Some(16),
+            ..Default::default()
+        };
+        let t = TurnRecord::build(&root(req.clone()), &req, vec![]);
+        let json = serde_json::to_value(&t).expect("json");
+        assert_eq!(json["resume"], value::RESUME_DIVERGED);
+        assert_eq!(json["cached_tokens"], 64);
+        assert_eq!(json["reusable_tokens"], 80);
+        assert_eq!(json["diverged_at"], 81);
+        assert_eq!(json["evicted_tokens"], 16);
+    }
+
+    #[test]
+    fn absent_resume_attributes_are_null() {
+        let req = RequestSpan {
+            name: "chat small".into(),
+            status: Some("refused".into()),
+            ..Default::default()
+        };
+        let json = serde_json::to_value(TurnRecord::build(&root(req.clone()), &req, vec![]))
+            .expect("json");
+        for k in [
+            "resume",
+            "reusable_tokens",
+            "diverged_at",
+            "evicted_tokens",
+            "cached_tokens",
+        ] {
+            assert_eq!(json.get(k), Some(&serde_json::Value::Null), "{k}");
+        }
+    }
+
+    /// A turn of session `session` that started at `start_ns`.
+    fn turn_at(id: &str, session: &str, start_ns: i64) -> Arc<TurnRecord> {
+        let req = RequestSpan::default();
+        let mut t = TurnRecord::build(&root(req.clone()), &req, vec![]);
+        t.request_id = Arc::from(id);
+        t.session_id = Some(Arc::from(session));
+        t.start_time_unix_nano = start_ns;
+        Arc::new(t)
+    }
+
+    fn ids(list: &[Arc<TurnRecord>]) -> Vec<String> {
+        list.iter().map(|t| t.request_id.to_string()).collect()
+    }
+
+    #[test]
+    fn a_session_lists_oldest_first_by_request_start() {
+        let store = TurnStore::new(10);
+        // Completion order differs from start order: b2 started before b1 finished.
+        store.push(turn_at("a1", "a", 100));
+        store.push(turn_at("b2", "b", 300));
+        store.push(turn_at("b1", "b", 200));
+        store.push(turn_at("a2", "a", 400));
+        store.push(turn_at("b3", "b", 500));
+        let q = |session: &str, limit: usize| TurnQuery {
+            session_id: Some(session.into()),
+            limit,
+            ..Default::default()
+        };
+        assert_eq!(ids(&store.query(&q("b", 100))), ["b1", "b2", "b3"]);
+        assert_eq!(
+            ids(&store.query(&q("b", 2))),
+            ["b2", "b3"],
+            "the latest two, oldest first"
+        );
+        assert!(store.query(&q("nobody", 100)).is_empty());
+        // Without a session: completion order, newest first, as before.
+        let all = TurnQuery {
+            limit: 100,
+            ..Default::default()
+        };
+        assert_eq!(ids(&store.query(&all)), ["b3", "a2", "b1", "b2", "a1"]);
+    }
+
+    #[test]
+    fn a_session_listing_is_bounded_by_the_ring() {
+        let store = TurnStore::new(3);
+        for i in 0..5 {
+            store.push(turn_at(&format!("s{i}"), "s", i * 10));
+        }
+        let q = TurnQuery {
+            session_id: Some("s".into()),
+            limit: 100,
+            ..Default::default()
+        };
+        assert_eq!(ids(&store.query(&q)), ["s2", "s3", "s4"]);
     }
 
     #[test]

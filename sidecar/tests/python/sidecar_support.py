@@ -47,6 +47,7 @@ ENGINE_SERVICE = next(v for k, v in _VALUES.items() if k.startswith("`service.na
 PATH_SOLO = next(v for k, v in _VALUES.items() if "solo path" in k)
 PATH_SLOT = next(v for k, v in _VALUES.items() if "a batch slot" in k)
 OP_CHAT = next(v for k, v in _VALUES.items() if "chat completions" in k)
+RESUME_DIVERGED = next(v for k, v in _VALUES.items() if k.startswith("`slotlight.resume`: the history changed"))
 
 
 def sidecar_binary() -> Path:

@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from sidecar_support import ATTR, ENGINE_SERVICE, PATH_SLOT, SPAN
+from sidecar_support import ATTR, ENGINE_SERVICE, OP_CHAT, PATH_SLOT, RESUME_DIVERGED, SPAN
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
@@ -91,30 +91,17 @@ class DevTools:
                 pass
 
 
-def post_decode_window(sidecar, instance, request_id, slot, tokens):
-    """One decode window as hand-written OTLP/JSON."""
-    t0 = time.time_ns() - 2_000_000_000
-    t1 = t0 + 1_000_000_000
+def kv(k, v):
+    if isinstance(v, str):
+        return {"key": k, "value": {"stringValue": v}}
+    return {"key": k, "value": {"intValue": str(v)}}
 
-    def kv(k, v):
-        if isinstance(v, str):
-            return {"key": k, "value": {"stringValue": v}}
-        return {"key": k, "value": {"intValue": str(v)}}
 
+def post_span(sidecar, instance, span):
+    """One engine span as hand-written OTLP/JSON."""
     body = {"resourceSpans": [{
         "resource": {"attributes": [kv(ATTR["SERVICE_NAME"], ENGINE_SERVICE), kv(ATTR["SERVICE_INSTANCE_ID"], instance)]},
-        "scopeSpans": [{"spans": [{
-            "traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331",
-            "name": SPAN["DECODE"], "kind": 1,
-            "startTimeUnixNano": str(t0), "endTimeUnixNano": str(t1),
-            "attributes": [
-                kv(ATTR["REQUEST_ID"], request_id), kv(ATTR["LEG_PATH"], PATH_SLOT), kv(ATTR["SLOT_INDEX"], slot),
-                kv(ATTR["SLOT_GROUP"], 0), kv(ATTR["LEG_INDEX"], 0), kv(ATTR["LEG_START_TIME"], t0),
-                kv(ATTR["DECODE_TOKENS_GENERATED"], tokens), kv(ATTR["DECODE_WINDOW_TOKENS"], tokens),
-                kv(ATTR["DECODE_LAST_TOKEN_TIME"], t1), kv(ATTR["REQUEST_START_TIME"], t0),
-                kv(ATTR["REQUEST_FIRST_TOKEN_TIME"], t0 + 100_000_000),
-            ],
-        }]}],
+        "scopeSpans": [{"spans": [{"traceId": "0af7651916cd43dd8448eb211c80319c", **span}]}],
     }]}
     req = urllib.request.Request(
         f"http://{sidecar.http}/v1/traces", data=json.dumps(body).encode(),
@@ -122,6 +109,34 @@ def post_decode_window(sidecar, instance, request_id, slot, tokens):
     )
     with urllib.request.urlopen(req, timeout=10) as r:
         assert r.status == 200
+
+
+def post_decode_window(sidecar, instance, request_id, slot, tokens):
+    """One decode window."""
+    t0 = time.time_ns() - 2_000_000_000
+    t1 = t0 + 1_000_000_000
+    post_span(sidecar, instance, {
+        "spanId": "b7ad6b7169203331", "name": SPAN["DECODE"], "kind": 1,
+        "startTimeUnixNano": str(t0), "endTimeUnixNano": str(t1),
+        "attributes": [
+            kv(ATTR["REQUEST_ID"], request_id), kv(ATTR["LEG_PATH"], PATH_SLOT), kv(ATTR["SLOT_INDEX"], slot),
+            kv(ATTR["SLOT_GROUP"], 0), kv(ATTR["LEG_INDEX"], 0), kv(ATTR["LEG_START_TIME"], t0),
+            kv(ATTR["DECODE_TOKENS_GENERATED"], tokens), kv(ATTR["DECODE_WINDOW_TOKENS"], tokens),
+            kv(ATTR["DECODE_LAST_TOKEN_TIME"], t1), kv(ATTR["REQUEST_START_TIME"], t0),
+            kv(ATTR["REQUEST_FIRST_TOKEN_TIME"], t0 + 100_000_000),
+        ],
+    })
+
+
+def post_request_span(sidecar, instance, request_id, attrs):
+    """The request (root) span of a finished request with no legs, and `attrs`."""
+    t0 = time.time_ns() - 1_000_000_000
+    post_span(sidecar, instance, {
+        "spanId": "c7ad6b7169203332", "name": f"{OP_CHAT} page-model", "kind": 2,
+        "startTimeUnixNano": str(t0), "endTimeUnixNano": str(t0 + 500_000_000),
+        "attributes": [kv(ATTR["REQUEST_ID"], request_id), kv(ATTR["REQUEST_LEGS"], 0),
+                       *(kv(ATTR[k], v) for k, v in attrs.items())],
+    })
 
 
 def test_page_shows_a_slot_tile_over_sse(sidecar):
@@ -164,6 +179,16 @@ def test_page_shows_a_slot_tile_over_sse(sidecar):
             assert tile["state"] == "decoding"
             assert tile["instance"] == "page-engine"
             assert "42" in tile["text"]
+            # A finished turn's row says how it resumed: outcome, where it diverged, cached/reusable.
+            post_request_span(sidecar, "page-engine", "req-turn", {
+                "RESUME": RESUME_DIVERGED, "RESUME_DIVERGED_AT": 37, "RESUME_REUSABLE_TOKENS": 40,
+                "GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS": 32})
+            resume = wait_until(
+                "(() => { const c = document.querySelector('#turns tr[data-request-id=\"req-turn\"] td.resume');"
+                " return c && c.textContent; })()",
+                "the turn's resume cell",
+            )
+            assert resume == f"{RESUME_DIVERGED} @37 · 32/40", resume
             # Self-contained: nothing but same-origin resources.
             urls = evaluate("performance.getEntriesByType('resource').map(e => e.name)")
             assert all(u.startswith(sidecar.url("")) for u in urls), urls
