@@ -129,6 +129,7 @@ fuzz_target!(|ops: Vec<Op>| {
                     } => Body::Leg(Box::new(LegSpan {
                         key,
                         leg_index: leg_index % 4,
+                        choice: 0,
                         leg_start_ns: leg_start,
                         tokens_carried: carried,
                         tokens_generated: generated,

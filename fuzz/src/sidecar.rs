@@ -1,9 +1,9 @@
 //! The sidecar's ingest path after decoding, shared by the OTLP targets: what the receivers
 //! and the assembly task do with one export request, then every view rendered.
 
-use slotlight_sidecar::assembly::spans::{SpanBatch, convert};
 use slotlight_sidecar::assembly::{Assembler, AssemblyConfig, Outputs};
 use slotlight_sidecar::metrics::Metrics;
+use slotlight_sidecar::spans::{SpanBatch, convert};
 
 /// Small limits, so eviction and the caps are reached by small inputs.
 pub fn small_config() -> AssemblyConfig {
