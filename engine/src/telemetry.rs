@@ -18,7 +18,7 @@ use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, SpanData, SpanExporter,
+    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider, SpanData, SpanExporter,
 };
 use serde::Serialize;
 use slotlight_otel::attr;
@@ -142,8 +142,33 @@ pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
     stats: Arc<ExportStats>,
     endpoint: Option<String>,
+    /// The share of request traces the sampler keeps (0 when disabled).
+    sampling_ratio: f64,
     /// This process's `service.instance.id`.
     pub instance_id: String,
+}
+
+/// The trace sampler from `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG`, read with the
+/// SDK's own rules (a missing or unparsable ratio is 1, an unknown sampler is
+/// `parentbased_always_on`), and the share of request traces it keeps: the ratio it applies to
+/// a request that arrives without a sampled parent (a parent-based sampler follows the
+/// caller's decision otherwise).
+pub fn sampler_from_env() -> (Sampler, f64) {
+    let name = std::env::var("OTEL_TRACES_SAMPLER").unwrap_or_default();
+    let arg = std::env::var("OTEL_TRACES_SAMPLER_ARG")
+        .ok()
+        .and_then(|a| a.trim().parse::<f64>().ok())
+        .filter(|r| r.is_finite())
+        .map_or(1.0, |r| r.clamp(0.0, 1.0));
+    let parent = |s: Sampler| Sampler::ParentBased(Box::new(s));
+    match name.trim() {
+        "always_on" => (Sampler::AlwaysOn, 1.0),
+        "always_off" => (Sampler::AlwaysOff, 0.0),
+        "traceidratio" => (Sampler::TraceIdRatioBased(arg), arg),
+        "parentbased_always_off" => (parent(Sampler::AlwaysOff), 0.0),
+        "parentbased_traceidratio" => (parent(Sampler::TraceIdRatioBased(arg)), arg),
+        _ => (parent(Sampler::AlwaysOn), 1.0),
+    }
 }
 
 fn env_true(name: &str) -> bool {
@@ -178,11 +203,13 @@ impl Telemetry {
             provider: None,
             stats: Arc::default(),
             endpoint: None,
+            sampling_ratio: 0.0,
             instance_id: new_instance_id(),
         }
     }
 
-    /// Uses a caller-built provider (tests pass one with an in-memory exporter).
+    /// Uses a caller-built provider (tests pass one with an in-memory exporter), which keeps
+    /// every trace unless [`Telemetry::with_sampling_ratio`] says otherwise.
     pub fn with_provider(provider: SdkTracerProvider, instance_id: String) -> Self {
         let tracer = provider.tracer("slotlight-engine");
         Self {
@@ -190,8 +217,20 @@ impl Telemetry {
             provider: Some(provider),
             stats: Arc::default(),
             endpoint: None,
+            sampling_ratio: 1.0,
             instance_id,
         }
+    }
+
+    /// States the share of traces the provider's sampler keeps.
+    pub fn with_sampling_ratio(mut self, ratio: f64) -> Self {
+        self.sampling_ratio = ratio;
+        self
+    }
+
+    /// The share of request traces the sampler keeps, from 0 to 1 (0 when disabled).
+    pub fn sampling_ratio(&self) -> f64 {
+        self.sampling_ratio
     }
 
     /// Builds the OTLP exporter from flags and variables. Must run inside a tokio runtime
@@ -290,9 +329,11 @@ impl Telemetry {
             KeyValue::new(attr::SERVICE_VERSION, env!("CARGO_PKG_VERSION")),
         ]);
         let resource = rb.build();
+        let (sampler, sampling_ratio) = sampler_from_env();
         let provider = exporter(Box::new(move |bsp| {
             SdkTracerProvider::builder()
                 .with_span_processor(bsp)
+                .with_sampler(sampler)
                 .with_resource(resource)
                 .build()
         }));
@@ -302,6 +343,7 @@ impl Telemetry {
             provider: Some(provider),
             stats,
             endpoint: Some(endpoint),
+            sampling_ratio,
             instance_id,
         })
     }

@@ -81,6 +81,9 @@ pub struct ServeArgs {
     /// Export no spans.
     #[arg(long)]
     pub no_telemetry: bool,
+    /// Serve `GET /metrics` without the API key (it is behind `--api-key` otherwise).
+    #[arg(long)]
+    pub metrics_public: bool,
     /// Length of decode progress windows (`slotlight.decode` spans), ms; 0 turns them off.
     #[arg(long, default_value_t = 250)]
     pub progress_interval_ms: u64,
@@ -150,6 +153,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         drain_timeout: Duration::from_secs(a.drain_timeout_s),
         read_timeout: Duration::from_secs(a.read_timeout_s.max(1)),
         max_header_bytes: a.max_header_bytes,
+        metrics_public: a.metrics_public,
     };
     let st = Arc::new(AppState {
         engine,
@@ -162,6 +166,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         vocab: model.config.vocab,
         context,
         telemetry: Arc::new(telemetry),
+        metrics: Arc::default(),
         anchor: TimeAnchor::now(),
         started: crate::server::openai::created(),
     });
