@@ -64,6 +64,8 @@ crate::contract! {
     SIDECAR_TRACES_EVICTED = "slotlight_sidecar_traces_evicted_total", "counter", "{trace}";
     /// Gauge (sidecar): traces being assembled.
     SIDECAR_TRACES_IN_FLIGHT = "slotlight_sidecar_traces_in_flight", "gauge", "{trace}";
+    /// Gauge (sidecar), per `service_instance_id`: the share of request traces that engine keeps, as its latest request span stated (`slotlight.trace.sampling_ratio`). Below 1, every count above is of the sampled requests only; the engine's own metrics count them all.
+    SIDECAR_TRACE_SAMPLING_RATIO = "slotlight_sidecar_trace_sampling_ratio", "gauge", "1";
     /// Counter (sidecar): export requests forwarded upstream with `--forward-otlp`.
     SIDECAR_FORWARDED = "slotlight_sidecar_forwarded_total", "counter", "{request}";
     /// Counter (sidecar): export requests not forwarded (queue full or upstream failure).

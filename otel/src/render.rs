@@ -286,7 +286,7 @@ pub fn render_contract() -> String {
     table(
         &mut out,
         "Metrics",
-        "Served by the sidecar on `GET /metrics`, built from the spans it receives: with a trace sampler they count the sampled requests only. The three `gen_ai_server_*` histograms are also served by the engine, over every request. No request ids appear in labels.",
+        "Served by the sidecar on `GET /metrics`, built from the spans it receives: with a trace sampler they count the sampled requests only (`slotlight_sidecar_trace_sampling_ratio` says the ratio each engine stated). The three `gen_ai_server_*` histograms are also served by the engine, over every request. No request ids appear in labels.",
         metric::ALL,
         "type",
     );

@@ -178,6 +178,8 @@ pub struct RequestSpan {
     pub slot_group: Option<i64>,
     /// `error.type`.
     pub error_type: Option<String>,
+    /// `slotlight.trace.sampling_ratio`: the share of traces the engine keeps.
+    pub sampling_ratio: Option<f64>,
 }
 
 /// Why one engine span was rejected (label of `slotlight_sidecar_spans_rejected_total`).
@@ -505,6 +507,7 @@ fn convert_span(
             generation_ms: dbl(f.get(F::GenerationMs)),
             decode_tps: dbl(f.get(F::DecodeTps)),
             e2e_ms: dbl(f.get(F::E2eMs)),
+            sampling_ratio: dbl(f.get(F::SamplingRatio)),
             request_start_ns: int(f.get(F::RequestStart)),
             first_token_ns: int(f.get(F::FirstToken)),
             legs: int(f.get(F::Legs)),
@@ -621,6 +624,7 @@ enum F {
     Legs,
     Moved,
     ChoiceIndex,
+    SamplingRatio,
     ErrorType,
 }
 
@@ -671,6 +675,7 @@ const KEYS: [(&str, F); N_FIELDS] = [
     (attr::USAGE_E2E_MS, F::E2eMs),
     (attr::REQUEST_LEGS, F::Legs),
     (attr::REQUEST_MOVED, F::Moved),
+    (attr::TRACE_SAMPLING_RATIO, F::SamplingRatio),
     (attr::ERROR_TYPE, F::ErrorType),
 ];
 

@@ -174,3 +174,48 @@ def test_gauges_rise_under_load_and_return_to_idle_and_counters_equal_what_was_s
     assert delta(TTFT + "_count") == len(served)
     assert delta(QUEUE + "_count") == len(served)
     assert delta(DURATION + "_count", error_type="overloaded") == refused.count(429)
+
+
+def test_with_a_ratio_sampler_the_engine_counts_every_request_and_the_sidecar_says_what_it_saw():
+    """`OTEL_TRACES_SAMPLER=traceidratio` at 0.5: the engine keeps the traces whose id's low 63
+    bits fall below half their range (the SDK's rule), so the test chooses ids on both sides
+    through `traceparent` and knows which requests the sidecar may see."""
+    require_model()
+    from procs import SidecarProcess
+
+    sidecar = SidecarProcess()
+    engine = EngineProcess(
+        otlp=f"http://{sidecar.grpc}",
+        env={"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5"},
+    )
+    try:
+        kept, dropped = [], []
+        for i in range(8):
+            keep = i % 2 == 1  # the last request is a kept one
+            trace_id = f"{i + 1:016x}" + ("0000000000000002" if keep else "fffffffffffffffe")
+            (kept if keep else dropped).append(trace_id)
+            code, _ = engine.post(
+                "/v1/chat/completions",
+                {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+                {"traceparent": f"00-{trace_id}-{i + 1:016x}-01"},
+            )
+            assert code == 200
+        # Spans leave the engine in the order their requests finished: once the last kept
+        # request is in, every kept one is, and a dropped one would have come before it.
+        turns = sidecar.wait_for("/v1/turns", lambda v: kept[-1] in {t["trace_id"] for t in v["turns"]}, "the last kept request")
+        assert sorted(t["trace_id"] for t in turns["turns"]) == sorted(kept)
+
+        e = Samples(scrape(engine.base)[2])
+        assert e.total(FINISHED) == len(kept) + len(dropped), e.text
+        assert e.total(DURATION + "_count") == len(kept) + len(dropped)
+        assert e.total(ENGINE_METRIC["TRACE_SAMPLING_RATIO"]) == 0.5
+
+        s = Samples(sidecar.get("/metrics"))
+        assert s.total(METRIC["REQUESTS"]) == len(kept), s.text
+        assert s.total(DURATION + "_count") == len(kept)
+        instance = sidecar.get("/v1/slots")["instances"][0]
+        assert instance["sampling_ratio"] == 0.5
+        assert s.total(METRIC["SIDECAR_TRACE_SAMPLING_RATIO"], service_instance_id=instance["instance"]) == 0.5
+    finally:
+        engine.close()
+        sidecar.close()

@@ -168,7 +168,7 @@ async fn record_refusals(State(st): State<SharedState>, req: Request, next: Next
         message,
     };
     trace::record_refusal(
-        &st.telemetry.tracer,
+        &st.telemetry,
         st.anchor,
         &r,
         &parent_context(&headers),

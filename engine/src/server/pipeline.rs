@@ -111,7 +111,7 @@ pub fn launch(
         s.mark_recorded();
     }
     let trace = RequestTrace::start(
-        Arc::clone(&st.telemetry.tracer),
+        &st.telemetry,
         st.anchor,
         info.clone(),
         parent,
@@ -521,7 +521,7 @@ mod tests {
         let telemetry = Telemetry::with_provider(provider, "t".into());
         let received = Instant::now();
         let trace = RequestTrace::start(
-            Arc::clone(&telemetry.tracer),
+            &telemetry,
             TimeAnchor::now(),
             info(received),
             &Context::new(),

@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from sidecar_support import ATTR, ENGINE_SERVICE, PATH_SLOT, SPAN
+from sidecar_support import ATTR, ENGINE_SERVICE, OP_CHAT, PATH_SLOT, SPAN
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
@@ -124,6 +124,33 @@ def post_decode_window(sidecar, instance, request_id, slot, tokens):
         assert r.status == 200
 
 
+def post_sampled_request(sidecar, instance, request_id, ratio):
+    """A finished request span stating the engine's sampling ratio, as hand-written OTLP/JSON."""
+    t1 = time.time_ns()
+    t0 = t1 - 1_000_000_000
+    body = {"resourceSpans": [{
+        "resource": {"attributes": [
+            {"key": ATTR["SERVICE_NAME"], "value": {"stringValue": ENGINE_SERVICE}},
+            {"key": ATTR["SERVICE_INSTANCE_ID"], "value": {"stringValue": instance}},
+        ]},
+        "scopeSpans": [{"spans": [{
+            "traceId": "1af7651916cd43dd8448eb211c80319c", "spanId": "c7ad6b7169203331",
+            "name": f"{OP_CHAT} m", "kind": 2,
+            "startTimeUnixNano": str(t0), "endTimeUnixNano": str(t1),
+            "attributes": [
+                {"key": ATTR["REQUEST_ID"], "value": {"stringValue": request_id}},
+                {"key": ATTR["TRACE_SAMPLING_RATIO"], "value": {"doubleValue": ratio}},
+            ],
+        }]}],
+    }]}
+    req = urllib.request.Request(
+        f"http://{sidecar.http}/v1/traces", data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
+
+
 def test_page_shows_a_slot_tile_over_sse(sidecar):
     if CHROMIUM is None:
         # Fail, never skip, where the tools are required (CI installs chromium).
@@ -164,6 +191,15 @@ def test_page_shows_a_slot_tile_over_sse(sidecar):
             assert tile["state"] == "decoding"
             assert tile["instance"] == "page-engine"
             assert "42" in tile["text"]
+            # An engine that samples its traces: the page says its counts are of sampled requests.
+            post_sampled_request(sidecar, "page-engine", "req-sampled", 0.25)
+            note = wait_until(
+                "(() => { const n = document.querySelector('section[data-instance=\"page-engine\"] .sampling');"
+                " return n && {ratio: n.dataset.samplingRatio, text: n.textContent}; })()",
+                "the sampling note",
+            )
+            assert note["ratio"] == "0.25"
+            assert "25%" in note["text"] and "sampled" in note["text"]
             # Self-contained: nothing but same-origin resources.
             urls = evaluate("performance.getEntriesByType('resource').map(e => e.name)")
             assert all(u.startswith(sidecar.url("")) for u in urls), urls
