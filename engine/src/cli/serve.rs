@@ -10,7 +10,7 @@ use crate::prompt::PromptBuilder;
 use crate::scheduler::SchedulerConfig;
 use crate::server::openai::types::Limits;
 use crate::server::{AppState, ServeConfig};
-use crate::telemetry::{LogFormat, Telemetry, TelemetryConfig};
+use crate::telemetry::{LogFormat, TelemetryConfig};
 use crate::timing::TimeAnchor;
 
 /// Arguments of `serve`.
@@ -125,12 +125,11 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         max_sessions: a.max_sessions,
     };
     let engine = Arc::new(super::start_engine(&model, &a.model, kv, sched)?);
-    let telemetry = Telemetry::init(&TelemetryConfig {
+    let telemetry = crate::telemetry::from_config(&TelemetryConfig {
         disabled: a.no_telemetry,
         endpoint: a.otlp_endpoint.clone(),
         protocol: a.otlp_protocol.clone(),
-    })
-    .map_err(anyhow::Error::msg)?;
+    })?;
     let prompts = PromptBuilder::new(&model);
     if prompts.fallback {
         tracing::warn!("the model has no chat template: chat requests use ChatML");
