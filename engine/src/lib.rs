@@ -13,6 +13,7 @@ pub mod cli;
 pub mod constraint;
 pub mod default_model;
 pub mod kv_cache;
+pub mod metrics;
 pub mod model;
 pub mod prompt;
 pub mod runtime;

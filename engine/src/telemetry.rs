@@ -1,5 +1,9 @@
 //! All telemetry wiring: logs (text or JSON) and the OTLP span exporter.
 //!
+//! Set-up is one plain function per exporter kind ([`otlp_grpc`], [`otlp_http`],
+//! [`Telemetry::disabled`], and [`Telemetry::with_provider`] for tests), chosen by
+//! [`from_config`]; a failure is a typed [`TelemetryError`].
+//!
 //! The exporter is configured by the standard variables (`OTEL_EXPORTER_OTLP_ENDPOINT`,
 //! `OTEL_EXPORTER_OTLP_PROTOCOL`, `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`,
 //! `OTEL_TRACES_SAMPLER`, `OTEL_SDK_DISABLED`, `OTEL_BSP_SCHEDULE_DELAY`) and by flags, which
@@ -18,7 +22,7 @@ use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, SpanData, SpanExporter,
+    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider, SpanData, SpanExporter,
 };
 use serde::Serialize;
 use slotlight_otel::attr;
@@ -142,8 +146,33 @@ pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
     stats: Arc<ExportStats>,
     endpoint: Option<String>,
+    /// The share of request traces the sampler keeps (0 when disabled).
+    sampling_ratio: f64,
     /// This process's `service.instance.id`.
     pub instance_id: String,
+}
+
+/// The trace sampler from `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG`, read with the
+/// SDK's own rules (a missing or unparsable ratio is 1, an unknown sampler is
+/// `parentbased_always_on`), and the share of request traces it keeps: the ratio it applies to
+/// a request that arrives without a sampled parent (a parent-based sampler follows the
+/// caller's decision otherwise).
+pub fn sampler_from_env() -> (Sampler, f64) {
+    let name = std::env::var("OTEL_TRACES_SAMPLER").unwrap_or_default();
+    let arg = std::env::var("OTEL_TRACES_SAMPLER_ARG")
+        .ok()
+        .and_then(|a| a.trim().parse::<f64>().ok())
+        .filter(|r| r.is_finite())
+        .map_or(1.0, |r| r.clamp(0.0, 1.0));
+    let parent = |s: Sampler| Sampler::ParentBased(Box::new(s));
+    match name.trim() {
+        "always_on" => (Sampler::AlwaysOn, 1.0),
+        "always_off" => (Sampler::AlwaysOff, 0.0),
+        "traceidratio" => (Sampler::TraceIdRatioBased(arg), arg),
+        "parentbased_always_off" => (parent(Sampler::AlwaysOff), 0.0),
+        "parentbased_traceidratio" => (parent(Sampler::TraceIdRatioBased(arg)), arg),
+        _ => (parent(Sampler::AlwaysOn), 1.0),
+    }
 }
 
 fn env_true(name: &str) -> bool {
@@ -178,11 +207,13 @@ impl Telemetry {
             provider: None,
             stats: Arc::default(),
             endpoint: None,
+            sampling_ratio: 0.0,
             instance_id: new_instance_id(),
         }
     }
 
-    /// Uses a caller-built provider (tests pass one with an in-memory exporter).
+    /// Uses a caller-built provider (tests pass one with an in-memory exporter), which keeps
+    /// every trace unless [`Telemetry::with_sampling_ratio`] says otherwise.
     pub fn with_provider(provider: SdkTracerProvider, instance_id: String) -> Self {
         let tracer = provider.tracer("slotlight-engine");
         Self {
@@ -190,120 +221,20 @@ impl Telemetry {
             provider: Some(provider),
             stats: Arc::default(),
             endpoint: None,
+            sampling_ratio: 1.0,
             instance_id,
         }
     }
 
-    /// Builds the OTLP exporter from flags and variables. Must run inside a tokio runtime
-    /// (the gRPC client needs one).
-    pub fn init(cfg: &TelemetryConfig) -> Result<Self, String> {
-        if cfg.disabled || env_true("OTEL_SDK_DISABLED") {
-            return Ok(Self::disabled());
-        }
-        let protocol = cfg
-            .protocol
-            .clone()
-            .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").ok())
-            .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL").ok())
-            .unwrap_or_else(|| "grpc".into());
-        let env_endpoint = std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-            .ok()
-            .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok());
-        let stats: Arc<ExportStats> = Arc::default();
-        let (exporter, endpoint): (
-            Box<dyn FnOnce(SdkTracerProviderBuilderFn) -> SdkTracerProvider>,
-            String,
-        ) = match protocol.as_str() {
-            "grpc" => {
-                let endpoint = cfg
-                    .endpoint
-                    .clone()
-                    .or(env_endpoint)
-                    .unwrap_or_else(|| "http://127.0.0.1:4317".into());
-                let e = opentelemetry_otlp::SpanExporter::builder()
-                    .with_tonic()
-                    .with_endpoint(endpoint.clone())
-                    .with_timeout(Duration::from_secs(2))
-                    .build()
-                    .map_err(|e| format!("OTLP gRPC exporter: {e}"))?;
-                let e = CountingExporter {
-                    inner: e,
-                    stats: Arc::clone(&stats),
-                    endpoint: endpoint.clone(),
-                };
-                (
-                    Box::new(move |f: SdkTracerProviderBuilderFn| {
-                        f(BatchSpanProcessor::builder(e)
-                            .with_batch_config(batch_config())
-                            .build())
-                    }),
-                    endpoint,
-                )
-            }
-            "http/protobuf" | "http" => {
-                let base = cfg
-                    .endpoint
-                    .clone()
-                    .or(env_endpoint)
-                    .unwrap_or_else(|| "http://127.0.0.1:4318".into());
-                let endpoint = if base.trim_end_matches('/').ends_with("/v1/traces") {
-                    base
-                } else {
-                    format!("{}/v1/traces", base.trim_end_matches('/'))
-                };
-                let e = opentelemetry_otlp::SpanExporter::builder()
-                    .with_http()
-                    .with_protocol(Protocol::HttpBinary)
-                    .with_endpoint(endpoint.clone())
-                    .with_timeout(Duration::from_secs(2))
-                    .build()
-                    .map_err(|e| format!("OTLP HTTP exporter: {e}"))?;
-                let e = CountingExporter {
-                    inner: e,
-                    stats: Arc::clone(&stats),
-                    endpoint: endpoint.clone(),
-                };
-                (
-                    Box::new(move |f: SdkTracerProviderBuilderFn| {
-                        f(BatchSpanProcessor::builder(e)
-                            .with_batch_config(batch_config())
-                            .build())
-                    }),
-                    endpoint,
-                )
-            }
-            other => {
-                return Err(format!(
-                    "unsupported OTLP protocol {other:?} (use grpc or http/protobuf)"
-                ));
-            }
-        };
-        let instance_id = resource_attr("service.instance.id").unwrap_or_else(new_instance_id);
-        let mut rb = Resource::builder();
-        if std::env::var_os("OTEL_SERVICE_NAME").is_none()
-            && resource_attr("service.name").is_none()
-        {
-            rb = rb.with_service_name(attr::value::SERVICE_NAME_ENGINE);
-        }
-        rb = rb.with_attributes([
-            KeyValue::new(attr::SERVICE_INSTANCE_ID, instance_id.clone()),
-            KeyValue::new(attr::SERVICE_VERSION, env!("CARGO_PKG_VERSION")),
-        ]);
-        let resource = rb.build();
-        let provider = exporter(Box::new(move |bsp| {
-            SdkTracerProvider::builder()
-                .with_span_processor(bsp)
-                .with_resource(resource)
-                .build()
-        }));
-        let tracer = provider.tracer("slotlight-engine");
-        Ok(Self {
-            tracer: Arc::new(BoxedTracer::new(Box::new(tracer))),
-            provider: Some(provider),
-            stats,
-            endpoint: Some(endpoint),
-            instance_id,
-        })
+    /// States the share of traces the provider's sampler keeps.
+    pub fn with_sampling_ratio(mut self, ratio: f64) -> Self {
+        self.sampling_ratio = ratio;
+        self
+    }
+
+    /// The share of request traces the sampler keeps, from 0 to 1 (0 when disabled).
+    pub fn sampling_ratio(&self) -> f64 {
+        self.sampling_ratio
     }
 
     /// What the exporter did so far.
@@ -336,7 +267,174 @@ impl Telemetry {
     }
 }
 
-type SdkTracerProviderBuilderFn = Box<dyn FnOnce(BatchSpanProcessor) -> SdkTracerProvider>;
+/// Why telemetry could not be set up; the engine refuses to start rather than run without
+/// the telemetry it was asked for.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    /// `--otlp-protocol` or `OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL` names a protocol the engine
+    /// does not speak.
+    #[error("unsupported OTLP protocol {0:?} (use grpc or http/protobuf)")]
+    UnsupportedProtocol(String),
+    /// The OTLP exporter could not be built (a malformed endpoint, or gRPC outside a tokio
+    /// runtime).
+    #[error("OTLP {transport} exporter for {endpoint}: {source}")]
+    Exporter {
+        /// `gRPC` or `HTTP`.
+        transport: &'static str,
+        /// The endpoint it was built for.
+        endpoint: String,
+        /// What the OTLP crate said.
+        #[source]
+        source: opentelemetry_otlp::ExporterBuildError,
+    },
+}
+
+/// An OTLP transport the engine speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    /// OTLP/gRPC (`grpc`, the default).
+    Grpc,
+    /// OTLP/HTTP with protobuf bodies (`http/protobuf`).
+    HttpProtobuf,
+}
+
+impl OtlpProtocol {
+    /// Parses `grpc` or `http/protobuf` (`http` accepted).
+    pub fn parse(s: &str) -> Result<Self, TelemetryError> {
+        match s.trim() {
+            "grpc" => Ok(Self::Grpc),
+            "http/protobuf" | "http" => Ok(Self::HttpProtobuf),
+            other => Err(TelemetryError::UnsupportedProtocol(other.to_string())),
+        }
+    }
+}
+
+/// The first of these variables that is set.
+fn env_first(names: &[&str]) -> Option<String> {
+    names.iter().find_map(|n| std::env::var(n).ok())
+}
+
+/// Telemetry as flags and the standard variables ask: none with `--no-telemetry` or
+/// `OTEL_SDK_DISABLED=true`, else spans over OTLP with the protocol and endpoint given (flags
+/// win over `OTEL_EXPORTER_OTLP_TRACES_*`, which win over `OTEL_EXPORTER_OTLP_*`). Must run
+/// inside a tokio runtime (the gRPC client needs one).
+pub fn from_config(cfg: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
+    if cfg.disabled || env_true("OTEL_SDK_DISABLED") {
+        return Ok(Telemetry::disabled());
+    }
+    let protocol = cfg
+        .protocol
+        .clone()
+        .or_else(|| {
+            env_first(&[
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                "OTEL_EXPORTER_OTLP_PROTOCOL",
+            ])
+        })
+        .map_or(Ok(OtlpProtocol::Grpc), |p| OtlpProtocol::parse(&p))?;
+    let endpoint = cfg.endpoint.clone().or_else(|| {
+        env_first(&[
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+        ])
+    });
+    match protocol {
+        OtlpProtocol::Grpc => otlp_grpc(endpoint.as_deref()),
+        OtlpProtocol::HttpProtobuf => otlp_http(endpoint.as_deref()),
+    }
+}
+
+/// Spans over OTLP/gRPC to `endpoint` (default `http://127.0.0.1:4317`). Must run inside a
+/// tokio runtime.
+pub fn otlp_grpc(endpoint: Option<&str>) -> Result<Telemetry, TelemetryError> {
+    let endpoint = endpoint.unwrap_or("http://127.0.0.1:4317").to_string();
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint.clone())
+        .with_timeout(Duration::from_secs(2))
+        .build()
+        .map_err(|source| TelemetryError::Exporter {
+            transport: "gRPC",
+            endpoint: endpoint.clone(),
+            source,
+        })?;
+    Ok(exporting(exporter, endpoint))
+}
+
+/// The full OTLP/HTTP URL of `signal` (`traces`, `metrics`) from a base URL, or the URL itself
+/// when it already ends in `/v1/{signal}`.
+fn http_url(base: &str, signal: &str) -> String {
+    let base = base.trim_end_matches('/');
+    let path = format!("/v1/{signal}");
+    if base.ends_with(&path) {
+        base.to_string()
+    } else {
+        format!("{base}{path}")
+    }
+}
+
+/// Spans over OTLP/HTTP (protobuf) to `endpoint`, a base URL (`/v1/traces` is appended unless
+/// present; default `http://127.0.0.1:4318`).
+pub fn otlp_http(endpoint: Option<&str>) -> Result<Telemetry, TelemetryError> {
+    let endpoint = http_url(endpoint.unwrap_or("http://127.0.0.1:4318"), "traces");
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(Protocol::HttpBinary)
+        .with_endpoint(endpoint.clone())
+        .with_timeout(Duration::from_secs(2))
+        .build()
+        .map_err(|source| TelemetryError::Exporter {
+            transport: "HTTP",
+            endpoint: endpoint.clone(),
+            source,
+        })?;
+    Ok(exporting(exporter, endpoint))
+}
+
+/// The engine's resource: `service.name` (unless `OTEL_SERVICE_NAME` or
+/// `OTEL_RESOURCE_ATTRIBUTES` set it), `service.instance.id` and `service.version`.
+fn resource(instance_id: &str) -> Resource {
+    let mut rb = Resource::builder();
+    if std::env::var_os("OTEL_SERVICE_NAME").is_none() && resource_attr("service.name").is_none() {
+        rb = rb.with_service_name(attr::value::SERVICE_NAME_ENGINE);
+    }
+    rb.with_attributes([
+        KeyValue::new(attr::SERVICE_INSTANCE_ID, instance_id.to_string()),
+        KeyValue::new(attr::SERVICE_VERSION, env!("CARGO_PKG_VERSION")),
+    ])
+    .build()
+}
+
+/// Telemetry exporting spans through `exporter` (counted, batched on the processor's own
+/// thread), with the sampler of `OTEL_TRACES_SAMPLER`.
+fn exporting<E: SpanExporter + 'static>(exporter: E, endpoint: String) -> Telemetry {
+    let stats: Arc<ExportStats> = Arc::default();
+    let counting = CountingExporter {
+        inner: exporter,
+        stats: Arc::clone(&stats),
+        endpoint: endpoint.clone(),
+    };
+    let instance_id = resource_attr("service.instance.id").unwrap_or_else(new_instance_id);
+    let (sampler, sampling_ratio) = sampler_from_env();
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(
+            BatchSpanProcessor::builder(counting)
+                .with_batch_config(batch_config())
+                .build(),
+        )
+        .with_sampler(sampler)
+        .with_resource(resource(&instance_id))
+        .build();
+    let tracer = provider.tracer("slotlight-engine");
+    Telemetry {
+        tracer: Arc::new(BoxedTracer::new(Box::new(tracer))),
+        provider: Some(provider),
+        stats,
+        endpoint: Some(endpoint),
+        sampling_ratio,
+        instance_id,
+    }
+}
 
 /// 200 ms between exports unless `OTEL_BSP_SCHEDULE_DELAY` says otherwise.
 fn batch_config() -> opentelemetry_sdk::trace::BatchConfig {
@@ -355,4 +453,58 @@ fn resource_attr(key: &str) -> Option<String> {
         .filter_map(|kv| kv.split_once('='))
         .find(|(k, _)| k.trim() == key)
         .map(|(_, v)| v.trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn protocols_parse_and_others_are_a_typed_error() {
+        assert_eq!(OtlpProtocol::parse("grpc").ok(), Some(OtlpProtocol::Grpc));
+        assert_eq!(
+            OtlpProtocol::parse("http/protobuf").ok(),
+            Some(OtlpProtocol::HttpProtobuf)
+        );
+        assert!(matches!(
+            OtlpProtocol::parse("http/json"),
+            Err(TelemetryError::UnsupportedProtocol(p)) if p == "http/json"
+        ));
+    }
+
+    #[test]
+    fn http_urls_get_their_signal_path_once() {
+        assert_eq!(
+            http_url("http://h:4318", "traces"),
+            "http://h:4318/v1/traces"
+        );
+        assert_eq!(
+            http_url("http://h:4318/v1/traces/", "traces"),
+            "http://h:4318/v1/traces"
+        );
+        assert_eq!(
+            http_url("http://h:4318/", "metrics"),
+            "http://h:4318/v1/metrics"
+        );
+    }
+
+    #[test]
+    fn a_malformed_grpc_endpoint_is_an_exporter_error() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let _g = rt.enter();
+        let e = otlp_grpc(Some("not a url")).err().expect("an error");
+        assert!(
+            matches!(
+                &e,
+                TelemetryError::Exporter {
+                    transport: "gRPC",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+    }
 }

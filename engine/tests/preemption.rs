@@ -165,3 +165,59 @@ async fn decode_tps_after_a_preemption_counts_decode_steps_only() {
         u64::try_from(t.generated_tokens - finished_prefills).expect("n")
     );
 }
+
+/// The group's own metrics under preemption: every preemption, token and finish is counted
+/// where it happens (equal to what the requests report), a preempted request waits again (the
+/// queue gauge moves on its way back), and once both are done every gauge is back at idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_metrics_count_preemptions_and_return_to_idle() {
+    let m = tiny_model();
+    let e = engine(&m, 80, 256, 32);
+    let metrics = e.group_metrics();
+    let idle = metrics[0].snapshot();
+    assert_eq!((idle.waiting, idle.kv_blocks_used), (0, 0));
+    let a = e.submit(request("a", 10, 60)).expect("a");
+    let b = e.submit(request("b", 10, 60)).expect("b");
+    let ((_, ca), (_, cb)) = tokio::join!(collect(a), collect(b));
+    // The loop publishes its gauges at the end of the iteration that sent the completions.
+    let mut after = metrics[0].snapshot();
+    for _ in 0..1000 {
+        if after.running_solo + after.running_slot == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        after = metrics[0].snapshot();
+    }
+    let (_, stats) = e.snapshot().await;
+    assert!(stats[0].preemptions >= 1, "B was preempted: {stats:?}");
+    assert_eq!(after.preemptions, stats[0].preemptions);
+    assert_eq!(after.step_duration.count, stats[0].steps);
+    assert_eq!(after.step_batch.count, stats[0].steps);
+    assert_eq!(
+        (after.waiting, after.running_solo, after.running_slot),
+        (0, 0, 0)
+    );
+    assert!(after.kv_blocks > 0);
+    assert_eq!(
+        after.kv_blocks_used, 0,
+        "no block is held once both are done"
+    );
+    assert_eq!(after.kv_usage(), 0.0);
+    let generated = ca.timings.generated_tokens + cb.timings.generated_tokens;
+    assert_eq!(
+        after.generation_tokens,
+        u64::try_from(generated).expect("n")
+    );
+    assert_eq!(
+        after.prompt_tokens, 20,
+        "each prompt once, not again after the preemption"
+    );
+    // Each admission looks its tokens up in the prefix cache, the re-admission included.
+    assert!(after.prefix_queried > 20, "{after:?}");
+    let length = slotlight_engine::metrics::group::OUTCOMES
+        .iter()
+        .position(|(f, _)| *f == "length")
+        .expect("length");
+    assert_eq!(after.finished[length], 2);
+    assert_eq!(after.finished.iter().sum::<u64>(), 2);
+}

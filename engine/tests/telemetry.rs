@@ -90,6 +90,11 @@ async fn one_request_gives_root_queue_prefill_leg_and_decode_windows() {
     assert_eq!(root.name, format!("chat {}", m.id));
     assert_eq!(root.span_kind, SpanKind::Server);
     assert_eq!(root.parent_span_id, SpanId::INVALID);
+    assert_eq!(
+        dbl(&root, attr::TRACE_SAMPLING_RATIO),
+        1.0,
+        "the root states its sampler's ratio (this provider keeps every trace)"
+    );
     let all = trace_of(&spans, &root);
     let names: Vec<&str> = all.iter().map(|x| x.name.as_ref()).collect();
     for n in [span::QUEUE, span::PREFILL, span::LEG] {

@@ -1,4 +1,10 @@
-//! Metric names (Prometheus exposition names, as the sidecar serves them) and their labels.
+//! Metric names (Prometheus exposition names) and their labels.
+//!
+//! Two processes serve metrics, and each name says which: the top-level names are the
+//! sidecar's, built from the spans it receives (so with a trace sampler they count sampled
+//! requests only); [`engine`] holds the engine's own, counted where the work happens and exact
+//! whatever the sampler does. The three GenAI histograms are served by both with the same
+//! meaning and labels: scrape them with a `job` label to tell the two apart.
 //!
 //! Histograms follow the OpenTelemetry GenAI server metrics where they exist: their names, their
 //! labels (`gen_ai_operation_name`, `gen_ai_provider_name`, `gen_ai_request_model`,
@@ -10,11 +16,11 @@
 //! Jaeger's Service Performance Monitoring can read the sidecar directly.
 
 crate::contract! {
-    /// Histogram: arrival to first token (`usage.ttft_ms`), per successful request.
+    /// Histogram: arrival to first token (`usage.ttft_ms`), per successful request. Served by the sidecar (requests whose traces it received) and by the engine (every request).
     TIME_TO_FIRST_TOKEN = "gen_ai_server_time_to_first_token_seconds", "histogram", "s";
-    /// Histogram: time per output token after the first (`generation_ms / (completion_tokens - 1)`), per successful request.
+    /// Histogram: time per output token after the first (`generation_ms / (completion_tokens - 1)`), per successful request. Served by the sidecar (requests whose traces it received) and by the engine (every request).
     TIME_PER_OUTPUT_TOKEN = "gen_ai_server_time_per_output_token_seconds", "histogram", "s";
-    /// Histogram: arrival to finish (`usage.e2e_ms`, or arrival to refusal), per turn; failures carry `error_type`.
+    /// Histogram: arrival to finish (`usage.e2e_ms`, or arrival to refusal), per turn; failures carry `error_type`. Served by the sidecar (requests whose traces it received) and by the engine (every request).
     REQUEST_DURATION = "gen_ai_server_request_duration_seconds", "histogram", "s";
     /// Histogram: arrival to admission (`usage.queue_ms`), per admitted request.
     QUEUE_TIME = "slotlight_queue_seconds", "histogram", "s";
@@ -58,10 +64,81 @@ crate::contract! {
     SIDECAR_TRACES_EVICTED = "slotlight_sidecar_traces_evicted_total", "counter", "{trace}";
     /// Gauge (sidecar): traces being assembled.
     SIDECAR_TRACES_IN_FLIGHT = "slotlight_sidecar_traces_in_flight", "gauge", "{trace}";
+    /// Gauge (sidecar), per `service_instance_id`: the share of request traces that engine keeps, as its latest request span stated (`slotlight.trace.sampling_ratio`). Below 1, every count above is of the sampled requests only; the engine's own metrics count them all.
+    SIDECAR_TRACE_SAMPLING_RATIO = "slotlight_sidecar_trace_sampling_ratio", "gauge", "1";
     /// Counter (sidecar): export requests forwarded upstream with `--forward-otlp`.
     SIDECAR_FORWARDED = "slotlight_sidecar_forwarded_total", "counter", "{request}";
     /// Counter (sidecar): export requests not forwarded (queue full or upstream failure).
     SIDECAR_FORWARD_DROPPED = "slotlight_sidecar_forward_dropped_total", "counter", "{request}";
+}
+
+/// The engine's own metrics, served by the engine on `GET /metrics` (and exported over OTLP
+/// with `OTEL_METRICS_EXPORTER=otlp`). They are counted where the work happens (each slot
+/// group owns its counters and gauges; the HTTP layer owns the request latencies and
+/// refusals) and count every request, whatever the trace sampler keeps. The engine also serves
+/// the GenAI histograms [`TIME_TO_FIRST_TOKEN`](super::TIME_TO_FIRST_TOKEN),
+/// [`TIME_PER_OUTPUT_TOKEN`](super::TIME_PER_OUTPUT_TOKEN) and
+/// [`REQUEST_DURATION`](super::REQUEST_DURATION) under their convention names. The vLLM
+/// counterpart of each is named in its doc (see also `docs/metrics.md`).
+pub mod engine {
+    crate::contract! {
+        /// Gauge (engine), per `slot_group`: requests waiting for admission to the group, new ones and preempted ones waiting to run again (vLLM `vllm:num_requests_waiting`).
+        REQUESTS_WAITING = "slotlight_engine_requests_waiting", "gauge", "{request}";
+        /// Gauge (engine), per `slot_group` and `path` (`solo`, `slot`): requests admitted and running (vLLM `vllm:num_requests_running`, split by path).
+        REQUESTS_RUNNING = "slotlight_engine_requests_running", "gauge", "{request}";
+        /// Gauge (engine), per `slot_group`: batch slots of the group (`--batch`), the most requests it runs at once.
+        BATCH_SLOTS = "slotlight_engine_batch_slots", "gauge", "{slot}";
+        /// Gauge (engine), per `slot_group`: KV cache blocks in all.
+        KV_BLOCKS = "slotlight_engine_kv_blocks", "gauge", "{block}";
+        /// Gauge (engine), per `slot_group`: KV cache blocks held by running requests (neither free nor evictable prefix cache).
+        KV_BLOCKS_USED = "slotlight_engine_kv_blocks_used", "gauge", "{block}";
+        /// Gauge (engine), per `slot_group`: KV cache usage, blocks used over blocks in all, from 0 to 1; 0 when idle (vLLM `vllm:kv_cache_usage_perc`, formerly `vllm:gpu_cache_usage_perc`).
+        KV_CACHE_USAGE = "slotlight_engine_kv_cache_usage_ratio", "gauge", "1";
+        /// Counter (engine), per `slot_group`: cached prefix blocks evicted to make room.
+        KV_EVICTED_BLOCKS = "slotlight_engine_kv_evicted_blocks_total", "counter", "{block}";
+        /// Counter (engine), per `slot_group`: requests preempted (their KV freed; they wait and re-prefill) (vLLM `vllm:num_preemptions_total`).
+        PREEMPTIONS = "slotlight_engine_preemptions_total", "counter", "{preemption}";
+        /// Counter (engine), per `slot_group`: prompt tokens looked up in the prefix cache, at every admission (re-admissions after a preemption included) (vLLM `vllm:prefix_cache_queries_total`).
+        PREFIX_CACHE_QUERIED_TOKENS = "slotlight_engine_prefix_cache_queried_tokens_total", "counter", "{token}";
+        /// Counter (engine), per `slot_group`: of those, tokens found in the prefix cache (vLLM `vllm:prefix_cache_hits_total`).
+        PREFIX_CACHE_HIT_TOKENS = "slotlight_engine_prefix_cache_hit_tokens_total", "counter", "{token}";
+        /// Counter (engine), per `slot_group`: prompt tokens of admitted requests, once per request (`usage.prompt_tokens`) (vLLM `vllm:prompt_tokens_total`).
+        PROMPT_TOKENS = "slotlight_engine_prompt_tokens_total", "counter", "{token}";
+        /// Counter (engine), per `slot_group`: prompt tokens served from the KV cache at a request's first admission (`usage.prompt_tokens_details.cached_tokens`).
+        CACHED_TOKENS = "slotlight_engine_cached_tokens_total", "counter", "{token}";
+        /// Counter (engine), per `slot_group`: generated tokens, counted as they are sampled (`usage.completion_tokens` once the requests finish) (vLLM `vllm:generation_tokens_total`).
+        GENERATION_TOKENS = "slotlight_engine_generation_tokens_total", "counter", "{token}";
+        /// Counter (engine), per `slot_group`: requests (each choice of a request with `n` > 1) finished by the step loop, by `finish_reason` (`stop`, `length`, `cancelled`, `error`; tool calls count as `stop`) and, for `cancelled` and `error`, `error_type` (vLLM `vllm:request_success_total`).
+        REQUESTS_FINISHED = "slotlight_engine_requests_finished_total", "counter", "{request}";
+        /// Counter (engine): requests answered with an error before reaching a step loop, by `error_type` (`validation`, `overloaded`, `shutdown`, …); the same requests the sidecar counts with status `refused`. Requests without a valid API key are not counted.
+        REQUESTS_REFUSED = "slotlight_engine_requests_refused_total", "counter", "{request}";
+        /// Histogram (engine), per admitted request: arrival to first admission (`usage.queue_ms`), with the GenAI labels (vLLM `vllm:request_queue_time_seconds`).
+        QUEUE_TIME = "slotlight_engine_queue_time_seconds", "histogram", "s";
+        /// Histogram (engine), per `slot_group`: duration of each forward step, as the backend measures it (the device time every request in the step is charged) (TGI `tgi_batch_forward_duration`).
+        STEP_DURATION = "slotlight_engine_step_duration_seconds", "histogram", "s";
+        /// Histogram (engine), per `slot_group`: requests in each forward step (decodes plus prefill chunks) (TGI `tgi_batch_current_size`).
+        STEP_BATCH_SIZE = "slotlight_engine_step_batch_size", "histogram", "{request}";
+        /// Counter (engine): spans handed to the OTLP collector successfully.
+        SPANS_EXPORTED = "slotlight_engine_spans_exported_total", "counter", "{span}";
+        /// Counter (engine): spans lost because an export failed.
+        SPANS_DROPPED = "slotlight_engine_spans_dropped_total", "counter", "{span}";
+        /// Counter (engine): failed span exports (each may lose many spans).
+        SPAN_EXPORT_FAILURES = "slotlight_engine_span_export_failures_total", "counter", "{export}";
+        /// Gauge (engine): the share of request traces the engine's sampler keeps, from 0 to 1 (`OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`); 1 without a ratio sampler, 0 with telemetry off. Every engine metric counts all requests whatever this is.
+        TRACE_SAMPLING_RATIO = "slotlight_engine_trace_sampling_ratio", "gauge", "1";
+    }
+}
+
+/// OpenTelemetry instrument names of the metrics that follow a semantic convention, for OTLP
+/// export (a collector's Prometheus exporter turns them back into the exposition names above).
+/// The engine's own metrics go out over OTLP under their exposition names, less `_total`.
+pub mod otlp {
+    /// `gen_ai.server.time_to_first_token` ([`TIME_TO_FIRST_TOKEN`](super::TIME_TO_FIRST_TOKEN)).
+    pub const TIME_TO_FIRST_TOKEN: &str = "gen_ai.server.time_to_first_token";
+    /// `gen_ai.server.time_per_output_token` ([`TIME_PER_OUTPUT_TOKEN`](super::TIME_PER_OUTPUT_TOKEN)).
+    pub const TIME_PER_OUTPUT_TOKEN: &str = "gen_ai.server.time_per_output_token";
+    /// `gen_ai.server.request.duration` ([`REQUEST_DURATION`](super::REQUEST_DURATION)).
+    pub const REQUEST_DURATION: &str = "gen_ai.server.request.duration";
 }
 
 /// Metric label names.
@@ -86,6 +163,8 @@ pub mod label {
     pub const RESUME: &str = "resume";
     /// A slot's device group.
     pub const SLOT_GROUP: &str = "slot_group";
+    /// A request's path: `solo` or `slot` (`slotlight.leg.path`).
+    pub const PATH: &str = "path";
     /// A slot's index, or `solo` for the solo path.
     pub const SLOT: &str = "slot";
     /// Why something was rejected or evicted.
@@ -114,6 +193,15 @@ pub mod buckets {
     pub const REQUEST_DURATION: &[f64] = &[
         0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
     ];
+    /// `slotlight_engine_step_duration_seconds`: from half a millisecond (a batch-1 decode step
+    /// of a small model on a GPU) to 10 s (a long prefill chunk on a CPU).
+    pub const STEP_DURATION: &[f64] = &[
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ];
+    /// `slotlight_engine_step_batch_size`: powers of two, as vLLM's `vllm:iteration_tokens_total`
+    /// buckets are.
+    pub const STEP_BATCH_SIZE: &[f64] =
+        &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
     /// `traces_span_metrics_duration_milliseconds`: the spanmetrics connector's defaults, in ms.
     pub const SPAN_DURATION_MS: &[f64] = &[
         2.0, 4.0, 6.0, 8.0, 10.0, 50.0, 100.0, 200.0, 400.0, 800.0, 1000.0, 1400.0, 2000.0, 5000.0,

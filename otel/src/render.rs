@@ -286,8 +286,15 @@ pub fn render_contract() -> String {
     table(
         &mut out,
         "Metrics",
-        "Served by the sidecar on `GET /metrics`. No request ids appear in labels.",
+        "Served by the sidecar on `GET /metrics`, built from the spans it receives: with a trace sampler they count the sampled requests only (`slotlight_sidecar_trace_sampling_ratio` says the ratio each engine stated). The three `gen_ai_server_*` histograms are also served by the engine, over every request. No request ids appear in labels.",
         metric::ALL,
+        "type",
+    );
+    table(
+        &mut out,
+        "Engine metrics",
+        "Served by the engine on `GET /metrics` (and over OTLP with `OTEL_METRICS_EXPORTER=otlp`), counted where the work happens: exact whatever the trace sampler keeps. Per-group series carry `slot_group`. The engine also serves `gen_ai_server_time_to_first_token_seconds`, `gen_ai_server_time_per_output_token_seconds` and `gen_ai_server_request_duration_seconds` with the GenAI labels. `docs/metrics.md` maps each to its vLLM counterpart.",
+        metric::engine::ALL,
         "type",
     );
     let labels = [
@@ -301,6 +308,7 @@ pub fn render_contract() -> String {
         metric::label::FINISH_REASON,
         metric::label::RESUME,
         metric::label::SLOT_GROUP,
+        metric::label::PATH,
         metric::label::SLOT,
         metric::label::REASON,
         metric::label::SERVICE_NAME,
@@ -337,7 +345,12 @@ mod tests {
     #[test]
     fn names_are_unique_and_well_formed() {
         let mut seen = HashSet::new();
-        for e in span::ALL.iter().chain(attr::ALL).chain(metric::ALL) {
+        for e in span::ALL
+            .iter()
+            .chain(attr::ALL)
+            .chain(metric::ALL)
+            .chain(metric::engine::ALL)
+        {
             assert!(seen.insert(e.name), "duplicate contract name {}", e.name);
             assert!(!e.doc.trim().is_empty(), "{} has no doc", e.ident);
             assert!(
@@ -348,7 +361,7 @@ mod tests {
                 e.name
             );
         }
-        for m in metric::ALL {
+        for m in metric::ALL.iter().chain(metric::engine::ALL) {
             assert!(
                 !m.name.contains('.'),
                 "metric {} must use underscores",

@@ -278,6 +278,17 @@ fn render_live(w: &mut Writer, slots: &SlotsSnapshot) {
             &U(i.running),
         );
     }
+    w.family(metric::SIDECAR_TRACE_SAMPLING_RATIO, Type::Gauge);
+    for i in &slots.instances {
+        if let Some(r) = i.sampling_ratio {
+            w.sample(
+                metric::SIDECAR_TRACE_SAMPLING_RATIO,
+                "",
+                &[(label::INSTANCE, &i.instance)],
+                &F(r),
+            );
+        }
+    }
     w.family(metric::SLOT_TOKENS_PER_SECOND, Type::Gauge);
     for i in &slots.instances {
         for r in &i.rows {

@@ -187,6 +187,8 @@ pub struct RequestSpan {
     pub resume_evicted_tokens: Option<i64>,
     /// `error.type`.
     pub error_type: Option<String>,
+    /// `slotlight.trace.sampling_ratio`: the share of traces the engine keeps.
+    pub sampling_ratio: Option<f64>,
 }
 
 /// Why one engine span was rejected (label of `slotlight_sidecar_spans_rejected_total`).
@@ -514,6 +516,7 @@ fn convert_span(
             generation_ms: dbl(f.get(F::GenerationMs)),
             decode_tps: dbl(f.get(F::DecodeTps)),
             e2e_ms: dbl(f.get(F::E2eMs)),
+            sampling_ratio: dbl(f.get(F::SamplingRatio)),
             request_start_ns: int(f.get(F::RequestStart)),
             first_token_ns: int(f.get(F::FirstToken)),
             legs: int(f.get(F::Legs)),
@@ -638,6 +641,7 @@ enum F {
     ResumeReusable,
     ResumeDivergedAt,
     ResumeEvicted,
+    SamplingRatio,
     /// Must stay last: [`N_FIELDS`] counts up to it.
     ErrorType,
 }
@@ -693,6 +697,7 @@ const KEYS: [(&str, F); N_FIELDS] = [
     (attr::RESUME_REUSABLE_TOKENS, F::ResumeReusable),
     (attr::RESUME_DIVERGED_AT, F::ResumeDivergedAt),
     (attr::RESUME_EVICTED_TOKENS, F::ResumeEvicted),
+    (attr::TRACE_SAMPLING_RATIO, F::SamplingRatio),
     (attr::ERROR_TYPE, F::ErrorType),
 ];
 

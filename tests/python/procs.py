@@ -67,14 +67,20 @@ def http_json(method: str, url: str, body=None, headers=None, timeout=60):
 class EngineProcess:
     """`slotlight-engine serve` on a free loopback port."""
 
-    def __init__(self, *extra: str, otlp: str | None = None, protocol: str = "grpc", ctx_size: int = 2048):
+    def __init__(
+        self, *extra: str, otlp: str | None = None, protocol: str = "grpc", ctx_size: int = 2048,
+        api_key: str | None = None, env: dict[str, str] | None = None,
+    ):
+        self.auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
         args = [str(binary("slotlight-engine", "SLOTLIGHT_ENGINE_BIN")), "serve", "--port", "0", "--model", str(default_model()), "--ctx-size", str(ctx_size)]
         if otlp:
             args += ["--otlp-endpoint", otlp, "--otlp-protocol", protocol]
         else:
             args += ["--no-telemetry"]
+        if api_key:
+            args += ["--api-key", api_key]
         args += list(extra)
-        env = dict(os.environ, RUST_LOG="info")
+        env = dict(os.environ, RUST_LOG="info", **(env or {}))
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.log: list[str] = []
         deadline = time.monotonic() + 120
@@ -97,10 +103,10 @@ class EngineProcess:
             self.log.append(line)
 
     def get(self, path: str):
-        return http_json("GET", self.base + path)
+        return http_json("GET", self.base + path, headers=self.auth)
 
     def post(self, path: str, body, headers=None):
-        return http_json("POST", self.base + path, body, headers)
+        return http_json("POST", self.base + path, body, {**self.auth, **(headers or {})})
 
     def close(self):
         if self.proc.poll() is None:

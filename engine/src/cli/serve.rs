@@ -10,7 +10,7 @@ use crate::prompt::PromptBuilder;
 use crate::scheduler::SchedulerConfig;
 use crate::server::openai::types::Limits;
 use crate::server::{AppState, ServeConfig};
-use crate::telemetry::{LogFormat, Telemetry, TelemetryConfig};
+use crate::telemetry::{LogFormat, TelemetryConfig};
 use crate::timing::TimeAnchor;
 
 /// Arguments of `serve`.
@@ -81,6 +81,9 @@ pub struct ServeArgs {
     /// Export no spans.
     #[arg(long)]
     pub no_telemetry: bool,
+    /// Serve `GET /metrics` without the API key (it is behind `--api-key` otherwise).
+    #[arg(long)]
+    pub metrics_public: bool,
     /// Length of decode progress windows (`slotlight.decode` spans), ms; 0 turns them off.
     #[arg(long, default_value_t = 250)]
     pub progress_interval_ms: u64,
@@ -122,12 +125,11 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         max_sessions: a.max_sessions,
     };
     let engine = Arc::new(super::start_engine(&model, &a.model, kv, sched)?);
-    let telemetry = Telemetry::init(&TelemetryConfig {
+    let telemetry = crate::telemetry::from_config(&TelemetryConfig {
         disabled: a.no_telemetry,
         endpoint: a.otlp_endpoint.clone(),
         protocol: a.otlp_protocol.clone(),
-    })
-    .map_err(anyhow::Error::msg)?;
+    })?;
     let prompts = PromptBuilder::new(&model);
     if prompts.fallback {
         tracing::warn!("the model has no chat template: chat requests use ChatML");
@@ -150,6 +152,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         drain_timeout: Duration::from_secs(a.drain_timeout_s),
         read_timeout: Duration::from_secs(a.read_timeout_s.max(1)),
         max_header_bytes: a.max_header_bytes,
+        metrics_public: a.metrics_public,
     };
     let st = Arc::new(AppState {
         engine,
@@ -162,6 +165,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         vocab: model.config.vocab,
         context,
         telemetry: Arc::new(telemetry),
+        metrics: Arc::default(),
         anchor: TimeAnchor::now(),
         started: crate::server::openai::created(),
     });

@@ -3,8 +3,14 @@
 //! Step order (after llama.cpp's server): take commands; drop cancelled requests; admit from
 //! the queue while slots and KV blocks allow; settle paths (one request alone runs solo, two
 //! or more run in slots, and a request that changes path ends its leg and starts another,
-//! carrying its reply); then one forward step over every decoding request plus prefill chunks
-//! within a token budget; then sample and emit, per request, on its own channel.
+//! carrying its reply); then one step: make room in the KV cache for every decoding request
+//! (preempting the newest when full), plan the step (every decode plus prefill chunks within
+//! a token budget), run the forward pass, then record each chunk and sample and emit, per
+//! request, on its own channel; finally publish the group's gauges.
+//!
+//! A request leaves the queue through [`Loop::leave_queue`] only, and leaves the running set
+//! through [`Loop::vacate`] only (shared by finishing and preemption): the queue counters and
+//! the slot, block and leg bookkeeping each move in one place.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,9 +27,10 @@ use super::{
     Command, Completion, EngineError, Event, FinishReason, InFlight, MaskStats, Placement,
     SchedulerConfig,
 };
-use crate::backend::{Backend, SeqChunk};
+use crate::backend::{Backend, BackendError, SeqChunk};
 use crate::constraint::SeqConstraint;
 use crate::kv_cache::BlockManager;
+use crate::metrics::GroupMetrics;
 use crate::sampling::Sampler;
 use crate::stop::StopMatcher;
 use crate::timing::{LegEnd, PathKind, PrefillEnd, PrefillReason, RequestTimings};
@@ -61,6 +68,8 @@ struct Loop<'t> {
     active: Vec<Seq<'t>>,
     queued_total: Arc<AtomicUsize>,
     load: Arc<AtomicUsize>,
+    /// The group's own counters and gauges (read by `/metrics` at scrape time).
+    metrics: Arc<GroupMetrics>,
     next_order: u64,
     next_family: u64,
     stats: GroupStats,
@@ -77,6 +86,32 @@ pub(super) struct Shared {
     pub load: Arc<AtomicUsize>,
     /// The engine's memory of sessions.
     pub sessions: Arc<Mutex<SessionMemory>>,
+    /// The group's counters and gauges.
+    pub metrics: Arc<GroupMetrics>,
+}
+
+/// One chunk of a step: `len` positions of sequence `seq` from `start`.
+#[derive(Debug, Clone, Copy)]
+struct Chunk {
+    /// Index into the running set.
+    seq: usize,
+    /// First position computed.
+    start: usize,
+    /// Positions computed.
+    len: usize,
+    /// Whether the chunk ends the sequence's known tokens, so it yields logits and a token.
+    samples: bool,
+}
+
+/// What the forward pass of a step took.
+#[derive(Debug, Clone, Copy)]
+struct Ran {
+    /// Device time of the step (charged whole to every request in it).
+    device: Duration,
+    /// When the step started.
+    started: Instant,
+    /// When its forward pass returned.
+    stepped: Instant,
 }
 
 /// Runs the loop until shutdown.
@@ -92,6 +127,7 @@ pub(super) fn run(
         queued_total,
         load,
         sessions,
+        metrics,
     } = shared;
     let tok: &Tokenizer = &tokenizer;
     let blocks = BlockManager::new(backend.num_blocks(), backend.block_size());
@@ -106,6 +142,7 @@ pub(super) fn run(
         active: Vec::new(),
         queued_total,
         load,
+        metrics,
         next_order: 0,
         next_family: 0,
         stats: GroupStats {
@@ -115,6 +152,7 @@ pub(super) fn run(
         logits: Vec::new(),
         sessions,
     };
+    lp.publish();
     loop {
         // Commands: wait when idle, otherwise take what is there.
         let mut shutdown = false;
@@ -138,6 +176,7 @@ pub(super) fn run(
             tracing::error!(group, error = %e, "Scheduler.StepFailed");
             lp.abort_all(&EngineError::Step(e.to_string()));
         }
+        lp.publish();
     }
 }
 
@@ -151,12 +190,13 @@ impl<'t> Loop<'t> {
                     Err(e) => {
                         // Validated by the HTTP layer; refuse rather than panic if not.
                         for (choice, events) in channels.into_iter().enumerate() {
-                            self.queued_total.fetch_sub(1, Ordering::AcqRel);
+                            self.leave_queue(true);
                             self.load.fetch_sub(1, Ordering::Relaxed);
+                            let reason =
+                                FinishReason::Error(EngineError::InvalidStop(e.to_string()));
+                            self.metrics.count_finished(&reason);
                             let _ = events.send(Event::Done(Box::new(Completion {
-                                finish_reason: FinishReason::Error(EngineError::InvalidStop(
-                                    e.to_string(),
-                                )),
+                                finish_reason: reason,
                                 tokens: Vec::new(),
                                 tail_text: String::new(),
                                 timings: RequestTimings::new(req.received, req.prompt.len()),
@@ -268,13 +308,29 @@ impl<'t> Loop<'t> {
             .collect()
     }
 
-    fn finish(&mut self, mut seq: Seq<'t>, reason: FinishReason) {
-        let now = Instant::now();
-        let leg_end = match reason {
-            FinishReason::Stop | FinishReason::Length => LegEnd::Finished,
-            _ => LegEnd::Cancelled,
-        };
-        seq.cut_prefill(PrefillEnd::Cancelled);
+    /// A request leaves the queue (admitted, cancelled, refused or aborted). `first` says it
+    /// was never admitted before: only then does it give back its place under `--max-queue`
+    /// (a preempted request waits again without taking a new place).
+    fn leave_queue(&self, first: bool) {
+        self.metrics.leave_queue();
+        if first {
+            self.queued_total.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// A running request stops running, finished or preempted: a prefill in progress is
+    /// recorded as cut short with `prefill_end`, its leg ends with `leg_end`, its slot is
+    /// freed, and its KV blocks go back to the pool (the full ones stay as prefix cache).
+    /// Returns the positions whose KV it had computed. A request that never ran (still
+    /// queued) has none of these, and this changes nothing for it.
+    fn vacate(
+        &mut self,
+        seq: &mut Seq<'t>,
+        prefill_end: PrefillEnd,
+        leg_end: LegEnd,
+        now: Instant,
+    ) -> usize {
+        seq.cut_prefill(prefill_end);
         if let Some(leg) = seq.timings.end_leg(now, leg_end).cloned() {
             seq.emit(Event::LegEnded(leg));
         }
@@ -285,6 +341,18 @@ impl<'t> Loop<'t> {
         self.blocks
             .register_full(&mut seq.blocks, &seq.tokens, computed);
         self.blocks.release(&mut seq.blocks);
+        computed
+    }
+
+    /// Ends a request (running or queued; a queued one has left the queue already) and sends
+    /// its completion with its own timings.
+    fn finish(&mut self, mut seq: Seq<'t>, reason: FinishReason) {
+        let now = Instant::now();
+        let leg_end = match reason {
+            FinishReason::Stop | FinishReason::Length => LegEnd::Finished,
+            _ => LegEnd::Cancelled,
+        };
+        let computed = self.vacate(&mut seq, PrefillEnd::Cancelled, leg_end, now);
         // The session's next turn is compared with the tokens whose KV this one left behind
         // (choice 0's; the others fork from the same prompt). Remembered before the
         // completion is sent, so a client's next turn always finds it.
@@ -304,6 +372,7 @@ impl<'t> Loop<'t> {
             tail.clear();
         }
         self.load.fetch_sub(1, Ordering::Relaxed);
+        self.metrics.count_finished(&reason);
         let completion = Completion {
             finish_reason: reason,
             tokens: seq.generated().to_vec(),
@@ -319,12 +388,15 @@ impl<'t> Loop<'t> {
         seq.emit(Event::Done(Box::new(completion)));
     }
 
+    /// Ends every request, running and queued, with `why`.
     fn abort_all(&mut self, why: &EngineError) {
-        let seqs: Vec<Seq<'t>> = self.active.drain(..).chain(self.queue.drain(..)).collect();
-        for s in seqs {
-            if s.timings.admitted.is_none() {
-                self.queued_total.fetch_sub(1, Ordering::AcqRel);
-            }
+        let running: Vec<Seq<'t>> = self.active.drain(..).collect();
+        for s in running {
+            self.finish(s, FinishReason::Error(why.clone()));
+        }
+        let queued: Vec<Seq<'t>> = self.queue.drain(..).collect();
+        for s in queued {
+            self.leave_queue(s.timings.admitted.is_none());
             self.finish(s, FinishReason::Error(why.clone()));
         }
     }
@@ -343,15 +415,30 @@ impl<'t> Loop<'t> {
         while i < self.queue.len() {
             if self.queue[i].is_cancelled() {
                 if let Some(s) = self.queue.remove(i) {
-                    if s.placement.is_none() && s.timings.admitted.is_none() {
-                        self.queued_total.fetch_sub(1, Ordering::AcqRel);
-                    }
+                    self.leave_queue(s.timings.admitted.is_none());
                     self.finish(s, FinishReason::Cancelled);
                 }
             } else {
                 i += 1;
             }
         }
+    }
+
+    /// Publishes the gauges: requests running on each path and the KV cache's state.
+    fn publish(&self) {
+        let slot = self
+            .active
+            .iter()
+            .filter(|s| s.placement.is_some_and(|p| p.path == PathKind::Slot))
+            .count();
+        let total = self.blocks.total();
+        self.metrics.publish(
+            self.active.len() - slot,
+            slot,
+            total,
+            total.saturating_sub(self.blocks.available()),
+            self.blocks.evictions(),
+        );
     }
 
     fn admit(&mut self) {
@@ -376,21 +463,22 @@ impl<'t> Loop<'t> {
             let Some(mut seq) = self.queue.pop_front() else {
                 break;
             };
+            let first = seq.timings.admitted.is_none();
+            self.leave_queue(first);
             let (mut blocks, cached) = self.blocks.match_prefix(&seq.tokens);
+            self.metrics.count_prefix_lookup(seq.tokens.len(), cached);
             if let Err(e) = self.blocks.reserve(&mut blocks, seq.tokens.len() + 1) {
                 // Only possible when alone: the pool is smaller than this sequence.
                 self.blocks.release(&mut blocks);
-                let first = seq.timings.admitted.is_none();
-                if first {
-                    self.queued_total.fetch_sub(1, Ordering::AcqRel);
-                }
                 self.finish(seq, FinishReason::Error(EngineError::KvCacheExhausted(e)));
                 continue;
             }
             let now = Instant::now();
-            let first = seq.timings.admitted.is_none();
             if first {
-                self.queued_total.fetch_sub(1, Ordering::AcqRel);
+                if seq.choice == 0 {
+                    // Once per request, as `usage` counts them (the other choices fork).
+                    self.metrics.count_prompt(seq.req.prompt.len(), cached);
+                }
                 seq.timings.cached_tokens = cached;
                 seq.timings.resume = Some(resume::decide(
                     seq.req.session.is_some(),
@@ -484,32 +572,62 @@ impl<'t> Loop<'t> {
             .map(|(i, _)| i);
         let Some(v) = victim else { return false };
         let mut seq = self.active.swap_remove(v);
-        let now = Instant::now();
         // A prefill cut here is recorded, so its steps' device time has a prefill span.
-        seq.cut_prefill(PrefillEnd::Preempted);
-        if let Some(leg) = seq.timings.end_leg(now, LegEnd::Preempted).cloned() {
-            seq.emit(Event::LegEnded(leg));
-        }
-        if let Some(slot) = seq.placement.and_then(|p| p.slot) {
-            self.slots.free(slot);
-        }
-        let computed = seq.computed;
-        self.blocks
-            .register_full(&mut seq.blocks, &seq.tokens, computed);
-        self.blocks.release(&mut seq.blocks);
+        self.vacate(
+            &mut seq,
+            PrefillEnd::Preempted,
+            LegEnd::Preempted,
+            Instant::now(),
+        );
         seq.placement = None;
         seq.computed = 0;
         self.stats.preemptions += 1;
+        self.metrics.count_preemption();
+        self.metrics.enter_queue(1);
         self.queue.push_front(seq);
         true
     }
 
-    fn step(&mut self) -> Result<(), crate::backend::BackendError> {
+    /// One step: room for every decode, the plan, the forward pass, then each chunk's
+    /// bookkeeping and sampling; finished requests end.
+    fn step(&mut self) -> Result<(), BackendError> {
         if self.active.is_empty() {
             return Ok(());
         }
-        // Make sure every decoding sequence has room for one more position, preempting the
-        // newest other request when the cache is full.
+        self.reserve_decode_room();
+        self.settle_paths();
+        if self.active.is_empty() {
+            return Ok(());
+        }
+        let plan = self.plan_step();
+        let ran = self.forward(&plan)?;
+        self.stats.steps += 1;
+        self.metrics.observe_step(ran.device, plan.len());
+        let mut done: Vec<(usize, FinishReason)> = Vec::new();
+        let mut row = 0;
+        for c in &plan {
+            self.record_chunk(c, plan.len(), &ran);
+            if !c.samples {
+                continue;
+            }
+            let logits = row;
+            row += 1;
+            if let Some(reason) = self.sample_and_emit(c, logits, &ran) {
+                done.push((c.seq, reason));
+            }
+        }
+        done.sort_by_key(|d| std::cmp::Reverse(d.0));
+        for (i, reason) in done {
+            let s = self.active.swap_remove(i);
+            self.finish(s, reason);
+        }
+        Ok(())
+    }
+
+    /// Makes sure every decoding sequence has room for one more position, preempting the
+    /// newest other request when the cache is full (or ending the sequence when nothing is
+    /// left to preempt).
+    fn reserve_decode_room(&mut self) {
         let decoding: Vec<u64> = self
             .active
             .iter()
@@ -533,11 +651,11 @@ impl<'t> Loop<'t> {
                 }
             }
         }
-        self.settle_paths();
-        if self.active.is_empty() {
-            return Ok(());
-        }
-        // Build the step: decodes first, then prefill chunks within the budget.
+    }
+
+    /// The step's chunks: every decode first, then prefill chunks in admission order within
+    /// the token budget (smaller while others decode, to keep their token rate steady).
+    fn plan_step(&self) -> Vec<Chunk> {
         let decoding = self.active.iter().any(|s| s.phase == Phase::Decode);
         let mut budget = if decoding {
             self.cfg.mixed_prefill_chunk
@@ -545,10 +663,16 @@ impl<'t> Loop<'t> {
             self.cfg.prefill_chunk
         }
         .max(1);
-        let mut plan: Vec<(usize, usize, usize)> = Vec::new(); // (seq, start, len)
+        let chunk = |seq: usize, start: usize, len: usize| Chunk {
+            seq,
+            start,
+            len,
+            samples: start + len == self.active[seq].tokens.len(),
+        };
+        let mut plan: Vec<Chunk> = Vec::new();
         for (i, s) in self.active.iter().enumerate() {
             if s.phase == Phase::Decode {
-                plan.push((i, s.computed, 1));
+                plan.push(chunk(i, s.computed, 1));
             }
         }
         let mut order: Vec<usize> = (0..self.active.len())
@@ -561,21 +685,19 @@ impl<'t> Loop<'t> {
             }
             let s = &self.active[i];
             let len = (s.tokens.len() - s.computed).min(budget);
-            plan.push((i, s.computed, len));
+            plan.push(chunk(i, s.computed, len));
             budget -= len;
         }
-        // Chunks that end in logits sample a token; a constrained sequence among them computes
-        // its grammar mask on a helper thread while the forward step runs.
-        let rows: Vec<usize> = plan
-            .iter()
-            .map(|&(i, start, len)| {
-                let last = start + len == self.active[i].tokens.len();
-                usize::from(last)
-            })
-            .collect();
+        plan
+    }
+
+    /// Runs the forward pass over `plan`, leaving one row of logits per sampling chunk in
+    /// `self.logits`. A constrained sequence that samples computes its grammar mask on a
+    /// helper thread meanwhile.
+    fn forward(&mut self, plan: &[Chunk]) -> Result<Ran, BackendError> {
         let mut wants_mask = vec![false; self.active.len()];
-        for (pi, &(i, _, _)) in plan.iter().enumerate() {
-            wants_mask[i] = rows[pi] > 0;
+        for c in plan {
+            wants_mask[c.seq] = c.samples;
         }
         let mut views: Vec<(&[u32], &[u32])> = Vec::with_capacity(self.active.len());
         let mut jobs: Vec<&mut SeqConstraint> = Vec::new();
@@ -595,13 +717,12 @@ impl<'t> Loop<'t> {
         }
         let chunks: Vec<SeqChunk<'_>> = plan
             .iter()
-            .zip(&rows)
-            .map(|(&(i, start, len), &r)| SeqChunk {
-                tokens: &views[i].0[start..start + len],
-                start_pos: start,
-                blocks: views[i].1,
+            .map(|c| SeqChunk {
+                tokens: &views[c.seq].0[c.start..c.start + c.len],
+                start_pos: c.start,
+                blocks: views[c.seq].1,
                 all_logits: false,
-                no_logits: r == 0,
+                no_logits: !c.samples,
             })
             .collect();
         self.logits.clear();
@@ -623,116 +744,110 @@ impl<'t> Loop<'t> {
                 r
             })
         }?;
-        let stepped = Instant::now();
-        drop(chunks);
-        drop(views);
-        self.stats.steps += 1;
-        let batch = plan.len();
+        Ok(Ran {
+            device: stats.device_time,
+            started,
+            stepped: Instant::now(),
+        })
+    }
+
+    /// A chunk ran: its positions are computed, its step is on the request's clocks (and on
+    /// its prefill's, when prefilling), and its full blocks join the prefix cache.
+    fn record_chunk(&mut self, c: &Chunk, batch: usize, ran: &Ran) {
+        let s = &mut self.active[c.seq];
+        let is_prefill = s.phase == Phase::Prefill;
+        s.computed = c.start + c.len;
+        s.timings.add_step(ran.device, batch, is_prefill);
+        if is_prefill && let Some(p) = s.prefill.as_mut() {
+            p.start.get_or_insert(ran.started);
+            p.last_end = Some(ran.stepped);
+            p.chunks += 1;
+            p.device += ran.device;
+        }
+        let computed = s.computed;
+        self.blocks
+            .register_full(&mut s.blocks, &s.tokens, computed);
+    }
+
+    /// Samples the next token of a chunk's sequence from logits row `row`, emits it (ending
+    /// a finished prefill first), and says whether the sequence is done and why.
+    fn sample_and_emit(&mut self, c: &Chunk, row: usize, ran: &Ran) -> Option<FinishReason> {
         let vocab = self.backend.config().vocab;
-        let mut row = 0;
-        let mut done: Vec<(usize, FinishReason)> = Vec::new();
-        for (pi, &(i, start, len)) in plan.iter().enumerate() {
-            let is_prefill = self.active[i].phase == Phase::Prefill;
-            let s = &mut self.active[i];
-            s.computed = start + len;
-            s.timings.add_step(stats.device_time, batch, is_prefill);
-            if is_prefill && let Some(p) = s.prefill.as_mut() {
-                p.start.get_or_insert(started);
-                p.last_end = Some(stepped);
-                p.chunks += 1;
-                p.device += stats.device_time;
-            }
-            let computed = s.computed;
-            self.blocks
-                .register_full(&mut s.blocks, &s.tokens, computed);
-            if rows[pi] == 0 {
-                continue;
-            }
-            let logits = &mut self.logits[row * vocab..(row + 1) * vocab];
-            row += 1;
-            // Logprobs are taken from the model's own distribution, before any mask, bias,
-            // penalty or sampling filter.
-            let raw = s.req.logprobs.map(|_| logits.to_vec());
-            if let Some(c) = s.constraint.as_mut()
-                && let Err(e) = c.apply(logits)
-            {
-                done.push((
-                    i,
-                    FinishReason::Error(EngineError::StructuredOutput(e.to_string())),
-                ));
-                continue;
-            }
-            let id = s.sampler.sample(logits);
-            let logprobs = raw.map(|r| {
-                Box::new(crate::sampling::logprobs(
-                    &r,
-                    id,
-                    s.req.logprobs.unwrap_or(0),
-                ))
-            });
-            let now = Instant::now();
-            if is_prefill {
-                if let Some(mut p) = s.prefill.take() {
-                    p.last_end = Some(now);
-                    let rec = p.record(s.computed, PrefillEnd::Finished);
-                    s.timings.prefilled_tokens += rec.computed_tokens;
-                    s.timings.prefills.push(rec.clone());
-                    s.emit(Event::Prefilled(rec));
-                }
-                s.phase = Phase::Decode;
-            }
-            s.tokens.push(id);
-            s.timings.mark_token(now);
-            let is_eos = !s.req.ignore_eos && self.tok.is_stop_token(id);
-            let delta = if is_eos {
-                String::new()
-            } else {
-                s.decoder.push(id).unwrap_or_default()
-            };
-            let out = s.stop.push(&delta);
-            // Unwrap is safe: a sequence in a step always has a placement.
-            let placement = s.placement.unwrap_or(Placement {
-                path: PathKind::Solo,
-                group: self.group,
-                slot: None,
-            });
-            s.emit(Event::Token {
+        let context = self.backend.config().context;
+        let s = &mut self.active[c.seq];
+        let is_prefill = s.phase == Phase::Prefill;
+        let logits = &mut self.logits[row * vocab..(row + 1) * vocab];
+        // Logprobs are taken from the model's own distribution, before any mask, bias,
+        // penalty or sampling filter.
+        let raw = s.req.logprobs.map(|_| logits.to_vec());
+        if let Some(c) = s.constraint.as_mut()
+            && let Err(e) = c.apply(logits)
+        {
+            return Some(FinishReason::Error(EngineError::StructuredOutput(
+                e.to_string(),
+            )));
+        }
+        let id = s.sampler.sample(logits);
+        let logprobs = raw.map(|r| {
+            Box::new(crate::sampling::logprobs(
+                &r,
                 id,
-                text: out.text,
-                at: now,
-                generated: s.timings.generated_tokens,
-                step_device: stats.device_time,
-                from_prefill: is_prefill,
-                placement,
-                logprobs,
-            });
-            // The grammar follows the token; once complete, nothing more may come.
-            let grammar = match s.constraint.as_mut() {
-                None => Ok(false),
-                Some(c) => c.constraint.consume(id).map(|()| c.constraint.is_stopped()),
-            };
-            let generated = s.tokens.len() - s.req.prompt.len();
-            match grammar {
-                Err(e) => done.push((
-                    i,
-                    FinishReason::Error(EngineError::StructuredOutput(e.to_string())),
-                )),
-                Ok(_) if is_eos || out.matched.is_some() => done.push((i, FinishReason::Stop)),
-                Ok(true) => done.push((i, FinishReason::Stop)),
-                Ok(false)
-                    if generated >= s.req.max_tokens
-                        || s.tokens.len() >= self.backend.config().context =>
-                {
-                    done.push((i, FinishReason::Length));
-                }
-                Ok(false) => {}
+                s.req.logprobs.unwrap_or(0),
+            ))
+        });
+        let now = Instant::now();
+        if is_prefill {
+            if let Some(mut p) = s.prefill.take() {
+                p.last_end = Some(now);
+                let rec = p.record(s.computed, PrefillEnd::Finished);
+                s.timings.prefilled_tokens += rec.computed_tokens;
+                s.timings.prefills.push(rec.clone());
+                s.emit(Event::Prefilled(rec));
             }
+            s.phase = Phase::Decode;
         }
-        done.sort_by_key(|d| std::cmp::Reverse(d.0));
-        for (i, reason) in done {
-            let s = self.active.swap_remove(i);
-            self.finish(s, reason);
+        s.tokens.push(id);
+        s.timings.mark_token(now);
+        self.metrics.count_token();
+        let is_eos = !s.req.ignore_eos && self.tok.is_stop_token(id);
+        let delta = if is_eos {
+            String::new()
+        } else {
+            s.decoder.push(id).unwrap_or_default()
+        };
+        let out = s.stop.push(&delta);
+        // Unwrap is safe: a sequence in a step always has a placement.
+        let placement = s.placement.unwrap_or(Placement {
+            path: PathKind::Solo,
+            group: self.group,
+            slot: None,
+        });
+        s.emit(Event::Token {
+            id,
+            text: out.text,
+            at: now,
+            generated: s.timings.generated_tokens,
+            step_device: ran.device,
+            from_prefill: is_prefill,
+            placement,
+            logprobs,
+        });
+        // The grammar follows the token; once complete, nothing more may come.
+        let grammar = match s.constraint.as_mut() {
+            None => Ok(false),
+            Some(c) => c.constraint.consume(id).map(|()| c.constraint.is_stopped()),
+        };
+        let generated = s.tokens.len() - s.req.prompt.len();
+        match grammar {
+            Err(e) => Some(FinishReason::Error(EngineError::StructuredOutput(
+                e.to_string(),
+            ))),
+            Ok(_) if is_eos || out.matched.is_some() => Some(FinishReason::Stop),
+            Ok(true) => Some(FinishReason::Stop),
+            Ok(false) if generated >= s.req.max_tokens || s.tokens.len() >= context => {
+                Some(FinishReason::Length)
+            }
+            Ok(false) => None,
         }
-        Ok(())
     }
 }

@@ -24,6 +24,7 @@ use slotlight_otel::attr::value;
 use crate::backend::Backend;
 use crate::constraint::Constraint;
 use crate::kv_cache::OutOfBlocks;
+use crate::metrics::GroupMetrics;
 use crate::sampling::{SamplingParams, TokenLogprobs};
 use crate::timing::{LegRecord, PathKind, PrefillRecord, RequestTimings};
 use crate::tokenizer::Tokenizer;
@@ -349,6 +350,8 @@ enum Command {
 struct GroupHandle {
     tx: mpsc::UnboundedSender<Command>,
     load: Arc<AtomicUsize>,
+    /// The group's counters and gauges (its step loop writes them).
+    metrics: Arc<GroupMetrics>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -394,12 +397,14 @@ impl EngineHandle {
             .map(|(g, backend)| {
                 let (tx, rx) = mpsc::unbounded_channel();
                 let load = Arc::new(AtomicUsize::new(0));
+                let metrics = Arc::new(GroupMetrics::new(g, cfg.batch));
                 let tok = Arc::clone(&tokenizer);
                 let cfg = cfg.clone();
                 let shared = group::Shared {
                     queued_total: Arc::clone(&queued),
                     load: Arc::clone(&load),
                     sessions: Arc::clone(&sessions),
+                    metrics: Arc::clone(&metrics),
                 };
                 let thread = std::thread::Builder::new()
                     .name(format!("slotlight-group-{g}"))
@@ -408,6 +413,7 @@ impl EngineHandle {
                 GroupHandle {
                     tx,
                     load,
+                    metrics,
                     thread: Some(thread),
                 }
             })
@@ -436,6 +442,11 @@ impl EngineHandle {
     /// Requests waiting for admission.
     pub fn queued(&self) -> usize {
         self.queued.load(Ordering::Relaxed)
+    }
+
+    /// Each group's counters and gauges, in group order (read them at scrape time).
+    pub fn group_metrics(&self) -> Vec<Arc<GroupMetrics>> {
+        self.groups.iter().map(|g| Arc::clone(&g.metrics)).collect()
     }
 
     /// Submits a request of one choice; its events arrive on the returned channel.
@@ -481,6 +492,8 @@ impl EngineHandle {
         let (g, prior) = self.route(req.session.as_deref(), &req.prompt);
         let (txs, rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::unbounded_channel()).unzip();
         self.groups[g].load.fetch_add(n, Ordering::Relaxed);
+        // The request waits in its group from now on, even before the loop takes it.
+        self.groups[g].metrics.enter_queue(n);
         if self.groups[g]
             .tx
             .send(Command::Submit(Box::new(req), txs, prior))
@@ -488,6 +501,9 @@ impl EngineHandle {
         {
             self.queued.fetch_sub(n, Ordering::AcqRel);
             self.groups[g].load.fetch_sub(n, Ordering::Relaxed);
+            for _ in 0..n {
+                self.groups[g].metrics.leave_queue();
+            }
             return Err(SubmitError::ShuttingDown);
         }
         Ok(rxs)

@@ -1,5 +1,5 @@
 //! The HTTP server: OpenAI-compatible chat and completions, `/tokenize` and `/detokenize`,
-//! plus `/v1/models`, `/health` and `/v1/requests`. Routing, authentication and limits live
+//! plus `/v1/models`, `/health`, `/v1/requests` and `/metrics`. Routing, authentication and limits live
 //! here; request handling in [`openai`]; the per-request task and its telemetry in
 //! [`pipeline`] and [`trace`]; `usage` in [`usage`].
 
@@ -29,6 +29,7 @@ use self::error::ApiError;
 use self::openai::types::Limits;
 use self::trace::{Refusal, ServerAddress};
 use crate::constraint::Grammars;
+use crate::metrics::RequestMetrics;
 use crate::prompt::PromptBuilder;
 use crate::scheduler::EngineHandle;
 use crate::telemetry::Telemetry;
@@ -56,6 +57,8 @@ pub struct ServeConfig {
     pub read_timeout: Duration,
     /// Largest request head (request line and headers), bytes; larger ones get 431.
     pub max_header_bytes: usize,
+    /// Serve `GET /metrics` without the API key (for a scraper that has none).
+    pub metrics_public: bool,
 }
 
 /// When the request arrived (stamped by the outermost middleware).
@@ -165,13 +168,14 @@ async fn record_refusals(State(st): State<SharedState>, req: Request, next: Next
         message,
     };
     trace::record_refusal(
-        &st.telemetry.tracer,
+        &st.telemetry,
         st.anchor,
         &r,
         &parent_context(&headers),
         &server,
     );
     pipeline::log_refused(&r, resp.status().as_u16());
+    pipeline::observe_refused(&st.metrics, &r, None);
     resp
 }
 /// Everything handlers share.
@@ -186,6 +190,8 @@ pub struct AppState {
     pub cfg: ServeConfig,
     /// The tracer request spans are recorded with, and the exporter's counts.
     pub telemetry: Arc<Telemetry>,
+    /// Request latencies and refusals, observed by the HTTP layer (`/metrics`).
+    pub metrics: Arc<RequestMetrics>,
     /// Converts request instants to wall-clock time.
     pub anchor: TimeAnchor,
     /// Vocabulary size: token-id prompts are checked against it.
@@ -302,13 +308,40 @@ async fn requests(State(st): State<SharedState>) -> Response {
         .into_response()
 }
 
+/// `GET /metrics`: every slot group's counters and gauges, the request latencies and
+/// refusals, and the exporter's health, read now; OpenMetrics when the `Accept` header asks.
+async fn metrics(State(st): State<SharedState>, headers: HeaderMap) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (openmetrics, content_type) = crate::metrics::negotiate(accept);
+    let counts = st.telemetry.counts();
+    let scrape = crate::metrics::Scrape {
+        groups: st
+            .engine
+            .group_metrics()
+            .iter()
+            .map(|g| g.snapshot())
+            .collect(),
+        requests: st.metrics.snapshot(),
+        telemetry: crate::metrics::TelemetrySnapshot {
+            spans_exported: counts.exported,
+            spans_dropped: counts.dropped,
+            export_failures: counts.failures,
+            sampling_ratio: st.telemetry.sampling_ratio(),
+        },
+    };
+    let body = crate::metrics::render(scrape, openmetrics);
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
 async fn fallback(req: Request) -> ApiError {
     ApiError::not_found(req.uri().path())
 }
 
-/// The routes, with authentication, draining and the turn-recording layer on the generation routes.
+/// The routes, with authentication, draining and the turn-recording layer on the generation
+/// routes. `/metrics` is behind the API key unless `--metrics-public`.
 pub fn router(st: SharedState) -> Router {
-    let api = Router::new()
+    let public_metrics = st.cfg.metrics_public;
+    let mut api = Router::new()
         .route("/v1/chat/completions", post(openai::handler::chat))
         .route("/v1/completions", post(openai::handler::completions))
         .route_layer(middleware::from_fn_with_state(
@@ -322,14 +355,21 @@ pub fn router(st: SharedState) -> Router {
         .route("/tokenize", post(openai::tokenize::tokenize))
         .route("/detokenize", post(openai::tokenize::detokenize))
         .route("/v1/models", get(models))
-        .route("/v1/requests", get(requests))
-        .route_layer(middleware::from_fn_with_state(
-            Arc::clone(&st),
-            authenticate,
-        ));
+        .route("/v1/requests", get(requests));
+    if !public_metrics {
+        api = api.route("/metrics", get(metrics));
+    }
+    let api = api.route_layer(middleware::from_fn_with_state(
+        Arc::clone(&st),
+        authenticate,
+    ));
+    let mut open = Router::new().route("/health", get(health));
+    if public_metrics {
+        open = open.route("/metrics", get(metrics));
+    }
     Router::new()
         .merge(api)
-        .route("/health", get(health))
+        .merge(open)
         .fallback(fallback)
         .layer(middleware::from_fn(stamp_arrival))
         .with_state(st)

@@ -19,6 +19,7 @@ use super::openai::tools::{ParsedCall, Shaper, ToolSetup};
 use super::openai::validate::ValidRequest;
 use super::trace::{Refusal, RequestInfo, RequestTrace};
 use super::usage::{LlamaCppTimings, Usage, usage_of};
+use crate::metrics::{Observation, RequestMetrics};
 use crate::sampling::TokenLogprobs;
 use crate::scheduler::{Completion, EngineError, Event, FinishReason, GenerateRequest};
 use crate::timing::RequestTimings;
@@ -110,7 +111,7 @@ pub fn launch(
         s.mark_recorded();
     }
     let trace = RequestTrace::start(
-        Arc::clone(&st.telemetry.tracer),
+        &st.telemetry,
         st.anchor,
         info.clone(),
         parent,
@@ -149,6 +150,7 @@ pub fn launch(
             };
             trace.refuse(api.label(), &api.message, refusal.refused);
             log_refused(&refusal, api.status.as_u16());
+            observe_refused(&st.metrics, &refusal, Some(&info.request_model));
             return Err(api);
         }
     };
@@ -156,7 +158,8 @@ pub fn launch(
     let progress = st.cfg.progress_interval;
     let flag = Arc::clone(&cancel);
     let tools = req.tools.clone();
-    tokio::spawn(run(trace, rxs, tx, flag, progress, info, tools));
+    let metrics = Arc::clone(&st.metrics);
+    tokio::spawn(run(trace, rxs, tx, flag, progress, info, tools, metrics));
     Ok((out, cancel))
 }
 
@@ -193,6 +196,7 @@ impl ChoiceState {
     }
 }
 
+#[allow(clippy::too_many_arguments)] // one request's parts, each moved into its task
 async fn run(
     mut trace: RequestTrace,
     rxs: Vec<mpsc::UnboundedReceiver<Event>>,
@@ -201,6 +205,7 @@ async fn run(
     progress: Duration,
     info: RequestInfo,
     tools: Option<ToolSetup>,
+    metrics: Arc<RequestMetrics>,
 ) {
     let prompt_tokens = info.prompt_tokens;
     let n = rxs.len();
@@ -308,6 +313,7 @@ async fn run(
     let refs: Vec<&Completion> = done.iter().collect();
     let (usage, timings) = usage_of(&refs);
     log_finished(&info, &trace.trace_id(), &refs, &usage);
+    observe_finished(&metrics, &info, &refs, &usage);
     trace.finish(&refs, &usage, &reasons, tool_calls);
     let error = done.iter().find_map(|c| match &c.finish_reason {
         FinishReason::Error(e) => Some(ApiError::from(e)),
@@ -378,6 +384,60 @@ fn log_finished(info: &RequestInfo, trace_id: &str, done: &[&Completion], usage:
         legs = %legs,
         "Request.Finished"
     );
+}
+
+/// Observes a finished request in the engine's latency histograms, with the same definitions
+/// as its span (and so as the sidecar's histograms): time to first token and time per output
+/// token for successful requests only, the duration of every request, with `error.type` when
+/// one of its choices failed or was cancelled, and the queue time of an admitted one.
+fn observe_finished(
+    metrics: &RequestMetrics,
+    info: &RequestInfo,
+    done: &[&Completion],
+    usage: &Usage,
+) {
+    let failed = done
+        .iter()
+        .find(|c| matches!(c.finish_reason, FinishReason::Error(_)))
+        .or_else(|| {
+            done.iter()
+                .find(|c| matches!(c.finish_reason, FinishReason::Cancelled))
+        });
+    let u = &usage.timings;
+    let secs = |ms: Option<f64>| ms.map(|v| v / 1e3);
+    #[allow(clippy::cast_precision_loss)] // token counts are far below 2^53
+    let tpot = secs(u.generation_ms)
+        .filter(|_| usage.completion_tokens > 1)
+        .map(|g| g / (usage.completion_tokens - 1) as f64);
+    metrics.observe(&Observation {
+        operation: info.operation,
+        request_model: Some(&info.request_model),
+        response_model: &info.response_model,
+        error_type: failed.and_then(|c| c.finish_reason.error_type()),
+        ttft: secs(u.ttft_ms),
+        tpot,
+        duration: secs(u.e2e_ms).unwrap_or_else(|| info.received.elapsed().as_secs_f64()),
+        queue: secs(u.queue_ms),
+    });
+}
+
+/// Counts a refused request and observes its duration (arrival to refusal) with its
+/// `error.type`; `request_model` when the body was read.
+pub fn observe_refused(metrics: &RequestMetrics, r: &Refusal, request_model: Option<&str>) {
+    metrics.count_refused(r.error_type);
+    metrics.observe(&Observation {
+        operation: r.operation,
+        request_model,
+        response_model: &r.response_model,
+        error_type: Some(r.error_type),
+        ttft: None,
+        tpot: None,
+        duration: r
+            .refused
+            .saturating_duration_since(r.received)
+            .as_secs_f64(),
+        queue: None,
+    });
 }
 
 /// One structured log line per refused request (status `refused`): what is known of it, the
@@ -461,7 +521,7 @@ mod tests {
         let telemetry = Telemetry::with_provider(provider, "t".into());
         let received = Instant::now();
         let trace = RequestTrace::start(
-            Arc::clone(&telemetry.tracer),
+            &telemetry,
             TimeAnchor::now(),
             info(received),
             &Context::new(),
@@ -483,6 +543,7 @@ mod tests {
             .expect("send");
         drop(events);
         let cancel = Arc::new(AtomicBool::new(false));
+        let metrics = Arc::new(RequestMetrics::default());
         run(
             trace,
             vec![rx],
@@ -491,6 +552,7 @@ mod tests {
             Duration::ZERO,
             info(received),
             None,
+            Arc::clone(&metrics),
         )
         .await;
         let mut reason = None;
@@ -524,5 +586,12 @@ mod tests {
         assert_eq!(get(attr::ERROR_TYPE).as_deref(), Some("internal"));
         assert_eq!(get(attr::USAGE_TTFT_MS), None);
         assert!(get(attr::USAGE_QUEUE_MS).is_some());
+        // Its duration is observed with its error type; it had no first token.
+        let m = metrics.snapshot();
+        let series = &m.series[0];
+        assert_eq!(series.ttft.count, 0);
+        assert_eq!(series.queue.count, 1);
+        let durations: Vec<_> = series.duration.iter().map(|(e, h)| (*e, h.count)).collect();
+        assert_eq!(durations, vec![(Some("internal"), 1)]);
     }
 }

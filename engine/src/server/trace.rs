@@ -15,6 +15,7 @@ use slotlight_otel::{attr, span};
 
 use crate::scheduler::{Completion, Event, FinishReason, Placement};
 use crate::server::usage::Usage;
+use crate::telemetry::Telemetry;
 use crate::timing::{LegRecord, PathKind, PrefillRecord, TimeAnchor};
 
 /// Request parameters that go on the span only when the request set them
@@ -172,9 +173,10 @@ fn ms(d: Duration) -> f64 {
 
 impl RequestTrace {
     /// Starts the request span at the request's arrival, as a child of `parent` (the caller's
-    /// `traceparent`, or an empty context).
+    /// `traceparent`, or an empty context), with `telemetry`'s tracer; the span states the
+    /// sampler's ratio.
     pub fn start(
-        tracer: std::sync::Arc<BoxedTracer>,
+        telemetry: &Telemetry,
         anchor: TimeAnchor,
         info: RequestInfo,
         parent: &Context,
@@ -197,6 +199,7 @@ impl RequestTrace {
             KeyValue::new(attr::GEN_AI_RESPONSE_ID, info.id.clone()),
             KeyValue::new(attr::REQUEST_ID, info.id.clone()),
             kv_u(attr::REQUEST_START_TIME, anchor.unix_nanos(info.received)),
+            KeyValue::new(attr::TRACE_SAMPLING_RATIO, telemetry.sampling_ratio()),
         ];
         if let Some(seed) = info.seed {
             attrs.push(kv_u(attr::GEN_AI_REQUEST_SEED, seed));
@@ -255,6 +258,7 @@ impl RequestTrace {
             attrs.push(KeyValue::new(attr::TOOLS_FORMAT, t.format));
         }
         let name = span::request_span_name(info.operation, &info.response_model);
+        let tracer = std::sync::Arc::clone(&telemetry.tracer);
         let root_span = tracer
             .span_builder(Cow::Owned(name))
             .with_kind(SpanKind::Server)
@@ -724,11 +728,11 @@ pub struct Refusal {
     pub message: String,
 }
 
-/// Records a refused request's span: a request span with what is known of it, status
-/// `refused`, `error.type` and an error status; no child spans and no usage attributes (the
-/// request never had any).
+/// Records a refused request's span with `telemetry`'s tracer: a request span with what is
+/// known of it, status `refused`, `error.type` and an error status, and the sampler's ratio;
+/// no child spans and no usage attributes (the request never had any).
 pub fn record_refusal(
-    tracer: &BoxedTracer,
+    telemetry: &Telemetry,
     anchor: TimeAnchor,
     r: &Refusal,
     parent: &Context,
@@ -741,12 +745,14 @@ pub fn record_refusal(
         kv_u(attr::REQUEST_START_TIME, anchor.unix_nanos(r.received)),
         KeyValue::new(attr::REQUEST_STATUS, attr::value::STATUS_REFUSED),
         KeyValue::new(attr::ERROR_TYPE, r.error_type),
+        KeyValue::new(attr::TRACE_SAMPLING_RATIO, telemetry.sampling_ratio()),
     ];
     if let Some(s) = &r.session {
         attrs.push(KeyValue::new(attr::GEN_AI_CONVERSATION_ID, s.clone()));
     }
     attrs.extend(server.attrs());
     let name = span::request_span_name(r.operation, &r.response_model);
+    let tracer: &BoxedTracer = &telemetry.tracer;
     let mut sp = tracer
         .span_builder(Cow::Owned(name))
         .with_kind(SpanKind::Server)

@@ -46,6 +46,7 @@ pub struct Options {
     pub limits: Limits,
     pub drain: Duration,
     pub trace_content: bool,
+    pub metrics_public: bool,
 }
 
 impl Default for Options {
@@ -63,6 +64,7 @@ impl Default for Options {
             limits: Limits::default(),
             drain: Duration::from_secs(10),
             trace_content: false,
+            metrics_public: false,
         }
     }
 }
@@ -129,8 +131,10 @@ impl TestServer {
                 drain_timeout: o.drain,
                 read_timeout: Duration::from_secs(30),
                 max_header_bytes: 64 * 1024,
+                metrics_public: o.metrics_public,
             },
             telemetry: Arc::new(telemetry),
+            metrics: Arc::default(),
             anchor: TimeAnchor::now(),
             vocab: model.config.vocab,
             context,

@@ -111,6 +111,8 @@ impl RequestState {
 struct Instance {
     version: Option<Arc<str>>,
     last_seen_ns: i64,
+    /// The sampling ratio its latest request span stated (`slotlight.trace.sampling_ratio`).
+    sampling_ratio: Option<f64>,
     rows: BTreeMap<SlotKey, Row>,
     requests: HashMap<Arc<str>, RequestState>,
     finished: HashSet<Arc<str>>,
@@ -122,6 +124,7 @@ impl Instance {
         Instance {
             version: None,
             last_seen_ns: now_ns,
+            sampling_ratio: None,
             rows: BTreeMap::new(),
             requests: HashMap::new(),
             finished: HashSet::new(),
@@ -297,7 +300,11 @@ impl Assembler {
                     self.finish(&s.instance, &id, now_ns, out);
                 }
             }
-            Body::Request(_) => {
+            Body::Request(r) => {
+                if r.sampling_ratio.is_some() && r.sampling_ratio != inst.sampling_ratio {
+                    inst.sampling_ratio = r.sampling_ratio;
+                    self.dirty = true;
+                }
                 let st_row = st.row.take();
                 if let Some(k) = st_row
                     && let Some(row) = inst.rows.get_mut(&k)
@@ -458,6 +465,7 @@ impl Assembler {
                     instance: id.clone(),
                     service_version: inst.version.clone(),
                     last_seen_ns: inst.last_seen_ns,
+                    sampling_ratio: inst.sampling_ratio,
                     running: inst
                         .requests
                         .values()

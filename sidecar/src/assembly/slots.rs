@@ -224,6 +224,8 @@ pub struct InstanceSnapshot {
     pub service_version: Option<Arc<str>>,
     /// When the sidecar last heard from it.
     pub last_seen_ns: i64,
+    /// The share of request traces it keeps, as its latest request span stated.
+    pub sampling_ratio: Option<f64>,
     /// Requests admitted and not finished.
     pub running: u64,
     /// Its rows, sorted by group, path, index.
@@ -255,6 +257,9 @@ pub struct InstanceView<'a> {
     pub service_version: Option<&'a str>,
     /// Seconds since the sidecar last heard from it.
     pub last_seen_s: f64,
+    /// The share of request traces the engine keeps (its latest request span's
+    /// `slotlight.trace.sampling_ratio`); below 1, every count here is of sampled requests.
+    pub sampling_ratio: Option<f64>,
     /// Requests admitted and not finished.
     pub running: u64,
     /// Rows.
@@ -273,6 +278,7 @@ impl SlotsSnapshot {
                     instance: &i.instance,
                     service_version: i.service_version.as_deref(),
                     last_seen_s: secs(now_ns - i.last_seen_ns).max(0.0),
+                    sampling_ratio: i.sampling_ratio,
                     running: i.running,
                     slots: i.rows.iter().map(|r| r.view(now_ns)).collect(),
                 })

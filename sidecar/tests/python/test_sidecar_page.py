@@ -137,6 +137,31 @@ def post_request_span(sidecar, instance, request_id, attrs):
         "attributes": [kv(ATTR["REQUEST_ID"], request_id), kv(ATTR["REQUEST_LEGS"], 0),
                        *(kv(ATTR[k], v) for k, v in attrs.items())],
     })
+def post_sampled_request(sidecar, instance, request_id, ratio):
+    """A finished request span stating the engine's sampling ratio, as hand-written OTLP/JSON."""
+    t1 = time.time_ns()
+    t0 = t1 - 1_000_000_000
+    body = {"resourceSpans": [{
+        "resource": {"attributes": [
+            {"key": ATTR["SERVICE_NAME"], "value": {"stringValue": ENGINE_SERVICE}},
+            {"key": ATTR["SERVICE_INSTANCE_ID"], "value": {"stringValue": instance}},
+        ]},
+        "scopeSpans": [{"spans": [{
+            "traceId": "1af7651916cd43dd8448eb211c80319c", "spanId": "c7ad6b7169203331",
+            "name": f"{OP_CHAT} m", "kind": 2,
+            "startTimeUnixNano": str(t0), "endTimeUnixNano": str(t1),
+            "attributes": [
+                {"key": ATTR["REQUEST_ID"], "value": {"stringValue": request_id}},
+                {"key": ATTR["TRACE_SAMPLING_RATIO"], "value": {"doubleValue": ratio}},
+            ],
+        }]}],
+    }]}
+    req = urllib.request.Request(
+        f"http://{sidecar.http}/v1/traces", data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
 
 
 def test_page_shows_a_slot_tile_over_sse(sidecar):
@@ -189,6 +214,15 @@ def test_page_shows_a_slot_tile_over_sse(sidecar):
                 "the turn's resume cell",
             )
             assert resume == f"{RESUME_DIVERGED} @37 · 32/40", resume
+            # An engine that samples its traces: the page says its counts are of sampled requests.
+            post_sampled_request(sidecar, "page-engine", "req-sampled", 0.25)
+            note = wait_until(
+                "(() => { const n = document.querySelector('section[data-instance=\"page-engine\"] .sampling');"
+                " return n && {ratio: n.dataset.samplingRatio, text: n.textContent}; })()",
+                "the sampling note",
+            )
+            assert note["ratio"] == "0.25"
+            assert "25%" in note["text"] and "sampled" in note["text"]
             # Self-contained: nothing but same-origin resources.
             urls = evaluate("performance.getEntriesByType('resource').map(e => e.name)")
             assert all(u.startswith(sidecar.url("")) for u in urls), urls

@@ -1,0 +1,343 @@
+//! `GET /metrics`: the Prometheus text format (0.0.4), or OpenMetrics 1.0 when the scraper
+//! asks for it, encoded by `prometheus-client` from one snapshot of every source taken at
+//! scrape time. `# HELP` is the contract's doc of each name.
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use slotlight_otel::attr::value;
+use slotlight_otel::metric::{self, engine, label};
+
+use super::group::{GroupSnapshot, OUTCOMES};
+use super::histogram::HistogramSnapshot;
+use super::requests::{RequestSnapshot, SeriesKey};
+
+/// The exporter's own state, for the telemetry-health metrics.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TelemetrySnapshot {
+    /// Spans exported.
+    pub spans_exported: u64,
+    /// Spans lost to failed exports.
+    pub spans_dropped: u64,
+    /// Failed exports.
+    pub export_failures: u64,
+    /// The share of traces the sampler keeps.
+    pub sampling_ratio: f64,
+}
+
+/// Everything one scrape reports, read once.
+#[derive(Debug, Clone, Default)]
+pub struct Scrape {
+    /// Each slot group's counters and gauges.
+    pub groups: Vec<GroupSnapshot>,
+    /// The HTTP layer's latencies and refusals.
+    pub requests: RequestSnapshot,
+    /// The exporter's counts.
+    pub telemetry: TelemetrySnapshot,
+}
+
+/// The `Content-Type` and format for an `Accept` header: OpenMetrics when it names
+/// `application/openmetrics-text`, else the Prometheus text format.
+pub fn negotiate(accept: Option<&str>) -> (bool, &'static str) {
+    if accept.is_some_and(|a| a.contains("application/openmetrics-text")) {
+        (
+            true,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )
+    } else {
+        (
+            false,
+            prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+        )
+    }
+}
+
+/// Renders `scrape` in OpenMetrics (with `# EOF`) or the Prometheus text format.
+pub fn render(scrape: Scrape, openmetrics: bool) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(scrape));
+    let mut out = String::with_capacity(16 << 10);
+    let written = if openmetrics {
+        prometheus_client::encoding::text::encode(&mut out, &registry)
+    } else {
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)
+    };
+    // Writing to a String cannot fail; an encoder error would be a bug in a label set.
+    if let Err(e) = written {
+        tracing::error!(error = %e, "Metrics.EncodeFailed");
+    }
+    out
+}
+
+fn help(name: &str) -> &'static str {
+    engine::ALL
+        .iter()
+        .chain(metric::ALL)
+        .find(|e| e.name == name)
+        .map_or("", |e| e.doc.trim())
+}
+
+/// The family's descriptor; a counter is described without its `_total`, which the encoder
+/// adds to each sample.
+fn family<'s>(
+    enc: &'s mut DescriptorEncoder<'_>,
+    name: &'static str,
+    t: MetricType,
+) -> Result<MetricEncoder<'s>, std::fmt::Error> {
+    let base = match t {
+        MetricType::Counter => name.strip_suffix("_total").unwrap_or(name),
+        _ => name,
+    };
+    enc.encode_descriptor(base, help(name), None, t)
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+fn counter(m: &mut MetricEncoder<'_>, labels: &Labels, v: u64) -> std::fmt::Result {
+    m.encode_family(labels)?
+        .encode_counter::<NoLabelSet, u64, u64>(&v, None)
+}
+
+fn gauge<V: prometheus_client::encoding::EncodeGaugeValue>(
+    m: &mut MetricEncoder<'_>,
+    labels: &Labels,
+    v: V,
+) -> std::fmt::Result {
+    m.encode_family(labels)?.encode_gauge(&v)
+}
+
+fn histogram(
+    m: &mut MetricEncoder<'_>,
+    labels: &Labels,
+    h: &HistogramSnapshot,
+) -> std::fmt::Result {
+    m.encode_family(labels)?
+        .encode_histogram::<NoLabelSet>(h.sum, h.count, &h.buckets, None)
+}
+
+fn group_labels(g: &GroupSnapshot) -> Labels {
+    vec![(label::SLOT_GROUP, g.group.to_string())]
+}
+
+/// The GenAI labels of a series (the request model only when known).
+fn genai_labels(k: &SeriesKey) -> Labels {
+    let mut l = vec![
+        (label::GEN_AI_OPERATION_NAME, k.0.to_string()),
+        (label::GEN_AI_PROVIDER_NAME, value::PROVIDER.to_string()),
+    ];
+    if !k.1.is_empty() {
+        l.push((label::GEN_AI_REQUEST_MODEL, k.1.clone()));
+    }
+    l.push((label::GEN_AI_RESPONSE_MODEL, k.2.clone()));
+    l
+}
+
+impl Scrape {
+    fn encode_groups(&self, enc: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
+        type G = fn(&GroupSnapshot) -> u64;
+        let gauges: [(&'static str, G); 4] = [
+            (engine::REQUESTS_WAITING, |g| g.waiting),
+            (engine::BATCH_SLOTS, |g| g.batch_slots as u64),
+            (engine::KV_BLOCKS, |g| g.kv_blocks),
+            (engine::KV_BLOCKS_USED, |g| g.kv_blocks_used),
+        ];
+        for (name, get) in gauges {
+            let mut m = family(enc, name, MetricType::Gauge)?;
+            for g in &self.groups {
+                gauge(&mut m, &group_labels(g), get(g))?;
+            }
+        }
+        {
+            let mut m = family(enc, engine::REQUESTS_RUNNING, MetricType::Gauge)?;
+            for g in &self.groups {
+                for (path, n) in [
+                    (value::PATH_SOLO, g.running_solo),
+                    (value::PATH_SLOT, g.running_slot),
+                ] {
+                    let mut l = group_labels(g);
+                    l.push((label::PATH, path.to_string()));
+                    gauge(&mut m, &l, n)?;
+                }
+            }
+        }
+        {
+            let mut m = family(enc, engine::KV_CACHE_USAGE, MetricType::Gauge)?;
+            for g in &self.groups {
+                gauge(&mut m, &group_labels(g), g.kv_usage())?;
+            }
+        }
+        let counters: [(&'static str, G); 7] = [
+            (engine::KV_EVICTED_BLOCKS, |g| g.kv_evicted),
+            (engine::PREEMPTIONS, |g| g.preemptions),
+            (engine::PREFIX_CACHE_QUERIED_TOKENS, |g| g.prefix_queried),
+            (engine::PREFIX_CACHE_HIT_TOKENS, |g| g.prefix_hits),
+            (engine::PROMPT_TOKENS, |g| g.prompt_tokens),
+            (engine::CACHED_TOKENS, |g| g.cached_tokens),
+            (engine::GENERATION_TOKENS, |g| g.generation_tokens),
+        ];
+        for (name, get) in counters {
+            let mut m = family(enc, name, MetricType::Counter)?;
+            for g in &self.groups {
+                counter(&mut m, &group_labels(g), get(g))?;
+            }
+        }
+        {
+            let mut m = family(enc, engine::REQUESTS_FINISHED, MetricType::Counter)?;
+            for g in &self.groups {
+                for ((finish, error), n) in OUTCOMES.iter().zip(g.finished) {
+                    let mut l = group_labels(g);
+                    l.push((label::FINISH_REASON, finish.to_string()));
+                    if let Some(e) = error {
+                        l.push((label::ERROR_TYPE, e.to_string()));
+                    }
+                    counter(&mut m, &l, n)?;
+                }
+            }
+        }
+        type H = fn(&GroupSnapshot) -> &HistogramSnapshot;
+        let hists: [(&'static str, H); 2] = [
+            (engine::STEP_DURATION, |g| &g.step_duration),
+            (engine::STEP_BATCH_SIZE, |g| &g.step_batch),
+        ];
+        for (name, get) in hists {
+            let mut m = family(enc, name, MetricType::Histogram)?;
+            for g in &self.groups {
+                histogram(&mut m, &group_labels(g), get(g))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn encode_requests(&self, enc: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
+        let r = &self.requests;
+        type H = fn(&super::requests::SeriesSnapshot) -> &HistogramSnapshot;
+        let ok_only: [(&'static str, H); 2] = [
+            (metric::TIME_TO_FIRST_TOKEN, |s| &s.ttft),
+            (metric::TIME_PER_OUTPUT_TOKEN, |s| &s.tpot),
+        ];
+        for (name, get) in ok_only {
+            let mut m = family(enc, name, MetricType::Histogram)?;
+            for s in &r.series {
+                histogram(&mut m, &genai_labels(&s.key), get(s))?;
+            }
+        }
+        {
+            let mut m = family(enc, metric::REQUEST_DURATION, MetricType::Histogram)?;
+            for s in &r.series {
+                for (error, h) in &s.duration {
+                    let mut l = genai_labels(&s.key);
+                    if let Some(e) = error {
+                        l.push((label::ERROR_TYPE, e.to_string()));
+                    }
+                    histogram(&mut m, &l, h)?;
+                }
+            }
+        }
+        {
+            let mut m = family(enc, engine::QUEUE_TIME, MetricType::Histogram)?;
+            for s in &r.series {
+                histogram(&mut m, &genai_labels(&s.key), &s.queue)?;
+            }
+        }
+        {
+            let mut m = family(enc, engine::REQUESTS_REFUSED, MetricType::Counter)?;
+            for (e, n) in &r.refused {
+                counter(&mut m, &vec![(label::ERROR_TYPE, e.to_string())], *n)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn encode_telemetry(&self, enc: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
+        let t = &self.telemetry;
+        for (name, v) in [
+            (engine::SPANS_EXPORTED, t.spans_exported),
+            (engine::SPANS_DROPPED, t.spans_dropped),
+            (engine::SPAN_EXPORT_FAILURES, t.export_failures),
+        ] {
+            family(enc, name, MetricType::Counter)?
+                .encode_counter::<NoLabelSet, u64, u64>(&v, None)?;
+        }
+        family(enc, engine::TRACE_SAMPLING_RATIO, MetricType::Gauge)?
+            .encode_gauge(&t.sampling_ratio)?;
+        Ok(())
+    }
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> std::fmt::Result {
+        self.encode_groups(&mut enc)?;
+        self.encode_requests(&mut enc)?;
+        self.encode_telemetry(&mut enc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::group::GroupMetrics;
+    use crate::metrics::requests::{Observation, RequestMetrics};
+    use std::time::Duration;
+
+    fn scrape() -> Scrape {
+        let g = GroupMetrics::new(0, 4);
+        g.enter_queue(2);
+        g.publish(1, 0, 64, 3, 0);
+        g.count_token();
+        g.observe_step(Duration::from_millis(3), 1);
+        let r = RequestMetrics::default();
+        r.observe(&Observation {
+            operation: "chat",
+            request_model: Some("m"),
+            response_model: "m",
+            error_type: None,
+            ttft: Some(0.03),
+            tpot: Some(0.01),
+            duration: 0.5,
+            queue: Some(0.001),
+        });
+        r.count_refused("overloaded");
+        Scrape {
+            groups: vec![g.snapshot()],
+            requests: r.snapshot(),
+            telemetry: TelemetrySnapshot {
+                sampling_ratio: 1.0,
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn prometheus_text_names_every_family_with_its_samples() {
+        let text = render(scrape(), false);
+        assert!(!text.contains("# EOF"));
+        for line in [
+            "slotlight_engine_requests_waiting{slot_group=\"0\"} 2\n",
+            "slotlight_engine_requests_running{slot_group=\"0\",path=\"solo\"} 1\n",
+            "slotlight_engine_generation_tokens_total{slot_group=\"0\"} 1\n",
+            "# TYPE slotlight_engine_generation_tokens_total counter\n",
+            "slotlight_engine_requests_refused_total{error_type=\"overloaded\"} 1\n",
+            "slotlight_engine_step_batch_size_bucket{slot_group=\"0\",le=\"1\"} 1\n",
+        ] {
+            assert!(text.contains(line), "{line:?} missing from:\n{text}");
+        }
+        let ttft = metric::TIME_TO_FIRST_TOKEN;
+        assert!(
+            text.contains(&format!(
+                "{ttft}_bucket{{gen_ai_operation_name=\"chat\",gen_ai_provider_name=\"slotlight\",gen_ai_request_model=\"m\",gen_ai_response_model=\"m\",le=\"0.04\"}} 1\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains("slotlight_engine_kv_cache_usage_ratio{slot_group=\"0\"} 0.046875\n")
+        );
+    }
+
+    #[test]
+    fn openmetrics_ends_with_eof_and_names_counter_families_without_total() {
+        let text = render(scrape(), true);
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert!(text.contains("# TYPE slotlight_engine_generation_tokens counter\n"));
+    }
+}

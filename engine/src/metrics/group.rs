@@ -1,0 +1,261 @@
+//! One slot group's counters and gauges, owned by its step loop.
+//!
+//! The step loop is the only writer of everything here except [`GroupMetrics::enter_queue`],
+//! which the engine handle calls when it routes a request to the group (the request waits
+//! from then on, even before the loop has taken it from its channel). Readers (the `/metrics`
+//! handler, the OTLP reader) load the atomics at scrape time. Nothing here is per request: a
+//! request's own timing travels with it, never through these.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use slotlight_otel::attr::value;
+use slotlight_otel::metric::buckets;
+
+use super::histogram::{AtomicHistogram, HistogramSnapshot};
+use crate::scheduler::FinishReason;
+
+/// How a request left a step loop: `(finish_reason, error_type)`. Every label pair
+/// [`GroupMetrics`] can count, so that each is exported from the start.
+pub const OUTCOMES: [(&str, Option<&str>); 7] = [
+    (value::FINISH_STOP, None),
+    (value::FINISH_LENGTH, None),
+    (value::FINISH_CANCELLED, Some(value::ERROR_CANCELLED)),
+    (value::FINISH_ERROR, Some(value::ERROR_SHUTDOWN)),
+    (value::FINISH_ERROR, Some(value::ERROR_INTERNAL)),
+    (value::FINISH_ERROR, Some(value::ERROR_KV_CACHE_EXHAUSTED)),
+    (value::FINISH_ERROR, Some(value::ERROR_VALIDATION)),
+];
+
+fn outcome_index(r: &FinishReason) -> usize {
+    let key = (r.as_str(), r.error_type());
+    // An error label not listed above counts as internal (the list covers every label
+    // `EngineError::label` gives today).
+    OUTCOMES.iter().position(|o| *o == key).unwrap_or(4)
+}
+
+/// The counters and gauges of one slot group.
+#[derive(Debug)]
+pub struct GroupMetrics {
+    group: usize,
+    batch_slots: usize,
+    waiting: AtomicI64,
+    running_solo: AtomicU64,
+    running_slot: AtomicU64,
+    kv_blocks: AtomicU64,
+    kv_blocks_used: AtomicU64,
+    kv_evicted: AtomicU64,
+    preemptions: AtomicU64,
+    prefix_queried: AtomicU64,
+    prefix_hits: AtomicU64,
+    prompt_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
+    generation_tokens: AtomicU64,
+    finished: [AtomicU64; OUTCOMES.len()],
+    step_duration: AtomicHistogram,
+    step_batch: AtomicHistogram,
+}
+
+/// What a group's metrics held when they were read.
+#[derive(Debug, Clone)]
+pub struct GroupSnapshot {
+    /// The group's index (`slot_group`).
+    pub group: usize,
+    /// Batch slots (`--batch`).
+    pub batch_slots: usize,
+    /// Requests waiting for admission (new and preempted).
+    pub waiting: u64,
+    /// Requests running on the solo path.
+    pub running_solo: u64,
+    /// Requests running in batch slots.
+    pub running_slot: u64,
+    /// KV blocks in all.
+    pub kv_blocks: u64,
+    /// KV blocks held by running requests.
+    pub kv_blocks_used: u64,
+    /// Cached prefix blocks evicted.
+    pub kv_evicted: u64,
+    /// Preemptions.
+    pub preemptions: u64,
+    /// Prompt tokens looked up in the prefix cache.
+    pub prefix_queried: u64,
+    /// Of those, found.
+    pub prefix_hits: u64,
+    /// Prompt tokens of admitted requests.
+    pub prompt_tokens: u64,
+    /// Prompt tokens served from the cache at first admission.
+    pub cached_tokens: u64,
+    /// Tokens generated.
+    pub generation_tokens: u64,
+    /// Requests finished, one count per entry of [`OUTCOMES`].
+    pub finished: [u64; OUTCOMES.len()],
+    /// Forward step durations, seconds.
+    pub step_duration: HistogramSnapshot,
+    /// Requests per forward step.
+    pub step_batch: HistogramSnapshot,
+}
+
+impl GroupSnapshot {
+    /// KV usage: blocks used over blocks in all (0 without blocks).
+    #[allow(clippy::cast_precision_loss)] // block counts are far below 2^53
+    pub fn kv_usage(&self) -> f64 {
+        if self.kv_blocks == 0 {
+            0.0
+        } else {
+            self.kv_blocks_used as f64 / self.kv_blocks as f64
+        }
+    }
+}
+
+fn load(a: &AtomicU64) -> u64 {
+    a.load(Ordering::Relaxed)
+}
+
+fn add(a: &AtomicU64, n: usize) {
+    a.fetch_add(n as u64, Ordering::Relaxed);
+}
+
+impl GroupMetrics {
+    /// Empty metrics of group `group`, which has `batch_slots` slots.
+    pub fn new(group: usize, batch_slots: usize) -> Self {
+        Self {
+            group,
+            batch_slots,
+            waiting: AtomicI64::new(0),
+            running_solo: AtomicU64::new(0),
+            running_slot: AtomicU64::new(0),
+            kv_blocks: AtomicU64::new(0),
+            kv_blocks_used: AtomicU64::new(0),
+            kv_evicted: AtomicU64::new(0),
+            preemptions: AtomicU64::new(0),
+            prefix_queried: AtomicU64::new(0),
+            prefix_hits: AtomicU64::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            cached_tokens: AtomicU64::new(0),
+            generation_tokens: AtomicU64::new(0),
+            finished: Default::default(),
+            step_duration: AtomicHistogram::new(buckets::STEP_DURATION),
+            step_batch: AtomicHistogram::new(buckets::STEP_BATCH_SIZE),
+        }
+    }
+
+    /// The group's index.
+    pub fn group(&self) -> usize {
+        self.group
+    }
+
+    /// `n` requests join the group's queue (routed to it, or preempted back into it).
+    pub fn enter_queue(&self, n: usize) {
+        self.waiting
+            .fetch_add(i64::try_from(n).unwrap_or(i64::MAX), Ordering::Relaxed);
+    }
+
+    /// One request leaves the group's queue (admitted, cancelled, refused or aborted).
+    pub fn leave_queue(&self) {
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Publishes what runs now and the KV cache's state (the step loop, once per iteration).
+    pub fn publish(
+        &self,
+        solo: usize,
+        slot: usize,
+        kv_blocks: usize,
+        kv_used: usize,
+        evicted: u64,
+    ) {
+        let set = |a: &AtomicU64, v: u64| a.store(v, Ordering::Relaxed);
+        set(&self.running_solo, solo as u64);
+        set(&self.running_slot, slot as u64);
+        set(&self.kv_blocks, kv_blocks as u64);
+        set(&self.kv_blocks_used, kv_used as u64);
+        set(&self.kv_evicted, evicted);
+    }
+
+    /// A request is preempted.
+    pub fn count_preemption(&self) {
+        add(&self.preemptions, 1);
+    }
+
+    /// An admission looked up `queried` prompt tokens in the prefix cache and found `hits`.
+    pub fn count_prefix_lookup(&self, queried: usize, hits: usize) {
+        add(&self.prefix_queried, queried);
+        add(&self.prefix_hits, hits);
+    }
+
+    /// A request's first admission: its prompt, and what of it the cache held.
+    pub fn count_prompt(&self, prompt: usize, cached: usize) {
+        add(&self.prompt_tokens, prompt);
+        add(&self.cached_tokens, cached);
+    }
+
+    /// One token sampled.
+    pub fn count_token(&self) {
+        add(&self.generation_tokens, 1);
+    }
+
+    /// A request (one choice) finished.
+    pub fn count_finished(&self, reason: &FinishReason) {
+        add(&self.finished[outcome_index(reason)], 1);
+    }
+
+    /// One forward step of `batch` requests took `duration`.
+    #[allow(clippy::cast_precision_loss)] // batch sizes are far below 2^53
+    pub fn observe_step(&self, duration: Duration, batch: usize) {
+        self.step_duration.observe(duration.as_secs_f64());
+        self.step_batch.observe(batch as f64);
+    }
+
+    /// Everything now.
+    pub fn snapshot(&self) -> GroupSnapshot {
+        GroupSnapshot {
+            group: self.group,
+            batch_slots: self.batch_slots,
+            // Unsigned for readers: a read between a request's admission and the matching
+            // routing increment on another thread could see one less than zero.
+            waiting: u64::try_from(self.waiting.load(Ordering::Relaxed)).unwrap_or(0),
+            running_solo: load(&self.running_solo),
+            running_slot: load(&self.running_slot),
+            kv_blocks: load(&self.kv_blocks),
+            kv_blocks_used: load(&self.kv_blocks_used),
+            kv_evicted: load(&self.kv_evicted),
+            preemptions: load(&self.preemptions),
+            prefix_queried: load(&self.prefix_queried),
+            prefix_hits: load(&self.prefix_hits),
+            prompt_tokens: load(&self.prompt_tokens),
+            cached_tokens: load(&self.cached_tokens),
+            generation_tokens: load(&self.generation_tokens),
+            finished: std::array::from_fn(|i| load(&self.finished[i])),
+            step_duration: self.step_duration.snapshot(),
+            step_batch: self.step_batch.snapshot(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::EngineError;
+
+    #[test]
+    fn every_finish_reason_has_its_own_outcome() {
+        let m = GroupMetrics::new(0, 4);
+        m.count_finished(&FinishReason::Stop);
+        m.count_finished(&FinishReason::Cancelled);
+        m.count_finished(&FinishReason::Error(EngineError::ShuttingDown));
+        m.count_finished(&FinishReason::Error(EngineError::Lost));
+        let f = m.snapshot().finished;
+        assert_eq!(f, [1, 0, 1, 1, 1, 0, 0]);
+    }
+
+    #[test]
+    fn the_queue_gauge_follows_entries_and_exits() {
+        let m = GroupMetrics::new(0, 4);
+        m.enter_queue(3);
+        m.leave_queue();
+        assert_eq!(m.snapshot().waiting, 2);
+        m.leave_queue();
+        m.leave_queue();
+        assert_eq!(m.snapshot().waiting, 0);
+    }
+}

@@ -1,0 +1,19 @@
+//! The engine's own metrics: saturation and work per slot group, request latencies and
+//! refusals, and the exporter's health, served on `GET /metrics` (see [`exposition`]).
+//!
+//! Counted where the work happens, read elsewhere: each slot group's step loop owns its
+//! [`GroupMetrics`] (atomics; no lock shared between groups), the HTTP layer owns
+//! [`RequestMetrics`] (each request's task observes its own finished usage once), and the
+//! `/metrics` handler reads both at scrape time. Nothing reads per-request timing back from
+//! them. Every name is a constant of [`slotlight_otel::metric::engine`] (or a GenAI histogram
+//! of [`slotlight_otel::metric`]), and every count is exact whatever the trace sampler keeps.
+
+pub mod exposition;
+pub mod group;
+pub mod histogram;
+pub mod requests;
+
+pub use exposition::{Scrape, TelemetrySnapshot, negotiate, render};
+pub use group::{GroupMetrics, GroupSnapshot};
+pub use histogram::{AtomicHistogram, HistogramSnapshot};
+pub use requests::{Observation, RequestMetrics, RequestSnapshot};

@@ -1,0 +1,221 @@
+"""The engine's own `GET /metrics`, against a real engine process on loopback.
+
+- the exposition passes `promtool check metrics` (Prometheus text), and OpenMetrics is served
+  when the scraper asks for it;
+- `/metrics` is behind `--api-key` unless `--metrics-public`;
+- under 64 concurrent clients the waiting gauge rises above 0, then every gauge returns to its
+  idle value;
+- the counters equal what the test sent: finished requests by finish reason, refusals by
+  `error_type`, tokens, and one request-duration observation per request.
+
+Metric names come from otel/CONTRACT.md (ENGINE_METRIC, METRIC).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+import subprocess
+import threading
+import time
+
+import pytest
+
+from metrics_text import Samples, scrape
+from procs import EngineProcess, http_json, require_model
+from sidecar_support import ENGINE_METRIC, METRIC
+
+KEY = "metrics-test-key"
+AUTH = {"authorization": f"Bearer {KEY}"}
+REQUIRE_TOOLS = os.environ.get("SLOTLIGHT_REQUIRE_TOOLS") == "1"
+
+WAITING = ENGINE_METRIC["REQUESTS_WAITING"]
+RUNNING = ENGINE_METRIC["REQUESTS_RUNNING"]
+KV_USAGE = ENGINE_METRIC["KV_CACHE_USAGE"]
+KV_USED = ENGINE_METRIC["KV_BLOCKS_USED"]
+FINISHED = ENGINE_METRIC["REQUESTS_FINISHED"]
+REFUSED = ENGINE_METRIC["REQUESTS_REFUSED"]
+PROMPT = ENGINE_METRIC["PROMPT_TOKENS"]
+CACHED = ENGINE_METRIC["CACHED_TOKENS"]
+GENERATED = ENGINE_METRIC["GENERATION_TOKENS"]
+QUEUE = ENGINE_METRIC["QUEUE_TIME"]
+DURATION = METRIC["REQUEST_DURATION"]
+TTFT = METRIC["TIME_TO_FIRST_TOKEN"]
+
+# error.type of each refusal status the tests provoke (the labels of the contract's
+# `error.type` values: an invalid request, no such model, the queue was full).
+ERROR_TYPE_OF_STATUS = {400: "validation", 404: "not_found", 429: "overloaded"}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    require_model()
+    e = EngineProcess("--batch", "4", "--max-queue", "48", api_key=KEY)
+    yield e
+    e.close()
+
+
+def metrics(e: EngineProcess) -> Samples:
+    code, _, body = scrape(e.base, key=KEY)
+    assert code == 200, body
+    return Samples(body)
+
+
+def chat(e: EngineProcess, body: dict):
+    return http_json("POST", e.base + "/v1/chat/completions", {"model": e.model, **body}, AUTH, timeout=300)
+
+
+def ask(n: int, max_tokens: int = 8) -> dict:
+    return {"messages": [{"role": "user", "content": f"Count to {n}."}], "max_tokens": max_tokens}
+
+
+def test_prometheus_text_passes_promtool_and_openmetrics_is_served_on_request(engine):
+    assert chat(engine, ask(3))[0] == 200
+    assert chat(engine, {"messages": []})[0] == 400
+    code, ctype, text = scrape(engine.base, key=KEY)
+    assert code == 200 and ctype.startswith("text/plain; version=0.0.4"), ctype
+    s = Samples(text)
+    for name in (WAITING, RUNNING, KV_USAGE, FINISHED, REFUSED, DURATION, TTFT, QUEUE):
+        assert s.has(name) or s.has(name + "_count"), f"{name} missing:\n{text}"
+    assert "# EOF" not in text
+
+    code, ctype, om = scrape(engine.base, key=KEY, accept="application/openmetrics-text; version=1.0.0")
+    assert code == 200 and ctype.startswith("application/openmetrics-text"), ctype
+    assert om.endswith("# EOF\n")
+    assert f"# TYPE {GENERATED.removesuffix('_total')} counter" in om
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if REQUIRE_TOOLS:
+            pytest.fail("promtool not found (Debian package `prometheus`) (SLOTLIGHT_REQUIRE_TOOLS=1)")
+        pytest.skip("promtool not found (Debian package `prometheus`)")
+    r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    report = (r.stdout + r.stderr).strip()
+    assert r.returncode == 0 and not report, f"promtool ({r.returncode}):\n{report}\n--- exposition ---\n{text}"
+
+
+def test_metrics_need_the_api_key_unless_public(engine):
+    assert scrape(engine.base)[0] == 401
+    assert scrape(engine.base, key="wrong")[0] == 401
+    assert scrape(engine.base, key=KEY)[0] == 200
+    public = EngineProcess("--metrics-public", api_key=KEY)
+    try:
+        assert scrape(public.base)[0] == 200
+        # Only /metrics is opened: the API still wants the key.
+        assert http_json("GET", public.base + "/v1/requests")[0] == 401
+    finally:
+        public.close()
+
+
+def test_gauges_rise_under_load_and_return_to_idle_and_counters_equal_what_was_sent(engine):
+    idle = metrics(engine)
+    assert idle.total(WAITING) == 0 and idle.total(RUNNING) == 0
+    idle_kv = idle.total(KV_USAGE)
+
+    clients = 64
+    seen = {"waiting": 0.0, "running": 0.0, "kv": 0.0}
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            s = metrics(engine)
+            seen["waiting"] = max(seen["waiting"], s.total(WAITING))
+            seen["running"] = max(seen["running"], s.total(RUNNING))
+            seen["kv"] = max(seen["kv"], s.total(KV_USAGE))
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        answers = list(pool.map(lambda i: chat(engine, ask(i, 16)), range(clients)))
+    stop.set()
+    watcher.join()
+    # Refusals the test makes on purpose: an invalid body, an unknown model.
+    answers.append(chat(engine, {"messages": []}))
+    answers.append(chat(engine, {"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}))
+
+    assert seen["waiting"] > 0, seen
+    assert seen["running"] >= 1, seen
+    assert seen["kv"] > idle_kv, seen
+
+    # Every gauge goes back to idle once the last request is done (the loop publishes after
+    # each step; a few scrapes may still see the last one).
+    for _ in range(500):
+        after = metrics(engine)
+        if after.total(WAITING) == 0 and after.total(RUNNING) == 0 and after.total(KV_USED) == idle.total(KV_USED):
+            break
+        time.sleep(0.02)
+    assert after.total(WAITING) == 0, after.text
+    assert after.total(RUNNING) == 0, after.text
+    assert after.total(KV_USAGE) == idle_kv, after.text
+
+    def delta(name: str, **labels: str) -> float:
+        return after.total(name, **labels) - idle.total(name, **labels)
+
+    served = [a for code, a in answers if code == 200]
+    refused = [code for code, _ in answers if code != 200]
+    assert all(c in ERROR_TYPE_OF_STATUS for c in refused), refused
+    by_reason: dict[str, int] = {}
+    for a in served:
+        r = a["choices"][0]["finish_reason"]
+        by_reason[r] = by_reason.get(r, 0) + 1
+    for reason in ("stop", "length"):
+        assert delta(FINISHED, finish_reason=reason) == by_reason.get(reason, 0), (reason, by_reason)
+    assert delta(FINISHED) == len(served)
+    for code, error_type in ERROR_TYPE_OF_STATUS.items():
+        assert delta(REFUSED, error_type=error_type) == refused.count(code), (error_type, refused)
+    assert delta(GENERATED) == sum(a["usage"]["completion_tokens"] for a in served)
+    assert delta(PROMPT) == sum(a["usage"]["prompt_tokens"] for a in served)
+    assert delta(CACHED) == sum(a["usage"]["prompt_tokens_details"]["cached_tokens"] for a in served)
+    # One duration per request answered (served or refused), one TTFT and one queue time per
+    # served request.
+    assert delta(DURATION + "_count") == len(answers)
+    assert delta(TTFT + "_count") == len(served)
+    assert delta(QUEUE + "_count") == len(served)
+    assert delta(DURATION + "_count", error_type="overloaded") == refused.count(429)
+
+
+def test_with_a_ratio_sampler_the_engine_counts_every_request_and_the_sidecar_says_what_it_saw():
+    """`OTEL_TRACES_SAMPLER=traceidratio` at 0.5: the engine keeps the traces whose id's low 63
+    bits fall below half their range (the SDK's rule), so the test chooses ids on both sides
+    through `traceparent` and knows which requests the sidecar may see."""
+    require_model()
+    from procs import SidecarProcess
+
+    sidecar = SidecarProcess()
+    engine = EngineProcess(
+        otlp=f"http://{sidecar.grpc}",
+        env={"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5"},
+    )
+    try:
+        kept, dropped = [], []
+        for i in range(8):
+            keep = i % 2 == 1  # the last request is a kept one
+            trace_id = f"{i + 1:016x}" + ("0000000000000002" if keep else "fffffffffffffffe")
+            (kept if keep else dropped).append(trace_id)
+            code, _ = engine.post(
+                "/v1/chat/completions",
+                {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+                {"traceparent": f"00-{trace_id}-{i + 1:016x}-01"},
+            )
+            assert code == 200
+        # Spans leave the engine in the order their requests finished: once the last kept
+        # request is in, every kept one is, and a dropped one would have come before it.
+        turns = sidecar.wait_for("/v1/turns", lambda v: kept[-1] in {t["trace_id"] for t in v["turns"]}, "the last kept request")
+        assert sorted(t["trace_id"] for t in turns["turns"]) == sorted(kept)
+
+        e = Samples(scrape(engine.base)[2])
+        assert e.total(FINISHED) == len(kept) + len(dropped), e.text
+        assert e.total(DURATION + "_count") == len(kept) + len(dropped)
+        assert e.total(ENGINE_METRIC["TRACE_SAMPLING_RATIO"]) == 0.5
+
+        s = Samples(sidecar.get("/metrics"))
+        assert s.total(METRIC["REQUESTS"]) == len(kept), s.text
+        assert s.total(DURATION + "_count") == len(kept)
+        instance = sidecar.get("/v1/slots")["instances"][0]
+        assert instance["sampling_ratio"] == 0.5
+        assert s.total(METRIC["SIDECAR_TRACE_SAMPLING_RATIO"], service_instance_id=instance["instance"]) == 0.5
+    finally:
+        engine.close()
+        sidecar.close()
