@@ -38,9 +38,12 @@ names) is in [otel/CONTRACT.md](../otel/CONTRACT.md).
 | `OTEL_EXPORTER_OTLP_PROTOCOL`, `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` | engine | `grpc` (default) or `http/protobuf` |
 | `OTEL_SERVICE_NAME` | engine | service name (default `slotlight-engine`; the sidecar reads spans of `slotlight-engine` only) |
 | `OTEL_RESOURCE_ATTRIBUTES` | engine | extra resource attributes; `service.instance.id` here overrides the generated one |
-| `OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG` | engine | sampling (default: always on) |
-| `OTEL_SDK_DISABLED` | engine | `true` exports nothing (same as `--no-telemetry`) |
+| `OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG` | engine | sampling, e.g. `traceidratio` and `0.5` (default `parentbased_always_on`); request spans state the ratio, the engine's `/metrics` counts every request whatever it is ([metrics.md](metrics.md)) |
+| `OTEL_SDK_DISABLED` | engine | `true` exports nothing, spans or metrics (`--no-telemetry` stops spans only) |
 | `OTEL_BSP_SCHEDULE_DELAY` | engine | export interval in ms (default 200) |
+| `OTEL_METRICS_EXPORTER` | engine | `otlp` also pushes the engine's metrics over OTLP (default: none; `GET /metrics` serves them either way) |
+| `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`, `OTEL_EXPORTER_OTLP_METRICS_PROTOCOL` | engine | where metrics go (default: as spans; `--otlp-endpoint` and `--otlp-protocol` apply to both) |
+| `OTEL_METRIC_EXPORT_INTERVAL` | engine | metrics push interval in ms (default 60000) |
 | `RUST_LOG` | both | log filter (default `info`) |
 """
 

@@ -6,8 +6,8 @@
 //!
 //! The exporter is configured by the standard variables (`OTEL_EXPORTER_OTLP_ENDPOINT`,
 //! `OTEL_EXPORTER_OTLP_PROTOCOL`, `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`,
-//! `OTEL_TRACES_SAMPLER`, `OTEL_SDK_DISABLED`, `OTEL_BSP_SCHEDULE_DELAY`) and by flags, which
-//! win. Spans are exported every 200 ms by default so that live views stay live. Export runs on
+//! `OTEL_TRACES_SAMPLER`, `OTEL_SDK_DISABLED`, `OTEL_BSP_SCHEDULE_DELAY`, and for metrics
+//! `OTEL_METRICS_EXPORTER`, `OTEL_METRIC_EXPORT_INTERVAL`) and by flags, which win. Spans are exported every 200 ms by default so that live views stay live. Export runs on
 //! the batch processor's own thread and a bounded queue: a dead collector never slows serving;
 //! its failure is logged once and the spans it lost are counted.
 
@@ -17,15 +17,19 @@ use std::time::Duration;
 
 use opentelemetry::KeyValue;
 use opentelemetry::global::BoxedTracer;
+use opentelemetry::metrics::{Meter, MeterProvider as _};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider, SpanData, SpanExporter,
 };
 use serde::Serialize;
 use slotlight_otel::attr;
+
+use crate::metrics::TelemetrySnapshot;
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -148,6 +152,8 @@ pub struct Telemetry {
     endpoint: Option<String>,
     /// The share of request traces the sampler keeps (0 when disabled).
     sampling_ratio: f64,
+    /// The OTLP metrics pipeline, with `OTEL_METRICS_EXPORTER=otlp`.
+    meter_provider: Option<SdkMeterProvider>,
     /// This process's `service.instance.id`.
     pub instance_id: String,
 }
@@ -208,6 +214,7 @@ impl Telemetry {
             stats: Arc::default(),
             endpoint: None,
             sampling_ratio: 0.0,
+            meter_provider: None,
             instance_id: new_instance_id(),
         }
     }
@@ -222,8 +229,35 @@ impl Telemetry {
             stats: Arc::default(),
             endpoint: None,
             sampling_ratio: 1.0,
+            meter_provider: None,
             instance_id,
         }
+    }
+
+    /// Exports metrics through `provider` too (tests pass one with an in-memory exporter).
+    pub fn with_meter_provider(mut self, provider: SdkMeterProvider) -> Self {
+        self.meter_provider = Some(provider);
+        self
+    }
+
+    /// The meter the engine's instruments go on, when OTLP metrics are on.
+    pub fn meter(&self) -> Option<Meter> {
+        self.meter_provider
+            .as_ref()
+            .map(|p| p.meter("slotlight-engine"))
+    }
+
+    /// A reader of the exporter's counts and the sampling ratio, for the metrics (it holds
+    /// the counters, not the telemetry).
+    pub fn snapshot_source(&self) -> Arc<dyn Fn() -> TelemetrySnapshot + Send + Sync> {
+        let stats = Arc::clone(&self.stats);
+        let sampling_ratio = self.sampling_ratio;
+        Arc::new(move || TelemetrySnapshot {
+            spans_exported: stats.exported.load(Ordering::Relaxed),
+            spans_dropped: stats.dropped.load(Ordering::Relaxed),
+            export_failures: stats.failures.load(Ordering::Relaxed),
+            sampling_ratio,
+        })
     }
 
     /// States the share of traces the provider's sampler keeps.
@@ -248,22 +282,35 @@ impl Telemetry {
         }
     }
 
-    /// Flushes pending spans and shuts the exporter down (off the async runtime's threads).
+    /// Flushes pending spans and metrics and shuts the exporters down (off the async
+    /// runtime's threads).
     pub async fn shutdown(&self) {
-        if let Some(p) = self.provider.clone() {
-            let _ = tokio::task::spawn_blocking(move || {
+        let (traces, metrics) = (self.provider.clone(), self.meter_provider.clone());
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(m) = metrics {
+                let _ = m.force_flush();
+                let _ = m.shutdown();
+            }
+            if let Some(p) = traces {
                 let _ = p.force_flush();
                 let _ = p.shutdown();
-            })
-            .await;
-        }
+            }
+        })
+        .await;
     }
 
-    /// Flushes pending spans now.
+    /// Flushes pending spans and metrics now.
     pub async fn flush(&self) {
-        if let Some(p) = self.provider.clone() {
-            let _ = tokio::task::spawn_blocking(move || p.force_flush()).await;
-        }
+        let (traces, metrics) = (self.provider.clone(), self.meter_provider.clone());
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(m) = metrics {
+                let _ = m.force_flush();
+            }
+            if let Some(p) = traces {
+                let _ = p.force_flush();
+            }
+        })
+        .await;
     }
 }
 
@@ -314,13 +361,14 @@ fn env_first(names: &[&str]) -> Option<String> {
     names.iter().find_map(|n| std::env::var(n).ok())
 }
 
-/// Telemetry as flags and the standard variables ask: none with `--no-telemetry` or
+/// Telemetry as flags and the standard variables ask: no spans with `--no-telemetry` or
 /// `OTEL_SDK_DISABLED=true`, else spans over OTLP with the protocol and endpoint given (flags
-/// win over `OTEL_EXPORTER_OTLP_TRACES_*`, which win over `OTEL_EXPORTER_OTLP_*`). Must run
+/// win over `OTEL_EXPORTER_OTLP_TRACES_*`, which win over `OTEL_EXPORTER_OTLP_*`); metrics
+/// over OTLP as well with `OTEL_METRICS_EXPORTER=otlp` (see [`otlp_metrics`]). Must run
 /// inside a tokio runtime (the gRPC client needs one).
 pub fn from_config(cfg: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
     if cfg.disabled || env_true("OTEL_SDK_DISABLED") {
-        return Ok(Telemetry::disabled());
+        return with_env_metrics(Telemetry::disabled(), cfg);
     }
     let protocol = cfg
         .protocol
@@ -338,10 +386,88 @@ pub fn from_config(cfg: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
             "OTEL_EXPORTER_OTLP_ENDPOINT",
         ])
     });
-    match protocol {
+    let telemetry = match protocol {
         OtlpProtocol::Grpc => otlp_grpc(endpoint.as_deref()),
         OtlpProtocol::HttpProtobuf => otlp_http(endpoint.as_deref()),
+    }?;
+    with_env_metrics(telemetry, cfg)
+}
+
+/// Adds OTLP metrics when `OTEL_METRICS_EXPORTER` names `otlp` (unset or `none`: no metrics
+/// are pushed; `GET /metrics` serves them either way). The protocol and endpoint are the
+/// flags', else `OTEL_EXPORTER_OTLP_METRICS_*`, else `OTEL_EXPORTER_OTLP_*`; the interval is
+/// `OTEL_METRIC_EXPORT_INTERVAL` (ms, default 60 s).
+fn with_env_metrics(
+    mut telemetry: Telemetry,
+    cfg: &TelemetryConfig,
+) -> Result<Telemetry, TelemetryError> {
+    let wanted = std::env::var("OTEL_METRICS_EXPORTER")
+        .is_ok_and(|v| v.split(',').any(|e| e.trim() == "otlp"));
+    if !wanted || env_true("OTEL_SDK_DISABLED") {
+        return Ok(telemetry);
     }
+    let protocol = cfg
+        .protocol
+        .clone()
+        .or_else(|| {
+            env_first(&[
+                "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+                "OTEL_EXPORTER_OTLP_PROTOCOL",
+            ])
+        })
+        .map_or(Ok(OtlpProtocol::Grpc), |p| OtlpProtocol::parse(&p))?;
+    let endpoint = cfg.endpoint.clone().or_else(|| {
+        env_first(&[
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+        ])
+    });
+    telemetry.meter_provider = Some(otlp_metrics(
+        protocol,
+        endpoint.as_deref(),
+        &telemetry.instance_id,
+    )?);
+    Ok(telemetry)
+}
+
+/// Metrics over OTLP with `protocol` to `endpoint` (defaults as for spans), pushed every
+/// `OTEL_METRIC_EXPORT_INTERVAL` by the periodic reader's own thread, cumulative. Must run
+/// inside a tokio runtime for gRPC.
+pub fn otlp_metrics(
+    protocol: OtlpProtocol,
+    endpoint: Option<&str>,
+    instance_id: &str,
+) -> Result<SdkMeterProvider, TelemetryError> {
+    let (exporter, transport, endpoint) = match protocol {
+        OtlpProtocol::Grpc => {
+            let endpoint = endpoint.unwrap_or("http://127.0.0.1:4317").to_string();
+            let e = opentelemetry_otlp::MetricExporter::builder()
+                .with_tonic()
+                .with_endpoint(endpoint.clone())
+                .with_timeout(Duration::from_secs(2))
+                .build();
+            (e, "gRPC", endpoint)
+        }
+        OtlpProtocol::HttpProtobuf => {
+            let endpoint = http_url(endpoint.unwrap_or("http://127.0.0.1:4318"), "metrics");
+            let e = opentelemetry_otlp::MetricExporter::builder()
+                .with_http()
+                .with_protocol(Protocol::HttpBinary)
+                .with_endpoint(endpoint.clone())
+                .with_timeout(Duration::from_secs(2))
+                .build();
+            (e, "HTTP", endpoint)
+        }
+    };
+    let exporter = exporter.map_err(|source| TelemetryError::Exporter {
+        transport,
+        endpoint,
+        source,
+    })?;
+    Ok(SdkMeterProvider::builder()
+        .with_reader(PeriodicReader::builder(exporter).build())
+        .with_resource(resource(instance_id))
+        .build())
 }
 
 /// Spans over OTLP/gRPC to `endpoint` (default `http://127.0.0.1:4317`). Must run inside a
@@ -432,6 +558,7 @@ fn exporting<E: SpanExporter + 'static>(exporter: E, endpoint: String) -> Teleme
         stats,
         endpoint: Some(endpoint),
         sampling_ratio,
+        meter_provider: None,
         instance_id,
     }
 }

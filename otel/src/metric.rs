@@ -66,7 +66,9 @@ crate::contract! {
     SIDECAR_TRACES_IN_FLIGHT = "slotlight_sidecar_traces_in_flight", "gauge", "{trace}";
     /// Gauge (sidecar), per `service_instance_id`: the share of request traces that engine keeps, as its latest request span stated (`slotlight.trace.sampling_ratio`). Below 1, every count above is of the sampled requests only; the engine's own metrics count them all.
     SIDECAR_TRACE_SAMPLING_RATIO = "slotlight_sidecar_trace_sampling_ratio", "gauge", "1";
-    /// Counter (sidecar): export requests forwarded upstream with `--forward-otlp`.
+    /// Counter (sidecar): metric data points received over OTLP (`/v1/metrics`, the gRPC `MetricsService`), accepted, counted and forwarded with `--forward-otlp`; the sidecar builds no view from them.
+    SIDECAR_METRIC_POINTS_RECEIVED = "slotlight_sidecar_metric_points_received_total", "counter", "{point}";
+    /// Counter (sidecar): export requests (spans or metrics) forwarded upstream with `--forward-otlp`.
     SIDECAR_FORWARDED = "slotlight_sidecar_forwarded_total", "counter", "{request}";
     /// Counter (sidecar): export requests not forwarded (queue full or upstream failure).
     SIDECAR_FORWARD_DROPPED = "slotlight_sidecar_forward_dropped_total", "counter", "{request}";
@@ -133,12 +135,14 @@ pub mod engine {
 /// export (a collector's Prometheus exporter turns them back into the exposition names above).
 /// The engine's own metrics go out over OTLP under their exposition names, less `_total`.
 pub mod otlp {
-    /// `gen_ai.server.time_to_first_token` ([`TIME_TO_FIRST_TOKEN`](super::TIME_TO_FIRST_TOKEN)).
-    pub const TIME_TO_FIRST_TOKEN: &str = "gen_ai.server.time_to_first_token";
-    /// `gen_ai.server.time_per_output_token` ([`TIME_PER_OUTPUT_TOKEN`](super::TIME_PER_OUTPUT_TOKEN)).
-    pub const TIME_PER_OUTPUT_TOKEN: &str = "gen_ai.server.time_per_output_token";
-    /// `gen_ai.server.request.duration` ([`REQUEST_DURATION`](super::REQUEST_DURATION)).
-    pub const REQUEST_DURATION: &str = "gen_ai.server.request.duration";
+    crate::contract! {
+        /// OTLP name of `gen_ai_server_time_to_first_token_seconds` (engine, with `OTEL_METRICS_EXPORTER=otlp`).
+        TIME_TO_FIRST_TOKEN = "gen_ai.server.time_to_first_token", "histogram", "s";
+        /// OTLP name of `gen_ai_server_time_per_output_token_seconds` (engine, with `OTEL_METRICS_EXPORTER=otlp`).
+        TIME_PER_OUTPUT_TOKEN = "gen_ai.server.time_per_output_token", "histogram", "s";
+        /// OTLP name of `gen_ai_server_request_duration_seconds` (engine, with `OTEL_METRICS_EXPORTER=otlp`).
+        REQUEST_DURATION = "gen_ai.server.request.duration", "histogram", "s";
+    }
 }
 
 /// Metric label names.

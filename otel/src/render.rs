@@ -297,6 +297,13 @@ pub fn render_contract() -> String {
         metric::engine::ALL,
         "type",
     );
+    table(
+        &mut out,
+        "OTLP metric names",
+        "With `OTEL_METRICS_EXPORTER=otlp` the engine pushes the same instruments over OTLP: the GenAI histograms under their convention names below, its own under their exposition names less `_total`. Attributes are the Prometheus label names, except the GenAI ones and `error.type`, which keep the conventions' dotted keys (a collector's Prometheus exporter turns dots into underscores), so the collector serves the same series as `GET /metrics`.",
+        metric::otlp::ALL,
+        "type",
+    );
     let labels = [
         metric::label::INSTANCE,
         metric::label::GEN_AI_OPERATION_NAME,

@@ -2,8 +2,11 @@
 //! collector or Jaeger, so engine → sidecar → Jaeger works without a collector.
 //!
 //! * `http://host:port` → OTLP/HTTP protobuf `POST http://host:port/v1/traces`; a URL with a
-//!   path (`http://host:port/otlp/v1/traces`) is used as given.
-//! * `grpc://host:port` → OTLP/gRPC (plaintext HTTP/2) to `host:port`.
+//!   path (`http://host:port/otlp/v1/traces`) is used as given. Metrics go to the same URL
+//!   with `/v1/traces` replaced by `/v1/metrics` (a path not ending in `/v1/traces` forwards
+//!   spans only; metrics are then dropped and counted).
+//! * `grpc://host:port` → OTLP/gRPC (plaintext HTTP/2) to `host:port`, spans to
+//!   `TraceService`, metrics to `MetricsService`.
 //! * `https://` and `grpcs://` are refused at start-up: this build has no TLS stack (it keeps
 //!   the build free of C dependencies). Forward to a collector on loopback instead.
 //!
@@ -20,7 +23,8 @@ use tokio::task::JoinHandle;
 
 use crate::error::StartError;
 use crate::metrics::Metrics;
-use crate::raw::RawExporter;
+use crate::raw::{EXPORT_PATH, METRICS_EXPORT_PATH, RawExporter};
+use crate::receiver::Signal;
 
 /// Where to forward.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,8 +77,15 @@ impl Upstream {
 /// The receivers' end of the forward queue.
 #[derive(Debug, Clone)]
 pub struct Forwarder {
-    tx: mpsc::Sender<Bytes>,
+    tx: mpsc::Sender<(Signal, Bytes)>,
     metrics: Arc<Metrics>,
+}
+
+/// The OTLP/HTTP metrics URL beside a traces URL, when it ends in `/v1/traces`.
+fn metrics_url(traces: &str) -> Option<String> {
+    traces
+        .strip_suffix("/v1/traces")
+        .map(|base| format!("{base}/v1/metrics"))
 }
 
 impl Forwarder {
@@ -98,6 +109,7 @@ impl Forwarder {
                 Sender::Http {
                     client,
                     url: url.clone(),
+                    metrics_url: metrics_url(url),
                 }
             }
             Upstream::Grpc(endpoint) => {
@@ -116,10 +128,11 @@ impl Forwarder {
         Ok((Forwarder { tx, metrics }, task))
     }
 
-    /// Queues one export request for the upstream, encoding it only when there is room.
-    pub fn offer(&self, body: impl FnOnce() -> Bytes) {
+    /// Queues one export request of `signal` for the upstream, encoding it only when there
+    /// is room.
+    pub fn offer(&self, signal: Signal, body: impl FnOnce() -> Bytes) {
         match self.tx.try_reserve() {
-            Ok(permit) => permit.send(body()),
+            Ok(permit) => permit.send((signal, body())),
             Err(_) => self.metrics.count_forward_dropped(),
         }
     }
@@ -129,16 +142,27 @@ enum Sender {
     Http {
         client: reqwest::Client,
         url: String,
+        metrics_url: Option<String>,
     },
     Grpc(RawExporter),
 }
 
 impl Sender {
-    async fn send(&mut self, body: Bytes) -> Result<(), String> {
+    async fn send(&mut self, signal: Signal, body: Bytes) -> Result<(), String> {
         match self {
-            Sender::Http { client, url } => {
+            Sender::Http {
+                client,
+                url,
+                metrics_url,
+            } => {
+                let url = match signal {
+                    Signal::Traces => url.as_str(),
+                    Signal::Metrics => metrics_url.as_deref().ok_or_else(|| {
+                        format!("no metrics URL beside {url} (it does not end in /v1/traces)")
+                    })?,
+                };
                 let resp = client
-                    .post(url.as_str())
+                    .post(url)
                     .header("content-type", "application/x-protobuf")
                     .body(body)
                     .send()
@@ -151,7 +175,13 @@ impl Sender {
                 }
             }
             Sender::Grpc(exp) => exp
-                .export(body)
+                .export_to(
+                    match signal {
+                        Signal::Traces => EXPORT_PATH,
+                        Signal::Metrics => METRICS_EXPORT_PATH,
+                    },
+                    body,
+                )
                 .await
                 .map(|_| ())
                 .map_err(|s| format!("upstream answered {:?}: {}", s.code(), s.message())),
@@ -160,14 +190,14 @@ impl Sender {
 }
 
 async fn run(
-    mut rx: mpsc::Receiver<Bytes>,
+    mut rx: mpsc::Receiver<(Signal, Bytes)>,
     mut sender: Sender,
     metrics: Arc<Metrics>,
     up: Upstream,
 ) {
     let mut failures: u64 = 0;
-    while let Some(body) = rx.recv().await {
-        match sender.send(body).await {
+    while let Some((signal, body)) = rx.recv().await {
+        match sender.send(signal, body).await {
             Ok(()) => metrics.count_forwarded(),
             Err(e) => {
                 metrics.count_forward_dropped();
@@ -203,6 +233,11 @@ mod tests {
             Upstream::parse("grpc://[::1]:4317").expect("grpc v6"),
             Upstream::Grpc("http://[::1]:4317".into())
         );
+        assert_eq!(
+            metrics_url("http://h:4318/otlp/v1/traces").as_deref(),
+            Some("http://h:4318/otlp/v1/metrics")
+        );
+        assert_eq!(metrics_url("http://h:4318/custom/path"), None);
         assert!(Upstream::parse("https://h:4318").is_err());
         assert!(Upstream::parse("ftp://h").is_err());
         assert!(Upstream::parse("not a url").is_err());

@@ -70,6 +70,7 @@ pub struct Metrics {
     requests_rejected: [AtomicU64; 5],
     traces_evicted: [AtomicU64; 2],
     traces_in_flight: AtomicU64,
+    metric_points: AtomicU64,
     forwarded: AtomicU64,
     forward_dropped: AtomicU64,
     spans: Mutex<SpanMetrics>,
@@ -88,6 +89,7 @@ impl Metrics {
             requests_rejected: Default::default(),
             traces_evicted: Default::default(),
             traces_in_flight: AtomicU64::new(0),
+            metric_points: AtomicU64::new(0),
             forwarded: AtomicU64::new(0),
             forward_dropped: AtomicU64::new(0),
             spans: Mutex::new(SpanMetrics::new(max_span_series)),
@@ -136,6 +138,11 @@ impl Metrics {
     /// Sets the traces-in-flight gauge.
     pub fn set_traces_in_flight(&self, n: usize) {
         self.traces_in_flight.store(n as u64, Ordering::Relaxed);
+    }
+
+    /// Counts metric data points received (OTLP metrics are accepted and forwarded, not viewed).
+    pub fn count_metric_points(&self, n: u64) {
+        self.metric_points.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Counts a forwarded export request.
@@ -250,6 +257,13 @@ impl Metrics {
             "",
             &[],
             &U(load(&self.traces_in_flight)),
+        );
+        w.family(metric::SIDECAR_METRIC_POINTS_RECEIVED, Type::Counter);
+        w.sample(
+            metric::SIDECAR_METRIC_POINTS_RECEIVED,
+            "",
+            &[],
+            &U(load(&self.metric_points)),
         );
         w.family(metric::SIDECAR_FORWARDED, Type::Counter);
         w.sample(

@@ -11,6 +11,10 @@ use tonic::transport::Channel;
 /// The OTLP trace export method.
 pub const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
 
+/// The OTLP metrics export method.
+pub const METRICS_EXPORT_PATH: &str =
+    "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export";
+
 /// A codec whose request is an already encoded `ExportTraceServiceRequest`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RawCodec;
@@ -85,16 +89,28 @@ impl RawExporter {
         self.gzip
     }
 
-    /// Sends one export request.
+    /// Sends one trace export request.
     pub async fn export(
         &mut self,
+        body: Bytes,
+    ) -> Result<ExportTraceServiceResponse, tonic::Status> {
+        self.export_to(EXPORT_PATH, body).await
+    }
+
+    /// Sends one export request to the method at `path` ([`EXPORT_PATH`] or
+    /// [`METRICS_EXPORT_PATH`]). The metrics service's response has the trace response's
+    /// wire shape (a partial success of a count and a message, fields 1 and 2), so one
+    /// decoder reads both.
+    pub async fn export_to(
+        &mut self,
+        path: &'static str,
         body: Bytes,
     ) -> Result<ExportTraceServiceResponse, tonic::Status> {
         self.grpc
             .ready()
             .await
             .map_err(|e| tonic::Status::unavailable(format!("upstream not ready: {e}")))?;
-        let path = PathAndQuery::from_static(EXPORT_PATH);
+        let path = PathAndQuery::from_static(path);
         self.grpc
             .unary(tonic::Request::new(body), path, RawCodec)
             .await

@@ -81,3 +81,106 @@ async fn tls_upstream_is_refused_at_start() {
     let err = slotlight_sidecar::start(cfg).await.expect_err("refused");
     assert!(err.to_string().contains("TLS"), "{err}");
 }
+
+/// Three data points: a gauge of two and a sum of one.
+fn metrics_export()
+-> opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest {
+    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+    use opentelemetry_proto::tonic::metrics::v1::{
+        Gauge, Metric, NumberDataPoint, ResourceMetrics, ScopeMetrics, Sum, metric::Data,
+    };
+    let point = || NumberDataPoint {
+        time_unix_nano: u64::try_from(now_ns()).unwrap(),
+        ..Default::default()
+    };
+    ExportMetricsServiceRequest {
+        resource_metrics: vec![ResourceMetrics {
+            scope_metrics: vec![ScopeMetrics {
+                metrics: vec![
+                    Metric {
+                        name: "g".into(),
+                        data: Some(Data::Gauge(Gauge {
+                            data_points: vec![point(), point()],
+                        })),
+                        ..Default::default()
+                    },
+                    Metric {
+                        name: "s".into(),
+                        data: Some(Data::Sum(Sum {
+                            data_points: vec![point()],
+                            is_monotonic: true,
+                            aggregation_temporality: 2,
+                        })),
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+}
+
+/// OTLP metrics: accepted over HTTP (protobuf and JSON) and gRPC, their data points counted,
+/// and forwarded to the upstream's metrics endpoint (which counts them too); a payload that
+/// does not decode is refused like a span payload.
+async fn metrics_are_accepted_counted_and_forwarded(
+    scheme_url: impl FnOnce(&TestSidecar) -> String,
+) {
+    use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_client::MetricsServiceClient;
+    let upstream = TestSidecar::start().await;
+    let url = scheme_url(&upstream);
+    let t = TestSidecar::start_with(|c| c.forward_otlp = Some(url)).await;
+    let req = metrics_export();
+    let metrics_url = format!("http://{}/v1/metrics", t.sc.otlp_http);
+    let resp = t
+        .http
+        .post(&metrics_url)
+        .header("content-type", "application/x-protobuf")
+        .body(prost::Message::encode_to_vec(&req))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let resp = t
+        .http
+        .post(&metrics_url)
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&req).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut grpc = MetricsServiceClient::connect(format!("http://{}", t.sc.otlp_grpc))
+        .await
+        .unwrap();
+    let answer = grpc
+        .export(req)
+        .await
+        .expect("gRPC metrics export")
+        .into_inner();
+    assert_eq!(answer.partial_success, None);
+    let resp = t
+        .http
+        .post(&metrics_url)
+        .header("content-type", "application/x-protobuf")
+        .body(vec![0xff, 0xff, 0xff])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400, "not a metrics export");
+    let m = wait_metric(&t, metric::SIDECAR_METRIC_POINTS_RECEIVED, 9.0).await;
+    assert_eq!(sample(&m, metric::SIDECAR_SPANS_RECEIVED), Some(0.0));
+    wait_metric(&t, metric::SIDECAR_FORWARDED, 3.0).await;
+    wait_metric(&upstream, metric::SIDECAR_METRIC_POINTS_RECEIVED, 9.0).await;
+}
+
+#[tokio::test]
+async fn metrics_are_accepted_and_forwarded_over_http() {
+    metrics_are_accepted_counted_and_forwarded(|u| format!("http://{}", u.sc.otlp_http)).await;
+}
+
+#[tokio::test]
+async fn metrics_are_accepted_and_forwarded_over_grpc() {
+    metrics_are_accepted_counted_and_forwarded(|u| format!("grpc://{}", u.sc.otlp_grpc)).await;
+}

@@ -24,7 +24,7 @@ import pytest
 
 from metrics_text import Samples, scrape
 from procs import EngineProcess, http_json, require_model
-from sidecar_support import ENGINE_METRIC, METRIC
+from sidecar_support import ENGINE_METRIC, ENGINE_SERVICE, METRIC
 
 KEY = "metrics-test-key"
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -219,3 +219,55 @@ def test_with_a_ratio_sampler_the_engine_counts_every_request_and_the_sidecar_sa
     finally:
         engine.close()
         sidecar.close()
+
+
+def test_otlp_metrics_reach_a_receiver_with_the_engines_names_and_counts():
+    """`OTEL_METRICS_EXPORTER=otlp`: the same instruments, pushed over OTLP/HTTP to a Python
+    receiver, count what `/metrics` counts."""
+    require_model()
+    from otlp_receiver import OtlpReceiver, attrs
+    from sidecar_support import _SECTIONS
+
+    otlp_name = _SECTIONS["OTLP metric names"]
+    receiver = OtlpReceiver()
+    engine = EngineProcess(
+        otlp=receiver.base,
+        protocol="http/protobuf",
+        env={"OTEL_METRICS_EXPORTER": "otlp", "OTEL_METRIC_EXPORT_INTERVAL": "200"},
+    )
+    try:
+        sent = 3
+        for i in range(sent):
+            assert engine.post("/v1/chat/completions", ask(i, 4))[0] == 200
+        assert engine.post("/v1/chat/completions", {"messages": []})[0] == 400
+        finished = FINISHED.removesuffix("_total")
+
+        def all_counted(r):
+            return sum(p.as_int for p in r.metric_points(finished)) == sent
+
+        receiver.wait(all_counted, f"{finished} = {sent}")
+        points = receiver.metric_points(finished)
+        assert {attrs(p)["slot_group"] for p in points} == {0}
+        assert {attrs(p)["finish_reason"] for p in points} >= {"stop", "length"}
+        waiting = receiver.metric_points(WAITING)
+        assert [attrs(p) for p in waiting] == [{"slot_group": 0}]
+        refused = receiver.metric_points(REFUSED.removesuffix("_total"))
+        assert [(attrs(p), p.as_int) for p in refused] == [({"error.type": "validation"}, 1)]
+        duration = receiver.metric_points(otlp_name["REQUEST_DURATION"])
+        assert sum(p.count for p in duration) == sent + 1
+        ok = [p for p in duration if "error.type" not in attrs(p)]
+        assert sum(p.count for p in ok) == sent
+        assert attrs(ok[0])["gen_ai.operation.name"] == "chat"
+        ttft = receiver.metric_points(otlp_name["TIME_TO_FIRST_TOKEN"])
+        assert sum(p.count for p in ttft) == sent
+        # The conventions' bucket boundaries travel with the histogram.
+        assert list(ttft[0].explicit_bounds)[:3] == [0.001, 0.005, 0.01]
+        steps = receiver.metric_points(ENGINE_METRIC["STEP_DURATION"])
+        assert sum(p.count for p in steps) > 0
+        assert receiver.resource_of_metrics()["service.name"] == ENGINE_SERVICE
+        # The same counts on /metrics.
+        s = Samples(scrape(engine.base)[2])
+        assert s.total(FINISHED) == sent and s.total(REFUSED) == 1
+    finally:
+        engine.close()
+        receiver.close()

@@ -169,6 +169,14 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         anchor: TimeAnchor::now(),
         started: crate::server::openai::created(),
     });
+    if let Some(meter) = st.telemetry.meter() {
+        crate::metrics::otlp::register(
+            &meter,
+            &st.engine.group_metrics(),
+            &st.metrics,
+            st.telemetry.snapshot_source(),
+        );
+    }
     let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port)).await?;
     let addr = listener.local_addr()?;
     let counts = st.telemetry.counts();

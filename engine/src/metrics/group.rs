@@ -6,6 +6,7 @@
 //! handler, the OTLP reader) load the atomics at scrape time. Nothing here is per request: a
 //! request's own timing travels with it, never through these.
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use slotlight_otel::attr::value;
 use slotlight_otel::metric::buckets;
 
 use super::histogram::{AtomicHistogram, HistogramSnapshot};
+use super::otlp::GroupInstruments;
 use crate::scheduler::FinishReason;
 
 /// How a request left a step loop: `(finish_reason, error_type)`. Every label pair
@@ -54,6 +56,8 @@ pub struct GroupMetrics {
     finished: [AtomicU64; OUTCOMES.len()],
     step_duration: AtomicHistogram,
     step_batch: AtomicHistogram,
+    /// The OTLP histograms, once OTLP metrics are on (set once, before serving).
+    otel: OnceLock<GroupInstruments>,
 }
 
 /// What a group's metrics held when they were read.
@@ -136,7 +140,13 @@ impl GroupMetrics {
             finished: Default::default(),
             step_duration: AtomicHistogram::new(buckets::STEP_DURATION),
             step_batch: AtomicHistogram::new(buckets::STEP_BATCH_SIZE),
+            otel: OnceLock::new(),
         }
+    }
+
+    /// Records each step into OTLP histograms too, from now on (the first call wins).
+    pub fn export_to(&self, instruments: GroupInstruments) {
+        let _ = self.otel.set(instruments);
     }
 
     /// The group's index.
@@ -202,8 +212,13 @@ impl GroupMetrics {
     /// One forward step of `batch` requests took `duration`.
     #[allow(clippy::cast_precision_loss)] // batch sizes are far below 2^53
     pub fn observe_step(&self, duration: Duration, batch: usize) {
-        self.step_duration.observe(duration.as_secs_f64());
-        self.step_batch.observe(batch as f64);
+        let (secs, batch) = (duration.as_secs_f64(), batch as f64);
+        self.step_duration.observe(secs);
+        self.step_batch.observe(batch);
+        if let Some(o) = self.otel.get() {
+            o.step_duration.record(secs, &o.attrs);
+            o.step_batch.record(batch, &o.attrs);
+        }
     }
 
     /// Everything now.

@@ -11,6 +11,7 @@
 pub mod exposition;
 pub mod group;
 pub mod histogram;
+pub mod otlp;
 pub mod requests;
 
 pub use exposition::{Scrape, TelemetrySnapshot, negotiate, render};

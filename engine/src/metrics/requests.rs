@@ -2,11 +2,15 @@
 //! own finished usage once, and each refusal is counted where it is answered.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
+
+use opentelemetry::KeyValue;
+use slotlight_otel::attr;
 
 use slotlight_otel::metric::buckets;
 
 use super::histogram::{AtomicHistogram, HistogramSnapshot};
+use super::otlp::{RequestInstruments, genai_attrs};
 
 /// Most distinct (operation, request model, response model) series; more go to one
 /// `_overflow` series. The request model is checked against the served names before a request
@@ -70,6 +74,8 @@ struct Inner {
 #[derive(Debug, Default)]
 pub struct RequestMetrics {
     inner: Mutex<Inner>,
+    /// The OTLP histograms, once OTLP metrics are on (set once, before serving).
+    otel: OnceLock<RequestInstruments>,
 }
 
 /// One series of [`RequestSnapshot`].
@@ -116,6 +122,7 @@ impl RequestMetrics {
         } else {
             key
         };
+        let otel_attrs = self.otel.get().map(|_| genai_attrs(key.0, &key.1, &key.2));
         let s = g.series.entry(key).or_insert_with(Series::new);
         if o.error_type.is_none() {
             if let Some(v) = o.ttft {
@@ -132,6 +139,34 @@ impl RequestMetrics {
         if let Some(v) = o.queue {
             s.queue.observe(v);
         }
+        drop(g);
+        if let (Some(i), Some(mut a)) = (self.otel.get(), otel_attrs) {
+            if o.error_type.is_none() {
+                if let Some(v) = o.ttft {
+                    i.ttft.record(v, &a);
+                }
+                if let Some(v) = o.tpot {
+                    i.tpot.record(v, &a);
+                }
+            }
+            if let Some(v) = o.queue {
+                i.queue.record(v, &a);
+            }
+            if let Some(e) = o.error_type {
+                a.push(KeyValue::new(attr::ERROR_TYPE, e));
+            }
+            i.duration.record(o.duration, &a);
+        }
+    }
+
+    /// Records each observation into OTLP histograms too, from now on (the first call wins).
+    pub fn export_to(&self, instruments: RequestInstruments) {
+        let _ = self.otel.set(instruments);
+    }
+
+    /// Refusals by `error_type` so far.
+    pub fn refusals(&self) -> Vec<(&'static str, u64)> {
+        self.lock().refused.iter().map(|(k, v)| (*k, *v)).collect()
     }
 
     /// Counts a request refused before reaching a step loop.

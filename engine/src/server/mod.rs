@@ -313,7 +313,6 @@ async fn requests(State(st): State<SharedState>) -> Response {
 async fn metrics(State(st): State<SharedState>, headers: HeaderMap) -> Response {
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     let (openmetrics, content_type) = crate::metrics::negotiate(accept);
-    let counts = st.telemetry.counts();
     let scrape = crate::metrics::Scrape {
         groups: st
             .engine
@@ -322,12 +321,7 @@ async fn metrics(State(st): State<SharedState>, headers: HeaderMap) -> Response 
             .map(|g| g.snapshot())
             .collect(),
         requests: st.metrics.snapshot(),
-        telemetry: crate::metrics::TelemetrySnapshot {
-            spans_exported: counts.exported,
-            spans_dropped: counts.dropped,
-            export_failures: counts.failures,
-            sampling_ratio: st.telemetry.sampling_ratio(),
-        },
+        telemetry: (st.telemetry.snapshot_source())(),
     };
     let body = crate::metrics::render(scrape, openmetrics);
     ([(header::CONTENT_TYPE, content_type)], body).into_response()

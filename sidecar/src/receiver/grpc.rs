@@ -1,4 +1,4 @@
-//! OTLP/gRPC: the `TraceService/Export` method, gzip accepted.
+//! OTLP/gRPC: the `TraceService/Export` and `MetricsService/Export` methods, gzip accepted.
 //!
 //! The service is written against tonic's server machinery with a pass-through codec, so the
 //! request reaches [`Ingest::accept`] as the bytes tonic received (decompressed, within
@@ -9,11 +9,11 @@
 //! and a full ingest queue `UNAVAILABLE` with a `RetryInfo` detail, which exporters retry.
 
 use std::convert::Infallible;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
 use prost::Message;
 use tonic::codec::{Codec, CompressionEncoding, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::{self, HeaderValue};
@@ -21,26 +21,80 @@ use tonic::codegen::{BoxFuture, Context, Poll, Service, StdError};
 use tonic::server::NamedService;
 use tonic_types::{ErrorDetails, StatusExt};
 
-use super::Ingest;
 use super::http::RETRY_AFTER_S;
+use super::{Ingest, Response, Signal};
 use crate::error::IngestError;
 use crate::metrics::Metrics;
-use crate::raw::EXPORT_PATH;
+use crate::raw::{EXPORT_PATH, METRICS_EXPORT_PATH};
 
 /// The OTLP trace service's gRPC name.
 pub const SERVICE_NAME: &str = "opentelemetry.proto.collector.trace.v1.TraceService";
 
-/// The gRPC trace service.
-#[derive(Debug, Clone)]
-pub struct GrpcReceiver {
-    ingest: Ingest,
-    metrics: Arc<Metrics>,
+/// The OTLP metrics service's gRPC name.
+pub const METRICS_SERVICE_NAME: &str = "opentelemetry.proto.collector.metrics.v1.MetricsService";
+
+/// What a gRPC service receives: its name, its one method's path, its signal.
+pub trait GrpcSignal: Send + Sync + 'static {
+    /// The gRPC service name.
+    const NAME: &'static str;
+    /// The `Export` method's path.
+    const PATH: &'static str;
+    /// The signal.
+    const SIGNAL: Signal;
 }
 
-impl GrpcReceiver {
+/// Spans: `TraceService`.
+#[derive(Debug, Clone, Copy)]
+pub struct Traces;
+
+impl GrpcSignal for Traces {
+    const NAME: &'static str = SERVICE_NAME;
+    const PATH: &'static str = EXPORT_PATH;
+    const SIGNAL: Signal = Signal::Traces;
+}
+
+/// Metrics: `MetricsService`.
+#[derive(Debug, Clone, Copy)]
+pub struct MetricsSignal;
+
+impl GrpcSignal for MetricsSignal {
+    const NAME: &'static str = METRICS_SERVICE_NAME;
+    const PATH: &'static str = METRICS_EXPORT_PATH;
+    const SIGNAL: Signal = Signal::Metrics;
+}
+
+/// A gRPC OTLP service of one signal.
+#[derive(Debug)]
+pub struct Receiver<S> {
+    ingest: Ingest,
+    metrics: Arc<Metrics>,
+    signal: PhantomData<S>,
+}
+
+impl<S> Clone for Receiver<S> {
+    fn clone(&self) -> Self {
+        Receiver {
+            ingest: self.ingest.clone(),
+            metrics: Arc::clone(&self.metrics),
+            signal: PhantomData,
+        }
+    }
+}
+
+/// The gRPC trace service.
+pub type GrpcReceiver = Receiver<Traces>;
+
+/// The gRPC metrics service.
+pub type GrpcMetricsReceiver = Receiver<MetricsSignal>;
+
+impl<S: GrpcSignal> Receiver<S> {
     /// The service, ready for `tonic::transport::Server::add_service`.
-    pub fn service(ingest: Ingest, metrics: Arc<Metrics>) -> GrpcReceiver {
-        GrpcReceiver { ingest, metrics }
+    pub fn service(ingest: Ingest, metrics: Arc<Metrics>) -> Self {
+        Receiver {
+            ingest,
+            metrics,
+            signal: PhantomData,
+        }
     }
 }
 
@@ -56,8 +110,8 @@ pub fn to_status(e: &IngestError) -> tonic::Status {
     }
 }
 
-impl NamedService for GrpcReceiver {
-    const NAME: &'static str = SERVICE_NAME;
+impl<S: GrpcSignal> NamedService for Receiver<S> {
+    const NAME: &'static str = S::NAME;
 }
 
 /// Request: the message's bytes as received; response: the export response.
@@ -71,7 +125,7 @@ struct BytesDecoder;
 struct ResponseEncoder;
 
 impl Codec for PassThrough {
-    type Encode = ExportTraceServiceResponse;
+    type Encode = Response;
     type Decode = Bytes;
     type Encoder = ResponseEncoder;
     type Decoder = BytesDecoder;
@@ -95,21 +149,24 @@ impl Decoder for BytesDecoder {
 }
 
 impl Encoder for ResponseEncoder {
-    type Item = ExportTraceServiceResponse;
+    type Item = Response;
     type Error = tonic::Status;
 
     fn encode(&mut self, item: Self::Item, dst: &mut EncodeBuf<'_>) -> Result<(), Self::Error> {
-        item.encode(dst)
-            .map_err(|e| tonic::Status::internal(format!("encoding the response: {e}")))
+        let r = match &item {
+            Response::Traces(r) => r.encode(dst),
+            Response::Metrics(r) => r.encode(dst),
+        };
+        r.map_err(|e| tonic::Status::internal(format!("encoding the response: {e}")))
     }
 }
 
 /// The unary handler.
 #[derive(Debug, Clone)]
-struct Export(GrpcReceiver);
+struct Export<S>(Receiver<S>);
 
-impl tonic::server::UnaryService<Bytes> for Export {
-    type Response = ExportTraceServiceResponse;
+impl<S: GrpcSignal> tonic::server::UnaryService<Bytes> for Export<S> {
+    type Response = Response;
     type Future = BoxFuture<tonic::Response<Self::Response>, tonic::Status>;
 
     fn call(&mut self, request: tonic::Request<Bytes>) -> Self::Future {
@@ -117,7 +174,7 @@ impl tonic::server::UnaryService<Bytes> for Export {
         Box::pin(async move {
             let peer = request.remote_addr().map(|a| a.ip());
             let result = if rx.ingest.allow().allows(peer) {
-                rx.ingest.accept(request.into_inner())
+                rx.ingest.accept_signal(S::SIGNAL, request.into_inner())
             } else {
                 Err(IngestError::Forbidden(peer))
             };
@@ -129,7 +186,7 @@ impl tonic::server::UnaryService<Bytes> for Export {
     }
 }
 
-impl<B> Service<http::Request<B>> for GrpcReceiver
+impl<S: GrpcSignal, B> Service<http::Request<B>> for Receiver<S>
 where
     B: tonic::codegen::Body + Send + 'static,
     B::Error: Into<StdError> + Send + 'static,
@@ -143,7 +200,7 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        if req.uri().path() != EXPORT_PATH {
+        if req.uri().path() != S::PATH {
             return Box::pin(async move {
                 let mut resp = http::Response::new(tonic::body::Body::default());
                 let h = resp.headers_mut();

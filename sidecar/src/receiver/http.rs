@@ -1,4 +1,5 @@
-//! OTLP/HTTP: `POST /v1/traces`, protobuf or JSON, optionally gzip, any transfer encoding.
+//! OTLP/HTTP: `POST /v1/traces` and `POST /v1/metrics`, protobuf or JSON, optionally gzip, any
+//! transfer encoding.
 //!
 //! Follows the OTLP specification's HTTP rules: the answer uses the request's content type;
 //! errors carry a `google.rpc.Status` body (protobuf, or JSON for JSON requests); 400 for a
@@ -18,10 +19,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message;
 
-use super::Ingest;
+use super::{Ingest, Signal};
 use crate::error::IngestError;
 
 /// Seconds a sender is asked to wait when the queue is full.
@@ -33,7 +35,8 @@ const JSON: &str = "application/json";
 /// The OTLP/HTTP routes.
 pub fn router(ingest: Ingest) -> Router {
     Router::new()
-        .route("/v1/traces", post(export))
+        .route("/v1/traces", post(export_traces))
+        .route("/v1/metrics", post(export_metrics))
         .layer(DefaultBodyLimit::disable())
         .with_state(ingest)
 }
@@ -62,15 +65,34 @@ fn format_of(headers: &HeaderMap) -> Result<Format, IngestError> {
     }
 }
 
-async fn export(
+async fn export_traces(
     State(ingest): State<Ingest>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    export(Signal::Traces, ingest, peer, headers, body).await
+}
+
+async fn export_metrics(
+    State(ingest): State<Ingest>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    export(Signal::Metrics, ingest, peer, headers, body).await
+}
+
+async fn export(
+    signal: Signal,
+    ingest: Ingest,
+    peer: SocketAddr,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let fmt = format_of(&headers);
     let answer_fmt = *fmt.as_ref().unwrap_or(&Format::Protobuf);
-    match handle(&ingest, peer, &headers, fmt, body).await {
+    match handle(signal, &ingest, peer, &headers, fmt, body).await {
         Ok(resp) => resp,
         Err(e) => {
             ingest.reject(&e);
@@ -80,6 +102,7 @@ async fn export(
 }
 
 async fn handle(
+    signal: Signal,
     ingest: &Ingest,
     peer: SocketAddr,
     headers: &HeaderMap,
@@ -119,21 +142,23 @@ async fn handle(
         Format::Json => {
             // JSON is the slow path: decoded into owned messages, then encoded once so that
             // both formats share the zero-copy reader (and the forwarder sends protobuf).
-            let req: ExportTraceServiceRequest = serde_json::from_slice(&payload)
-                .map_err(|e| IngestError::Malformed(format!("JSON: {e}")))?;
-            Bytes::from(req.encode_to_vec())
+            let malformed = |e: serde_json::Error| IngestError::Malformed(format!("JSON: {e}"));
+            Bytes::from(match signal {
+                Signal::Traces => serde_json::from_slice::<ExportTraceServiceRequest>(&payload)
+                    .map_err(malformed)?
+                    .encode_to_vec(),
+                Signal::Metrics => serde_json::from_slice::<ExportMetricsServiceRequest>(&payload)
+                    .map_err(malformed)?
+                    .encode_to_vec(),
+            })
         }
     };
-    let resp = ingest.accept(proto)?;
+    let resp = ingest.accept_signal(signal, proto)?;
     Ok(match fmt {
         Format::Protobuf => {
             ([(header::CONTENT_TYPE, PROTOBUF)], resp.encode_to_vec()).into_response()
         }
-        Format::Json => (
-            [(header::CONTENT_TYPE, JSON)],
-            serde_json::to_vec(&resp).unwrap_or_else(|_| b"{}".to_vec()),
-        )
-            .into_response(),
+        Format::Json => ([(header::CONTENT_TYPE, JSON)], resp.to_json()).into_response(),
     })
 }
 

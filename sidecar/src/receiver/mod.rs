@@ -1,5 +1,10 @@
 //! OTLP receivers: decode, validate, count, hand over, map errors to a status. No state.
 //!
+//! Spans feed the views. Metrics (`/v1/metrics`, the gRPC `MetricsService`) are accepted so
+//! that one OTLP endpoint serves an engine exporting both signals: they are decoded (a payload
+//! that does not decode is refused like a span payload), their data points counted, and the
+//! request offered to the forwarder unchanged; no view is built from them.
+//!
 //! Both transports end in [`Ingest::accept`], which reads the encoded request into typed
 //! spans without copying it ([`crate::spans::convert`]), takes room in the bounded ingest queue (counted in
 //! spans, so one huge export cannot hold the queue hostage), sends the batch to the assembly
@@ -13,9 +18,14 @@ pub mod http;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use opentelemetry_proto::tonic::collector::metrics::v1::{
+    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTracePartialSuccess, ExportTraceServiceResponse,
 };
+use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+use prost::Message;
 use tokio::sync::{Semaphore, mpsc};
 
 use crate::assembly::Batch;
@@ -24,6 +34,33 @@ use crate::forward::Forwarder;
 use crate::metrics::Metrics;
 use crate::net::AllowList;
 use crate::spans::{SpanBatch, convert};
+
+/// An OTLP signal the receivers accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// Spans (`/v1/traces`, `TraceService`): viewed, counted, forwarded.
+    Traces,
+    /// Metrics (`/v1/metrics`, `MetricsService`): counted and forwarded.
+    Metrics,
+}
+
+/// The data points of a metrics export request.
+pub fn metric_points(req: &ExportMetricsServiceRequest) -> u64 {
+    let points = |d: &Option<Data>| match d {
+        Some(Data::Gauge(g)) => g.data_points.len(),
+        Some(Data::Sum(s)) => s.data_points.len(),
+        Some(Data::Histogram(h)) => h.data_points.len(),
+        Some(Data::ExponentialHistogram(h)) => h.data_points.len(),
+        Some(Data::Summary(s)) => s.data_points.len(),
+        None => 0,
+    };
+    req.resource_metrics
+        .iter()
+        .flat_map(|r| &r.scope_metrics)
+        .flat_map(|s| &s.metrics)
+        .map(|m| points(&m.data) as u64)
+        .sum()
+}
 
 /// The receivers' shared handle.
 #[derive(Debug, Clone)]
@@ -111,7 +148,7 @@ impl Ingest {
         metrics.count_accepted(conv.received, conv.ignored, &conv.rejected);
         metrics.merge_spans(stats);
         if let Some(f) = &inner.forwarder {
-            f.offer(|| body.clone());
+            f.offer(Signal::Traces, || body.clone());
         }
         let n_rejected: u64 = conv.rejected.iter().sum();
         Ok(ExportTraceServiceResponse {
@@ -123,6 +160,58 @@ impl Ingest {
                 ),
             }),
         })
+    }
+}
+
+impl Ingest {
+    /// Accepts one metrics export request, protobuf-encoded: it must decode; its data points
+    /// are counted and the request, unchanged, offered to the forwarder.
+    pub fn accept_metrics(&self, body: Bytes) -> Result<ExportMetricsServiceResponse, IngestError> {
+        let req = ExportMetricsServiceRequest::decode(body.clone())
+            .map_err(|e| IngestError::Malformed(e.to_string()))?;
+        self.inner.metrics.count_metric_points(metric_points(&req));
+        if let Some(f) = &self.inner.forwarder {
+            f.offer(Signal::Metrics, || body);
+        }
+        Ok(ExportMetricsServiceResponse {
+            partial_success: None,
+        })
+    }
+
+    /// Accepts one export request of `signal`; returns the encoded response.
+    pub fn accept_signal(&self, signal: Signal, body: Bytes) -> Result<Response, IngestError> {
+        Ok(match signal {
+            Signal::Traces => Response::Traces(self.accept(body)?),
+            Signal::Metrics => Response::Metrics(self.accept_metrics(body)?),
+        })
+    }
+}
+
+/// An export response of either signal.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Response {
+    /// To a trace export.
+    Traces(ExportTraceServiceResponse),
+    /// To a metrics export.
+    Metrics(ExportMetricsServiceResponse),
+}
+
+impl Response {
+    /// The protobuf encoding.
+    pub fn encode_to_vec(&self) -> Vec<u8> {
+        match self {
+            Response::Traces(r) => r.encode_to_vec(),
+            Response::Metrics(r) => r.encode_to_vec(),
+        }
+    }
+
+    /// The OTLP/JSON encoding.
+    pub fn to_json(&self) -> Vec<u8> {
+        let r = match self {
+            Response::Traces(r) => serde_json::to_vec(r),
+            Response::Metrics(r) => serde_json::to_vec(r),
+        };
+        r.unwrap_or_else(|_| b"{}".to_vec())
     }
 }
 

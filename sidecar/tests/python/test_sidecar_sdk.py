@@ -223,3 +223,34 @@ def test_sdk_spans_become_rows_and_turns(sidecar, transport, compression):
     assert f'{METRIC["MOVES"]}{{{genai}}} 1' in metrics
     assert f'{METRIC["REQUESTS"]}{{{genai},status="ok",finish_reason="stop"}} 1' in metrics
     assert METRIC["SPAN_CALLS"] in metrics
+
+
+@pytest.mark.parametrize("transport", ["grpc", "http"])
+def test_sdk_metrics_are_accepted_and_counted(sidecar, transport):
+    """The Python SDK's OTLP metric exporter (gRPC and HTTP) gets success answers, and the
+    sidecar counts the data points it received."""
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportResult
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    counter = provider.get_meter("test").create_counter("requests")
+    counter.add(3, {"route": "a"})
+    counter.add(1, {"route": "b"})
+    data = reader.get_metrics_data()
+    if transport == "grpc":
+        exp = GrpcMetrics(endpoint=f"http://{sidecar.grpc}", insecure=True)
+    else:
+        exp = HttpMetrics(endpoint=f"http://{sidecar.http}/v1/metrics")
+    name = METRIC["SIDECAR_METRIC_POINTS_RECEIVED"]
+
+    def points(text):
+        return next((float(l.split()[-1]) for l in text.splitlines() if l.startswith(name + " ")), None)
+
+    before = points(sidecar.get("/metrics"))
+    assert exp.export(data) == MetricExportResult.SUCCESS
+    exp.shutdown()
+    provider.shutdown()
+    assert points(sidecar.get("/metrics")) == before + 2
