@@ -9,7 +9,7 @@ use prometheus_client::registry::Registry;
 use slotlight_otel::attr::value;
 use slotlight_otel::metric::{self, engine, label};
 
-use super::group::{GroupSnapshot, OUTCOMES};
+use super::group::{GROUP_COUNTERS, GROUP_GAUGES, GroupSnapshot, OUTCOMES};
 use super::histogram::HistogramSnapshot;
 use super::requests::{RequestSnapshot, SeriesKey};
 
@@ -135,14 +135,7 @@ fn genai_labels(k: &SeriesKey) -> Labels {
 
 impl Scrape {
     fn encode_groups(&self, enc: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
-        type G = fn(&GroupSnapshot) -> u64;
-        let gauges: [(&'static str, G); 4] = [
-            (engine::REQUESTS_WAITING, |g| g.waiting),
-            (engine::BATCH_SLOTS, |g| g.batch_slots as u64),
-            (engine::KV_BLOCKS, |g| g.kv_blocks),
-            (engine::KV_BLOCKS_USED, |g| g.kv_blocks_used),
-        ];
-        for (name, get) in gauges {
+        for (name, get) in GROUP_GAUGES {
             let mut m = family(enc, name, MetricType::Gauge)?;
             for g in &self.groups {
                 gauge(&mut m, &group_labels(g), get(g))?;
@@ -167,16 +160,7 @@ impl Scrape {
                 gauge(&mut m, &group_labels(g), g.kv_usage())?;
             }
         }
-        let counters: [(&'static str, G); 7] = [
-            (engine::KV_EVICTED_BLOCKS, |g| g.kv_evicted),
-            (engine::PREEMPTIONS, |g| g.preemptions),
-            (engine::PREFIX_CACHE_QUERIED_TOKENS, |g| g.prefix_queried),
-            (engine::PREFIX_CACHE_HIT_TOKENS, |g| g.prefix_hits),
-            (engine::PROMPT_TOKENS, |g| g.prompt_tokens),
-            (engine::CACHED_TOKENS, |g| g.cached_tokens),
-            (engine::GENERATION_TOKENS, |g| g.generation_tokens),
-        ];
-        for (name, get) in counters {
+        for (name, get) in GROUP_COUNTERS {
             let mut m = family(enc, name, MetricType::Counter)?;
             for g in &self.groups {
                 counter(&mut m, &group_labels(g), get(g))?;

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use slotlight_otel::attr::value;
-use slotlight_otel::metric::buckets;
+use slotlight_otel::metric::{buckets, engine};
 
 use super::histogram::{AtomicHistogram, HistogramSnapshot};
 use super::otlp::GroupInstruments;
@@ -59,6 +59,28 @@ pub struct GroupMetrics {
     /// The OTLP histograms, once OTLP metrics are on (set once, before serving).
     otel: OnceLock<GroupInstruments>,
 }
+
+/// A per-group series read from a snapshot.
+pub type GroupValue = fn(&GroupSnapshot) -> u64;
+
+/// The per-group gauges both exporters (`/metrics` and OTLP) publish as they are.
+pub const GROUP_GAUGES: [(&str, GroupValue); 4] = [
+    (engine::REQUESTS_WAITING, |g| g.waiting),
+    (engine::BATCH_SLOTS, |g| g.batch_slots as u64),
+    (engine::KV_BLOCKS, |g| g.kv_blocks),
+    (engine::KV_BLOCKS_USED, |g| g.kv_blocks_used),
+];
+
+/// The per-group counters both exporters publish.
+pub const GROUP_COUNTERS: [(&str, GroupValue); 7] = [
+    (engine::KV_EVICTED_BLOCKS, |g| g.kv_evicted),
+    (engine::PREEMPTIONS, |g| g.preemptions),
+    (engine::PREFIX_CACHE_QUERIED_TOKENS, |g| g.prefix_queried),
+    (engine::PREFIX_CACHE_HIT_TOKENS, |g| g.prefix_hits),
+    (engine::PROMPT_TOKENS, |g| g.prompt_tokens),
+    (engine::CACHED_TOKENS, |g| g.cached_tokens),
+    (engine::GENERATION_TOKENS, |g| g.generation_tokens),
+];
 
 /// What a group's metrics held when they were read.
 #[derive(Debug, Clone)]

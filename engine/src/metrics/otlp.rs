@@ -19,7 +19,7 @@ use slotlight_otel::attr::{self, value};
 use slotlight_otel::metric::{self, buckets, engine, label};
 
 use super::exposition::TelemetrySnapshot;
-use super::group::{GroupMetrics, GroupSnapshot, OUTCOMES};
+use super::group::{GROUP_COUNTERS, GROUP_GAUGES, GroupMetrics, GroupSnapshot, OUTCOMES};
 use super::requests::RequestMetrics;
 
 /// The contract entry of an exposition name.
@@ -173,14 +173,7 @@ fn snapshots(groups: &[Arc<GroupMetrics>]) -> Vec<GroupSnapshot> {
 }
 
 fn register_groups(meter: &Meter, groups: &[Arc<GroupMetrics>]) {
-    type G = fn(&GroupSnapshot) -> u64;
-    let gauges: [(&'static str, G); 4] = [
-        (engine::REQUESTS_WAITING, |g| g.waiting),
-        (engine::BATCH_SLOTS, |g| g.batch_slots as u64),
-        (engine::KV_BLOCKS, |g| g.kv_blocks),
-        (engine::KV_BLOCKS_USED, |g| g.kv_blocks_used),
-    ];
-    for (name, get) in gauges {
+    for (name, get) in GROUP_GAUGES {
         let groups = groups.to_vec();
         meter
             .u64_observable_gauge(otlp_name(name))
@@ -193,16 +186,7 @@ fn register_groups(meter: &Meter, groups: &[Arc<GroupMetrics>]) {
             })
             .build();
     }
-    let counters: [(&'static str, G); 7] = [
-        (engine::KV_EVICTED_BLOCKS, |g| g.kv_evicted),
-        (engine::PREEMPTIONS, |g| g.preemptions),
-        (engine::PREFIX_CACHE_QUERIED_TOKENS, |g| g.prefix_queried),
-        (engine::PREFIX_CACHE_HIT_TOKENS, |g| g.prefix_hits),
-        (engine::PROMPT_TOKENS, |g| g.prompt_tokens),
-        (engine::CACHED_TOKENS, |g| g.cached_tokens),
-        (engine::GENERATION_TOKENS, |g| g.generation_tokens),
-    ];
-    for (name, get) in counters {
+    for (name, get) in GROUP_COUNTERS {
         let groups = groups.to_vec();
         meter
             .u64_observable_counter(otlp_name(name))
