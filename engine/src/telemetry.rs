@@ -1,4 +1,6 @@
-//! All telemetry wiring: logs (text or JSON) and the OTLP span exporter.
+//! All telemetry wiring: logs (text or JSON), the OTLP span and metric exporters, and the
+//! bridge from `tracing` (operational spans, and warnings logged while serving a request as
+//! events on its request span).
 //!
 //! Set-up is one plain function per exporter kind ([`otlp_grpc`], [`otlp_http`],
 //! [`Telemetry::disabled`], and [`Telemetry::with_provider`] for tests), chosen by
@@ -24,7 +26,8 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider, SpanData, SpanExporter,
+    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider, SpanData,
+    SpanExporter,
 };
 use serde::Serialize;
 use slotlight_otel::attr;
@@ -40,12 +43,34 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the log subscriber (`RUST_LOG` filters; default `info`).
-pub fn init_logs(format: LogFormat) {
+/// The `tracing` target of the engine's operational spans (start-up, shutdown): the spans of
+/// this target, and warnings and errors logged inside them, go out through the tracer provider
+/// as spans of their own traces.
+pub const OPS_TARGET: &str = "slotlight::ops";
+
+/// Installs the log subscriber (`RUST_LOG` filters; default `info`). With `ops`, the tracer of
+/// the engine's provider, operational spans ([`OPS_TARGET`]) are exported as OpenTelemetry
+/// spans through it (with the warnings and errors logged inside them as events). Warnings and
+/// errors logged inside a request's task become events on its request span ([`request_span`]).
+pub fn init_logs(format: LogFormat, ops: Option<SdkTracer>) {
     use tracing_subscriber::prelude::*;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,opentelemetry_sdk=warn"));
-    let registry = tracing_subscriber::registry().with(filter);
+    let ops = ops.map(|tracer| {
+        tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_location(false)
+            .with_threads(false)
+            .with_tracked_inactivity(false)
+            .with_target(false)
+            .with_filter(tracing_subscriber::filter::filter_fn(|m| {
+                m.target() == OPS_TARGET || (m.is_event() && *m.level() <= tracing::Level::WARN)
+            }))
+    });
+    let registry = tracing_subscriber::registry()
+        .with(filter)
+        .with(RequestEvents)
+        .with(ops);
     use std::io::IsTerminal;
     let _ = match format {
         LogFormat::Text => registry
@@ -64,6 +89,121 @@ pub fn init_logs(format: LogFormat) {
             )
             .try_init(),
     };
+}
+
+/// The OpenTelemetry context of a request span, kept in the extensions of the `tracing` span
+/// its task runs in.
+struct RequestContext(opentelemetry::Context);
+
+/// A `tracing` span for one request's task, carrying its request id and its request span's
+/// trace and span ids (so every log line logged inside carries them), and `cx`, the request
+/// span's context: warnings and errors logged inside become events on the request span. It is
+/// a `tracing` span only; it adds no span to the request's trace. Enabled whenever warnings
+/// are.
+pub fn request_span(cx: &opentelemetry::Context, request_id: &str) -> tracing::Span {
+    use opentelemetry::trace::TraceContextExt as _;
+    let sc = cx.span().span_context().clone();
+    let span = tracing::warn_span!(
+        target: "slotlight::request",
+        "request",
+        request_id = %request_id,
+        trace_id = %sc.trace_id(),
+        span_id = %sc.span_id(),
+    );
+    span.with_subscriber(|(id, dispatch)| {
+        if let Some(registry) = dispatch.downcast_ref::<tracing_subscriber::Registry>() {
+            use tracing_subscriber::registry::LookupSpan as _;
+            if let Some(s) = registry.span(id) {
+                s.extensions_mut().insert(RequestContext(cx.clone()));
+            }
+        }
+    });
+    span
+}
+
+/// Copies each warning or error logged inside a request's `tracing` span ([`request_span`])
+/// onto the request span as an event: named by its message, with its level, its target and
+/// its fields.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RequestEvents;
+
+/// An event's fields as OpenTelemetry attributes, and its message.
+#[derive(Default)]
+struct EventFields {
+    message: Option<String>,
+    attrs: Vec<KeyValue>,
+}
+
+impl tracing::field::Visit for EventFields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        let v = format!("{value:?}");
+        if field.name() == "message" {
+            self.message = Some(v);
+        } else {
+            self.attrs.push(KeyValue::new(field.name(), v));
+        }
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "message" {
+            self.message = Some(value.to_string());
+        } else {
+            self.attrs
+                .push(KeyValue::new(field.name(), value.to_string()));
+        }
+    }
+
+    fn record_i64(&mut self, field: &tracing::field::Field, value: i64) {
+        self.attrs.push(KeyValue::new(field.name(), value));
+    }
+
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        self.attrs.push(KeyValue::new(
+            field.name(),
+            i64::try_from(value).unwrap_or(i64::MAX),
+        ));
+    }
+
+    fn record_f64(&mut self, field: &tracing::field::Field, value: f64) {
+        self.attrs.push(KeyValue::new(field.name(), value));
+    }
+
+    fn record_bool(&mut self, field: &tracing::field::Field, value: bool) {
+        self.attrs.push(KeyValue::new(field.name(), value));
+    }
+}
+
+impl<S> tracing_subscriber::Layer<S> for RequestEvents
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        let meta = event.metadata();
+        if *meta.level() > tracing::Level::WARN {
+            return;
+        }
+        let Some(scope) = ctx.event_scope(event) else {
+            return;
+        };
+        for span in scope {
+            let ext = span.extensions();
+            let Some(RequestContext(cx)) = ext.get::<RequestContext>() else {
+                continue;
+            };
+            let mut f = EventFields::default();
+            event.record(&mut f);
+            f.attrs
+                .push(KeyValue::new(attr::EVENT_LEVEL, meta.level().as_str()));
+            f.attrs
+                .push(KeyValue::new(attr::EVENT_TARGET, meta.target()));
+            use opentelemetry::trace::TraceContextExt as _;
+            cx.span().add_event(
+                f.message.unwrap_or_else(|| meta.name().to_string()),
+                f.attrs,
+            );
+            return;
+        }
+    }
 }
 
 /// Exporter configuration from flags (each overrides its variable).
@@ -238,6 +378,12 @@ impl Telemetry {
     pub fn with_meter_provider(mut self, provider: SdkMeterProvider) -> Self {
         self.meter_provider = Some(provider);
         self
+    }
+
+    /// The tracer for the engine's operational spans (start-up, shutdown): the request spans'
+    /// provider's, when spans are exported.
+    pub fn ops_tracer(&self) -> Option<SdkTracer> {
+        self.provider.as_ref().map(|p| p.tracer("slotlight-engine"))
     }
 
     /// The meter the engine's instruments go on, when OTLP metrics are on.

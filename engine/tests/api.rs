@@ -472,6 +472,14 @@ async fn a_full_queue_answers_429_with_retry_after() {
     let c = s.client.clone();
     let url = s.url("/v1/chat/completions");
     let a = c.post(&url).json(&long).send().await.expect("a");
+    // A streamed answer starts before the step loop admits its request: wait for `a` to leave
+    // the queue, or `b` would find the one place still taken (a race under load).
+    for _ in 0..1000 {
+        if s.state.engine.queued() == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     let b = c.post(&url).json(&long).send().await.expect("b");
     assert_eq!((a.status().as_u16(), b.status().as_u16()), (200, 200));
     let r = c.post(&url).json(&chat_body(1)).send().await.expect("c");

@@ -169,6 +169,10 @@ async fn decode_tps_after_a_preemption_counts_decode_steps_only() {
 /// The group's own metrics under preemption: every preemption, token and finish is counted
 /// where it happens (equal to what the requests report), a preempted request waits again (the
 /// queue gauge moves on its way back), and once both are done every gauge is back at idle.
+///
+/// One request of two choices, so that both are queued by one command whatever the timing:
+/// the second forks after the first's prefill, both decode, and the cache (6 blocks) cannot
+/// hold both replies (5 blocks each), so the newer is preempted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn group_metrics_count_preemptions_and_return_to_idle() {
     let m = tiny_model();
@@ -176,9 +180,15 @@ async fn group_metrics_count_preemptions_and_return_to_idle() {
     let metrics = e.group_metrics();
     let idle = metrics[0].snapshot();
     assert_eq!((idle.waiting, idle.kv_blocks_used), (0, 0));
-    let a = e.submit(request("a", 10, 60)).expect("a");
-    let b = e.submit(request("b", 10, 60)).expect("b");
-    let ((_, ca), (_, cb)) = tokio::join!(collect(a), collect(b));
+    let mut req = request("ab", 10, 60);
+    req.n = 2;
+    let mut rxs = e.submit_choices(req).expect("ab").into_iter();
+    let (a, b) = (rxs.next().expect("choice 0"), rxs.next().expect("choice 1"));
+    let ((_, ca), (pb, cb)) = tokio::join!(collect(a), collect(b));
+    assert!(
+        pb.iter().any(|p| p.reason == PrefillReason::Preempted),
+        "the second choice was preempted and prefilled again: {pb:?}"
+    );
     // The loop publishes its gauges at the end of the iteration that sent the completions.
     let mut after = metrics[0].snapshot();
     for _ in 0..1000 {
@@ -189,7 +199,7 @@ async fn group_metrics_count_preemptions_and_return_to_idle() {
         after = metrics[0].snapshot();
     }
     let (_, stats) = e.snapshot().await;
-    assert!(stats[0].preemptions >= 1, "B was preempted: {stats:?}");
+    assert!(stats[0].preemptions >= 1, "{stats:?}");
     assert_eq!(after.preemptions, stats[0].preemptions);
     assert_eq!(after.step_duration.count, stats[0].steps);
     assert_eq!(after.step_batch.count, stats[0].steps);
@@ -209,8 +219,8 @@ async fn group_metrics_count_preemptions_and_return_to_idle() {
         u64::try_from(generated).expect("n")
     );
     assert_eq!(
-        after.prompt_tokens, 20,
-        "each prompt once, not again after the preemption"
+        after.prompt_tokens, 10,
+        "the prompt once per request, not per choice nor again after the preemption"
     );
     // Each admission looks its tokens up in the prefix cache, the re-admission included.
     assert!(after.prefix_queried > 20, "{after:?}");

@@ -101,6 +101,10 @@ crate::contract! {
     REQUEST_STATUS = "slotlight.request.status", "string", "";
     /// Request span: the share of request traces the engine's sampler keeps, from 0 to 1 (`OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`; 1 by default). Spans of the other requests never leave the engine, so the sidecar's views and metrics count the sampled requests only; the engine's own metrics count all of them.
     TRACE_SAMPLING_RATIO = "slotlight.trace.sampling_ratio", "double", "1";
+    /// Event on a request span (a warning or error logged while serving the request; the event's name is the log message, its other attributes the log line's fields) or on an operational span: the log level (`WARN`, `ERROR`).
+    EVENT_LEVEL = "level", "string", "";
+    /// Event on a request or operational span: the log target (the module that logged it).
+    EVENT_TARGET = "target", "string", "";
 
     /// Request span (same as `usage.queue_ms`): arrival to admission, wall clock. Absent when the request was never admitted.
     USAGE_QUEUE_MS = "slotlight.usage.queue_ms", "double", "ms";

@@ -12,6 +12,22 @@ crate::contract! {
     LEG = "slotlight.leg", "span", "";
     /// A decode progress window, a child of a leg. Ends at most every `--progress-interval-ms`; these windows are what keeps live views live, since OpenTelemetry exports a span only when it ends.
     DECODE = "slotlight.decode", "span", "";
+    /// The engine's start-up, from before the model is read to the moment it listens (an operational span, a trace of its own; exported through the same tracer provider as the request spans).
+    STARTUP = "slotlight.startup", "span", "";
+    /// Start-up: mapping the model file and assembling its weights.
+    STARTUP_MODEL = "slotlight.startup.model", "span", "";
+    /// Start-up: building the tokenizer from the model's vocabulary and compiling its chat template.
+    STARTUP_TOKENIZER = "slotlight.startup.tokenizer", "span", "";
+    /// Start-up: building each device group's backend and allocating its KV cache.
+    STARTUP_KV_CACHE = "slotlight.startup.kv_cache", "span", "";
+    /// Start-up: one forward step of one token per device group, so the first request does not pay for first use (thread pool start, device modules).
+    STARTUP_WARMUP = "slotlight.startup.warmup", "span", "";
+    /// The engine's shutdown, from the signal to the last telemetry flush (an operational span, a trace of its own).
+    SHUTDOWN = "slotlight.shutdown", "span", "";
+    /// Shutdown: in-flight requests finishing (cancelled at `--drain-timeout-s`).
+    SHUTDOWN_DRAIN = "slotlight.shutdown.drain", "span", "";
+    /// Shutdown: flushing spans and metrics to the collector.
+    SHUTDOWN_TELEMETRY_FLUSH = "slotlight.shutdown.telemetry_flush", "span", "";
 }
 
 /// The `gen_ai.operation.name` of a chat completion request.

@@ -5,8 +5,12 @@
   when SLOTLIGHT_REQUIRE_TOOLS=1, as in CI, and skips it otherwise);
 - every metric the Grafana dashboard queries appears, with the labels the queries use, in a
   real scrape of a running sidecar fed engine-shaped spans (OpenTelemetry Python SDK over
-  OTLP/gRPC), and histogram panels with exemplars get trace-id exemplars under the label the
-  Grafana data source links to Jaeger;
+  OTLP/gRPC), or, for the engine's own saturation panels, of a running engine (with the
+  default model; skipped without it unless SLOTLIGHT_REQUIRE_MODEL=1), and histogram panels
+  with exemplars get trace-id exemplars under the label the Grafana data source links to
+  Jaeger;
+- Prometheus scrapes the engine's /metrics and the sidecar's; the collector's metrics pipeline
+  reaches Prometheus; the Kubernetes autoscaling example scales the engine on its queue gauge;
 - every span name and attribute key the collector configs match on is in otel/CONTRACT.md;
 - compose services, Kubernetes manifests and Dockerfiles reference files, flags, services and
   ports that exist.
@@ -78,6 +82,7 @@ _TABLES, _VALUES, METRIC_LABELS = _contract()
 SPAN = _TABLES["Spans"]
 ATTR = _TABLES["Attributes"]
 METRIC = _TABLES["Metrics"]
+ENGINE_METRIC = _TABLES["Engine metrics"]
 
 
 def _value(meaning: str) -> str:
@@ -573,6 +578,49 @@ def test_prometheus_scrapes_the_sidecar_with_exemplars():
     assert (DEPLOY / mounts[config]).resolve() == PROMETHEUS.resolve()
 
 
+def test_prometheus_scrapes_the_engine_whichever_profile_runs():
+    prom = yaml_one(PROMETHEUS)
+    jobs = {j["job_name"]: j for j in prom["scrape_configs"]}
+    svc = compose()["services"]
+    targets = [t for sc in jobs["slotlight-engine"].get("static_configs", []) for t in sc["targets"]]
+    assert jobs["slotlight-engine"].get("metrics_path", "/metrics") == "/metrics"
+    assert len(targets) == 1, targets
+    host, port = targets[0].split(":")
+    for name in ("engine", "engine-cpu"):
+        args = compose_args(svc[name])
+        assert flag_value(args, "--port") == port, (name, args)
+        assert "--api-key" not in args or "--metrics-public" in args, f"{name}: Prometheus has no key"
+        names = {name} | set(((svc[name].get("networks") or {}).get("default") or {}).get("aliases", []))
+        assert host in names, f"{name} does not answer to {host}: {names}"
+    # The engine's metrics pushed over OTLP reach Prometheus through the collector.
+    cfg = yaml_one(COLLECTOR)
+    pipe = cfg["service"]["pipelines"]["metrics"]
+    assert "otlp" in pipe["receivers"] and "prometheus" in pipe["exporters"], pipe
+    exporter_port = cfg["exporters"]["prometheus"]["endpoint"].rsplit(":", 1)[1]
+    otel_targets = [t for sc in jobs["otel-collector"]["static_configs"] for t in sc["targets"]]
+    assert otel_targets == [f"otel-collector:{exporter_port}"], otel_targets
+
+
+def test_k8s_autoscaling_example_scales_the_engine_on_its_queue():
+    auto = K8S / "autoscaling"
+    waiting = ENGINE_METRIC["REQUESTS_WAITING"]
+    deployments = {o["metadata"]["name"] for _, o in k8s_resources() if o.get("kind") == "Deployment"}
+    kust = yaml_one(auto / "kustomization.yaml")
+    hpas = [d for r in kust["resources"] for d in yaml_docs(auto / r) if d.get("kind") == "HorizontalPodAutoscaler"]
+    assert len(hpas) == 1
+    hpa = hpas[0]
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"]["name"] in deployments
+    assert [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]] == [waiting]
+    adapter = yaml_one(auto / "prometheus-adapter.yaml")
+    rules = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
+    assert any(waiting in r["seriesQuery"] and r["name"]["as"] == waiting for r in rules), rules
+    keda = yaml_one(auto / "keda-scaledobject.yaml")
+    assert keda["spec"]["scaleTargetRef"]["name"] in deployments
+    assert all(waiting in t["metadata"]["query"] for t in keda["spec"]["triggers"])
+    assert "Autoscaling" in (DEPLOY / "README.md").read_text(), "deploy/README.md documents it"
+
+
 # --- tests: the dashboard against a real scrape --------------------------------------------
 
 
@@ -599,6 +647,21 @@ def test_dashboard_covers_the_required_views():
                       q["expr"]),
         "cached / prompt token ratio")
     has(lambda q: METRIC["MOVES"] in promql_metric_names(q["expr"]), "solo to slot moves")
+    # Saturation, from the engine's own /metrics.
+    e = ENGINE_METRIC
+    has(lambda q: e["REQUESTS_WAITING"] in promql_metric_names(q["expr"]), "requests waiting (the queue)")
+    has(lambda q: e["REQUESTS_RUNNING"] in promql_metric_names(q["expr"]) and "path" in promql_grouping_labels(q["expr"]),
+        "requests running by path")
+    has(lambda q: e["KV_CACHE_USAGE"] in promql_metric_names(q["expr"]), "KV cache usage")
+    has(lambda q: e["PREEMPTIONS"] in promql_metric_names(q["expr"]) and "rate(" in q["expr"], "preemptions/s")
+    has(lambda q: re.search(re.escape(e["PREFIX_CACHE_HIT_TOKENS"]) + r".*\)\s*/\s*.*"
+                            + re.escape(e["PREFIX_CACHE_QUERIED_TOKENS"]), q["expr"]),
+        "prefix-cache hit rate (hits / queries)")
+    # The GenAI histograms exist on both processes: panels on them name the process.
+    for q in queries:
+        if any(n.startswith(tuple(METRIC[k] for k in ("TIME_TO_FIRST_TOKEN", "TIME_PER_OUTPUT_TOKEN", "REQUEST_DURATION")))
+               for n in promql_metric_names(q["expr"])) and q["panel"] is not None:
+            assert re.search(r'job="[\w-]+"', q["expr"]), f"{q['where']}: served by both engine and sidecar; say which job"
     assert all(promql_metric_names(e) for e in exprs)
     for path in DASHBOARDS.glob("*.json"):
         dash = json.loads(path.read_text())
@@ -617,11 +680,20 @@ def test_the_sidecar_took_the_spans_as_engine_spans(scraped):
     assert text.totals[METRIC["CACHED_TOKENS"]] > 0
 
 
-def test_every_dashboard_metric_and_label_is_in_a_real_scrape(scraped):
-    text: Scrape = scraped["text"]
-    contract_metrics = set(METRIC.values())
+def is_engine_query(q: dict) -> bool:
+    """A query of the engine's own metrics only (served by the engine, not the sidecar)."""
+    engine = set(ENGINE_METRIC.values())
+    names = promql_metric_names(q["expr"])
+    strip = lambda n: re.sub(r"_(bucket|sum|count)$", "", n)  # noqa: E731
+    return bool(names) and all(n in engine or strip(n) in engine for n in names)
+
+
+def dashboard_problems(text: "Scrape", queries: list[dict], who: str) -> list[str]:
+    """What in `queries` does not match a real scrape `text` of `who`: metrics without samples,
+    names or labels outside the contract, label values no series has."""
+    contract_metrics = set(METRIC.values()) | set(ENGINE_METRIC.values())
     problems = []
-    for q in dashboard_queries():
+    for q in queries:
         names = promql_metric_names(q["expr"])
         if not names:
             problems.append(f"{q['where']}: names no metric: {q['expr']}")
@@ -631,7 +703,7 @@ def test_every_dashboard_metric_and_label_is_in_a_real_scrape(scraped):
             if (fam or name) not in contract_metrics:
                 problems.append(f"{q['where']}: {name} is not a contract metric")
             if name not in text.labels:
-                problems.append(f"{q['where']}: {name} has no sample in the sidecar's /metrics")
+                problems.append(f"{q['where']}: {name} has no sample in the {who}'s /metrics")
                 continue
             if name.endswith(("_bucket", "_sum", "_count")) and fam is None and text.types.get(name) is None:
                 problems.append(f"{q['where']}: {name} is a histogram suffix of no histogram family")
@@ -643,13 +715,43 @@ def test_every_dashboard_metric_and_label_is_in_a_real_scrape(scraped):
                 if lbl not in text.labels.get(name, set()):
                     problems.append(f"{q['where']}: {name} has no label {lbl}")
                 elif val is not None and val not in text.values.get((name, lbl), set()):
-                    problems.append(f"{q['where']}: {name}{{{lbl}={val!r}}} matches no series the sidecar serves")
+                    problems.append(f"{q['where']}: {name}{{{lbl}={val!r}}} matches no series the {who} serves")
         for lbl in promql_grouping_labels(q["expr"]) | set(re.findall(r"\{\{\s*(\w+)\s*\}\}", q["legend"])):
             if lbl not in labels_here:
                 problems.append(f"{q['where']}: label {lbl} is on none of {sorted(names)}")
             elif lbl not in METRIC_LABELS | {"job", "instance", "le"}:
                 problems.append(f"{q['where']}: label {lbl} is not a contract label")
+    return problems
+
+
+def test_every_dashboard_metric_and_label_is_in_a_real_scrape(scraped):
+    queries = [q for q in dashboard_queries() if not is_engine_query(q)]
+    problems = dashboard_problems(scraped["text"], queries, "sidecar")
     assert not problems, "\n".join(problems) + "\n--- sidecar stderr:\n" + scraped["stderr"][-3000:]
+
+
+@pytest.fixture(scope="module")
+def engine_scraped():
+    """A running engine's own /metrics after one request (needs the default model)."""
+    from procs import EngineProcess, require_model
+
+    require_model()
+    e = EngineProcess("--batch", "2")
+    try:
+        code, v = e.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        assert code == 200, v
+        with urllib.request.urlopen(e.base + "/metrics", timeout=30) as r:
+            text = r.read().decode()
+    finally:
+        e.close()
+    return Scrape(text)
+
+
+def test_every_engine_panel_metric_and_label_is_in_a_real_engine_scrape(engine_scraped):
+    queries = [q for q in dashboard_queries() if is_engine_query(q)]
+    assert len(queries) >= 5, [q["where"] for q in queries]
+    problems = dashboard_problems(engine_scraped, queries, "engine")
+    assert not problems, "\n".join(problems)
 
 
 def test_histogram_panels_get_trace_exemplars_grafana_can_link(scraped):

@@ -12,6 +12,8 @@ use clap::{Args, Parser, Subcommand};
 use crate::model::loader::Model;
 use crate::runtime::{self, RuntimeConfig};
 use crate::scheduler::{EngineHandle, SchedulerConfig};
+use crate::telemetry::OPS_TARGET;
+use slotlight_otel::span;
 
 /// slotlight-engine: an LLM inference engine that tells the truth about its own timing.
 #[derive(Debug, Parser)]
@@ -82,12 +84,36 @@ pub fn start_engine(
         kv_tokens,
         block_size: 16,
     };
-    let backends = runtime::build_backends(model, &devices, &rc)?;
+    let mut backends = tracing::info_span!(target: OPS_TARGET, span::STARTUP_KV_CACHE)
+        .in_scope(|| runtime::build_backends(model, &devices, &rc))?;
+    tracing::info_span!(target: OPS_TARGET, span::STARTUP_WARMUP).in_scope(|| {
+        for (group, b) in backends.iter_mut().enumerate() {
+            if let Err(e) = warm_up(b.as_mut()) {
+                // Not fatal: the first request pays for first use instead.
+                tracing::warn!(group, error = %e, "Startup.WarmupFailed");
+            }
+        }
+    });
     Ok(EngineHandle::start(
         backends,
         Arc::clone(&model.tokenizer),
         sched,
     ))
+}
+
+/// One forward step of one token at position 0 of block 0, before the step loop owns the
+/// backend: its thread pool starts and its device modules load now, not on the first request.
+/// What it writes to block 0 is never read (a sequence writes a position before reading it).
+fn warm_up(backend: &mut dyn crate::backend::Backend) -> Result<(), crate::backend::BackendError> {
+    let chunk = crate::backend::SeqChunk {
+        tokens: &[0],
+        start_pos: 0,
+        blocks: &[0],
+        all_logits: false,
+        no_logits: false,
+    };
+    let mut logits = Vec::new();
+    backend.forward(&[chunk], &mut logits).map(|_| ())
 }
 
 /// Parses the command line and runs it.

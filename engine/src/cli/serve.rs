@@ -10,8 +10,9 @@ use crate::prompt::PromptBuilder;
 use crate::scheduler::SchedulerConfig;
 use crate::server::openai::types::Limits;
 use crate::server::{AppState, ServeConfig};
-use crate::telemetry::{LogFormat, TelemetryConfig};
+use crate::telemetry::{LogFormat, OPS_TARGET, Telemetry, TelemetryConfig};
 use crate::timing::TimeAnchor;
+use slotlight_otel::span;
 
 /// Arguments of `serve`.
 #[derive(Debug, Args)]
@@ -99,38 +100,52 @@ pub struct ServeArgs {
 }
 
 pub(super) fn run(a: ServeArgs) -> anyhow::Result<()> {
-    crate::telemetry::init_logs(a.log_format);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .thread_name("slotlight-http")
         .build()?;
-    rt.block_on(serve(a))
+    // Telemetry first, so that the start-up is traced through the same provider (the gRPC
+    // exporter is built inside the runtime).
+    let telemetry = {
+        let _rt = rt.enter();
+        crate::telemetry::from_config(&TelemetryConfig {
+            disabled: a.no_telemetry,
+            endpoint: a.otlp_endpoint.clone(),
+            protocol: a.otlp_protocol.clone(),
+        })
+    };
+    let ops = telemetry.as_ref().ok().and_then(Telemetry::ops_tracer);
+    crate::telemetry::init_logs(a.log_format, ops);
+    rt.block_on(serve(a, telemetry?))
 }
 
-async fn serve(a: ServeArgs) -> anyhow::Result<()> {
+async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {
     anyhow::ensure!(a.batch >= 1, "--batch must be at least 1");
-    let model = a.model.load()?;
+    let startup = tracing::info_span!(target: OPS_TARGET, span::STARTUP);
+    let (model, engine, prompts) = startup.in_scope(|| -> anyhow::Result<_> {
+        let model = a.model.load()?;
+        let context = a.model.ctx_size.min(model.config.context);
+        let kv = a
+            .kv_cache_tokens
+            .unwrap_or_else(|| (2 * context).max(512 * a.batch));
+        let sched = SchedulerConfig {
+            batch: a.batch,
+            max_queue: a.max_queue,
+            prefill_chunk: a.prefill_chunk.max(1),
+            mixed_prefill_chunk: a.mixed_prefill_chunk.max(1),
+            return_to_solo: true,
+            max_sessions: a.max_sessions,
+        };
+        let engine = Arc::new(super::start_engine(&model, &a.model, kv, sched)?);
+        let prompts = PromptBuilder::new(&model);
+        Ok((model, engine, prompts))
+    })?;
     let context = a.model.ctx_size.min(model.config.context);
     let groups = crate::runtime::parse_devices(&a.model.device)?.len();
     let kv = a
         .kv_cache_tokens
         .unwrap_or_else(|| (2 * context).max(512 * a.batch));
-    let sched = SchedulerConfig {
-        batch: a.batch,
-        max_queue: a.max_queue,
-        prefill_chunk: a.prefill_chunk.max(1),
-        mixed_prefill_chunk: a.mixed_prefill_chunk.max(1),
-        return_to_solo: true,
-        max_sessions: a.max_sessions,
-    };
-    let engine = Arc::new(super::start_engine(&model, &a.model, kv, sched)?);
-    let telemetry = crate::telemetry::from_config(&TelemetryConfig {
-        disabled: a.no_telemetry,
-        endpoint: a.otlp_endpoint.clone(),
-        protocol: a.otlp_protocol.clone(),
-    })?;
-    let prompts = PromptBuilder::new(&model);
     if prompts.fallback {
         tracing::warn!("the model has no chat template: chat requests use ChatML");
     }
@@ -179,6 +194,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     }
     let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port)).await?;
     let addr = listener.local_addr()?;
+    drop(startup);
     let counts = st.telemetry.counts();
     tracing::info!(
         listen = %addr,

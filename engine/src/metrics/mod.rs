@@ -7,6 +7,7 @@
 //! `/metrics` handler reads both at scrape time. Nothing reads per-request timing back from
 //! them. Every name is a constant of [`slotlight_otel::metric::engine`] (or a GenAI histogram
 //! of [`slotlight_otel::metric`]), and every count is exact whatever the trace sampler keeps.
+//! With `OTEL_METRICS_EXPORTER=otlp` the same instruments also go out over OTLP ([`otlp`]).
 
 pub mod exposition;
 pub mod group;

@@ -9,7 +9,9 @@ use super::gguf::{GgufError, GgufFile, Value};
 use super::llama::{GGUF_NAMES, HF_NAMES, LlamaWeights, WeightsError};
 use super::safetensors::{Checkpoint, SafetensorsError};
 use crate::chat_template::{ChatTemplate, TemplateError};
+use crate::telemetry::OPS_TARGET;
 use crate::tokenizer::{GgufVocab, Tokenizer, TokenizerConfig, TokenizerError};
+use slotlight_otel::span;
 
 /// Why a model could not be loaded. Every variant names the file and what is wrong.
 #[derive(Debug, thiserror::Error)]
@@ -138,6 +140,7 @@ impl Model {
     }
 
     fn load_gguf(path: &Path) -> Result<Self, LoadError> {
+        let mapping = tracing::info_span!(target: OPS_TARGET, span::STARTUP_MODEL).entered();
         let g = GgufFile::open(path)?;
         let cfg = ModelConfig::from_gguf(&g).map_err(|source| LoadError::Config {
             path: path.to_path_buf(),
@@ -150,6 +153,8 @@ impl Model {
                     source,
                 }
             })?;
+        drop(mapping);
+        let _tokenizer = tracing::info_span!(target: OPS_TARGET, span::STARTUP_TOKENIZER).entered();
         let tok_err = |source| LoadError::Tokenizer {
             path: path.to_path_buf(),
             source,
@@ -228,6 +233,7 @@ impl Model {
     }
 
     fn load_hf(dir: &Path) -> Result<Self, LoadError> {
+        let mapping = tracing::info_span!(target: OPS_TARGET, span::STARTUP_MODEL).entered();
         let cfg_path = dir.join("config.json");
         let text = std::fs::read_to_string(&cfg_path).map_err(|e| LoadError::File {
             path: cfg_path.clone(),
@@ -245,6 +251,8 @@ impl Model {
                     source,
                 }
             })?;
+        drop(mapping);
+        let _tokenizer = tracing::info_span!(target: OPS_TARGET, span::STARTUP_TOKENIZER).entered();
         let tc_path = dir.join("tokenizer_config.json");
         let tc = if tc_path.exists() {
             Some(

@@ -32,8 +32,10 @@ use crate::constraint::Grammars;
 use crate::metrics::RequestMetrics;
 use crate::prompt::PromptBuilder;
 use crate::scheduler::EngineHandle;
-use crate::telemetry::Telemetry;
+use crate::telemetry::{OPS_TARGET, Telemetry};
 use crate::timing::TimeAnchor;
+use slotlight_otel::span;
+use tracing::Instrument as _;
 
 /// Server settings.
 #[derive(Debug, Clone)]
@@ -414,28 +416,48 @@ pub async fn serve(
     let drain = st.cfg.drain_timeout;
     let app = router(Arc::clone(&st)).layer(axum::Extension(LocalAddr(addr)));
     let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
+    let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<tracing::Span>();
     let signal = async move {
         shutdown.await;
+        let root = tracing::info_span!(target: OPS_TARGET, span::SHUTDOWN);
         tracing::info!(%addr, drain_s = drain.as_secs_f64(), "Server.Draining");
         engine.begin_shutdown();
         let e2 = Arc::clone(&engine);
+        let drain_span =
+            tracing::info_span!(target: OPS_TARGET, parent: &root, span::SHUTDOWN_DRAIN);
         tokio::spawn(async move {
-            let deadline = Instant::now() + drain;
-            while e2.in_flight() > 0 && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(50)).await;
+            async move {
+                let deadline = Instant::now() + drain;
+                while e2.in_flight() > 0 && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                if e2.in_flight() > 0 {
+                    tracing::warn!(
+                        in_flight = e2.in_flight(),
+                        "Server.DrainTimeout: cancelling what is left"
+                    );
+                    e2.abort_all();
+                }
             }
-            if e2.in_flight() > 0 {
-                tracing::warn!(
-                    in_flight = e2.in_flight(),
-                    "Server.DrainTimeout: cancelling what is left"
-                );
-                e2.abort_all();
-            }
+            .instrument(drain_span)
+            .await;
+            // After the drain span ended, so that the flush below exports it.
             let _ = drained_tx.send(());
         });
+        let _ = shutdown_tx.send(root);
     };
     serve_connections(listener, app, &st.cfg, signal).await;
     let _ = tokio::time::timeout(drain + Duration::from_secs(5), drained_rx).await;
+    // The shutdown span (and its drain) end before the exporters shut down, so they are
+    // exported too: flush under its own span, end the shutdown span, then shut down.
+    let root = shutdown_rx.await.unwrap_or_else(|_| tracing::Span::none());
+    st.telemetry
+        .flush()
+        .instrument(
+            tracing::info_span!(target: OPS_TARGET, parent: &root, span::SHUTDOWN_TELEMETRY_FLUSH),
+        )
+        .await;
+    drop(root);
     st.telemetry.shutdown().await;
     Ok(())
 }

@@ -12,6 +12,7 @@ use futures_util::StreamExt;
 use opentelemetry::Context;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
+use tracing::Instrument as _;
 
 use super::AppState;
 use super::error::ApiError;
@@ -159,7 +160,10 @@ pub fn launch(
     let flag = Arc::clone(&cancel);
     let tools = req.tools.clone();
     let metrics = Arc::clone(&st.metrics);
-    tokio::spawn(run(trace, rxs, tx, flag, progress, info, tools, metrics));
+    // The task's log lines carry the request's trace and span ids, and its warnings become
+    // events on the request span.
+    let span = crate::telemetry::request_span(trace.context(), &info.id);
+    tokio::spawn(run(trace, rxs, tx, flag, progress, info, tools, metrics).instrument(span));
     Ok((out, cancel))
 }
 
@@ -313,6 +317,21 @@ async fn run(
     let refs: Vec<&Completion> = done.iter().collect();
     let (usage, timings) = usage_of(&refs);
     log_finished(&info, &trace.trace_id(), &refs, &usage);
+    if let Some(FinishReason::Error(e)) = refs
+        .iter()
+        .map(|c| &c.finish_reason)
+        .find(|r| matches!(r, FinishReason::Error(_)))
+    {
+        // A failure of the engine (not the client's doing): a warning, which also becomes an
+        // event on the request span.
+        tracing::warn!(
+            target: "slotlight::request",
+            request_id = %info.id,
+            error_type = e.label(),
+            error = %e,
+            "Request.Failed"
+        );
+    }
     observe_finished(&metrics, &info, &refs, &usage);
     trace.finish(&refs, &usage, &reasons, tool_calls);
     let error = done.iter().find_map(|c| match &c.finish_reason {
@@ -462,6 +481,7 @@ mod tests {
     use std::sync::Mutex;
 
     use opentelemetry::KeyValue;
+    use opentelemetry::trace::TraceContextExt as _;
     use opentelemetry_sdk::error::OTelSdkResult;
     use opentelemetry_sdk::trace::{
         SdkTracerProvider, SimpleSpanProcessor, SpanData, SpanExporter,
@@ -509,11 +529,38 @@ mod tests {
         }
     }
 
+    /// Log output kept in memory.
+    #[derive(Clone, Default)]
+    struct LogBuf(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for LogBuf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("lock").extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
     /// The step loop goes away after admitting the request (it panicked or was dropped): the
     /// request still ends with an error answer, a request span of status `error` with what was
-    /// known, and nothing it never had written as zero.
+    /// known, and nothing it never had written as zero. Its `Request.Failed` warning carries
+    /// the request span's trace and span ids and is an event on the request span.
     #[tokio::test]
     async fn a_request_the_engine_loses_is_answered_and_recorded() {
+        use tracing_subscriber::prelude::*;
+        let logs = LogBuf::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_subscriber::EnvFilter::new("info"))
+            .with(crate::telemetry::RequestEvents)
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(false)
+                    .with_writer(move || writer.clone()),
+            );
+        let _default = tracing::subscriber::set_default(subscriber);
         let mem = Memory::default();
         let provider = SdkTracerProvider::builder()
             .with_span_processor(SimpleSpanProcessor::new(mem.clone()))
@@ -544,6 +591,8 @@ mod tests {
         drop(events);
         let cancel = Arc::new(AtomicBool::new(false));
         let metrics = Arc::new(RequestMetrics::default());
+        let span = crate::telemetry::request_span(trace.context(), "chatcmpl-lost");
+        let root_ids = trace.context().span().span_context().clone();
         run(
             trace,
             vec![rx],
@@ -554,6 +603,7 @@ mod tests {
             None,
             Arc::clone(&metrics),
         )
+        .instrument(span)
         .await;
         let mut reason = None;
         let f = loop {
@@ -593,5 +643,43 @@ mod tests {
         assert_eq!(series.queue.count, 1);
         let durations: Vec<_> = series.duration.iter().map(|(e, h)| (*e, h.count)).collect();
         assert_eq!(durations, vec![(Some("internal"), 1)]);
+        // The warning: an event on the request span, and a log line with its ids.
+        let event = root
+            .events
+            .iter()
+            .find(|e| e.name == "Request.Failed")
+            .expect("the warning is an event on the request span");
+        let event_attr = |k: &str| {
+            event
+                .attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == k)
+                .map(|kv| kv.value.as_str().into_owned())
+        };
+        assert_eq!(event_attr(attr::EVENT_LEVEL).as_deref(), Some("WARN"));
+        assert_eq!(event_attr("error_type").as_deref(), Some("internal"));
+        assert_eq!(
+            root.events.len(),
+            1,
+            "info lines (Request.Finished) are not events"
+        );
+        let text = String::from_utf8(logs.0.lock().expect("lock").clone()).expect("utf-8");
+        let line = text
+            .lines()
+            .find(|l| l.contains("Request.Failed"))
+            .unwrap_or_else(|| panic!("no Request.Failed line in {text}"));
+        assert!(
+            line.contains(&format!("trace_id={}", root_ids.trace_id())),
+            "{line}"
+        );
+        assert!(
+            line.contains(&format!("span_id={}", root_ids.span_id())),
+            "{line}"
+        );
+        assert!(
+            text.lines()
+                .any(|l| l.contains("Request.Finished") && l.contains("span_id=")),
+            "every line of the request's task carries its ids: {text}"
+        );
     }
 }

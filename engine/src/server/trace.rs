@@ -278,6 +278,11 @@ impl RequestTrace {
         }
     }
 
+    /// The request span's context (for the request task's `tracing` span).
+    pub fn context(&self) -> &Context {
+        &self.root
+    }
+
     /// The request span's trace id (hex), for logs.
     pub fn trace_id(&self) -> String {
         self.root.span().span_context().trace_id().to_string()
