@@ -621,6 +621,23 @@ def test_k8s_autoscaling_example_scales_the_engine_on_its_queue():
     assert "Autoscaling" in (DEPLOY / "README.md").read_text(), "deploy/README.md documents it"
 
 
+def test_k8s_pod_monitor_scrapes_engine_and_sidecar_ports():
+    """The Prometheus Operator example scrapes both containers by port names the pod has."""
+    mon = K8S / "monitoring"
+    kust = yaml_one(mon / "kustomization.yaml")
+    monitors = [d for r in kust["resources"] for d in yaml_docs(mon / r) if d.get("kind") == "PodMonitor"]
+    assert len(monitors) == 1
+    pm = monitors[0]
+    pods = [o for _, o in k8s_resources() if _pod_spec(o)]
+    sel = pm["spec"]["selector"]["matchLabels"]
+    match = [o for o in pods if sel.items() <= o["spec"]["template"]["metadata"]["labels"].items()]
+    assert len(match) == 1, "the PodMonitor selects the engine pod"
+    ports = {p["name"]: c["name"] for c in _containers(match[0]) for p in c.get("ports", []) if "name" in p}
+    scraped = {ports.get(e["port"]) for e in pm["spec"]["podMetricsEndpoints"]}
+    assert scraped == {"engine", "sidecar"}, (scraped, ports)
+    assert all(e["path"] == "/metrics" for e in pm["spec"]["podMetricsEndpoints"])
+
+
 # --- tests: the dashboard against a real scrape --------------------------------------------
 
 
