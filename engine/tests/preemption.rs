@@ -138,8 +138,11 @@ async fn decode_tps_after_a_preemption_counts_decode_steps_only() {
     let m = tiny_model();
     // 80 positions: 6 blocks. A and B: 10 prompt + 60 reply each (5 blocks at the end).
     let e = engine(&m, 80, 256, 32);
-    let a = e.submit(request("a", 10, 60)).expect("a");
-    let b = e.submit(request("b", 10, 60)).expect("b");
+    // One request of two choices, so both are queued by one command whatever the timing.
+    let mut req = request("ab", 10, 60);
+    req.n = 2;
+    let mut rxs = e.submit_choices(req).expect("ab").into_iter();
+    let (a, b) = (rxs.next().expect("choice 0"), rxs.next().expect("choice 1"));
     let ((_, ca), (pb, cb)) = tokio::join!(collect(a), collect(b));
     assert_eq!(ca.finish_reason, FinishReason::Length);
     assert_eq!(cb.finish_reason, FinishReason::Length);
