@@ -47,6 +47,37 @@ names) is in [otel/CONTRACT.md](../otel/CONTRACT.md).
 | `RUST_LOG` | both | log filter (default `info`) |
 """
 
+METRICS = """
+## Engine metrics and their vLLM counterparts
+
+The engine's `GET /metrics` ([metrics.md](metrics.md) says what each measures and how to
+scrape it). Each row names the vLLM metric that an existing autoscaling rule or dashboard
+reads, and the slotlight series to read instead.
+
+| vLLM | slotlight engine | notes |
+|---|---|---|
+| `vllm:num_requests_waiting` | `slotlight_engine_requests_waiting` | per `slot_group`; new requests and preempted ones waiting to run again |
+| `vllm:num_requests_running` | `slotlight_engine_requests_running` | per `slot_group` and `path` (`solo`, `slot`): sum over `path` for vLLM's number |
+| `vllm:kv_cache_usage_perc` (formerly `vllm:gpu_cache_usage_perc`) | `slotlight_engine_kv_cache_usage_ratio` | 0 to 1, as vLLM's; blocks held by running requests over all blocks (evictable prefix-cache blocks count as free). Also `slotlight_engine_kv_blocks`, `slotlight_engine_kv_blocks_used` |
+| `vllm:num_preemptions_total` | `slotlight_engine_preemptions_total` | |
+| `vllm:prefix_cache_queries_total` | `slotlight_engine_prefix_cache_queried_tokens_total` | in tokens, as vLLM's; counted at every admission |
+| `vllm:prefix_cache_hits_total` | `slotlight_engine_prefix_cache_hit_tokens_total` | hit rate = hits / queries |
+| `vllm:prompt_tokens_total` | `slotlight_engine_prompt_tokens_total` | once per request at its first admission (`usage.prompt_tokens`) |
+| — | `slotlight_engine_cached_tokens_total` | `usage.prompt_tokens_details.cached_tokens` |
+| `vllm:generation_tokens_total` | `slotlight_engine_generation_tokens_total` | counted as tokens are sampled |
+| `vllm:request_success_total{finished_reason}` | `slotlight_engine_requests_finished_total{finish_reason}` | `stop`, `length`, `cancelled` (vLLM's `abort`), `error` with `error_type`; one count per choice |
+| — | `slotlight_engine_requests_refused_total{error_type}` | answered with an error before reaching a step loop (the sidecar's status `refused`) |
+| `vllm:time_to_first_token_seconds` | `gen_ai_server_time_to_first_token_seconds` | successful requests; GenAI buckets |
+| `vllm:time_per_output_token_seconds` (`vllm:inter_token_latency_seconds`) | `gen_ai_server_time_per_output_token_seconds` | per request: `generation_ms / (completion_tokens - 1)` |
+| `vllm:e2e_request_latency_seconds` | `gen_ai_server_request_duration_seconds` | every request answered, refusals included, `error_type` on failures |
+| `vllm:request_queue_time_seconds` | `slotlight_engine_queue_time_seconds` | arrival to first admission, admitted requests only |
+| `vllm:iteration_tokens_total` | `slotlight_engine_step_batch_size` | requests per forward step (TGI `tgi_batch_current_size`) |
+| — | `slotlight_engine_step_duration_seconds` | each forward step as the backend measures it (TGI `tgi_batch_forward_duration`) |
+| — | `slotlight_engine_batch_slots`, `slotlight_engine_kv_evicted_blocks_total` | capacity and prefix-cache churn |
+| — | `slotlight_engine_spans_exported_total`, `slotlight_engine_spans_dropped_total`, `slotlight_engine_span_export_failures_total` | the span exporter's health (as in `/health`) |
+| — | `slotlight_engine_trace_sampling_ratio` | the share of traces the sampler keeps |
+"""
+
 
 def help_text(bin_: str, *args: str) -> str:
     # --help shows the current value of each flag's environment variable: render without them,
@@ -57,7 +88,7 @@ def help_text(bin_: str, *args: str) -> str:
 
 
 def render(engine: str, sidecar: str) -> str:
-    parts = [HEADER]
+    parts = [HEADER, METRICS]
     parts.append("\n## slotlight-engine\n")
     for cmd in ["", "serve", "generate", "bench", "fetch-model"]:
         title = f"slotlight-engine {cmd}".strip()

@@ -81,7 +81,7 @@ crate::contract! {
 /// the GenAI histograms [`TIME_TO_FIRST_TOKEN`](super::TIME_TO_FIRST_TOKEN),
 /// [`TIME_PER_OUTPUT_TOKEN`](super::TIME_PER_OUTPUT_TOKEN) and
 /// [`REQUEST_DURATION`](super::REQUEST_DURATION) under their convention names. The vLLM
-/// counterpart of each is named in its doc (see also `docs/metrics.md`).
+/// counterpart of each is named in its doc (see also `docs/configuration.md`).
 pub mod engine {
     crate::contract! {
         /// Gauge (engine), per `slot_group`: requests waiting for admission to the group, new ones and preempted ones waiting to run again (vLLM `vllm:num_requests_waiting`).

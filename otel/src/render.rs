@@ -293,7 +293,7 @@ pub fn render_contract() -> String {
     table(
         &mut out,
         "Engine metrics",
-        "Served by the engine on `GET /metrics` (and over OTLP with `OTEL_METRICS_EXPORTER=otlp`), counted where the work happens: exact whatever the trace sampler keeps. Per-group series carry `slot_group`. The engine also serves `gen_ai_server_time_to_first_token_seconds`, `gen_ai_server_time_per_output_token_seconds` and `gen_ai_server_request_duration_seconds` with the GenAI labels. `docs/metrics.md` maps each to its vLLM counterpart.",
+        "Served by the engine on `GET /metrics` (and over OTLP with `OTEL_METRICS_EXPORTER=otlp`), counted where the work happens: exact whatever the trace sampler keeps. Per-group series carry `slot_group`. The engine also serves `gen_ai_server_time_to_first_token_seconds`, `gen_ai_server_time_per_output_token_seconds` and `gen_ai_server_request_duration_seconds` with the GenAI labels. `docs/configuration.md` maps each to its vLLM counterpart.",
         metric::engine::ALL,
         "type",
     );

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,7 @@ from metrics_text import Samples, scrape
 from procs import EngineProcess, http_json, require_model
 from sidecar_support import ENGINE_METRIC, ENGINE_SERVICE, METRIC
 
+REPO = Path(__file__).resolve().parents[2]
 KEY = "metrics-test-key"
 AUTH = {"authorization": f"Bearer {KEY}"}
 REQUIRE_TOOLS = os.environ.get("SLOTLIGHT_REQUIRE_TOOLS") == "1"
@@ -93,6 +95,27 @@ def test_prometheus_text_passes_promtool_and_openmetrics_is_served_on_request(en
     r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     report = (r.stdout + r.stderr).strip()
     assert r.returncode == 0 and not report, f"promtool ({r.returncode}):\n{report}\n--- exposition ---\n{text}"
+
+
+def test_configuration_reference_maps_every_served_metric_to_its_vllm_counterpart(engine):
+    """Every family the engine serves has a row in docs/configuration.md's vLLM table, and the
+    queue, running, KV and preemption gauges name the vLLM metric they replace."""
+    assert chat(engine, ask(2))[0] == 200
+    _, _, text = scrape(engine.base, key=KEY)
+    families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    assert WAITING in families, families
+    doc = (REPO / "docs" / "configuration.md").read_text()
+    section = doc.split("## Engine metrics and their vLLM counterparts", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    unmapped = sorted(f for f in families if not any(f"`{f}" in r for r in rows))
+    assert not unmapped, f"not in docs/configuration.md: {unmapped}"
+    for vllm, ours in [
+        ("vllm:num_requests_waiting", WAITING),
+        ("vllm:num_requests_running", RUNNING),
+        ("vllm:kv_cache_usage_perc", KV_USAGE),
+        ("vllm:num_preemptions_total", ENGINE_METRIC["PREEMPTIONS"]),
+    ]:
+        assert any(f"`{vllm}`" in r and f"`{ours}" in r for r in rows), (vllm, ours)
 
 
 def test_metrics_need_the_api_key_unless_public(engine):
