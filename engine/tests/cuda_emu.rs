@@ -368,3 +368,50 @@ fn default_model_on_the_emulator_matches_the_cpu() {
         assert!(d <= 0.15, "{label}: {d}");
     }
 }
+
+/// Span names opened (in any thread) while a closure runs under a recording subscriber.
+fn opened_spans(f: impl FnOnce()) -> Vec<String> {
+    use std::sync::Mutex;
+    use tracing_subscriber::layer::{Context, SubscriberExt};
+
+    struct Record(Arc<Mutex<Vec<String>>>);
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Record {
+        fn on_new_span(
+            &self,
+            attrs: &tracing::span::Attributes<'_>,
+            _: &tracing::span::Id,
+            _: Context<'_, S>,
+        ) {
+            if let Ok(mut v) = self.0.lock() {
+                v.push(attrs.metadata().name().to_string());
+            }
+        }
+    }
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let subscriber = tracing_subscriber::registry().with(Record(Arc::clone(&seen)));
+    tracing::subscriber::with_default(subscriber, f);
+    let v = seen.lock().expect("record").clone();
+    v
+}
+
+/// Building a backend compiles its kernels inside the start-up span the contract names
+/// (`slotlight.startup.kernel_compile`), so a slow NVRTC compile shows in the start-up trace.
+#[test]
+fn kernel_compile_is_a_start_up_span() {
+    if skip() {
+        return;
+    }
+    let path = TinyLlama::default().write_temp();
+    let (cfg, w) = Model::load_weights(&path).expect("load");
+    let spans = opened_spans(|| {
+        emu_backend(&cfg, &w, 32, matvec_only(), false);
+    });
+    assert_eq!(
+        spans
+            .iter()
+            .filter(|s| *s == slotlight_otel::span::STARTUP_KERNEL_COMPILE)
+            .count(),
+        1,
+        "{spans:?}"
+    );
+}

@@ -20,6 +20,8 @@ crate::contract! {
     STARTUP_TOKENIZER = "slotlight.startup.tokenizer", "span", "";
     /// Start-up: building each device group's backend and allocating its KV cache.
     STARTUP_KV_CACHE = "slotlight.startup.kv_cache", "span", "";
+    /// Start-up (CUDA only): compiling the device kernels for this model's shapes and weight formats (NVRTC) and loading them, one per device group, inside `slotlight.startup.kv_cache`.
+    STARTUP_KERNEL_COMPILE = "slotlight.startup.kernel_compile", "span", "";
     /// Start-up: one forward step of one token per device group, so the first request does not pay for first use (thread pool start, device modules).
     STARTUP_WARMUP = "slotlight.startup.warmup", "span", "";
     /// The engine's shutdown, from the signal to the last telemetry flush (an operational span, a trace of its own).

@@ -202,7 +202,14 @@ impl<G: Gpu> GpuBackend<G> {
         add(WFormat::for_dtype(weights.output.dtype()));
         let kc = KernelConfig::for_model(&cfg, block_size, formats).map_err(GpuError)?;
         let names = kc.kernel_names();
-        gpu.load(&kc, &names)?;
+        {
+            let _compile = tracing::info_span!(
+                target: crate::telemetry::OPS_TARGET,
+                slotlight_otel::span::STARTUP_KERNEL_COMPILE
+            )
+            .entered();
+            gpu.load(&kc, &names)?;
+        }
         let k = resolve(&names, &kc.formats)?;
         let gemm = opts.prefill_gemm && gpu.has_gemm();
         let kv_layout = KvLayout {
