@@ -390,8 +390,7 @@ fn opened_spans(f: impl FnOnce()) -> Vec<String> {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let subscriber = tracing_subscriber::registry().with(Record(Arc::clone(&seen)));
     tracing::subscriber::with_default(subscriber, f);
-    let v = seen.lock().expect("record").clone();
-    v
+    seen.lock().expect("record").clone()
 }
 
 /// Building a backend compiles its kernels inside the start-up span the contract names
