@@ -8,8 +8,7 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use slotlight_engine::model::loader::Model;
 use slotlight_engine::runtime::{self, RuntimeConfig};
@@ -46,21 +45,13 @@ fn engine(model: &Model, ctx: usize, prefill_chunk: usize, mixed: usize) -> Engi
 }
 
 fn request(id: &str, prompt_len: usize, n: usize) -> GenerateRequest {
+    let prompt = (0..prompt_len)
+        .map(|i| u32::try_from(40 + i % 50).expect("small"))
+        .collect();
     GenerateRequest {
-        id: id.into(),
-        prompt: (0..prompt_len)
-            .map(|i| u32::try_from(40 + i % 50).expect("small"))
-            .collect(),
-        max_tokens: n,
         sampling: SamplingParams::greedy(),
-        stop: Vec::new(),
         ignore_eos: true,
-        session: None,
-        received: Instant::now(),
-        cancel: Arc::new(AtomicBool::new(false)),
-        n: 1,
-        logprobs: None,
-        constraint: None,
+        ..GenerateRequest::new(id, prompt, n)
     }
 }
 

@@ -4,8 +4,7 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use slotlight_engine::model::loader::Model;
@@ -251,18 +250,9 @@ fn engine(model: &Model, batch: usize) -> EngineHandle {
 
 fn request(id: &str, prompt: Vec<u32>, n: usize) -> GenerateRequest {
     GenerateRequest {
-        id: id.into(),
-        prompt,
-        max_tokens: n,
         sampling: SamplingParams::greedy(),
-        stop: Vec::new(),
         ignore_eos: true,
-        session: None,
-        received: Instant::now(),
-        cancel: Arc::new(AtomicBool::new(false)),
-        n: 1,
-        logprobs: None,
-        constraint: None,
+        ..GenerateRequest::new(id, prompt, n)
     }
 }
 

@@ -1,7 +1,6 @@
 //! `slotlight-engine bench`: prefill and decode speed, and aggregate decode under concurrency.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -396,22 +395,15 @@ fn concurrent_decode(
     for rep in 0..=reps {
         let receivers: Vec<_> = (0..c)
             .map(|i| {
+                // Distinct prompts so no request reuses another's cache.
+                let distinct = std::iter::once(u32::try_from(i + 10).unwrap_or(10))
+                    .chain(prompt.iter().copied())
+                    .collect();
                 engine.submit(GenerateRequest {
-                    id: format!("bench-{rep}-{i}"),
-                    // Distinct prompts so no request reuses another's cache.
-                    prompt: std::iter::once(u32::try_from(i + 10).unwrap_or(10))
-                        .chain(prompt.iter().copied())
-                        .collect(),
-                    max_tokens: gen_n,
                     sampling: SamplingParams::greedy(),
-                    stop: Vec::new(),
                     ignore_eos: true,
-                    session: None,
-                    received: Instant::now(),
-                    cancel: Arc::new(AtomicBool::new(false)),
-                    n: 1,
-                    logprobs: None,
                     constraint: if i == 0 { constraint.clone() } else { None },
+                    ..GenerateRequest::new(format!("bench-{rep}-{i}"), distinct, gen_n)
                 })
             })
             .collect::<Result<_, _>>()?;

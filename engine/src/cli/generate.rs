@@ -1,9 +1,6 @@
 //! `slotlight-engine generate`: one request through the scheduler, streamed to stdout.
 
 use std::io::Write;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
-use std::time::Instant;
 
 use clap::Args;
 use serde_json::json;
@@ -90,18 +87,10 @@ pub(super) fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let max_tokens = a.max_tokens.min(ctx - prompt.len());
     let engine = super::start_engine(&model, &a.model, ctx, SchedulerConfig::default())?;
     let mut rx = engine.submit(GenerateRequest {
-        id: "generate".into(),
-        prompt: prompt.clone(),
-        max_tokens,
         sampling,
         stop: a.stop.clone(),
         ignore_eos: a.ignore_eos,
-        session: None,
-        received: Instant::now(),
-        cancel: Arc::new(AtomicBool::new(false)),
-        n: 1,
-        logprobs: None,
-        constraint: None,
+        ..GenerateRequest::new("generate", prompt.clone(), max_tokens)
     })?;
     let mut out = std::io::stdout().lock();
     let mut text = String::new();

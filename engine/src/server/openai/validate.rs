@@ -88,6 +88,17 @@ pub struct ValidOptions {
     pub grammar: Option<GrammarRequest>,
 }
 
+/// Refuses `param` when it holds more than `max` items (`what` names them in the message).
+fn at_most(param: &str, what: &str, given: usize, max: usize) -> Result<(), ApiError> {
+    if given > max {
+        return Err(ApiError::invalid_param(
+            param,
+            format!("{given} {what} given; at most {max} are allowed"),
+        ));
+    }
+    Ok(())
+}
+
 fn check_id(param: &str, s: &Option<String>) -> Result<(), ApiError> {
     if let Some(u) = s
         && u.len() > 256
@@ -177,16 +188,7 @@ impl Common {
             .clone()
             .map(StringOrList::into_vec)
             .unwrap_or_default();
-        if stop.len() > limits.max_stop {
-            return Err(ApiError::invalid_param(
-                "stop",
-                format!(
-                    "{} stop strings given; at most {} are allowed",
-                    stop.len(),
-                    limits.max_stop
-                ),
-            ));
-        }
+        at_most("stop", "stop strings", stop.len(), limits.max_stop)?;
         crate::stop::StopMatcher::new(&stop)
             .map_err(|e| ApiError::invalid_param("stop", e.to_string()))?;
         let so = self.stream_options.clone().unwrap_or_default();
@@ -538,16 +540,7 @@ fn tool_setup(
             )),
         };
     }
-    if wire.len() > limits.max_tools {
-        return Err(ApiError::invalid_param(
-            "tools",
-            format!(
-                "{} tools given; at most {} are allowed",
-                wire.len(),
-                limits.max_tools
-            ),
-        ));
-    }
+    at_most("tools", "tools", wire.len(), limits.max_tools)?;
     let mut seen = HashSet::new();
     let mut tools = Vec::with_capacity(wire.len());
     for (i, t) in wire.into_iter().enumerate() {
@@ -600,16 +593,12 @@ pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, 
             "messages must not be empty",
         ));
     }
-    if req.messages.len() > limits.max_messages {
-        return Err(ApiError::invalid_param(
-            "messages",
-            format!(
-                "{} messages given; at most {} are allowed",
-                req.messages.len(),
-                limits.max_messages
-            ),
-        ));
-    }
+    at_most(
+        "messages",
+        "messages",
+        req.messages.len(),
+        limits.max_messages,
+    )?;
     let mut names: HashMap<String, String> = HashMap::new();
     let mut out = Vec::with_capacity(req.messages.len());
     for (i, m) in req.messages.iter().enumerate() {
