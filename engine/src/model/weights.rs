@@ -6,7 +6,10 @@ use std::sync::Arc;
 use half::{bf16, f16};
 use memmap2::Mmap;
 
-/// Element type of a stored tensor.
+/// Element type of a stored tensor: every type of llama.cpp's quantization presets.
+///
+/// Block layouts are GGML's, byte for byte (little-endian); `dequantize` is their reference
+/// decoding, the one every kernel is tested against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
     /// 32-bit float.
@@ -21,58 +24,112 @@ pub enum DType {
     Q4_0,
     /// 32 weights per block: f16 scale, f16 min, 32 × 4-bit.
     Q4_1,
-    /// 256 weights per super-block: f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of 4-bit.
+    /// 32 weights per block: f16 scale, 32 high bits, 32 × 4-bit low bits (offset 16).
+    Q5_0,
+    /// 32 weights per block: f16 scale, f16 min, 32 high bits, 32 × 4-bit low bits.
+    Q5_1,
+    /// 256 weights per super-block: 16 × (4-bit scale, 4-bit min) for sub-blocks of 16, 64 bytes
+    /// of 2-bit codes, f16 d, f16 dmin.
+    Q2K,
+    /// 256 weights per super-block: 32 bytes of high bits, 64 bytes of 2-bit low bits, 12 bytes
+    /// of 6-bit scales (offset 32) for sub-blocks of 16, f16 d; codes offset 4.
+    Q3K,
+    /// 256 weights per super-block: f16 d, f16 dmin, 12 bytes of 6-bit scales/mins for
+    /// sub-blocks of 32, 128 bytes of 4-bit codes.
     Q4K,
-    /// 256 weights per super-block: 128 bytes low 4 bits, 64 bytes high 2 bits, 16 × i8 scales, f16 d.
+    /// 256 weights per super-block: f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 32 bytes
+    /// of high bits, 128 bytes of 4-bit low bits.
+    Q5K,
+    /// 256 weights per super-block: 128 bytes low 4 bits, 64 bytes high 2 bits, 16 × i8 scales
+    /// for sub-blocks of 16, f16 d; codes offset 32.
     Q6K,
+    /// 32 weights per block: f16 scale, 32 × 4-bit indices into the non-linear table
+    /// [`IQ4_VALUES`].
+    IQ4NL,
+    /// 256 weights per super-block: f16 d, 16 bits of high scale bits, 4 bytes of low scale
+    /// bits (6-bit scales, offset 32, per sub-block of 32), 128 bytes of 4-bit table indices.
+    IQ4XS,
 }
 
+/// The non-linear 4-bit code book of IQ4_NL and IQ4_XS (GGML's `kvalues_iq4nl`).
+pub const IQ4_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
 impl DType {
+    /// Every type, in GGML id order (tests iterate it).
+    pub const ALL: [DType; 15] = [
+        DType::F32,
+        DType::F16,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q2K,
+        DType::Q3K,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K,
+        DType::IQ4NL,
+        DType::IQ4XS,
+        DType::BF16,
+    ];
+
     /// The type for a GGML type id, when supported.
     pub fn from_ggml(id: u32) -> Option<Self> {
-        Some(match id {
-            0 => DType::F32,
-            1 => DType::F16,
-            2 => DType::Q4_0,
-            3 => DType::Q4_1,
-            8 => DType::Q8_0,
-            12 => DType::Q4K,
-            14 => DType::Q6K,
-            30 => DType::BF16,
-            _ => return None,
-        })
+        DType::ALL.into_iter().find(|d| d.ggml_id() == id)
+    }
+
+    /// The GGML type id.
+    pub const fn ggml_id(self) -> u32 {
+        match self {
+            DType::F32 => 0,
+            DType::F16 => 1,
+            DType::Q4_0 => 2,
+            DType::Q4_1 => 3,
+            DType::Q5_0 => 6,
+            DType::Q5_1 => 7,
+            DType::Q8_0 => 8,
+            DType::Q2K => 10,
+            DType::Q3K => 11,
+            DType::Q4K => 12,
+            DType::Q5K => 13,
+            DType::Q6K => 14,
+            DType::IQ4NL => 20,
+            DType::IQ4XS => 23,
+            DType::BF16 => 30,
+        }
     }
 
     /// The GGML name of a type id (for error messages).
     pub fn ggml_name(id: u32) -> &'static str {
+        if let Some(d) = DType::from_ggml(id) {
+            return d.name();
+        }
         match id {
-            0 => "F32",
-            1 => "F16",
-            2 => "Q4_0",
-            3 => "Q4_1",
-            6 => "Q5_0",
-            7 => "Q5_1",
-            8 => "Q8_0",
             9 => "Q8_1",
-            10 => "Q2_K",
-            11 => "Q3_K",
-            12 => "Q4_K",
-            13 => "Q5_K",
-            14 => "Q6_K",
             15 => "Q8_K",
-            16..=23 => "IQ*",
+            16 => "IQ2_XXS",
+            17 => "IQ2_XS",
+            18 => "IQ3_XXS",
+            19 => "IQ1_S",
+            21 => "IQ3_S",
+            22 => "IQ2_S",
             24 => "I8",
             25 => "I16",
             26 => "I32",
             27 => "I64",
             28 => "F64",
             29 => "IQ1_M",
-            30 => "BF16",
+            34 => "TQ1_0",
+            35 => "TQ2_0",
+            39 => "MXFP4",
             _ => "unknown",
         }
     }
 
-    /// Display name.
+    /// Display name (GGML's).
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "F32",
@@ -81,8 +138,15 @@ impl DType {
             DType::Q8_0 => "Q8_0",
             DType::Q4_0 => "Q4_0",
             DType::Q4_1 => "Q4_1",
+            DType::Q5_0 => "Q5_0",
+            DType::Q5_1 => "Q5_1",
+            DType::Q2K => "Q2_K",
+            DType::Q3K => "Q3_K",
             DType::Q4K => "Q4_K",
+            DType::Q5K => "Q5_K",
             DType::Q6K => "Q6_K",
+            DType::IQ4NL => "IQ4_NL",
+            DType::IQ4XS => "IQ4_XS",
         }
     }
 
@@ -90,8 +154,10 @@ impl DType {
     pub fn block_elems(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 32,
-            DType::Q4K | DType::Q6K => 256,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4NL => {
+                32
+            }
+            DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K | DType::IQ4XS => 256,
         }
     }
 
@@ -101,10 +167,16 @@ impl DType {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
             DType::Q8_0 => 34,
-            DType::Q4_0 => 18,
+            DType::Q4_0 | DType::IQ4NL => 18,
             DType::Q4_1 => 20,
+            DType::Q5_0 => 22,
+            DType::Q5_1 => 24,
+            DType::Q2K => 84,
+            DType::Q3K => 110,
             DType::Q4K => 144,
+            DType::Q5K => 176,
             DType::Q6K => 210,
+            DType::IQ4XS => 136,
         }
     }
 
@@ -282,8 +354,14 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
 /// Dequantizes a run of blocks of type `dtype` into `out`.
 pub fn dequantize(dtype: DType, src: &[u8], out: &mut [f32]) {
+    let bb = dtype.block_bytes();
+    let be = dtype.block_elems();
     match dtype {
         DType::F32 => {
             for (o, c) in out.iter_mut().zip(src.chunks_exact(4)) {
@@ -300,87 +378,177 @@ pub fn dequantize(dtype: DType, src: &[u8], out: &mut [f32]) {
                 *o = bf16::from_le_bytes([c[0], c[1]]).to_f32();
             }
         }
-        DType::Q8_0 => {
-            for (o, b) in out.chunks_exact_mut(32).zip(src.chunks_exact(34)) {
-                let d = f16_at(b, 0);
+        _ => {
+            for (o, b) in out.chunks_exact_mut(be).zip(src.chunks_exact(bb)) {
+                let mut codes = [0i32; 256];
+                let mut scale = [0f32; 256 / 16];
+                let mut min = [0f32; 256 / 16];
+                let sub = decode_block(dtype, b, &mut codes, &mut scale, &mut min);
+                #[allow(clippy::cast_precision_loss)] // |codes| ≤ 127: exact
                 for (j, v) in o.iter_mut().enumerate() {
-                    *v = d * f32::from(b[2 + j].cast_signed());
-                }
-            }
-        }
-        DType::Q4_0 => {
-            for (o, b) in out.chunks_exact_mut(32).zip(src.chunks_exact(18)) {
-                let d = f16_at(b, 0);
-                for j in 0..16 {
-                    let q = b[2 + j];
-                    o[j] = d * (f32::from(q & 0xF) - 8.0);
-                    o[j + 16] = d * (f32::from(q >> 4) - 8.0);
-                }
-            }
-        }
-        DType::Q4_1 => {
-            for (o, b) in out.chunks_exact_mut(32).zip(src.chunks_exact(20)) {
-                let d = f16_at(b, 0);
-                let m = f16_at(b, 2);
-                for j in 0..16 {
-                    let q = b[4 + j];
-                    o[j] = d * f32::from(q & 0xF) + m;
-                    o[j + 16] = d * f32::from(q >> 4) + m;
-                }
-            }
-        }
-        DType::Q4K => {
-            for (o, b) in out.chunks_exact_mut(256).zip(src.chunks_exact(144)) {
-                let d = f16_at(b, 0);
-                let dmin = f16_at(b, 2);
-                let scales = &b[4..16];
-                let qs = &b[16..144];
-                for j in 0..4 {
-                    let (sc0, m0) = q4k_scale_min(2 * j, scales);
-                    let (sc1, m1) = q4k_scale_min(2 * j + 1, scales);
-                    let (d0, mm0) = (d * f32::from(sc0), dmin * f32::from(m0));
-                    let (d1, mm1) = (d * f32::from(sc1), dmin * f32::from(m1));
-                    let q = &qs[32 * j..32 * j + 32];
-                    for l in 0..32 {
-                        o[64 * j + l] = d0 * f32::from(q[l] & 0xF) - mm0;
-                        o[64 * j + 32 + l] = d1 * f32::from(q[l] >> 4) - mm1;
-                    }
-                }
-            }
-        }
-        DType::Q6K => {
-            for (o, b) in out.chunks_exact_mut(256).zip(src.chunks_exact(210)) {
-                let ql = &b[0..128];
-                let qh = &b[128..192];
-                let sc = &b[192..208];
-                let d = f16_at(b, 208);
-                for half in 0..2 {
-                    let ql = &ql[64 * half..];
-                    let qh = &qh[32 * half..];
-                    let sc = &sc[8 * half..];
-                    let o = &mut o[128 * half..];
-                    for l in 0..32 {
-                        let is = l / 16;
-                        let q1 = i32::from((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32;
-                        let q2 = i32::from((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-                        let q3 = i32::from((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-                        let q4 = i32::from((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-                        let s = |k: usize| d * f32::from(sc[is + k].cast_signed());
-                        #[allow(clippy::cast_precision_loss)]
-                        {
-                            o[l] = s(0) * q1 as f32;
-                            o[l + 32] = s(2) * q2 as f32;
-                            o[l + 64] = s(4) * q3 as f32;
-                            o[l + 96] = s(6) * q4 as f32;
-                        }
-                    }
+                    *v = scale[j / sub] * codes[j] as f32 - min[j / sub];
                 }
             }
         }
     }
 }
 
-/// The 6-bit scale and min of sub-block `j` (0..8) of a Q4_K super-block.
+/// One block of a quantized type as integer codes with a scale and a minimum per sub-block:
+/// weight `j` is `scale[j / sub] · codes[j] − min[j / sub]`, exactly as GGML decodes it (the
+/// scale is the block's f16 scale times its integer sub-scale, exact in f32). Returns `sub`,
+/// the sub-block length. The packers and the reference share this one decoding.
+pub fn decode_block(
+    dtype: DType,
+    b: &[u8],
+    codes: &mut [i32; 256],
+    scale: &mut [f32; 16],
+    min: &mut [f32; 16],
+) -> usize {
+    match dtype {
+        DType::Q8_0 => {
+            scale[0] = f16_at(b, 0);
+            for (j, c) in codes.iter_mut().take(32).enumerate() {
+                *c = i32::from(b[2 + j].cast_signed());
+            }
+            32
+        }
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4NL => {
+            let d = f16_at(b, 0);
+            let (m, qh, qs) = match dtype {
+                DType::Q4_0 | DType::IQ4NL => (0.0, 0, 2),
+                DType::Q4_1 => (-f16_at(b, 2), 0, 4),
+                DType::Q5_0 => (0.0, u32_at(b, 2), 6),
+                _ => (-f16_at(b, 2), u32_at(b, 4), 8),
+            };
+            let offset = match dtype {
+                DType::Q4_0 => 8,
+                DType::Q5_0 => 16,
+                _ => 0,
+            };
+            for j in 0..16 {
+                let q = b[qs + j];
+                let (lo, hi) = (i32::from(q & 0xF), i32::from(q >> 4));
+                let (h0, h1) = (((qh >> j) & 1) << 4, ((qh >> (j + 16)) & 1) << 4);
+                #[allow(clippy::cast_possible_wrap)] // one bit
+                let (h0, h1) = (h0 as i32, h1 as i32);
+                if dtype == DType::IQ4NL {
+                    codes[j] = i32::from(IQ4_VALUES[q as usize & 0xF]);
+                    codes[j + 16] = i32::from(IQ4_VALUES[q as usize >> 4]);
+                } else {
+                    codes[j] = (lo | h0) - offset;
+                    codes[j + 16] = (hi | h1) - offset;
+                }
+            }
+            scale[0] = d;
+            min[0] = m;
+            32
+        }
+        DType::Q2K => {
+            let (sc, qs) = (&b[0..16], &b[16..80]);
+            let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
+            for (s, &v) in sc.iter().enumerate() {
+                scale[s] = d * f32::from(v & 0xF);
+                min[s] = dmin * f32::from(v >> 4);
+            }
+            // Two halves of 128; in each, four shifts of 32 codes read from 32 bytes.
+            for half in 0..2 {
+                for shift in 0..4 {
+                    for l in 0..32 {
+                        let q = qs[32 * half + l];
+                        codes[128 * half + 32 * shift + l] = i32::from((q >> (2 * shift)) & 3);
+                    }
+                }
+            }
+            16
+        }
+        DType::Q3K => {
+            let (hm, qs, sc) = (&b[0..32], &b[32..96], &b[96..108]);
+            let d = f16_at(b, 108);
+            for (s, out) in scale.iter_mut().enumerate() {
+                // 6-bit scales: low 4 bits from bytes 0..8, high 2 bits from bytes 8..12.
+                let lo = if s < 8 { sc[s] & 0xF } else { sc[s - 8] >> 4 };
+                let hi = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+                *out = d * f32::from(i16::from(lo | (hi << 4)) - 32);
+            }
+            for half in 0..2 {
+                for shift in 0..4 {
+                    for l in 0..32 {
+                        let j = 128 * half + 32 * shift + l;
+                        let low = i32::from((qs[32 * half + l] >> (2 * shift)) & 3);
+                        let high = (hm[l] >> (4 * half + shift)) & 1;
+                        codes[j] = low - if high == 1 { 0 } else { 4 };
+                    }
+                }
+            }
+            16
+        }
+        DType::Q4K | DType::Q5K => {
+            let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+            let sc = &b[4..16];
+            let (qh, qs) = if dtype == DType::Q5K {
+                (Some(&b[16..48]), &b[48..176])
+            } else {
+                (None, &b[16..144])
+            };
+            for s in 0..8 {
+                let (a, m) = q4k_scale_min(s, sc);
+                scale[s] = d * f32::from(a);
+                min[s] = dmin * f32::from(m);
+            }
+            for j in 0..4 {
+                for l in 0..32 {
+                    let q = qs[32 * j + l];
+                    let (mut lo, mut hi) = (i32::from(q & 0xF), i32::from(q >> 4));
+                    if let Some(qh) = qh {
+                        lo |= i32::from((qh[l] >> (2 * j)) & 1) << 4;
+                        hi |= i32::from((qh[l] >> (2 * j + 1)) & 1) << 4;
+                    }
+                    codes[64 * j + l] = lo;
+                    codes[64 * j + 32 + l] = hi;
+                }
+            }
+            32
+        }
+        DType::Q6K => {
+            let (ql, qh, sc) = (&b[0..128], &b[128..192], &b[192..208]);
+            let d = f16_at(b, 208);
+            for (s, out) in scale.iter_mut().enumerate() {
+                *out = d * f32::from(sc[s].cast_signed());
+            }
+            for half in 0..2 {
+                let (ql, qh) = (&ql[64 * half..], &qh[32 * half..]);
+                for l in 0..32 {
+                    let j = 128 * half + l;
+                    codes[j] = i32::from((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32;
+                    codes[j + 32] = i32::from((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                    codes[j + 64] = i32::from((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                    codes[j + 96] = i32::from((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                }
+            }
+            16
+        }
+        DType::IQ4XS => {
+            let d = f16_at(b, 0);
+            let sh = u16::from_le_bytes([b[2], b[3]]);
+            let (sl, qs) = (&b[4..8], &b[8..136]);
+            for s in 0..8 {
+                let lo = (sl[s / 2] >> (4 * (s % 2))) & 0xF;
+                #[allow(clippy::cast_possible_truncation)] // two bits
+                let hi = ((sh >> (2 * s)) & 3) as u8;
+                scale[s] = d * f32::from(i16::from(lo | (hi << 4)) - 32);
+                for l in 0..16 {
+                    let q = qs[16 * s + l];
+                    codes[32 * s + l] = i32::from(IQ4_VALUES[q as usize & 0xF]);
+                    codes[32 * s + 16 + l] = i32::from(IQ4_VALUES[q as usize >> 4]);
+                }
+            }
+            32
+        }
+        DType::F32 | DType::F16 | DType::BF16 => unreachable!("not a block type"),
+    }
+}
+
+/// The 6-bit scale and min of sub-block `j` (0..8) of a Q4_K or Q5_K super-block.
 pub fn q4k_scale_min(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)

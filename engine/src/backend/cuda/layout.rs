@@ -83,7 +83,16 @@ impl WFormat {
             DType::Q4_0 => WFormat::Q4_0,
             DType::Q4_1 => WFormat::Q4_1,
             DType::Q8_0 => WFormat::Q8_0,
-            DType::F16 | DType::Q4K | DType::Q6K => WFormat::F16,
+            DType::F16
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q2K
+            | DType::Q3K
+            | DType::Q4K
+            | DType::Q5K
+            | DType::Q6K
+            | DType::IQ4NL
+            | DType::IQ4XS => WFormat::F16,
             DType::F32 | DType::BF16 => WFormat::F32,
         }
     }
