@@ -11,8 +11,9 @@
 //!   halves' then the second halves'), then for Q4_K/Q5_K the eight 6-bit minimums (Q2_K keeps
 //!   its scale and minimum nibbles in one byte, as the file does);
 //! - **bit planes** (codes wider than their nibble, and the 2- and 3-bit codes): 32 bytes per
-//!   plane, per row pair `p` (0..4) two `u32`s, one per code vector below: bit `16·h + j` is
-//!   the bit of code `j` (first vector) or `16 + j` (second) of row `p + 4h`;
+//!   plane, byte `k` for position `k` of the code vectors below, its bit `2p + v` the plane's
+//!   bit of position `k` of pair `p`'s vector `v` (0: codes 0..16, 1: codes 16..32), so one load
+//!   serves all eight vectors and each takes its bit with one mask and one compare;
 //! - **codes** as four 32-byte vectors, each pairing row `p` with row `p + 4`:
 //!   - the nibble formats (`[row p's 16 bytes | row p+4's 16 bytes]`, the GGUF nibble order:
 //!     byte `j` holds code `j` low and code `j + 16` high), so one mask gives both rows' codes
@@ -377,13 +378,10 @@ fn put_codes(format: PackedFormat, codes: &[u8; QK], i: usize, rec: &mut [u8]) {
     }
     let shift = if format.nibble() { 4 } else { 0 };
     for plane in 0..format.planes() {
-        for (v, part) in [&codes[..16], &codes[16..]].into_iter().enumerate() {
-            let at = format.planes_offset() + 32 * plane + 8 * p + 4 * v;
-            let mut word = u32::from_le_bytes([rec[at], rec[at + 1], rec[at + 2], rec[at + 3]]);
-            for (j, c) in part.iter().enumerate() {
-                word |= u32::from((c >> (shift + plane)) & 1) << (16 * h + j);
-            }
-            rec[at..at + 4].copy_from_slice(&word.to_le_bytes());
+        let at = format.planes_offset() + 32 * plane + 16 * h;
+        for (j, c) in codes.iter().enumerate() {
+            let (v, k) = (j / 16, j % 16);
+            rec[at + k] |= ((c >> (shift + plane)) & 1) << (2 * p + v);
         }
     }
 }
@@ -522,13 +520,10 @@ pub fn row_codes(format: PackedFormat, grp: &[u8], b: usize, i: usize) -> [i32; 
     }
     let shift = if format.nibble() { 4 } else { 0 };
     for plane in 0..format.planes() {
-        for v in 0..2 {
-            let at = format.planes_offset() + 32 * plane + 8 * p + 4 * v;
-            let word = u32::from_le_bytes([rec[at], rec[at + 1], rec[at + 2], rec[at + 3]]);
-            for j in 0..16 {
-                let bit = u8::from((word >> (16 * h + j)) & 1 == 1);
-                u[16 * v + j] |= bit << (shift + plane);
-            }
+        let at = format.planes_offset() + 32 * plane + 16 * h;
+        for (j, c) in u.iter_mut().enumerate() {
+            let (v, k) = (j / 16, j % 16);
+            *c |= ((rec[at + k] >> (2 * p + v)) & 1) << (shift + plane);
         }
     }
     u.map(|c| {

@@ -38,23 +38,6 @@ fn reduce(i: [__m256i; 4]) -> __m256i {
     _mm256_hadd_epi32(a, b)
 }
 
-/// A 32-bit plane word as 32 bytes: byte `k` all ones where bit `k` is set.
-#[target_feature(enable = "avx2")]
-#[inline]
-fn expand_bits(word: u32) -> __m256i {
-    let v = _mm256_set1_epi32(word.cast_signed());
-    // Bytes 0..8 from the word's byte 0, 8..16 from byte 1 (lane 0); 2 and 3 in lane 1.
-    let spread = _mm256_shuffle_epi8(
-        v,
-        _mm256_setr_epi8(
-            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
-            3, 3, 3,
-        ),
-    );
-    let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64.cast_signed());
-    _mm256_cmpeq_epi8(_mm256_and_si256(spread, bits), bits)
-}
-
 /// Block record `rec`'s codes for the four row pairs: the vectors of codes 0..16 and of
 /// codes 16..32 (`[row p | row p+4]`), as stored (unsigned) or, for signed formats, as values.
 ///
@@ -86,14 +69,16 @@ unsafe fn codes<const F: u8>(rec: *const u8) -> ([__m256i; 4], [__m256i; 4]) {
         let shift = if f.nibble() { 4 } else { 0 };
         for plane in 0..f.planes() {
             let bit = _mm256_set1_epi8(1 << (shift + plane));
-            let w = rec.add(f.planes_offset() + 32 * plane).cast::<u32>();
+            let bits = _mm256_loadu_si256(rec.add(f.planes_offset() + 32 * plane).cast());
+            // Vector (p, v)'s bit is bit 2p + v of each byte: all ones where set, then the
+            // code's bit.
+            let take = |sel: u8| {
+                let m = _mm256_set1_epi8(sel.cast_signed());
+                _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bits, m), m), bit)
+            };
             for p in 0..4 {
-                let (wl, wh) = (
-                    w.add(2 * p).read_unaligned(),
-                    w.add(2 * p + 1).read_unaligned(),
-                );
-                lo[p] = _mm256_or_si256(lo[p], _mm256_and_si256(expand_bits(wl), bit));
-                hi[p] = _mm256_or_si256(hi[p], _mm256_and_si256(expand_bits(wh), bit));
+                lo[p] = _mm256_or_si256(lo[p], take(1 << (2 * p)));
+                hi[p] = _mm256_or_si256(hi[p], take(2 << (2 * p)));
             }
         }
         if f.lut() {
