@@ -150,6 +150,81 @@ fn every_new_block_type_runs_quantized_and_matches_the_f32_weights() {
     }
 }
 
+/// The device decode itself, bit for bit: the `embed` kernel of each format copies rows of a
+/// packed matrix out as the f32 weights its unit loader computes, which must be the reference
+/// `dequantize`'s values exactly (random blocks: every code and sub-scale pattern).
+#[test]
+fn device_decode_equals_the_reference_bit_for_bit_for_every_block_type() {
+    use slotlight_engine::backend::cuda::gpu::{Arg, Gpu, Launch};
+    use slotlight_engine::backend::cuda::kernels::KernelConfig;
+    use slotlight_engine::backend::cuda::layout::{self, WFormat};
+    use slotlight_engine::model::testing::FixtureRng;
+
+    if skip() {
+        return;
+    }
+    let (rows, k) = (6, 512);
+    let kc = KernelConfig {
+        hidden: k,
+        q_dim: k,
+        kv_dim: k / 2,
+        head_dim: 64,
+        heads: 8,
+        kv_heads: 4,
+        ffn: k,
+        layers: 1,
+        block_size: 16,
+        neox: false,
+        att_warps: layout::attn_warps(2, 64),
+        formats: WFormat::ALL.to_vec(),
+    };
+    let names = kc.kernel_names();
+    let mut gpu = EmuGpu::new(false);
+    gpu.load(&kc, &names).expect("emulator build");
+    let mut rng = FixtureRng::new(3);
+    let quantized = DType::ALL.into_iter().filter(|d| d.is_quantized());
+    for dtype in quantized {
+        let t = cuda_support::random_quantized("w", dtype, rows, k, 1.0, &mut rng);
+        let fmt = WFormat::for_dtype(dtype);
+        let packed = layout::pack(fmt, &[&t]).expect("pack");
+        let w = gpu.alloc(packed.len()).expect("alloc");
+        gpu.upload(w, &packed).expect("upload");
+        let meta: Vec<u8> = (0..rows)
+            .flat_map(|r| i32::try_from(r).expect("row").to_le_bytes())
+            .collect();
+        let m = gpu.alloc(meta.len()).expect("alloc");
+        gpu.upload(m, &meta).expect("upload");
+        let x = gpu.alloc(rows * k * 4).expect("alloc");
+        let kernel = names
+            .iter()
+            .position(|n| *n == format!("embed_f{}", fmt.id()))
+            .expect("embed kernel");
+        let l = Launch {
+            kernel,
+            grid: (u32::try_from(rows).expect("rows"), 1, 1),
+            block: (256, 1, 1),
+        };
+        let args = [
+            Arg::Ptr(w),
+            Arg::I32(i32::try_from(rows).expect("rows")),
+            Arg::Ptr(m),
+            Arg::Ptr(x),
+        ];
+        gpu.launch(l, &args).expect("launch");
+        let mut got = vec![0f32; rows * k];
+        gpu.download(&mut got, x).expect("download");
+        let want = t.to_f32_vec();
+        let bad = got
+            .iter()
+            .zip(&want)
+            .position(|(g, w)| g.to_bits() != w.to_bits());
+        assert_eq!(bad, None, "{dtype:?}: first differing weight");
+        for p in [w, m, x] {
+            gpu.free(p);
+        }
+    }
+}
+
 /// Models whose matrices differ in type, like llama.cpp's presets write them: each of Q, K and
 /// V keeps its own format (one launch per run of equal formats), on the matvec and the GEMM
 /// path; gate and up of different types share F16.

@@ -224,7 +224,7 @@ pub fn random_quantized(
     let mut w = vec![0f32; be];
     for _ in 0..rows * k / be {
         let mut blk: Vec<u8> = (0..bb)
-            .map(|_| u8::try_from(((rng.next_f32() + 1.0) * 127.9) as u32).unwrap_or(0))
+            .map(|_| rng.next_f32().to_bits().to_le_bytes()[1])
             .collect();
         let field: Vec<f32> = f16_fields(dtype)
             .iter()
