@@ -671,6 +671,20 @@ impl TinyLlama {
     /// The model as GGUF bytes, with a byte-level gpt2 vocabulary of `vocab` tokens
     /// (ids 0..=2 are `<|endoftext|>`, `<|im_start|>`, `<|im_end|>`) and a ChatML template.
     pub fn gguf(&self) -> GgufBuilder {
+        self.gguf_typed(&|_, dtype| dtype, false)
+    }
+
+    /// The model with each matrix (embedding and output included) stored as
+    /// `type_of(name, default)`, `default` being the type [`TinyLlama::gguf`] gives it; 1-D
+    /// tensors stay F32. The weights drawn are the same whatever the types. With `dequantized`,
+    /// every matrix is stored instead as F32 holding the values its chosen type decodes to: the
+    /// float reference of the typed file, which differs from it only in the engine's
+    /// arithmetic.
+    pub fn gguf_typed(
+        &self,
+        type_of: &dyn Fn(&str, DType) -> DType,
+        dequantized: bool,
+    ) -> GgufBuilder {
         let mut rng = FixtureRng::new(self.seed);
         let mut b = GgufBuilder::new();
         let arch = if self.qkv_bias { "qwen2" } else { "llama" };
@@ -720,6 +734,16 @@ impl TinyLlama {
         );
         let h = self.hidden;
         let kv = self.kv_heads * head_dim;
+        let store = |b: &mut GgufBuilder, name: &str, shape: &[usize], dtype: DType, x: &[f32]| {
+            let dtype = type_of(name, dtype);
+            if dequantized {
+                let mut y = vec![0.0; x.len()];
+                super::weights::dequantize(dtype, &quantize(dtype, x), &mut y);
+                b.tensor_f32(name, shape, &y);
+            } else {
+                b.tensor_quantized(name, shape, dtype, x);
+            }
+        };
         let mat = |b: &mut GgufBuilder,
                    rng: &mut FixtureRng,
                    name: &str,
@@ -727,7 +751,7 @@ impl TinyLlama {
                    cols: usize,
                    dtype: DType| {
             let scale = 1.0 / (cols as f32).sqrt() * 1.7;
-            b.tensor_quantized(name, &[rows, cols], dtype, &rng.vec(rows * cols, scale));
+            store(b, name, &[rows, cols], dtype, &rng.vec(rows * cols, scale));
         };
         let norm = |b: &mut GgufBuilder, rng: &mut FixtureRng, name: &str, n: usize| {
             let v: Vec<f32> = rng.vec(n, 0.2).iter().map(|x| 1.0 + x).collect();
@@ -738,7 +762,8 @@ impl TinyLlama {
         } else {
             self.dtype
         };
-        b.tensor_quantized(
+        store(
+            &mut b,
             "token_embd.weight",
             &[self.vocab, h],
             embd_type,
