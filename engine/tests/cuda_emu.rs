@@ -118,6 +118,34 @@ fn tiny_models_match_the_cpu_for_every_weight_format() {
     }
 }
 
+/// Tiny models written by the test GGUF writer's quantizers (round to nearest, as llama.cpp
+/// does) in each newer block type: the emulated GPU against the CPU backend's integer kernels.
+#[test]
+fn tiny_quantized_models_of_every_new_type_match_the_cpu() {
+    if skip() {
+        return;
+    }
+    for dtype in NEW_TYPES {
+        let tiny = TinyLlama {
+            dtype,
+            hidden: 256,
+            ffn: 512,
+            tied: false,
+            ..TinyLlama::default()
+        };
+        let (cfg, w) = Model::load_weights(&tiny.write_temp()).expect("load");
+        let seq = tokens(13, cfg.vocab);
+        let mut gpu = emu_backend(&cfg, &w, seq.len(), matvec_only(), false);
+        let mut cpu = cpu_backend(&cfg, &w, seq.len());
+        let d = max_diff(
+            &support::all_logits(&mut gpu, &seq),
+            &support::all_logits(&mut cpu, &seq),
+        );
+        eprintln!("{dtype:?} (quantized by the test writer): worst logit difference {d:.2e}");
+        assert!(d <= QUANTIZED_TOLERANCE, "{dtype:?}: {d}");
+    }
+}
+
 /// Every block type of the K-quant generation stays quantized on the device (one format per
 /// type, memory about the file's) and its kernels, decoding in registers, give the logits of the
 /// CPU on the same weights dequantized to f32: the decode is exact, so only rounding differs.
