@@ -525,8 +525,8 @@ impl BlockFields {
             DType::Q6K => {
                 let (ql, qh, sc) = (&b[0..128], &b[128..192], &b[192..208]);
                 (f.d, f.sub) = (f16_at(b, 208), 16);
-                for s in 0..16 {
-                    f.sc[s] = i32::from(sc[s].cast_signed());
+                for (out, &v) in f.sc.iter_mut().zip(sc) {
+                    *out = i32::from(v.cast_signed());
                 }
                 for half in 0..2 {
                     let (ql, qh) = (&ql[64 * half..], &qh[32 * half..]);
