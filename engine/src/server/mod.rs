@@ -5,7 +5,9 @@
 
 pub mod error;
 pub mod openai;
+pub mod outcome;
 pub mod pipeline;
+pub mod record;
 pub mod trace;
 pub mod usage;
 
@@ -176,8 +178,7 @@ async fn record_refusals(State(st): State<SharedState>, req: Request, next: Next
         &parent_context(&headers),
         &server,
     );
-    pipeline::log_refused(&r, resp.status().as_u16());
-    pipeline::observe_refused(&st.metrics, &r, None);
+    record::refused(&st.metrics, &r, resp.status().as_u16(), None);
     resp
 }
 /// Everything handlers share.

@@ -26,7 +26,8 @@ use super::validate::{Endpoint, ValidRequest};
 use super::{created, new_id, read_json, session, sse};
 use crate::sampling::TokenLogprobs;
 use crate::server::error::ApiError;
-use crate::server::pipeline::{CancelOnDrop, ChoiceEnd, Final, Out, launch};
+use crate::server::outcome::RequestOutcome;
+use crate::server::pipeline::{CancelOnDrop, ChoiceEnd, Out, launch};
 use crate::server::trace::{RequestInfo, ToolsInfo};
 use crate::server::{Arrival, SharedState};
 use crate::tokenizer::TokenBytes;
@@ -172,7 +173,7 @@ impl Shape {
                 }
                 Out::Done(f) => {
                     guard.disarm();
-                    if let Some(e) = f.error {
+                    if let Some(e) = f.api_error() {
                         return Err(e);
                     }
                     return Ok(self.whole(choices, *f));
@@ -182,7 +183,7 @@ impl Shape {
         Err(ApiError::internal("the request ended without a result"))
     }
 
-    fn whole(&self, choices: Vec<Collected>, f: Final) -> Response {
+    fn whole(&self, choices: Vec<Collected>, f: RequestOutcome) -> Response {
         let reason = |c: &Collected| {
             c.end
                 .as_ref()
@@ -292,7 +293,7 @@ impl Chunk {
         r.unwrap_or_default()
     }
 
-    fn finish_extras(&mut self, f: &Final, continuous: bool) {
+    fn finish_extras(&mut self, f: &RequestOutcome, continuous: bool) {
         let usage = continuous.then(|| ChunkUsage::Full(Box::new(f.usage.clone())));
         match self {
             Chunk::Chat(c) => {
@@ -495,7 +496,7 @@ impl Streaming {
                 if let Some(g) = self.guard.as_mut() {
                     g.disarm();
                 }
-                if let Some(e) = &f.error {
+                if let Some(e) = f.api_error() {
                     return vec![e.body().to_string()];
                 }
                 let mut v = Vec::new();
