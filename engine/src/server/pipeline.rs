@@ -19,8 +19,8 @@ use super::error::ApiError;
 use super::openai::tools::{ParsedCall, Shaper, ToolSetup};
 use super::openai::validate::ValidRequest;
 use super::outcome::RequestOutcome;
-use super::record;
-use super::trace::{Refusal, RequestInfo, RequestTrace};
+use super::record::{self, Refused};
+use super::trace::{RequestInfo, RequestTrace, ServerAddress};
 use crate::metrics::RequestMetrics;
 use crate::sampling::TokenLogprobs;
 use crate::scheduler::{Completion, EngineError, Event, FinishReason, GenerateRequest};
@@ -88,26 +88,23 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// Submits a request and starts its task. Returns its output channel and cancel flag.
+/// Submits a request and starts its task. Returns its output channel and cancel flag, or the
+/// scheduler's refusal, with the request span already started (the handler records it).
 pub fn launch(
     st: &AppState,
     info: RequestInfo,
     req: &ValidRequest,
     parent: &Context,
-) -> Result<(mpsc::UnboundedReceiver<Out>, Arc<AtomicBool>), ApiError> {
-    let scope = super::http_scope();
-    let server = scope.as_ref().map(|s| s.server.clone()).unwrap_or_default();
+    server: &ServerAddress,
+) -> Result<(mpsc::UnboundedReceiver<Out>, Arc<AtomicBool>), Refused> {
     // From here on the request has its own span and log line, whatever happens.
-    if let Some(s) = &scope {
-        s.mark_recorded();
-    }
     let trace = RequestTrace::start(
         &st.telemetry,
         st.anchor,
         info.clone(),
         parent,
         st.cfg.trace_content,
-        &server,
+        server,
     );
     let cancel = Arc::new(AtomicBool::new(false));
     let opts = &req.opts;
@@ -128,25 +125,10 @@ pub fn launch(
     let rxs = match st.engine.submit_choices(gen_req) {
         Ok(rx) => rx,
         Err(e) => {
-            let api = ApiError::from(e);
-            let refusal = Refusal {
-                id: info.id.clone(),
-                operation: info.operation,
-                response_model: info.response_model.clone(),
-                session: info.session.clone(),
-                received: info.received,
-                refused: Instant::now(),
-                error_type: api.label(),
-                message: api.message.clone(),
-            };
-            trace.refuse(api.label(), &api.message, refusal.refused);
-            record::refused(
-                &st.metrics,
-                &refusal,
-                api.status.as_u16(),
-                Some(&info.request_model),
-            );
-            return Err(api);
+            return Err(Refused {
+                error: ApiError::from(e),
+                started: Some(Box::new((trace, info))),
+            });
         }
     };
     let (tx, out) = mpsc::unbounded_channel();
@@ -329,7 +311,7 @@ mod tests {
     use super::*;
     use crate::scheduler::Placement;
     use crate::server::error::ErrorKind;
-    use crate::server::trace::{RequestedParams, ServerAddress};
+    use crate::server::trace::RequestedParams;
     use crate::telemetry::Telemetry;
     use crate::timing::{PathKind, TimeAnchor};
 

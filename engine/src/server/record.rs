@@ -2,9 +2,94 @@
 //! finished request's [`RequestOutcome`], or a [`Refusal`]. Nothing here decides how a request
 //! ended; it only writes it down.
 
+use std::time::Instant;
+
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+
+use super::AppState;
+use super::error::ApiError;
+use super::openai::validate::Endpoint;
 use super::outcome::{Failure, RequestOutcome};
-use super::trace::{Refusal, RequestInfo};
+use super::trace::{self, Refusal, RequestInfo, RequestTrace, ServerAddress};
 use crate::metrics::{Observation, RequestMetrics};
+
+/// A generation request answered with an error before it reached a step loop, with what was
+/// known of it when it was refused.
+pub struct Refused {
+    /// The answer.
+    pub error: ApiError,
+    /// The request span and the request's facts, when the request was refused after its span
+    /// started (by the scheduler: the queue is full, the engine is stopping).
+    pub started: Option<Box<(RequestTrace, RequestInfo)>>,
+}
+
+impl From<ApiError> for Refused {
+    fn from(error: ApiError) -> Self {
+        Self {
+            error,
+            started: None,
+        }
+    }
+}
+
+/// Records a refused generation request (its span, its log line, its count and duration) and
+/// answers it: the one place every refusal of a generation route is recorded, called by the
+/// route's handler, which answers it. `endpoint` is the route's own.
+pub fn refusal(
+    st: &AppState,
+    endpoint: Endpoint,
+    received: Instant,
+    headers: &HeaderMap,
+    server: &ServerAddress,
+    refused: Refused,
+) -> Response {
+    let Refused { error, started } = refused;
+    let now = Instant::now();
+    match started {
+        Some(started) => {
+            let (trace, info) = *started;
+            let r = Refusal {
+                id: info.id.clone(),
+                operation: info.operation,
+                response_model: info.response_model.clone(),
+                session: info.session.clone(),
+                received: info.received,
+                refused: now,
+                error_type: error.label(),
+                message: error.message.clone(),
+            };
+            trace.refuse(r.error_type, &r.message, now);
+            refused_request(
+                st.metrics.as_ref(),
+                &r,
+                error.status.as_u16(),
+                Some(&info.request_model),
+            );
+        }
+        None => {
+            let r = Refusal {
+                id: super::openai::new_id(endpoint.id_prefix()),
+                operation: endpoint.operation(),
+                response_model: st.cfg.model_names.first().cloned().unwrap_or_default(),
+                session: super::openai::session(headers, None),
+                received,
+                refused: now,
+                error_type: error.label(),
+                message: error.message.clone(),
+            };
+            trace::record_refusal(
+                &st.telemetry,
+                st.anchor,
+                &r,
+                &super::parent_context(headers),
+                server,
+            );
+            refused_request(st.metrics.as_ref(), &r, error.status.as_u16(), None);
+        }
+    }
+    error.into_response()
+}
 
 /// Records a finished request: its `Request.Finished` log line, a `Request.Failed` warning
 /// when the engine failed it, and its latency observation.
@@ -24,10 +109,10 @@ pub fn finished(metrics: &RequestMetrics, info: &RequestInfo, trace_id: &str, o:
     observe_finished(metrics, info, o);
 }
 
-/// Records a refused request: its `Request.Refused` log line, its refusal count and its
+/// Writes down a refused request: its `Request.Refused` log line, its refusal count and its
 /// duration (arrival to refusal) with its `error.type`; `request_model` when the body was
 /// read.
-pub fn refused(
+fn refused_request(
     metrics: &RequestMetrics,
     r: &Refusal,
     http_status: u16,
