@@ -23,7 +23,7 @@ use super::record::{self, Refused};
 use super::trace::{RequestInfo, RequestTrace, ServerAddress};
 use crate::metrics::RequestMetrics;
 use crate::sampling::TokenLogprobs;
-use crate::scheduler::{Completion, EngineError, Event, FinishReason, GenerateRequest};
+use crate::scheduler::{Completion, EngineError, Event, FinishReason};
 use crate::timing::RequestTimings;
 
 /// What the HTTP side receives.
@@ -107,21 +107,12 @@ pub fn launch(
         server,
     );
     let cancel = Arc::new(AtomicBool::new(false));
-    let opts = &req.opts;
-    let gen_req = GenerateRequest {
-        id: info.id.clone(),
-        prompt: req.prompt.clone(),
-        max_tokens: opts.max_tokens,
-        sampling: opts.sampling.clone(),
-        stop: opts.stop.clone(),
-        ignore_eos: opts.ignore_eos,
-        session: info.session.clone(),
-        received: info.received,
-        cancel: Arc::clone(&cancel),
-        n: opts.n,
-        logprobs: req.logprobs,
-        constraint: req.constraint.clone(),
-    };
+    let gen_req = req.to_engine(
+        &info.id,
+        info.session.clone(),
+        info.received,
+        Arc::clone(&cancel),
+    );
     let rxs = match st.engine.submit_choices(gen_req) {
         Ok(rx) => rx,
         Err(e) => {

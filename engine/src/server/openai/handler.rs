@@ -73,11 +73,12 @@ async fn generate(
         return Err(ApiError::shutting_down().into());
     }
     let v: Value = read_json(body, st.cfg.max_body_bytes, st.cfg.read_timeout).await?;
-    let mut req = match endpoint {
-        Endpoint::Chat => ValidRequest::chat(st, ChatRequest::from_json(v)?)?,
-        Endpoint::Completions => ValidRequest::completion(st, CompletionRequest::from_json(v)?)?,
+    let req = match endpoint {
+        Endpoint::Chat => ValidRequest::chat(st, ChatRequest::from_json(v)?).await?,
+        Endpoint::Completions => {
+            ValidRequest::completion(st, CompletionRequest::from_json(v)?).await?
+        }
     };
-    req.compile(st).await?;
     let id = new_id(req.endpoint.id_prefix());
     let kind = req
         .constraint
@@ -304,12 +305,19 @@ enum Chunk {
 }
 
 impl Chunk {
+    /// The chunk as an SSE data line. A chunk that does not serialize is reported (a log
+    /// line, and an error body in its place), never sent as an empty event.
     fn json(&self) -> String {
         let r = match self {
             Chunk::Chat(c) => serde_json::to_string(c),
             Chunk::Text(c) => serde_json::to_string(c),
         };
-        r.unwrap_or_default()
+        r.unwrap_or_else(|e| {
+            tracing::error!(error = %e, "Response.ChunkUnserializable");
+            ApiError::internal(format!("a response chunk did not serialize: {e}"))
+                .body()
+                .to_string()
+        })
     }
 
     fn finish_extras(&mut self, f: &RequestOutcome, continuous: bool) {
