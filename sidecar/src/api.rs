@@ -42,7 +42,7 @@ const DEFAULT_TURNS: usize = 100;
 pub struct ApiState {
     /// The assembly's publications.
     pub published: Published,
-    /// Metrics.
+    /// Every metric the sidecar serves on `/metrics`.
     pub metrics: Arc<Metrics>,
     /// `--token`.
     pub token: Option<Arc<str>>,

@@ -102,7 +102,7 @@ pub struct GroupSnapshot {
     pub kv_blocks_used: u64,
     /// Cached prefix blocks evicted.
     pub kv_evicted: u64,
-    /// Preemptions.
+    /// Requests preempted (sent back to the queue to free KV blocks) so far.
     pub preemptions: u64,
     /// Prompt tokens looked up in the prefix cache.
     pub prefix_queried: u64,

@@ -194,7 +194,7 @@ impl ApiError {
         e
     }
 
-    /// 500.
+    /// A 500 `server_error` for a failure that is the server's, not the caller's.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(
             ErrorKind::Internal,

@@ -64,13 +64,13 @@ pub struct ValidOptions {
     pub requested: crate::server::trace::RequestedParams,
     /// Completion token limit.
     pub max_tokens: usize,
-    /// Sampling.
+    /// Sampling parameters, checked, with the request's seed.
     pub sampling: SamplingParams,
     /// The stop strings, checked here once: the engine takes the matcher as it is.
     pub stop: crate::stop::StopMatcher,
-    /// Choices.
+    /// How many choices to generate (`n`), 1 to the `max_n` limit.
     pub n: usize,
-    /// Stream.
+    /// Whether the reply is streamed as server-sent events.
     pub stream: bool,
     /// Final usage chunk.
     pub include_usage: bool,
@@ -304,7 +304,7 @@ pub struct ValidRequest {
     pub prompt: Vec<u32>,
     /// Prompt text (rendered chat, or the completion prompt).
     pub prompt_text: String,
-    /// Options.
+    /// The checked generation options shared by both endpoints.
     pub opts: ValidOptions,
     /// Log-probabilities per token with this many alternatives (`None`: off).
     pub logprobs: Option<usize>,
