@@ -82,6 +82,17 @@ pub struct StopMatcher {
     matched: Option<usize>,
 }
 
+impl Default for StopMatcher {
+    /// A pass-through: no stop strings.
+    fn default() -> Self {
+        Self {
+            stops: Vec::new(),
+            held: String::new(),
+            matched: None,
+        }
+    }
+}
+
 impl StopMatcher {
     /// Validates the stop strings (non-empty, at most [`MAX_STOP_STRINGS`], each at most
     /// [`MAX_STOP_LEN`] bytes). An empty list is valid and makes the matcher a pass-through.

@@ -43,10 +43,7 @@ pub enum LogFormat {
     Json,
 }
 
-/// The `tracing` target of the engine's operational spans (start-up, shutdown): the spans of
-/// this target, and warnings and errors logged inside them, go out through the tracer provider
-/// as spans of their own traces.
-pub const OPS_TARGET: &str = "slotlight::ops";
+pub use slotlight_otel::span::OPS_TARGET;
 
 /// Installs the log subscriber (`RUST_LOG` filters; default `info`). With `ops`, the tracer of
 /// the engine's provider, operational spans ([`OPS_TARGET`]) are exported as OpenTelemetry

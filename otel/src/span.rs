@@ -37,6 +37,12 @@ pub const OPERATION_CHAT: &str = "chat";
 /// The `gen_ai.operation.name` of a text completion request.
 pub const OPERATION_TEXT_COMPLETION: &str = "text_completion";
 
+/// The `tracing` target of the engine's operational spans (start-up, shutdown): the spans of
+/// this target, and warnings and errors logged inside them, go out through the tracer provider
+/// as spans of their own traces. Here, below every engine layer, so that the model loader and
+/// the backends can name it without reaching up to the telemetry setup.
+pub const OPS_TARGET: &str = "slotlight::ops";
+
 /// The name of the request (root) span: `{operation} {model}`, for example `chat SmolLM2-135M-Instruct`.
 pub fn request_span_name(operation: &str, model: &str) -> String {
     format!("{operation} {model}")

@@ -42,7 +42,7 @@ const DEFAULT_TURNS: usize = 100;
 pub struct ApiState {
     /// The assembly's publications.
     pub published: Published,
-    /// Metrics.
+    /// Every metric the sidecar serves on `/metrics`.
     pub metrics: Arc<Metrics>,
     /// `--token`.
     pub token: Option<Arc<str>>,
@@ -107,9 +107,20 @@ fn json_response(body: String) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
+/// A view as JSON, or the reason it could not be written (reported, never an empty body).
+fn to_json(view: &impl serde::Serialize) -> Result<String, String> {
+    serde_json::to_string(view).map_err(|e| {
+        tracing::error!(error = %e, "Api.Unserializable");
+        format!("the view did not serialize: {e}")
+    })
+}
+
 async fn slots(State(st): State<ApiState>) -> Response {
     let snap = st.published.slots.borrow().clone();
-    json_response(serde_json::to_string(&snap.view(crate::unix_now_ns())).unwrap_or_default())
+    match to_json(&snap.view(crate::unix_now_ns())) {
+        Ok(body) => json_response(body),
+        Err(e) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
+    }
 }
 
 async fn until_shutdown(mut rx: watch::Receiver<bool>) {
@@ -128,8 +139,11 @@ async fn slots_stream(
             }
         }
         let snap = rx.borrow_and_update().clone();
-        let json = serde_json::to_string(&snap.view(crate::unix_now_ns())).unwrap_or_default();
-        Some((Ok(Event::default().event("slots").data(json)), (rx, false)))
+        let event = match to_json(&snap.view(crate::unix_now_ns())) {
+            Ok(json) => Event::default().event("slots").data(json),
+            Err(e) => Event::default().event("error").data(e),
+        };
+        Some((Ok(event), (rx, false)))
     });
     Sse::new(stream.take_until(until_shutdown(st.shutdown.clone())))
         .keep_alive(KeepAlive::default())
@@ -206,9 +220,10 @@ async fn turns_stream(
     let rx = st.published.turn_events.subscribe();
     let stream = BroadcastStream::new(rx).filter_map(move |r| {
         let out = match r {
-            Ok(t) if q.matches(&t) => serde_json::to_string(&*t)
-                .ok()
-                .map(|j| Ok(Event::default().event("turn").data(j))),
+            Ok(t) if q.matches(&t) => Some(Ok(match to_json(&*t) {
+                Ok(j) => Event::default().event("turn").data(j),
+                Err(e) => Event::default().event("error").data(e),
+            })),
             _ => None,
         };
         std::future::ready(out)

@@ -24,7 +24,15 @@ use tokio::task::JoinHandle;
 use crate::error::StartError;
 use crate::metrics::Metrics;
 use crate::raw::{EXPORT_PATH, METRICS_EXPORT_PATH, RawExporter};
-use crate::receiver::Signal;
+
+/// An OTLP signal the receivers accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// Spans (`/v1/traces`, `TraceService`): viewed, counted, forwarded.
+    Traces,
+    /// Metrics (`/v1/metrics`, `MetricsService`): counted and forwarded.
+    Metrics,
+}
 
 /// Where to forward.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -37,12 +37,5 @@ pub mod synth;
 pub mod vocab;
 
 pub use config::Config;
+pub use otlp::unix_now_ns;
 pub use server::{Sidecar, start};
-
-/// Wall-clock time in nanoseconds since the Unix epoch (the unit of every OTLP timestamp).
-pub fn unix_now_ns() -> i64 {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
-}

@@ -285,6 +285,16 @@ pub fn key_value(buf: &[u8]) -> Result<(&[u8], &[u8]), WireError> {
     Ok((key, value))
 }
 
+/// Wall-clock time in nanoseconds since the Unix epoch (the unit of every OTLP timestamp).
+/// Here, in the leaf module of OTLP helpers, so that the assembly and the receivers can reach
+/// it without going through the crate root.
+pub fn unix_now_ns() -> i64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

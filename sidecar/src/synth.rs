@@ -372,19 +372,19 @@ pub struct Usage {
     pub prefilled_tokens: i64,
     /// Completion tokens.
     pub completion_tokens: i64,
-    /// ms.
+    /// Arrival to admission, wall clock, ms.
     pub queue_ms: f64,
-    /// ms.
+    /// Prefill device time, ms.
     pub prefill_ms: f64,
-    /// ms.
+    /// Arrival to first token, wall clock, ms.
     pub ttft_ms: f64,
-    /// ms.
+    /// Decode device time, ms.
     pub decode_ms: f64,
-    /// ms.
+    /// First to last token, wall clock, ms.
     pub generation_ms: f64,
     /// tokens/s; `None` when there was no decode step.
     pub decode_tps: Option<f64>,
-    /// ms.
+    /// Arrival to finish, wall clock, ms.
     pub e2e_ms: f64,
     /// Number of legs.
     pub legs: i64,

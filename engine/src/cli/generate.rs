@@ -88,7 +88,7 @@ pub(super) fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let engine = super::start_engine(&model, &a.model, ctx, SchedulerConfig::default())?;
     let mut rx = engine.submit(GenerateRequest {
         sampling,
-        stop: a.stop.clone(),
+        stop: crate::stop::StopMatcher::new(&a.stop)?,
         ignore_eos: a.ignore_eos,
         ..GenerateRequest::new("generate", prompt.clone(), max_tokens)
     })?;

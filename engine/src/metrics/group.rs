@@ -14,8 +14,7 @@ use slotlight_otel::attr::value;
 use slotlight_otel::metric::{buckets, engine};
 
 use super::histogram::{AtomicHistogram, HistogramSnapshot};
-use super::otlp::GroupInstruments;
-use crate::scheduler::FinishReason;
+use super::instruments::GroupInstruments;
 
 /// How a request left a step loop: `(finish_reason, error_type)`. Every label pair
 /// [`GroupMetrics`] can count, so that each is exported from the start.
@@ -26,11 +25,13 @@ pub const OUTCOMES: [(&str, Option<&str>); 7] = [
     (value::FINISH_ERROR, Some(value::ERROR_SHUTDOWN)),
     (value::FINISH_ERROR, Some(value::ERROR_INTERNAL)),
     (value::FINISH_ERROR, Some(value::ERROR_KV_CACHE_EXHAUSTED)),
+    // No step loop refuses a request any more (stop strings are checked once, by the HTTP
+    // layer), but the series stays exported, at zero, so that the wire does not change.
     (value::FINISH_ERROR, Some(value::ERROR_VALIDATION)),
 ];
 
-fn outcome_index(r: &FinishReason) -> usize {
-    let key = (r.as_str(), r.error_type());
+fn outcome_index(finish_reason: &str, error_type: Option<&str>) -> usize {
+    let key = (finish_reason, error_type);
     // An error label not listed above counts as internal (the list covers every label
     // `EngineError::label` gives today).
     OUTCOMES.iter().position(|o| *o == key).unwrap_or(4)
@@ -101,7 +102,7 @@ pub struct GroupSnapshot {
     pub kv_blocks_used: u64,
     /// Cached prefix blocks evicted.
     pub kv_evicted: u64,
-    /// Preemptions.
+    /// Requests preempted (sent back to the queue to free KV blocks) so far.
     pub preemptions: u64,
     /// Prompt tokens looked up in the prefix cache.
     pub prefix_queried: u64,
@@ -226,9 +227,10 @@ impl GroupMetrics {
         add(&self.generation_tokens, 1);
     }
 
-    /// A request (one choice) finished.
-    pub fn count_finished(&self, reason: &FinishReason) {
-        add(&self.finished[outcome_index(reason)], 1);
+    /// A request (one choice) finished with `finish_reason` and, when it did not run to its
+    /// end, `error_type` (the labels of [`OUTCOMES`]; the scheduler's types stay above).
+    pub fn count_finished(&self, finish_reason: &str, error_type: Option<&str>) {
+        add(&self.finished[outcome_index(finish_reason, error_type)], 1);
     }
 
     /// One forward step of `batch` requests took `duration`.
@@ -272,15 +274,19 @@ impl GroupMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheduler::EngineError;
+    use crate::scheduler::{EngineError, FinishReason};
+
+    fn count(m: &GroupMetrics, r: &FinishReason) {
+        m.count_finished(r.as_str(), r.error_type());
+    }
 
     #[test]
     fn every_finish_reason_has_its_own_outcome() {
         let m = GroupMetrics::new(0, 4);
-        m.count_finished(&FinishReason::Stop);
-        m.count_finished(&FinishReason::Cancelled);
-        m.count_finished(&FinishReason::Error(EngineError::ShuttingDown));
-        m.count_finished(&FinishReason::Error(EngineError::Lost));
+        count(&m, &FinishReason::Stop);
+        count(&m, &FinishReason::Cancelled);
+        count(&m, &FinishReason::Error(EngineError::ShuttingDown));
+        count(&m, &FinishReason::Error(EngineError::Lost));
         let f = m.snapshot().finished;
         assert_eq!(f, [1, 0, 1, 1, 1, 0, 0]);
     }

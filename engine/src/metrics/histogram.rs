@@ -23,7 +23,7 @@ pub struct HistogramSnapshot {
     pub buckets: Vec<(f64, u64)>,
     /// The sum of every observation.
     pub sum: f64,
-    /// Observations.
+    /// How many observations in all (the `_count` series).
     pub count: u64,
 }
 

@@ -12,6 +12,7 @@
 pub mod exposition;
 pub mod group;
 pub mod histogram;
+pub mod instruments;
 pub mod otlp;
 pub mod requests;
 

@@ -20,6 +20,7 @@ use slotlight_otel::metric::{self, buckets, engine, label};
 
 use super::exposition::TelemetrySnapshot;
 use super::group::{GROUP_COUNTERS, GROUP_GAUGES, GroupMetrics, GroupSnapshot, OUTCOMES};
+use super::instruments::{GroupInstruments, RequestInstruments};
 use super::requests::RequestMetrics;
 
 /// The contract entry of an exposition name.
@@ -56,49 +57,6 @@ fn histogram(
         .with_description(doc(name))
         .with_boundaries(bounds.to_vec())
         .build()
-}
-
-/// One group's histograms, recorded by its step loop.
-#[derive(Debug)]
-pub struct GroupInstruments {
-    /// `slotlight_engine_step_duration_seconds`.
-    pub step_duration: Histogram<f64>,
-    /// `slotlight_engine_step_batch_size`.
-    pub step_batch: Histogram<f64>,
-    /// `slot_group`.
-    pub attrs: [KeyValue; 1],
-}
-
-/// The HTTP layer's histograms, recorded as each request is observed.
-#[derive(Debug)]
-pub struct RequestInstruments {
-    /// `gen_ai.server.time_to_first_token`.
-    pub ttft: Histogram<f64>,
-    /// `gen_ai.server.time_per_output_token`.
-    pub tpot: Histogram<f64>,
-    /// `gen_ai.server.request.duration`.
-    pub duration: Histogram<f64>,
-    /// `slotlight_engine_queue_time_seconds`.
-    pub queue: Histogram<f64>,
-}
-
-/// The GenAI attributes of a request series (the request model only when known).
-pub fn genai_attrs(operation: &str, request_model: &str, response_model: &str) -> Vec<KeyValue> {
-    let mut v = vec![
-        KeyValue::new(attr::GEN_AI_OPERATION_NAME, operation.to_string()),
-        KeyValue::new(attr::GEN_AI_PROVIDER_NAME, value::PROVIDER),
-    ];
-    if !request_model.is_empty() {
-        v.push(KeyValue::new(
-            attr::GEN_AI_REQUEST_MODEL,
-            request_model.to_string(),
-        ));
-    }
-    v.push(KeyValue::new(
-        attr::GEN_AI_RESPONSE_MODEL,
-        response_model.to_string(),
-    ));
-    v
 }
 
 fn group_attrs(g: &GroupSnapshot) -> Vec<KeyValue> {

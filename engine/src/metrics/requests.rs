@@ -10,7 +10,7 @@ use slotlight_otel::attr;
 use slotlight_otel::metric::buckets;
 
 use super::histogram::{AtomicHistogram, HistogramSnapshot};
-use super::otlp::{RequestInstruments, genai_attrs};
+use super::instruments::{RequestInstruments, genai_attrs};
 
 /// Most distinct (operation, request model, response model) series; more go to one
 /// `_overflow` series. The request model is checked against the served names before a request

@@ -27,7 +27,7 @@ pub enum Value {
     I64(i64),
     /// Float (f32 or f64 on disk).
     F64(f64),
-    /// Boolean.
+    /// A GGUF boolean (one byte, 0 or 1).
     Bool(bool),
     /// UTF-8 string (invalid UTF-8 is replaced).
     String(String),

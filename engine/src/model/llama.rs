@@ -38,7 +38,7 @@ pub struct Block {
 pub struct LlamaWeights {
     /// Token embedding `[vocab, hidden]`.
     pub embed: Tensor,
-    /// Blocks.
+    /// The transformer blocks, in order.
     pub blocks: Vec<Block>,
     /// Final RMSNorm weight.
     pub norm: Vec<f32>,
@@ -68,7 +68,7 @@ pub enum WeightsError {
 
 /// Tensor naming of one file format.
 pub struct Names {
-    /// Embedding.
+    /// The token embedding table's tensor name.
     pub embed: &'static str,
     /// Final norm.
     pub norm: &'static str,

@@ -9,9 +9,9 @@ use super::gguf::{GgufError, GgufFile, Value};
 use super::llama::{GGUF_NAMES, HF_NAMES, LlamaWeights, WeightsError};
 use super::safetensors::{Checkpoint, SafetensorsError};
 use crate::chat_template::{ChatTemplate, TemplateError};
-use crate::telemetry::OPS_TARGET;
 use crate::tokenizer::{GgufVocab, Tokenizer, TokenizerConfig, TokenizerError};
 use slotlight_otel::span;
+use slotlight_otel::span::OPS_TARGET;
 
 /// Why a model could not be loaded. Every variant names the file and what is wrong.
 #[derive(Debug, thiserror::Error)]

@@ -629,7 +629,7 @@ pub struct TinyLlama {
     pub vocab: usize,
     /// Hidden size.
     pub hidden: usize,
-    /// Blocks.
+    /// Transformer blocks (layers).
     pub layers: usize,
     /// Attention heads.
     pub heads: usize,

@@ -16,7 +16,7 @@ pub enum DType {
     F32,
     /// IEEE half.
     F16,
-    /// bfloat16.
+    /// bfloat16: 16 bits, f32's exponent range with 8 bits of mantissa.
     BF16,
     /// 32 weights per block: f16 scale, 32 × i8.
     Q8_0,
@@ -265,7 +265,7 @@ impl Tensor {
         )
     }
 
-    /// Name.
+    /// The type's name as llama.cpp writes it (`Q4_1`, `F16`, ...).
     pub fn name(&self) -> &str {
         &self.name
     }

@@ -32,7 +32,6 @@ use crate::constraint::SeqConstraint;
 use crate::kv_cache::BlockManager;
 use crate::metrics::GroupMetrics;
 use crate::sampling::Sampler;
-use crate::stop::StopMatcher;
 use crate::timing::{LegEnd, PathKind, PrefillEnd, PrefillReason, RequestTimings};
 use crate::tokenizer::Tokenizer;
 
@@ -185,29 +184,8 @@ impl<'t> Loop<'t> {
     fn command(&mut self, c: Command) -> bool {
         match c {
             Command::Submit(mut req, channels, prior) => {
-                let stop = match StopMatcher::new(&req.stop) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        // Validated by the HTTP layer; refuse rather than panic if not.
-                        for (choice, events) in channels.into_iter().enumerate() {
-                            self.leave_queue(true);
-                            self.load.fetch_sub(1, Ordering::Relaxed);
-                            let reason =
-                                FinishReason::Error(EngineError::InvalidStop(e.to_string()));
-                            self.metrics.count_finished(&reason);
-                            let _ = events.send(Event::Done(Box::new(Completion {
-                                finish_reason: reason,
-                                tokens: Vec::new(),
-                                tail_text: String::new(),
-                                timings: RequestTimings::new(req.received, req.prompt.len()),
-                                group: self.group,
-                                choice,
-                                mask: None,
-                            })));
-                        }
-                        return false;
-                    }
-                };
+                // Checked once, where the request was validated: each choice takes a copy.
+                let stop = req.stop.clone();
                 let family = self.next_family;
                 self.next_family += 1;
                 let constraint = req.constraint.take();
@@ -372,7 +350,8 @@ impl<'t> Loop<'t> {
             tail.clear();
         }
         self.load.fetch_sub(1, Ordering::Relaxed);
-        self.metrics.count_finished(&reason);
+        self.metrics
+            .count_finished(reason.as_str(), reason.error_type());
         let completion = Completion {
             finish_reason: reason,
             tokens: seq.generated().to_vec(),
@@ -816,7 +795,8 @@ impl<'t> Loop<'t> {
             s.decoder.push(id).unwrap_or_default()
         };
         let out = s.stop.push(&delta);
-        // Unwrap is safe: a sequence in a step always has a placement.
+        // A sequence in a step always has a placement; the fallback only keeps a broken
+        // invariant from panicking the step loop.
         let placement = s.placement.unwrap_or(Placement {
             path: PathKind::Solo,
             group: self.group,

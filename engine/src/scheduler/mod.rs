@@ -26,6 +26,7 @@ use crate::constraint::Constraint;
 use crate::kv_cache::OutOfBlocks;
 use crate::metrics::GroupMetrics;
 use crate::sampling::{SamplingParams, TokenLogprobs};
+use crate::stop::StopMatcher;
 use crate::timing::{LegRecord, PathKind, PrefillRecord, RequestTimings};
 use crate::tokenizer::Tokenizer;
 
@@ -74,8 +75,9 @@ pub struct GenerateRequest {
     pub max_tokens: usize,
     /// How tokens are drawn (validated), with the request's own seed.
     pub sampling: SamplingParams,
-    /// Stop strings: the request ends with `stop` at the first, which is never sent.
-    pub stop: Vec<String>,
+    /// Stop strings, already checked: the request ends with `stop` at the first, which is
+    /// never sent.
+    pub stop: StopMatcher,
     /// Keep generating past end-of-sequence tokens.
     pub ignore_eos: bool,
     /// Session (affinity to a group, for warm resume).
@@ -105,7 +107,7 @@ impl GenerateRequest {
             prompt,
             max_tokens,
             sampling: SamplingParams::default(),
-            stop: Vec::new(),
+            stop: StopMatcher::default(),
             ignore_eos: false,
             session: None,
             received: Instant::now(),
@@ -174,9 +176,6 @@ pub enum EngineError {
     /// The KV cache cannot hold the request, even with every other request preempted.
     #[error("{0}")]
     KvCacheExhausted(OutOfBlocks),
-    /// Stop strings the HTTP layer should have refused (kept as a guard, never a panic).
-    #[error("invalid stop strings: {0}")]
-    InvalidStop(String),
     /// The step loop went away without finishing the request (it panicked or was dropped).
     #[error("the engine stopped without finishing the request")]
     Lost,
@@ -194,7 +193,6 @@ impl EngineError {
                 value::ERROR_INTERNAL
             }
             EngineError::KvCacheExhausted(_) => value::ERROR_KV_CACHE_EXHAUSTED,
-            EngineError::InvalidStop(_) => value::ERROR_VALIDATION,
         }
     }
 }

@@ -3,7 +3,6 @@
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 
 use slotlight_otel::attr::value;
 
@@ -70,20 +69,6 @@ pub struct ApiError {
     pub code: Option<&'static str>,
     /// Seconds after which to retry (sets `Retry-After`).
     pub retry_after: Option<u64>,
-}
-
-#[derive(Serialize)]
-struct Body<'a> {
-    error: Inner<'a>,
-}
-
-#[derive(Serialize)]
-struct Inner<'a> {
-    message: &'a str,
-    #[serde(rename = "type")]
-    kind: &'a str,
-    param: Option<&'a str>,
-    code: Option<&'a str>,
 }
 
 impl ApiError {
@@ -209,7 +194,7 @@ impl ApiError {
         e
     }
 
-    /// 500.
+    /// A 500 `server_error` for a failure that is the server's, not the caller's.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(
             ErrorKind::Internal,
@@ -225,17 +210,16 @@ impl ApiError {
         self.error.label()
     }
 
-    /// The body as JSON.
+    /// The body as JSON (built as a value: it cannot fail to serialize).
     pub fn body(&self) -> serde_json::Value {
-        serde_json::to_value(Body {
-            error: Inner {
-                message: &self.message,
-                kind: self.kind,
-                param: self.param.as_deref(),
-                code: self.code,
-            },
+        serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
         })
-        .unwrap_or_default()
     }
 }
 
@@ -259,7 +243,6 @@ impl From<&EngineError> for ApiError {
     fn from(e: &EngineError) -> Self {
         match e {
             EngineError::ShuttingDown => ApiError::shutting_down(),
-            EngineError::InvalidStop(_) => ApiError::invalid_param("stop", e.to_string()),
             EngineError::KvCacheExhausted(_) => {
                 let mut a = ApiError::internal(e.to_string());
                 a.error = ErrorKind::KvCacheExhausted;

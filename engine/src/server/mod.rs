@@ -5,13 +5,14 @@
 
 pub mod error;
 pub mod openai;
+pub mod outcome;
 pub mod pipeline;
+pub mod record;
 pub mod trace;
 pub mod usage;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -27,7 +28,7 @@ use serde_json::json;
 
 use self::error::ApiError;
 use self::openai::types::Limits;
-use self::trace::{Refusal, ServerAddress};
+use self::trace::ServerAddress;
 use crate::constraint::Grammars;
 use crate::metrics::RequestMetrics;
 use crate::prompt::PromptBuilder;
@@ -72,33 +73,6 @@ pub struct Arrival(pub Instant);
 #[derive(Debug, Clone, Copy)]
 pub struct LocalAddr(pub SocketAddr);
 
-/// What the generation routes' outer layer ([`record_refusals`]) knows about one HTTP request,
-/// shared with [`pipeline::launch`] for the length of the handler.
-#[derive(Debug, Clone)]
-pub struct HttpScope {
-    /// `server.address` and `server.port`.
-    pub server: ServerAddress,
-    /// Set by [`pipeline::launch`]: the request has a span and a log line of its own (served,
-    /// or refused by the scheduler), so the outer layer records nothing more.
-    recorded: Arc<AtomicBool>,
-}
-
-impl HttpScope {
-    /// Marks the request as recorded by the pipeline.
-    pub fn mark_recorded(&self) {
-        self.recorded.store(true, Ordering::Relaxed);
-    }
-}
-
-tokio::task_local! {
-    static HTTP_SCOPE: HttpScope;
-}
-
-/// The scope of the generation request being handled on this task, if any.
-pub fn http_scope() -> Option<HttpScope> {
-    HTTP_SCOPE.try_with(Clone::clone).ok()
-}
-
 /// `server.address` and `server.port`: the `Host` header the client sent (HTTP/1.1 requires
 /// one), else the listening address.
 pub fn server_address(headers: &HeaderMap, local: Option<SocketAddr>) -> ServerAddress {
@@ -121,65 +95,6 @@ pub fn server_address(headers: &HeaderMap, local: Option<SocketAddr>) -> ServerA
     })
 }
 
-/// Every request a generation route answers is a turn: the pipeline records the ones that
-/// reach it (served, or refused by the scheduler); this layer records the ones refused before
-/// (body, validation, unknown model, draining), with a span of status `refused` and a log line.
-/// It sits inside authentication: a caller without the API key gets its 401 and no span, so
-/// nobody without a key can fill the turn records.
-async fn record_refusals(State(st): State<SharedState>, req: Request, next: Next) -> Response {
-    let received = req
-        .extensions()
-        .get::<Arrival>()
-        .map_or_else(Instant::now, |a| a.0);
-    let local = req.extensions().get::<LocalAddr>().map(|l| l.0);
-    let operation = if req.uri().path() == "/v1/completions" {
-        slotlight_otel::span::OPERATION_TEXT_COMPLETION
-    } else {
-        slotlight_otel::span::OPERATION_CHAT
-    };
-    let headers = req.headers().clone();
-    let scope = HttpScope {
-        server: server_address(&headers, local),
-        recorded: Arc::new(AtomicBool::new(false)),
-    };
-    let recorded = Arc::clone(&scope.recorded);
-    let server = scope.server.clone();
-    let resp = HTTP_SCOPE.scope(scope, next.run(req)).await;
-    if recorded.load(Ordering::Relaxed) || resp.status().is_success() {
-        return resp;
-    }
-    let (error_type, message) = match resp.extensions().get::<ApiError>() {
-        Some(e) => (e.error.label(), e.message.clone()),
-        None => (
-            error::ErrorKind::Internal.label(),
-            format!("answered {}", resp.status()),
-        ),
-    };
-    let r = Refusal {
-        id: openai::new_id(if operation == slotlight_otel::span::OPERATION_CHAT {
-            "chatcmpl"
-        } else {
-            "cmpl"
-        }),
-        operation,
-        response_model: st.cfg.model_names.first().cloned().unwrap_or_default(),
-        session: openai::session(&headers, None),
-        received,
-        refused: Instant::now(),
-        error_type,
-        message,
-    };
-    trace::record_refusal(
-        &st.telemetry,
-        st.anchor,
-        &r,
-        &parent_context(&headers),
-        &server,
-    );
-    pipeline::log_refused(&r, resp.status().as_u16());
-    pipeline::observe_refused(&st.metrics, &r, None);
-    resp
-}
 /// Everything handlers share.
 pub struct AppState {
     /// The scheduler's handle: submit requests, read what is in flight.
@@ -257,13 +172,6 @@ async fn authenticate(State(st): State<SharedState>, req: Request, next: Next) -
     next.run(req).await
 }
 
-async fn refuse_when_draining(State(st): State<SharedState>, req: Request, next: Next) -> Response {
-    if st.engine.is_shutting_down() {
-        return ApiError::shutting_down().into_response();
-    }
-    next.run(req).await
-}
-
 async fn models(State(st): State<SharedState>) -> Response {
     let data: Vec<_> = st
         .cfg
@@ -333,21 +241,13 @@ async fn fallback(req: Request) -> ApiError {
     ApiError::not_found(req.uri().path())
 }
 
-/// The routes, with authentication, draining and the turn-recording layer on the generation
-/// routes. `/metrics` is behind the API key unless `--metrics-public`.
+/// The routes, with authentication. The generation routes' handlers refuse requests while
+/// draining and record every refusal they answer themselves. `/metrics` is behind the API key unless `--metrics-public`.
 pub fn router(st: SharedState) -> Router {
     let public_metrics = st.cfg.metrics_public;
     let mut api = Router::new()
         .route("/v1/chat/completions", post(openai::handler::chat))
         .route("/v1/completions", post(openai::handler::completions))
-        .route_layer(middleware::from_fn_with_state(
-            Arc::clone(&st),
-            refuse_when_draining,
-        ))
-        .route_layer(middleware::from_fn_with_state(
-            Arc::clone(&st),
-            record_refusals,
-        ))
         .route("/tokenize", post(openai::tokenize::tokenize))
         .route("/detokenize", post(openai::tokenize::detokenize))
         .route("/v1/models", get(models))

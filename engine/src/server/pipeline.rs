@@ -18,11 +18,12 @@ use super::AppState;
 use super::error::ApiError;
 use super::openai::tools::{ParsedCall, Shaper, ToolSetup};
 use super::openai::validate::ValidRequest;
-use super::trace::{Refusal, RequestInfo, RequestTrace};
-use super::usage::{LlamaCppTimings, Usage, usage_of};
-use crate::metrics::{Observation, RequestMetrics};
+use super::outcome::RequestOutcome;
+use super::record::{self, Refused};
+use super::trace::{RequestInfo, RequestTrace, ServerAddress};
+use crate::metrics::RequestMetrics;
 use crate::sampling::TokenLogprobs;
-use crate::scheduler::{Completion, EngineError, Event, FinishReason, GenerateRequest};
+use crate::scheduler::{Completion, EngineError, Event, FinishReason};
 use crate::timing::RequestTimings;
 
 /// What the HTTP side receives.
@@ -42,8 +43,8 @@ pub enum Out {
     },
     /// One choice finished.
     ChoiceDone(Box<ChoiceEnd>),
-    /// The request finished (after every choice).
-    Done(Box<Final>),
+    /// The request finished (after every choice), with its outcome.
+    Done(Box<RequestOutcome>),
 }
 
 /// The end of one choice.
@@ -59,17 +60,6 @@ pub struct ChoiceEnd {
     pub tool_calls: Vec<ParsedCall>,
     /// Log-probabilities of tokens not yet sent.
     pub logprobs: Vec<TokenLogprobs>,
-}
-
-/// A finished request as the API reports it.
-#[derive(Debug, Clone)]
-pub struct Final {
-    /// Usage, with the request's own timings.
-    pub usage: Usage,
-    /// llama.cpp-style timings.
-    pub timings: LlamaCppTimings,
-    /// Set when the request failed: the answer to give.
-    pub error: Option<ApiError>,
 }
 
 /// Sets the cancel flag when dropped, unless disarmed (a handler dropped mid-request means
@@ -98,61 +88,38 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// Submits a request and starts its task. Returns its output channel and cancel flag.
+/// Submits a request and starts its task. Returns its output channel and cancel flag, or the
+/// scheduler's refusal, with the request span already started (the handler records it).
 pub fn launch(
     st: &AppState,
     info: RequestInfo,
     req: &ValidRequest,
     parent: &Context,
-) -> Result<(mpsc::UnboundedReceiver<Out>, Arc<AtomicBool>), ApiError> {
-    let scope = super::http_scope();
-    let server = scope.as_ref().map(|s| s.server.clone()).unwrap_or_default();
+    server: &ServerAddress,
+) -> Result<(mpsc::UnboundedReceiver<Out>, Arc<AtomicBool>), Refused> {
     // From here on the request has its own span and log line, whatever happens.
-    if let Some(s) = &scope {
-        s.mark_recorded();
-    }
     let trace = RequestTrace::start(
         &st.telemetry,
         st.anchor,
         info.clone(),
         parent,
         st.cfg.trace_content,
-        &server,
+        server,
     );
     let cancel = Arc::new(AtomicBool::new(false));
-    let opts = &req.opts;
-    let gen_req = GenerateRequest {
-        id: info.id.clone(),
-        prompt: req.prompt.clone(),
-        max_tokens: opts.max_tokens,
-        sampling: opts.sampling.clone(),
-        stop: opts.stop.clone(),
-        ignore_eos: opts.ignore_eos,
-        session: info.session.clone(),
-        received: info.received,
-        cancel: Arc::clone(&cancel),
-        n: opts.n,
-        logprobs: req.logprobs,
-        constraint: req.constraint.clone(),
-    };
+    let gen_req = req.to_engine(
+        &info.id,
+        info.session.clone(),
+        info.received,
+        Arc::clone(&cancel),
+    );
     let rxs = match st.engine.submit_choices(gen_req) {
         Ok(rx) => rx,
         Err(e) => {
-            let api = ApiError::from(e);
-            let refusal = Refusal {
-                id: info.id.clone(),
-                operation: info.operation,
-                response_model: info.response_model.clone(),
-                session: info.session.clone(),
-                received: info.received,
-                refused: Instant::now(),
-                error_type: api.label(),
-                message: api.message.clone(),
-            };
-            trace.refuse(api.label(), &api.message, refusal.refused);
-            log_refused(&refusal, api.status.as_u16());
-            observe_refused(&st.metrics, &refusal, Some(&info.request_model));
-            return Err(api);
+            return Err(Refused {
+                error: ApiError::from(e),
+                started: Some(Box::new((trace, info))),
+            });
         }
     };
     let (tx, out) = mpsc::unbounded_channel();
@@ -314,166 +281,10 @@ async fn run(
             None => c.lost(i, &info, prompt_tokens),
         })
         .collect();
-    let refs: Vec<&Completion> = done.iter().collect();
-    let (usage, timings) = usage_of(&refs);
-    log_finished(&info, &trace.trace_id(), &refs, &usage);
-    if let Some(FinishReason::Error(e)) = refs
-        .iter()
-        .map(|c| &c.finish_reason)
-        .find(|r| matches!(r, FinishReason::Error(_)))
-    {
-        // A failure of the engine (not the client's doing): a warning, which also becomes an
-        // event on the request span.
-        tracing::warn!(
-            target: "slotlight::request",
-            request_id = %info.id,
-            error_type = e.label(),
-            error = %e,
-            "Request.Failed"
-        );
-    }
-    observe_finished(&metrics, &info, &refs, &usage);
-    trace.finish(&refs, &usage, &reasons, tool_calls);
-    let error = done.iter().find_map(|c| match &c.finish_reason {
-        FinishReason::Error(e) => Some(ApiError::from(e)),
-        _ => None,
-    });
-    let _ = tx.send(Out::Done(Box::new(Final {
-        usage,
-        timings,
-        error,
-    })));
-}
-
-/// One structured log line per finished request. A value the request never had is left out
-/// of the line, never written as zero.
-fn log_finished(info: &RequestInfo, trace_id: &str, done: &[&Completion], usage: &Usage) {
-    let legs: Vec<serde_json::Value> = done
-        .iter()
-        .flat_map(|c| {
-            c.timings.legs.iter().map(|l| {
-                serde_json::json!({
-                    "choice": c.choice,
-                    "path": l.path.as_str(),
-                    "group": l.group,
-                    "slot": l.slot,
-                    "tokens_carried": l.tokens_carried,
-                    "tokens": l.tokens_generated,
-                    "ms": l.end.map(|e| e.saturating_duration_since(l.start).as_secs_f64() * 1000.0),
-                    "device_ms": l.device.as_secs_f64() * 1000.0,
-                    "end": l.end_reason.map(|r| r.as_str()),
-                })
-            })
-        })
-        .collect();
-    let legs = serde_json::Value::Array(legs).to_string();
-    let u = &usage.timings;
-    let reasons: Vec<&str> = done.iter().map(|c| c.finish_reason.as_str()).collect();
-    // The request's status is its first failed choice's, else `ok`.
-    let failed = done
-        .iter()
-        .find(|c| matches!(c.finish_reason, FinishReason::Error(_)))
-        .or(done.first());
-    tracing::info!(
-        target: "slotlight::request",
-        request_id = %info.id,
-        session_id = info.session.as_deref(),
-        trace_id = %trace_id,
-        operation = info.operation,
-        status = failed.map(|c| c.finish_reason.status()),
-        finish_reason = reasons.join(","),
-        error_type = failed.and_then(|c| c.finish_reason.error_type()),
-        choices = done.len(),
-        prompt_tokens = usage.prompt_tokens,
-        cached_tokens = usage.prompt_tokens_details.cached_tokens,
-        prefilled_tokens = done.iter().map(|c| c.timings.prefilled_tokens).sum::<usize>(),
-        resume = usage.resume,
-        reusable_tokens = usage.reusable_tokens,
-        diverged_at = usage.diverged_at,
-        evicted_tokens = usage.evicted_tokens,
-        completion_tokens = usage.completion_tokens,
-        queue_ms = u.queue_ms,
-        prefill_ms = u.prefill_ms,
-        ttft_ms = u.ttft_ms,
-        decode_ms = u.decode_ms,
-        generation_ms = u.generation_ms,
-        decode_tps = u.decode_tps,
-        e2e_ms = u.e2e_ms,
-        group = done.first().map(|c| c.group),
-        legs = %legs,
-        "Request.Finished"
-    );
-}
-
-/// Observes a finished request in the engine's latency histograms, with the same definitions
-/// as its span (and so as the sidecar's histograms): time to first token and time per output
-/// token for successful requests only, the duration of every request, with `error.type` when
-/// one of its choices failed or was cancelled, and the queue time of an admitted one.
-fn observe_finished(
-    metrics: &RequestMetrics,
-    info: &RequestInfo,
-    done: &[&Completion],
-    usage: &Usage,
-) {
-    let failed = done
-        .iter()
-        .find(|c| matches!(c.finish_reason, FinishReason::Error(_)))
-        .or_else(|| {
-            done.iter()
-                .find(|c| matches!(c.finish_reason, FinishReason::Cancelled))
-        });
-    let u = &usage.timings;
-    let secs = |ms: Option<f64>| ms.map(|v| v / 1e3);
-    #[allow(clippy::cast_precision_loss)] // token counts are far below 2^53
-    let tpot = secs(u.generation_ms)
-        .filter(|_| usage.completion_tokens > 1)
-        .map(|g| g / (usage.completion_tokens - 1) as f64);
-    metrics.observe(&Observation {
-        operation: info.operation,
-        request_model: Some(&info.request_model),
-        response_model: &info.response_model,
-        error_type: failed.and_then(|c| c.finish_reason.error_type()),
-        ttft: secs(u.ttft_ms),
-        tpot,
-        duration: secs(u.e2e_ms).unwrap_or_else(|| info.received.elapsed().as_secs_f64()),
-        queue: secs(u.queue_ms),
-    });
-}
-
-/// Counts a refused request and observes its duration (arrival to refusal) with its
-/// `error.type`; `request_model` when the body was read.
-pub fn observe_refused(metrics: &RequestMetrics, r: &Refusal, request_model: Option<&str>) {
-    metrics.count_refused(r.error_type);
-    metrics.observe(&Observation {
-        operation: r.operation,
-        request_model,
-        response_model: &r.response_model,
-        error_type: Some(r.error_type),
-        ttft: None,
-        tpot: None,
-        duration: r
-            .refused
-            .saturating_duration_since(r.received)
-            .as_secs_f64(),
-        queue: None,
-    });
-}
-
-/// One structured log line per refused request (status `refused`): what is known of it, the
-/// HTTP status and the `error.type`.
-pub fn log_refused(r: &Refusal, http_status: u16) {
-    tracing::info!(
-        target: "slotlight::request",
-        request_id = %r.id,
-        session_id = r.session.as_deref(),
-        operation = r.operation,
-        status = slotlight_otel::attr::value::STATUS_REFUSED,
-        error_type = r.error_type,
-        http_status,
-        e2e_ms = r.refused.saturating_duration_since(r.received).as_secs_f64() * 1000.0,
-        message = %r.message,
-        "Request.Refused"
-    );
+    let outcome = RequestOutcome::of(info.received, &done, reasons, tool_calls);
+    record::finished(&metrics, &info, &trace.trace_id(), &outcome);
+    trace.finish(&outcome);
+    let _ = tx.send(Out::Done(Box::new(outcome)));
 }
 
 #[cfg(test)]
@@ -491,7 +302,7 @@ mod tests {
     use super::*;
     use crate::scheduler::Placement;
     use crate::server::error::ErrorKind;
-    use crate::server::trace::{RequestedParams, ServerAddress};
+    use crate::server::trace::RequestedParams;
     use crate::telemetry::Telemetry;
     use crate::timing::{PathKind, TimeAnchor};
 
@@ -614,7 +425,7 @@ mod tests {
                 None => panic!("an answer"),
             }
         };
-        let e = f.error.expect("an error answer");
+        let e = f.api_error().expect("an error answer");
         assert_eq!(e.error, ErrorKind::Internal);
         assert_eq!(reason, Some("error"));
         let u = &f.usage;
@@ -681,5 +492,142 @@ mod tests {
                 .any(|l| l.contains("Request.Finished") && l.contains("span_id=")),
             "every line of the request's task carries its ids: {text}"
         );
+    }
+
+    /// Regression test for issue 22: with `n` = 2, one choice stops and the client leaves
+    /// before the other ends. The log line used to say `ok` with no `error_type` while the
+    /// request span and the duration histogram said `cancelled`; now the outcome is decided
+    /// once and every record says `cancelled`, `error_type` `cancelled`.
+    #[tokio::test]
+    async fn one_stopped_and_one_cancelled_choice_are_recorded_alike() {
+        use tracing_subscriber::prelude::*;
+        let logs = LogBuf::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_subscriber::EnvFilter::new("info"))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(false)
+                    .with_writer(move || writer.clone()),
+            );
+        let _default = tracing::subscriber::set_default(subscriber);
+        let mem = Memory::default();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(SimpleSpanProcessor::new(mem.clone()))
+            .build();
+        let telemetry = Telemetry::with_provider(provider, "t".into());
+        let received = Instant::now();
+        let mut two = info(received);
+        two.n = 2;
+        let trace = RequestTrace::start(
+            &telemetry,
+            TimeAnchor::now(),
+            two.clone(),
+            &Context::new(),
+            false,
+            &ServerAddress::default(),
+        );
+        let placement = Placement {
+            path: PathKind::Solo,
+            group: 0,
+            slot: None,
+        };
+        let at = |ms| received + Duration::from_millis(ms);
+        let mut rxs = Vec::new();
+        for (choice, reason) in [FinishReason::Stop, FinishReason::Cancelled]
+            .into_iter()
+            .enumerate()
+        {
+            let (events, rx) = mpsc::unbounded_channel();
+            let mut t = RequestTimings::new(received, 5);
+            t.mark_admitted(at(1));
+            t.start_leg(PathKind::Solo, 0, None, at(1));
+            t.add_step(Duration::from_millis(1), 1, true);
+            t.mark_token(at(2));
+            t.mark_finished(at(3 + choice as u64));
+            let send = |ev| events.send(ev).expect("send");
+            send(Event::Admitted {
+                at: at(1),
+                placement,
+            });
+            send(Event::Token {
+                id: 7,
+                text: "x".into(),
+                at: at(2),
+                generated: 1,
+                step_device: Duration::from_millis(1),
+                from_prefill: true,
+                placement,
+                logprobs: None,
+            });
+            send(Event::Done(Box::new(Completion {
+                finish_reason: reason,
+                tokens: vec![7],
+                tail_text: String::new(),
+                timings: t,
+                group: 0,
+                choice,
+                mask: None,
+            })));
+            rxs.push(rx);
+        }
+        let (tx, mut out) = mpsc::unbounded_channel();
+        let metrics = Arc::new(RequestMetrics::default());
+        run(
+            trace,
+            rxs,
+            tx,
+            Arc::new(AtomicBool::new(false)),
+            Duration::ZERO,
+            two,
+            None,
+            Arc::clone(&metrics),
+        )
+        .await;
+        let outcome = loop {
+            match out.recv().await {
+                Some(Out::Done(o)) => break o,
+                Some(_) => {}
+                None => panic!("an outcome"),
+            }
+        };
+        // The response: its client is gone, so it gets no error; the outcome says cancelled.
+        assert_eq!(outcome.status.as_str(), attr::value::STATUS_CANCELLED);
+        assert!(outcome.api_error().is_none());
+        assert_eq!(outcome.api_finish_reasons, vec!["stop", "cancelled"]);
+        // The request span.
+        let spans = mem.0.lock().expect("lock").clone();
+        let root = spans
+            .iter()
+            .find(|s| slotlight_otel::span::is_request_span_name(&s.name))
+            .expect("the request span");
+        let get = |k: &str| {
+            root.attributes
+                .iter()
+                .find(|kv: &&KeyValue| kv.key.as_str() == k)
+                .map(|kv| kv.value.as_str().into_owned())
+        };
+        assert_eq!(get(attr::REQUEST_STATUS).as_deref(), Some("cancelled"));
+        assert_eq!(get(attr::ERROR_TYPE).as_deref(), Some("cancelled"));
+        // The log line.
+        let text = String::from_utf8(logs.0.lock().expect("lock").clone()).expect("utf-8");
+        let line = text
+            .lines()
+            .find(|l| l.contains("Request.Finished"))
+            .unwrap_or_else(|| panic!("no Request.Finished line in {text}"));
+        assert!(line.contains("status=\"cancelled\""), "{line}");
+        assert!(line.contains("error_type=\"cancelled\""), "{line}");
+        assert!(line.contains("finish_reason=\"stop,cancelled\""), "{line}");
+        assert!(
+            !text.contains("Request.Failed"),
+            "a cancellation is no engine failure: {text}"
+        );
+        // The engine's metrics: one duration, with the same error type, and no ttft (only
+        // successful requests have one).
+        let m = metrics.snapshot();
+        let series = &m.series[0];
+        let durations: Vec<_> = series.duration.iter().map(|(e, h)| (*e, h.count)).collect();
+        assert_eq!(durations, vec![(Some("cancelled"), 1)]);
+        assert_eq!(series.ttft.count, 0);
     }
 }

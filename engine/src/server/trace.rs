@@ -13,8 +13,8 @@ use opentelemetry::trace::{Link, SpanContext, SpanKind, Status, TraceContextExt,
 use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
 use slotlight_otel::{attr, span};
 
-use crate::scheduler::{Completion, Event, FinishReason, Placement};
-use crate::server::usage::Usage;
+use crate::scheduler::{Event, Placement};
+use crate::server::outcome::RequestOutcome;
 use crate::telemetry::Telemetry;
 use crate::timing::{LegRecord, PathKind, PrefillRecord, TimeAnchor};
 
@@ -541,36 +541,16 @@ impl RequestTrace {
         }
     }
 
-    /// Ends the request span with the request's outcome: every choice's completion, the usage
-    /// answered to the client, the API finish reasons and the tool calls found.
-    pub fn finish(
-        &mut self,
-        done: &[&Completion],
-        usage: &Usage,
-        reasons: &[&'static str],
-        tool_calls: usize,
-    ) {
+    /// Ends the request span with the request's outcome, as decided once for the response,
+    /// the log line and the metrics alike.
+    pub fn finish(&mut self, o: &RequestOutcome) {
         for i in 0..self.choices.len() {
             self.close_choice(i);
         }
+        let usage = &o.usage;
         let u = &usage.timings;
         let sp = self.root.span();
-        let legs: usize = done.iter().map(|c| c.timings.legs.len()).sum();
-        let moved = done.iter().any(|c| c.timings.legs.len() > 1);
-        let first_token = done.iter().filter_map(|c| c.timings.first_token).min();
-        let finished = done.iter().filter_map(|c| c.timings.finished).max();
-        let prefilled: usize = done.iter().map(|c| c.timings.prefilled_tokens).sum();
-        let group = done.first().map_or(0, |c| c.group);
-        // The choice that says how the request ended: the first failed one, else the first
-        // cancelled one.
-        let failed = done
-            .iter()
-            .find(|c| matches!(c.finish_reason, FinishReason::Error(_)))
-            .or_else(|| {
-                done.iter()
-                    .find(|c| matches!(c.finish_reason, FinishReason::Cancelled))
-            })
-            .copied();
+        let at = &o.instants;
         let mut attrs = vec![
             KeyValue::new(
                 attr::GEN_AI_RESPONSE_MODEL,
@@ -579,7 +559,10 @@ impl RequestTrace {
             KeyValue::new(
                 attr::GEN_AI_RESPONSE_FINISH_REASONS,
                 Value::Array(Array::String(
-                    reasons.iter().map(|r| StringValue::from(*r)).collect(),
+                    o.api_finish_reasons
+                        .iter()
+                        .map(|r| StringValue::from(*r))
+                        .collect(),
                 )),
             ),
             kv_i(attr::GEN_AI_USAGE_INPUT_TOKENS, usage.prompt_tokens),
@@ -588,45 +571,41 @@ impl RequestTrace {
                 attr::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
                 usage.prompt_tokens_details.cached_tokens,
             ),
-            KeyValue::new(
-                attr::REQUEST_STATUS,
-                failed
-                    .or(done.first().copied())
-                    .map_or(attr::value::STATUS_OK, |c| c.finish_reason.status()),
-            ),
-            kv_i(attr::USAGE_PREFILLED_TOKENS, prefilled),
-            kv_i(attr::REQUEST_LEGS, legs),
-            KeyValue::new(attr::REQUEST_MOVED, moved),
-            kv_i(attr::SLOT_GROUP, group),
+            KeyValue::new(attr::REQUEST_STATUS, o.status.as_str()),
+            kv_i(attr::USAGE_PREFILLED_TOKENS, o.prefilled_tokens),
+            kv_i(attr::REQUEST_LEGS, o.legs.len()),
+            KeyValue::new(attr::REQUEST_MOVED, o.moved()),
+            kv_i(attr::SLOT_GROUP, o.group),
         ];
         // vLLM's latencies, with vLLM's meanings: wall-clock intervals between the request's
         // own instants (the first admission, the first token of any choice, the last token and
         // the last finish), in seconds.
-        let admitted = done.iter().filter_map(|c| c.timings.admitted).min();
-        let last_token = done.iter().filter_map(|c| c.timings.last_token).max();
         let secs = |from: Option<Instant>, to: Option<Instant>| {
             Some(to?.saturating_duration_since(from?).as_secs_f64())
         };
-        let arrival = Some(self.info.received);
+        let arrival = Some(at.received);
         // Only what the request had: an unknown value is left off, never written as zero.
         let known = [
             (
                 attr::GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN,
-                secs(arrival, first_token),
+                secs(arrival, at.first_token),
             ),
-            (attr::GEN_AI_LATENCY_E2E, secs(arrival, finished)),
-            (attr::GEN_AI_LATENCY_TIME_IN_QUEUE, secs(arrival, admitted)),
+            (attr::GEN_AI_LATENCY_E2E, secs(arrival, at.finished)),
+            (
+                attr::GEN_AI_LATENCY_TIME_IN_QUEUE,
+                secs(arrival, at.admitted),
+            ),
             (
                 attr::GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL,
-                secs(admitted, first_token),
+                secs(at.admitted, at.first_token),
             ),
             (
                 attr::GEN_AI_LATENCY_TIME_IN_MODEL_DECODE,
-                secs(first_token, last_token),
+                secs(at.first_token, at.last_token),
             ),
             (
                 attr::GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE,
-                secs(admitted, finished),
+                secs(at.admitted, at.finished),
             ),
             (attr::USAGE_QUEUE_MS, u.queue_ms),
             (attr::USAGE_PREFILL_MS, u.prefill_ms),
@@ -654,20 +633,19 @@ impl RequestTrace {
                 .into_iter()
                 .filter_map(|(k, v)| v.map(|v| kv_i(k, v))),
         );
-        if let Some(f) = first_token {
+        if let Some(f) = at.first_token {
             attrs.push(kv_u(
                 attr::REQUEST_FIRST_TOKEN_TIME,
                 self.anchor.unix_nanos(f),
             ));
         }
         if self.info.constraint.is_some() {
-            let mask: Duration = done.iter().filter_map(|c| c.mask).map(|m| m.time).sum();
-            let masks: u64 = done.iter().filter_map(|c| c.mask).map(|m| m.masks).sum();
+            let (mask, masks) = o.masks.unwrap_or_default();
             attrs.push(KeyValue::new(attr::CONSTRAINT_MASK_MS, ms(mask)));
             attrs.push(kv_u(attr::CONSTRAINT_MASKS, masks));
         }
         if self.info.tools.is_some() {
-            attrs.push(kv_i(attr::TOOLS_CALLS, tool_calls));
+            attrs.push(kv_i(attr::TOOLS_CALLS, o.tool_calls));
         }
         if self.trace_content {
             let texts: Vec<String> = self
@@ -677,24 +655,19 @@ impl RequestTrace {
                 .collect();
             let text = match texts.as_slice() {
                 [one] => one.clone(),
-                many => serde_json::to_string(many).unwrap_or_default(),
+                // A JSON array of strings: writing one cannot fail.
+                many => serde_json::Value::from(many.to_vec()).to_string(),
             };
             attrs.push(KeyValue::new(attr::CONTENT_COMPLETION, text));
         }
-        if let Some(c) = failed
-            && let Some(label) = c.finish_reason.error_type()
-        {
-            attrs.push(KeyValue::new(attr::ERROR_TYPE, label));
-            let message = match &c.finish_reason {
-                FinishReason::Error(e) => e.to_string(),
-                _ => "cancelled by the client".to_string(),
-            };
-            sp.set_status(Status::error(message));
+        if let Some(f) = &o.failure {
+            attrs.push(KeyValue::new(attr::ERROR_TYPE, f.error_type()));
+            sp.set_status(Status::error(f.message()));
         }
         sp.set_attributes(attrs);
         sp.end_with_timestamp(
             self.anchor
-                .system_time(finished.unwrap_or_else(Instant::now)),
+                .system_time(at.finished.unwrap_or_else(Instant::now)),
         );
     }
 

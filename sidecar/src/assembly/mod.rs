@@ -53,7 +53,7 @@ pub struct AssemblyConfig {
 
 impl AssemblyConfig {
     /// Limits from the command line.
-    pub fn from_config(c: &crate::Config) -> Self {
+    pub fn from_config(c: &crate::config::Config) -> Self {
         let ns = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
         AssemblyConfig {
             max_requests: c.max_traces.max(1),
@@ -67,7 +67,7 @@ impl AssemblyConfig {
 
 impl Default for AssemblyConfig {
     fn default() -> Self {
-        AssemblyConfig::from_config(&crate::Config::ephemeral())
+        AssemblyConfig::from_config(&crate::config::Config::ephemeral())
     }
 }
 
@@ -680,14 +680,14 @@ pub async fn run(
         tokio::select! {
             batch = rx.recv() => {
                 let Some(batch) = batch else { break };
-                assembler.apply(batch.spans, crate::unix_now_ns(), &mut out);
+                assembler.apply(batch.spans, crate::otlp::unix_now_ns(), &mut out);
                 drop(batch.permit);
                 if last_publish.elapsed() >= publish_interval {
                     publish(&mut assembler, &mut last_publish);
                 }
             }
             _ = tick.tick() => {
-                assembler.tick(crate::unix_now_ns(), &mut out);
+                assembler.tick(crate::otlp::unix_now_ns(), &mut out);
                 publish(&mut assembler, &mut last_publish);
                 metrics.set_traces_in_flight(assembler.in_flight());
             }

@@ -244,7 +244,7 @@ pub struct SlotsSnapshot {
 pub struct SlotsView<'a> {
     /// The sidecar's clock when rendered.
     pub now_unix_nano: i64,
-    /// Instances.
+    /// Every engine instance heard from, one entry each.
     pub instances: Vec<InstanceView<'a>>,
 }
 
@@ -262,7 +262,7 @@ pub struct InstanceView<'a> {
     pub sampling_ratio: Option<f64>,
     /// Requests admitted and not finished.
     pub running: u64,
-    /// Rows.
+    /// The instance's rows: one per slot and solo path of each group.
     pub slots: Vec<RowView<'a>>,
 }
 

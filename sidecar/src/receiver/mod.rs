@@ -30,19 +30,12 @@ use tokio::sync::{Semaphore, mpsc};
 
 use crate::assembly::Batch;
 use crate::error::IngestError;
+// The signal is the forwarder's word: the receivers use it, the forwarder never uses them.
 use crate::forward::Forwarder;
+pub use crate::forward::Signal;
 use crate::metrics::Metrics;
 use crate::net::AllowList;
 use crate::spans::{SpanBatch, convert};
-
-/// An OTLP signal the receivers accept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Signal {
-    /// Spans (`/v1/traces`, `TraceService`): viewed, counted, forwarded.
-    Traces,
-    /// Metrics (`/v1/metrics`, `MetricsService`): counted and forwarded.
-    Metrics,
-}
 
 /// The data points of a metrics export request.
 pub fn metric_points(req: &ExportMetricsServiceRequest) -> u64 {

@@ -38,7 +38,7 @@ pub struct Rows<'a> {
 /// Which heads of which layer.
 #[derive(Clone, Copy, Debug)]
 pub struct Heads {
-    /// Layer.
+    /// The layer index (selects that layer's KV cache).
     pub layer: usize,
     /// The KV head; its query heads start at `kv_head * group`.
     pub kv_head: usize,

@@ -216,7 +216,7 @@ impl<G: Gpu> GpuBackend<G> {
         let names = kc.kernel_names();
         {
             let _compile = tracing::info_span!(
-                target: crate::telemetry::OPS_TARGET,
+                target: slotlight_otel::span::OPS_TARGET,
                 slotlight_otel::span::STARTUP_KERNEL_COMPILE
             )
             .entered();

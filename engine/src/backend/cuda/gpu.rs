@@ -55,7 +55,7 @@ impl Arg {
 pub struct Launch {
     /// Kernel index.
     pub kernel: usize,
-    /// Blocks.
+    /// Grid size: thread blocks in x, y, z.
     pub grid: (u32, u32, u32),
     /// Threads per block.
     pub block: (u32, u32, u32),
@@ -67,7 +67,7 @@ pub struct Launch {
 pub struct Gemm {
     /// Output features (weight rows).
     pub m: usize,
-    /// Tokens.
+    /// Tokens: the rows of `B` and `C`.
     pub n: usize,
     /// Reduction length.
     pub k: usize,

@@ -753,7 +753,7 @@ pub fn pair_rows(
 /// A kernel launch shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
-    /// Blocks.
+    /// Grid size: thread blocks in x, y, z.
     pub grid: (u32, u32, u32),
     /// Threads per block.
     pub block: (u32, u32, u32),

@@ -7,11 +7,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use axum::Json;
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
 use futures_util::StreamExt;
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -26,42 +26,59 @@ use super::validate::{Endpoint, ValidRequest};
 use super::{created, new_id, read_json, session, sse};
 use crate::sampling::TokenLogprobs;
 use crate::server::error::ApiError;
-use crate::server::pipeline::{CancelOnDrop, ChoiceEnd, Final, Out, launch};
+use crate::server::outcome::RequestOutcome;
+use crate::server::pipeline::{CancelOnDrop, ChoiceEnd, Out, launch};
+use crate::server::record::{self, Refused};
+use crate::server::trace::ServerAddress;
 use crate::server::trace::{RequestInfo, ToolsInfo};
-use crate::server::{Arrival, SharedState};
+use crate::server::{Arrival, LocalAddr, SharedState, server_address};
 use crate::tokenizer::TokenBytes;
 
 /// `POST /v1/chat/completions`.
-pub async fn chat(
-    State(st): State<SharedState>,
-    Extension(Arrival(received)): Extension<Arrival>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    let v: Value = read_json(body, st.cfg.max_body_bytes, st.cfg.read_timeout).await?;
-    let req = ValidRequest::chat(&st, ChatRequest::from_json(v)?)?;
-    generate(st, received, &headers, req).await
+pub async fn chat(State(st): State<SharedState>, request: Request) -> Response {
+    answer(st, Endpoint::Chat, request).await
 }
 
 /// `POST /v1/completions`.
-pub async fn completions(
-    State(st): State<SharedState>,
-    Extension(Arrival(received)): Extension<Arrival>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    let v: Value = read_json(body, st.cfg.max_body_bytes, st.cfg.read_timeout).await?;
-    let req = ValidRequest::completion(&st, CompletionRequest::from_json(v)?)?;
-    generate(st, received, &headers, req).await
+pub async fn completions(State(st): State<SharedState>, request: Request) -> Response {
+    answer(st, Endpoint::Completions, request).await
+}
+
+/// Answers one request of the route `endpoint`: its output, or its refusal, which is recorded
+/// here, where it is answered (a span of status `refused`, a log line, a count).
+async fn answer(st: SharedState, endpoint: Endpoint, request: Request) -> Response {
+    let received = request
+        .extensions()
+        .get::<Arrival>()
+        .map_or_else(Instant::now, |a| a.0);
+    let local = request.extensions().get::<LocalAddr>().map(|l| l.0);
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
+    let server = server_address(&headers, local);
+    match generate(&st, endpoint, received, &headers, &server, body).await {
+        Ok(r) => r,
+        Err(refused) => record::refusal(&st, endpoint, received, &headers, &server, refused),
+    }
 }
 
 async fn generate(
-    st: SharedState,
+    st: &SharedState,
+    endpoint: Endpoint,
     received: Instant,
     headers: &HeaderMap,
-    mut req: ValidRequest,
-) -> Result<Response, ApiError> {
-    req.compile(&st).await?;
+    server: &ServerAddress,
+    body: Body,
+) -> Result<Response, Refused> {
+    if st.engine.is_shutting_down() {
+        return Err(ApiError::shutting_down().into());
+    }
+    let v: Value = read_json(body, st.cfg.max_body_bytes, st.cfg.read_timeout).await?;
+    let req = match endpoint {
+        Endpoint::Chat => ValidRequest::chat(st, ChatRequest::from_json(v)?).await?,
+        Endpoint::Completions => {
+            ValidRequest::completion(st, CompletionRequest::from_json(v)?).await?
+        }
+    };
     let id = new_id(req.endpoint.id_prefix());
     let kind = req
         .constraint
@@ -98,7 +115,7 @@ async fn generate(
         }),
     };
     let parent = crate::server::parent_context(headers);
-    let (out, cancel) = launch(&st, info, &req, &parent)?;
+    let (out, cancel) = launch(st, info, &req, &parent, server)?;
     let shape = Shape {
         endpoint: req.endpoint,
         id,
@@ -115,7 +132,11 @@ async fn generate(
     if req.opts.stream {
         Ok(shape.stream(out, cancel))
     } else {
-        shape.collect(out, cancel).await
+        // An error after the request reached the engine is its outcome, recorded as such.
+        Ok(shape
+            .collect(out, cancel)
+            .await
+            .unwrap_or_else(IntoResponse::into_response))
     }
 }
 
@@ -172,7 +193,7 @@ impl Shape {
                 }
                 Out::Done(f) => {
                     guard.disarm();
-                    if let Some(e) = f.error {
+                    if let Some(e) = f.api_error() {
                         return Err(e);
                     }
                     return Ok(self.whole(choices, *f));
@@ -182,7 +203,7 @@ impl Shape {
         Err(ApiError::internal("the request ended without a result"))
     }
 
-    fn whole(&self, choices: Vec<Collected>, f: Final) -> Response {
+    fn whole(&self, choices: Vec<Collected>, f: RequestOutcome) -> Response {
         let reason = |c: &Collected| {
             c.end
                 .as_ref()
@@ -284,15 +305,22 @@ enum Chunk {
 }
 
 impl Chunk {
+    /// The chunk as an SSE data line. A chunk that does not serialize is reported (a log
+    /// line, and an error body in its place), never sent as an empty event.
     fn json(&self) -> String {
         let r = match self {
             Chunk::Chat(c) => serde_json::to_string(c),
             Chunk::Text(c) => serde_json::to_string(c),
         };
-        r.unwrap_or_default()
+        r.unwrap_or_else(|e| {
+            tracing::error!(error = %e, "Response.ChunkUnserializable");
+            ApiError::internal(format!("a response chunk did not serialize: {e}"))
+                .body()
+                .to_string()
+        })
     }
 
-    fn finish_extras(&mut self, f: &Final, continuous: bool) {
+    fn finish_extras(&mut self, f: &RequestOutcome, continuous: bool) {
         let usage = continuous.then(|| ChunkUsage::Full(Box::new(f.usage.clone())));
         match self {
             Chunk::Chat(c) => {
@@ -495,7 +523,7 @@ impl Streaming {
                 if let Some(g) = self.guard.as_mut() {
                     g.disarm();
                 }
-                if let Some(e) = &f.error {
+                if let Some(e) = f.api_error() {
                     return vec![e.body().to_string()];
                 }
                 let mut v = Vec::new();

@@ -127,11 +127,11 @@ pub struct ChatTokenLogprob {
 /// An alternative token.
 #[derive(Debug, Clone, Serialize)]
 pub struct TopLogprob {
-    /// Text.
+    /// The alternative token's text.
     pub token: String,
-    /// Log-probability.
+    /// Its log-probability (natural log).
     pub logprob: f32,
-    /// Bytes.
+    /// Its UTF-8 bytes (a token may hold part of a character).
     pub bytes: Vec<u8>,
 }
 

@@ -182,7 +182,8 @@ impl ToolSetup {
 
     fn generic_instructions(&self) -> String {
         let tools: Vec<Value> = self.tools.iter().map(Tool::to_openai).collect();
-        let list = serde_json::to_string_pretty(&tools).unwrap_or_default();
+        // Pretty-printed JSON of values: writing it cannot fail.
+        let list = format!("{:#}", Value::Array(tools));
         let call = r#"{"tool_calls": [{"name": "<tool name>", "arguments": {<arguments>}}]}"#;
         let how = match &self.choice {
             ToolChoice::Auto => format!(
@@ -301,8 +302,7 @@ pub fn polyfill_history(messages: Vec<ChatMessage>) -> Vec<ChatMessage> {
                         json!({"name": f["name"], "arguments": f["arguments"], "id": c["id"]})
                     })
                     .collect();
-                let mut content =
-                    serde_json::to_string(&json!({"tool_calls": calls})).unwrap_or_default();
+                let mut content = json!({"tool_calls": calls}).to_string();
                 if !m.content.is_empty() {
                     content = format!("{}\n{content}", m.content);
                 }
@@ -317,8 +317,7 @@ pub fn polyfill_history(messages: Vec<ChatMessage>) -> Vec<ChatMessage> {
                     r.insert("tool_call_id".into(), json!(id));
                 }
                 r.insert("content".into(), json!(m.content));
-                let content = serde_json::to_string(&json!({"tool_response": Value::Object(r)}))
-                    .unwrap_or_default();
+                let content = json!({"tool_response": Value::Object(r)}).to_string();
                 return ChatMessage::new("user", content);
             }
             m

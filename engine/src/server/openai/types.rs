@@ -299,7 +299,7 @@ impl WireMessage {
 pub enum StringOrList {
     /// One string.
     One(String),
-    /// Several.
+    /// A list of strings, as given.
     Many(Vec<String>),
 }
 
@@ -381,7 +381,7 @@ pub struct Common {
     pub max_tokens: Option<i64>,
     /// Completion token limit.
     pub max_completion_tokens: Option<i64>,
-    /// Temperature.
+    /// `temperature`, as given (checked by validation; `None` takes the default).
     pub temperature: Option<f32>,
     /// Nucleus sampling.
     pub top_p: Option<f32>,
@@ -395,7 +395,7 @@ pub struct Common {
     pub presence_penalty: Option<f32>,
     /// Frequency penalty.
     pub frequency_penalty: Option<f32>,
-    /// Seed.
+    /// `seed`, as given: makes sampling reproducible.
     pub seed: Option<i64>,
     /// Stop strings.
     pub stop: Option<StringOrList>,
@@ -779,7 +779,7 @@ fn parse_tool_choice(v: Value) -> Result<WireToolChoice, ApiError> {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum Prompt {
-    /// Text.
+    /// Plain text content.
     Text(String),
     /// Texts (only one is supported).
     Texts(Vec<String>),

@@ -64,13 +64,13 @@ pub struct ValidOptions {
     pub requested: crate::server::trace::RequestedParams,
     /// Completion token limit.
     pub max_tokens: usize,
-    /// Sampling.
+    /// Sampling parameters, checked, with the request's seed.
     pub sampling: SamplingParams,
-    /// Stop strings.
-    pub stop: Vec<String>,
-    /// Choices.
+    /// The stop strings, checked here once: the engine takes the matcher as it is.
+    pub stop: crate::stop::StopMatcher,
+    /// How many choices to generate (`n`), 1 to the `max_n` limit.
     pub n: usize,
-    /// Stream.
+    /// Whether the reply is streamed as server-sent events.
     pub stream: bool,
     /// Final usage chunk.
     pub include_usage: bool,
@@ -189,7 +189,7 @@ impl Common {
             .map(StringOrList::into_vec)
             .unwrap_or_default();
         at_most("stop", "stop strings", stop.len(), limits.max_stop)?;
-        crate::stop::StopMatcher::new(&stop)
+        let stop = crate::stop::StopMatcher::new(&stop)
             .map_err(|e| ApiError::invalid_param("stop", e.to_string()))?;
         let so = self.stream_options.clone().unwrap_or_default();
         if self.stream_options.is_some() && !self.stream {
@@ -304,7 +304,7 @@ pub struct ValidRequest {
     pub prompt: Vec<u32>,
     /// Prompt text (rendered chat, or the completion prompt).
     pub prompt_text: String,
-    /// Options.
+    /// The checked generation options shared by both endpoints.
     pub opts: ValidOptions,
     /// Log-probabilities per token with this many alternatives (`None`: off).
     pub logprobs: Option<usize>,
@@ -312,7 +312,7 @@ pub struct ValidRequest {
     pub echo: bool,
     /// Tools (chat).
     pub tools: Option<ToolSetup>,
-    /// The compiled constraint (after [`ValidRequest::compile`]).
+    /// The compiled constraint, when the request has a grammar or enforced tool calls.
     pub constraint: Option<Constraint>,
 }
 
@@ -323,8 +323,49 @@ fn top_logprobs(param: &str, v: i64) -> Result<usize, ApiError> {
 }
 
 impl ValidRequest {
-    /// Validates a chat request and renders its prompt.
-    pub fn chat(st: &AppState, req: ChatRequest) -> Result<Self, ApiError> {
+    /// Validates a chat request, renders its prompt and compiles its grammar: the request
+    /// comes out whole, or refused.
+    pub async fn chat(st: &Arc<AppState>, req: ChatRequest) -> Result<Self, ApiError> {
+        let mut v = Self::checked_chat(st, req)?;
+        v.constraint = v.compile(st).await?;
+        Ok(v)
+    }
+
+    /// Validates a completion request, encodes its prompt and compiles its grammar.
+    pub async fn completion(st: &Arc<AppState>, req: CompletionRequest) -> Result<Self, ApiError> {
+        let mut v = Self::checked_completion(st, req)?;
+        v.constraint = v.compile(st).await?;
+        Ok(v)
+    }
+
+    /// The engine's request for this one: `id`, the session, the arrival and the cancel flag
+    /// come from the HTTP side.
+    pub fn to_engine(
+        &self,
+        id: &str,
+        session: Option<String>,
+        received: std::time::Instant,
+        cancel: Arc<std::sync::atomic::AtomicBool>,
+    ) -> crate::scheduler::GenerateRequest {
+        let opts = &self.opts;
+        crate::scheduler::GenerateRequest {
+            id: id.to_string(),
+            prompt: self.prompt.clone(),
+            max_tokens: opts.max_tokens,
+            sampling: opts.sampling.clone(),
+            stop: opts.stop.clone(),
+            ignore_eos: opts.ignore_eos,
+            session,
+            received,
+            cancel,
+            n: opts.n,
+            logprobs: self.logprobs,
+            constraint: self.constraint.clone(),
+        }
+    }
+
+    /// Checks a chat request and renders its prompt.
+    fn checked_chat(st: &AppState, req: ChatRequest) -> Result<Self, ApiError> {
         let limits = &st.cfg.limits;
         let opts = req.common.validate(limits, st.vocab)?;
         let model = st.check_model(req.common.model.as_deref())?;
@@ -364,8 +405,8 @@ impl ValidRequest {
         })
     }
 
-    /// Validates a completion request and encodes its prompt.
-    pub fn completion(st: &AppState, req: CompletionRequest) -> Result<Self, ApiError> {
+    /// Checks a completion request and encodes its prompt.
+    fn checked_completion(st: &AppState, req: CompletionRequest) -> Result<Self, ApiError> {
         let opts = req.common.validate(&st.cfg.limits, st.vocab)?;
         let model = st.check_model(req.common.model.as_deref())?;
         if let Some(b) = req.best_of
@@ -403,10 +444,10 @@ impl ValidRequest {
                     format!("token id {bad} is outside the vocabulary of {}", st.vocab),
                 ));
             }
-            Ok((
-                tok.decode_with(ids, false).unwrap_or_default(),
-                ids.to_vec(),
-            ))
+            let text = tok
+                .decode_with(ids, false)
+                .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))?;
+            Ok((text, ids.to_vec()))
         };
         let text_prompt = |t: &str| -> Result<(String, Vec<u32>), ApiError> {
             let ids = st
@@ -442,7 +483,7 @@ impl ValidRequest {
 
     /// Compiles the request's grammar (and checks its tool definitions), off the async
     /// runtime. A grammar that does not compile is a 400 that says why.
-    pub async fn compile(&mut self, st: &Arc<AppState>) -> Result<(), ApiError> {
+    async fn compile(&self, st: &Arc<AppState>) -> Result<Option<Constraint>, ApiError> {
         let enforce = match (&self.opts.grammar, &self.tools) {
             (Some(g), _) => Some((g.spec.clone(), g.param, g.kind)),
             (None, Some(t)) if t.enforced() => {
@@ -460,7 +501,7 @@ impl ValidRequest {
             _ => None,
         };
         if enforce.is_none() && check.is_none() {
-            return Ok(());
+            return Ok(None);
         }
         let grammars = Arc::clone(&st.grammars);
         let compiled = tokio::task::spawn_blocking(move || {
@@ -480,10 +521,7 @@ impl ValidRequest {
         .await
         .map_err(|e| ApiError::internal(format!("grammar compilation failed: {e}")))?;
         match compiled {
-            Ok(c) => {
-                self.constraint = c;
-                Ok(())
-            }
+            Ok(c) => Ok(c),
             Err((crate::constraint::ConstraintError::Unavailable(m), _)) => {
                 Err(ApiError::internal(m))
             }

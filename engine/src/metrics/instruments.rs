@@ -1,0 +1,51 @@
+//! The OTLP instruments the step loops and the HTTP layer record into, once OTLP metrics are
+//! on. Apart from [`super::otlp`] (which registers them) so that the counters in
+//! [`super::group`] and [`super::requests`] can hold them without importing the exporter that
+//! reads those counters: the imports run one way.
+
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::Histogram;
+use slotlight_otel::attr::{self, value};
+
+/// One group's histograms, recorded by its step loop.
+#[derive(Debug)]
+pub struct GroupInstruments {
+    /// `slotlight_engine_step_duration_seconds`.
+    pub step_duration: Histogram<f64>,
+    /// `slotlight_engine_step_batch_size`.
+    pub step_batch: Histogram<f64>,
+    /// `slot_group`.
+    pub attrs: [KeyValue; 1],
+}
+
+/// The HTTP layer's histograms, recorded as each request is observed.
+#[derive(Debug)]
+pub struct RequestInstruments {
+    /// `gen_ai.server.time_to_first_token`.
+    pub ttft: Histogram<f64>,
+    /// `gen_ai.server.time_per_output_token`.
+    pub tpot: Histogram<f64>,
+    /// `gen_ai.server.request.duration`.
+    pub duration: Histogram<f64>,
+    /// `slotlight_engine_queue_time_seconds`.
+    pub queue: Histogram<f64>,
+}
+
+/// The GenAI attributes of a request series (the request model only when known).
+pub fn genai_attrs(operation: &str, request_model: &str, response_model: &str) -> Vec<KeyValue> {
+    let mut v = vec![
+        KeyValue::new(attr::GEN_AI_OPERATION_NAME, operation.to_string()),
+        KeyValue::new(attr::GEN_AI_PROVIDER_NAME, value::PROVIDER),
+    ];
+    if !request_model.is_empty() {
+        v.push(KeyValue::new(
+            attr::GEN_AI_REQUEST_MODEL,
+            request_model.to_string(),
+        ));
+    }
+    v.push(KeyValue::new(
+        attr::GEN_AI_RESPONSE_MODEL,
+        response_model.to_string(),
+    ));
+    v
+}

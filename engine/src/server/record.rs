@@ -1,0 +1,233 @@
+//! A request's log lines and latency observations, written from what was decided once: a
+//! finished request's [`RequestOutcome`], or a [`Refusal`]. Nothing here decides how a request
+//! ended; it only writes it down.
+
+use std::time::Instant;
+
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+
+use super::AppState;
+use super::error::ApiError;
+use super::openai::validate::Endpoint;
+use super::outcome::{Failure, RequestOutcome};
+use super::trace::{self, Refusal, RequestInfo, RequestTrace, ServerAddress};
+use crate::metrics::{Observation, RequestMetrics};
+
+/// A generation request answered with an error before it reached a step loop, with what was
+/// known of it when it was refused.
+pub struct Refused {
+    /// The answer.
+    pub error: ApiError,
+    /// The request span and the request's facts, when the request was refused after its span
+    /// started (by the scheduler: the queue is full, the engine is stopping).
+    pub started: Option<Box<(RequestTrace, RequestInfo)>>,
+}
+
+impl From<ApiError> for Refused {
+    fn from(error: ApiError) -> Self {
+        Self {
+            error,
+            started: None,
+        }
+    }
+}
+
+/// Records a refused generation request (its span, its log line, its count and duration) and
+/// answers it: the one place every refusal of a generation route is recorded, called by the
+/// route's handler, which answers it. `endpoint` is the route's own.
+pub fn refusal(
+    st: &AppState,
+    endpoint: Endpoint,
+    received: Instant,
+    headers: &HeaderMap,
+    server: &ServerAddress,
+    refused: Refused,
+) -> Response {
+    let Refused { error, started } = refused;
+    let now = Instant::now();
+    match started {
+        Some(started) => {
+            let (trace, info) = *started;
+            let r = Refusal {
+                id: info.id.clone(),
+                operation: info.operation,
+                response_model: info.response_model.clone(),
+                session: info.session.clone(),
+                received: info.received,
+                refused: now,
+                error_type: error.label(),
+                message: error.message.clone(),
+            };
+            trace.refuse(r.error_type, &r.message, now);
+            refused_request(
+                st.metrics.as_ref(),
+                &r,
+                error.status.as_u16(),
+                Some(&info.request_model),
+            );
+        }
+        None => {
+            let r = Refusal {
+                id: super::openai::new_id(endpoint.id_prefix()),
+                operation: endpoint.operation(),
+                response_model: st.cfg.model_names.first().cloned().unwrap_or_default(),
+                session: super::openai::session(headers, None),
+                received,
+                refused: now,
+                error_type: error.label(),
+                message: error.message.clone(),
+            };
+            trace::record_refusal(
+                &st.telemetry,
+                st.anchor,
+                &r,
+                &super::parent_context(headers),
+                server,
+            );
+            refused_request(st.metrics.as_ref(), &r, error.status.as_u16(), None);
+        }
+    }
+    error.into_response()
+}
+
+/// Records a finished request: its `Request.Finished` log line, a `Request.Failed` warning
+/// when the engine failed it, and its latency observation.
+pub fn finished(metrics: &RequestMetrics, info: &RequestInfo, trace_id: &str, o: &RequestOutcome) {
+    log_finished(info, trace_id, o);
+    if let Some(Failure::Engine(e)) = &o.failure {
+        // A failure of the engine (not the client's doing): a warning, which also becomes an
+        // event on the request span.
+        tracing::warn!(
+            target: "slotlight::request",
+            request_id = %info.id,
+            error_type = e.label(),
+            error = %e,
+            "Request.Failed"
+        );
+    }
+    observe_finished(metrics, info, o);
+}
+
+/// Writes down a refused request: its `Request.Refused` log line, its refusal count and its
+/// duration (arrival to refusal) with its `error.type`; `request_model` when the body was
+/// read.
+fn refused_request(
+    metrics: &RequestMetrics,
+    r: &Refusal,
+    http_status: u16,
+    request_model: Option<&str>,
+) {
+    log_refused(r, http_status);
+    metrics.count_refused(r.error_type);
+    metrics.observe(&Observation {
+        operation: r.operation,
+        request_model,
+        response_model: &r.response_model,
+        error_type: Some(r.error_type),
+        ttft: None,
+        tpot: None,
+        duration: r
+            .refused
+            .saturating_duration_since(r.received)
+            .as_secs_f64(),
+        queue: None,
+    });
+}
+
+/// One structured log line per finished request. A value the request never had is left out
+/// of the line, never written as zero.
+fn log_finished(info: &RequestInfo, trace_id: &str, o: &RequestOutcome) {
+    let legs: Vec<serde_json::Value> = o
+        .legs
+        .iter()
+        .map(|l| {
+            let r = &l.record;
+            serde_json::json!({
+                "choice": l.choice,
+                "path": r.path.as_str(),
+                "group": r.group,
+                "slot": r.slot,
+                "tokens_carried": r.tokens_carried,
+                "tokens": r.tokens_generated,
+                "ms": r.end.map(|e| e.saturating_duration_since(r.start).as_secs_f64() * 1000.0),
+                "device_ms": r.device.as_secs_f64() * 1000.0,
+                "end": r.end_reason.map(|e| e.as_str()),
+            })
+        })
+        .collect();
+    let legs = serde_json::Value::Array(legs).to_string();
+    let usage = &o.usage;
+    let u = &usage.timings;
+    let reasons: Vec<&str> = o.finish_reasons.iter().map(|r| r.as_str()).collect();
+    tracing::info!(
+        target: "slotlight::request",
+        request_id = %info.id,
+        session_id = info.session.as_deref(),
+        trace_id = %trace_id,
+        operation = info.operation,
+        status = o.status.as_str(),
+        finish_reason = reasons.join(","),
+        error_type = o.error_type(),
+        choices = o.finish_reasons.len(),
+        prompt_tokens = usage.prompt_tokens,
+        cached_tokens = usage.prompt_tokens_details.cached_tokens,
+        prefilled_tokens = o.prefilled_tokens,
+        resume = usage.resume,
+        reusable_tokens = usage.reusable_tokens,
+        diverged_at = usage.diverged_at,
+        evicted_tokens = usage.evicted_tokens,
+        completion_tokens = usage.completion_tokens,
+        queue_ms = u.queue_ms,
+        prefill_ms = u.prefill_ms,
+        ttft_ms = u.ttft_ms,
+        decode_ms = u.decode_ms,
+        generation_ms = u.generation_ms,
+        decode_tps = u.decode_tps,
+        e2e_ms = u.e2e_ms,
+        group = o.group,
+        legs = %legs,
+        "Request.Finished"
+    );
+}
+
+/// Observes a finished request in the engine's latency histograms, with the same definitions
+/// as its span (and so as the sidecar's histograms): time to first token and time per output
+/// token for successful requests only, the duration of every request, with the outcome's
+/// `error.type`, and the queue time of an admitted one.
+fn observe_finished(metrics: &RequestMetrics, info: &RequestInfo, o: &RequestOutcome) {
+    let usage = &o.usage;
+    let u = &usage.timings;
+    let secs = |ms: Option<f64>| ms.map(|v| v / 1e3);
+    #[allow(clippy::cast_precision_loss)] // token counts are far below 2^53
+    let tpot = secs(u.generation_ms)
+        .filter(|_| usage.completion_tokens > 1)
+        .map(|g| g / (usage.completion_tokens - 1) as f64);
+    metrics.observe(&Observation {
+        operation: info.operation,
+        request_model: Some(&info.request_model),
+        response_model: &info.response_model,
+        error_type: o.error_type(),
+        ttft: secs(u.ttft_ms),
+        tpot,
+        duration: secs(u.e2e_ms).unwrap_or_else(|| info.received.elapsed().as_secs_f64()),
+        queue: secs(u.queue_ms),
+    });
+}
+
+/// One structured log line per refused request (status `refused`): what is known of it, the
+/// HTTP status and the `error.type`.
+fn log_refused(r: &Refusal, http_status: u16) {
+    tracing::info!(
+        target: "slotlight::request",
+        request_id = %r.id,
+        session_id = r.session.as_deref(),
+        operation = r.operation,
+        status = slotlight_otel::attr::value::STATUS_REFUSED,
+        error_type = r.error_type,
+        http_status,
+        e2e_ms = r.refused.saturating_duration_since(r.received).as_secs_f64() * 1000.0,
+        message = %r.message,
+        "Request.Refused"
+    );
+}
