@@ -11,7 +11,7 @@ pub mod backend;
 pub mod chat_template;
 pub mod cli;
 pub mod constraint;
-pub mod default_model;
+pub mod known_models;
 pub mod kv_cache;
 pub mod metrics;
 pub mod model;

@@ -9,7 +9,14 @@ mod support;
 use serde_json::Value;
 use slotlight_engine::model::loader::{Format, Model};
 
-fn tolerance(dtype: &str) -> f32 {
+/// The worst logit error allowed for a file of `dtype` whose reference logits reach
+/// `max_abs_logit`: the f16 rounding of keys and values grows with the logits' scale (the tiny
+/// Gemma 3, with √hidden-scaled tied embeddings, reaches 38 where the others stay near 12-15).
+fn tolerance(dtype: &str, max_abs_logit: f32) -> f32 {
+    tolerance_at_scale_15(dtype) * (max_abs_logit / 15.0).max(1.0)
+}
+
+fn tolerance_at_scale_15(dtype: &str) -> f32 {
     match dtype {
         // Float weights: f32 arithmetic, with keys and values stored in f16.
         "f32" | "F32" | "f16" | "F16" | "bf16" => 1e-2,
@@ -17,6 +24,10 @@ fn tolerance(dtype: &str) -> f32 {
         // kernels' input, as in llama.cpp); measured up to 0.13 on these tiny models.
         _ => 0.25,
     }
+}
+
+fn max_abs(x: &[f32]) -> f32 {
+    x.iter().fold(0f32, |m, v| m.max(v.abs()))
 }
 
 #[test]
@@ -68,7 +79,7 @@ fn tiny_models_match_their_reference_logits() {
                 ids.len()
             );
             assert!(
-                worst <= tolerance(dtype),
+                worst <= tolerance(dtype, max_abs(&want)),
                 "{}: worst logit error {worst}",
                 path.display()
             );

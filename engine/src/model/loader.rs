@@ -4,9 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::config::Arch;
 use super::config::{ConfigError, ModelConfig};
 use super::gguf::{GgufError, GgufFile, Value};
-use super::llama::{GGUF_NAMES, HF_NAMES, LlamaWeights, WeightsError};
+use super::llama::{GGUF_NAMES, HF_GEMMA_NAMES, HF_NAMES, LlamaWeights, WeightsError};
 use super::safetensors::{Checkpoint, SafetensorsError};
 use crate::chat_template::{ChatTemplate, TemplateError};
 use crate::telemetry::OPS_TARGET;
@@ -208,6 +209,10 @@ impl Model {
                 .get("tokenizer.ggml.add_eos_token")
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
+            add_space_prefix: g
+                .get("tokenizer.ggml.add_space_prefix")
+                .and_then(Value::as_bool)
+                .unwrap_or(true),
         };
         let tokenizer = Tokenizer::from_gguf_vocab(&vocab).map_err(tok_err)?;
         let chat_template = match g.get("tokenizer.chat_template").and_then(Value::as_str) {
@@ -244,8 +249,12 @@ impl Model {
             source,
         })?;
         let ckpt = Checkpoint::open(dir)?;
+        let names = match cfg.arch {
+            Arch::Gemma2 | Arch::Gemma3 => &HF_GEMMA_NAMES,
+            _ => &HF_NAMES,
+        };
         let weights =
-            LlamaWeights::assemble(&cfg, &HF_NAMES, |n| ckpt.tensor(n)).map_err(|source| {
+            LlamaWeights::assemble(&cfg, names, |n| ckpt.tensor(n)).map_err(|source| {
                 LoadError::Weights {
                     path: dir.to_path_buf(),
                     source,

@@ -12,7 +12,11 @@
 //! depends only on its position and the sequence's cache, never on which other rows share the
 //! step: chunked prefill, decode and batching agree exactly.
 //!
-//! Queries arrive scaled by `1/√head_dim`.
+//! Queries arrive scaled (by `1/√head_dim`, or the family's attention scale). Local layers
+//! (sliding-window attention) see only the last `window` positions of a row: blocks wholly
+//! before the window are skipped, and the one block the window starts in is scored from the
+//! window's first position on. Soft-capped scores (`cap · tanh(s / cap)`) and partial blocks
+//! take the portable path.
 
 use half::f16;
 
@@ -46,12 +50,21 @@ pub struct Heads {
     pub group: usize,
     /// Values per head.
     pub head_dim: usize,
+    /// A local layer's window: key `p` is visible from a row at `pos` when `pos - p < window`.
+    pub window: Option<usize>,
+    /// Scores become `cap · tanh(score / cap)` before the softmax.
+    pub softcap: Option<f32>,
 }
 
 impl Heads {
     /// Floats of one state: `m`, `l`, then `head_dim` accumulators.
     pub fn state_len(&self) -> usize {
         self.head_dim + 2
+    }
+
+    /// The first position a row at `pos` sees.
+    fn first_visible(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
     }
 }
 
@@ -100,10 +113,15 @@ pub fn chunk_states(
     s.v.resize(bs * hd, 0.0);
     let first = c * CHUNK_BLOCKS;
     let last = (first + CHUNK_BLOCKS).min(rows.blocks.len());
+    // Rows are in increasing order: the first sees the earliest positions.
+    let min_visible = h.first_visible(rows.positions[0]);
     for bi in first..last {
         let start = bi * bs;
         if start > max_pos {
             break;
+        }
+        if start + bs <= min_visible {
+            continue; // before every row's window
         }
         let block = rows.blocks[bi] as usize;
         if bi + 1 < last && start + bs <= max_pos {
@@ -121,14 +139,20 @@ pub fn chunk_states(
         convert(isa, keys, &mut s.kt);
         convert(isa, values, &mut s.v);
         for (r, &pos) in rows.positions.iter().enumerate() {
-            if start > pos {
+            let visible = h.first_visible(pos);
+            if start > pos || start + bs <= visible {
                 continue;
             }
             let valid = (pos + 1 - start).min(bs);
+            let from = visible.saturating_sub(start);
             let q0 = r * rows.stride + h.kv_head * group * hd;
             let q = &rows.q[q0..q0 + group * hd];
             let st = &mut out[r * group * sl..(r + 1) * group * sl];
-            block_update(isa, q, &s.kt, &s.v, bs, hd, valid, st);
+            if from == 0 && h.softcap.is_none() {
+                block_update(isa, q, &s.kt, &s.v, bs, hd, valid, st);
+            } else {
+                range_update(q, &s.kt, &s.v, bs, hd, from..valid, h.softcap, st);
+            }
         }
     }
 }
@@ -202,6 +226,31 @@ fn scalar_block_update(
             *x = (0..hd).map(|d| qh[d] * kt[d * bs + j]).sum();
         }
         update(st, scores, v, hd);
+    }
+}
+
+/// The portable update over block positions `range` only, scores soft-capped when asked.
+#[allow(clippy::too_many_arguments)]
+fn range_update(
+    q: &[f32],
+    kt: &[f32],
+    v: &[f32],
+    bs: usize,
+    hd: usize,
+    range: std::ops::Range<usize>,
+    softcap: Option<f32>,
+    states: &mut [f32],
+) {
+    let mut scores = vec![0f32; range.len()];
+    for (qh, st) in q.chunks_exact(hd).zip(states.chunks_exact_mut(hd + 2)) {
+        for (x, j) in scores.iter_mut().zip(range.clone()) {
+            let raw: f32 = (0..hd).map(|d| qh[d] * kt[d * bs + j]).sum();
+            *x = match softcap {
+                Some(cap) => cap * (raw / cap).tanh(),
+                None => raw,
+            };
+        }
+        update(st, &scores, &v[range.start * hd..], hd);
     }
 }
 
@@ -481,7 +530,7 @@ mod tests {
         (kv, round(&ks), round(&vs))
     }
 
-    /// Plain softmax attention in f64.
+    /// Plain softmax attention in f64 over the visible positions.
     #[allow(clippy::too_many_arguments)]
     fn reference(
         q: &[f32],
@@ -492,14 +541,18 @@ mod tests {
         kvh: usize,
         kv_heads: usize,
         hd: usize,
+        window: Option<usize>,
+        softcap: Option<f32>,
     ) -> Vec<f64> {
-        let scores: Vec<f64> = (0..=pos)
+        let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        let scores: Vec<f64> = (lo..=pos)
             .map(|p| {
-                (0..hd)
+                let s: f64 = (0..hd)
                     .map(|d| {
                         f64::from(q[head * hd + d]) * f64::from(ks[(p * kv_heads + kvh) * hd + d])
                     })
-                    .sum()
+                    .sum();
+                softcap.map_or(s, |c| f64::from(c) * (s / f64::from(c)).tanh())
             })
             .collect();
         let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -507,8 +560,8 @@ mod tests {
         let l: f64 = e.iter().sum();
         (0..hd)
             .map(|d| {
-                (0..=pos)
-                    .map(|p| e[p] * f64::from(vs[(p * kv_heads + kvh) * hd + d]))
+                (lo..=pos)
+                    .map(|p| e[p - lo] * f64::from(vs[(p * kv_heads + kvh) * hd + d]))
                     .sum::<f64>()
                     / l
             })
@@ -523,8 +576,16 @@ mod tests {
             }
         }
         // Block 16 with head sizes the SIMD path takes; an odd block size takes the portable
-        // path on every ISA. 600 positions cross three chunks.
-        for (bs, hd, n) in [(16, 64, 600), (16, 32, 40), (4, 8, 37)] {
+        // path on every ISA. 600 positions cross three chunks. Windows of 37 and 300 start
+        // inside blocks (and skip whole chunks); soft-capping takes the portable path.
+        for (bs, hd, n, window, softcap) in [
+            (16, 64, 600, None, None),
+            (16, 32, 40, None, None),
+            (4, 8, 37, None, None),
+            (16, 64, 600, Some(300), None),
+            (16, 32, 100, Some(37), Some(0.5)),
+            (4, 8, 37, Some(5), None),
+        ] {
             let (kv_heads, group) = (2, 3);
             let (kv, ks, vs) = cache(n, kv_heads, hd, bs, (bs * hd) as u64);
             let qd = kv_heads * group * hd;
@@ -541,6 +602,8 @@ mod tests {
                         kv_head: kvh,
                         group,
                         head_dim: hd,
+                        window,
+                        softcap,
                     };
                     // Runs of 16 rows, as the backend hands them out.
                     for r0 in (0..n).step_by(16) {
@@ -568,6 +631,8 @@ mod tests {
                             head / group,
                             kv_heads,
                             hd,
+                            window,
+                            softcap,
                         );
                         for d in 0..hd {
                             let got = f64::from(prefill[pos * qd + head * hd + d]);
@@ -585,6 +650,8 @@ mod tests {
                             kv_head: kvh,
                             group,
                             head_dim: hd,
+                            window,
+                            softcap,
                         };
                         let rows = Rows {
                             blocks: &blocks,
