@@ -130,3 +130,62 @@ fn bad_model_files_are_one_line_errors_naming_the_file() {
     let e = Model::load(&hf).expect_err("no weights").to_string();
     assert!(e.contains("safetensors"), "{e}");
 }
+
+/// Records the fields of `slotlight.startup.model` spans.
+#[derive(Clone, Default)]
+struct ModelSpanFields(std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>);
+
+struct Collect<'a>(&'a mut Vec<(String, String)>);
+
+impl tracing::field::Visit for Collect<'_> {
+    fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+        self.0.push((
+            f.name().to_owned(),
+            format!("{v:?}").trim_matches('"').to_owned(),
+        ));
+    }
+}
+
+impl<S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>>
+    tracing_subscriber::Layer<S> for ModelSpanFields
+{
+    fn on_record(
+        &self,
+        id: &tracing::span::Id,
+        values: &tracing::span::Record<'_>,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if ctx
+            .span(id)
+            .is_some_and(|s| s.name() == slotlight_otel::span::STARTUP_MODEL)
+        {
+            let mut v = self.0.lock().expect("fields");
+            values.record(&mut Collect(&mut v));
+        }
+    }
+}
+
+#[test]
+fn the_startup_model_span_names_arch_weight_types_and_context() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let fields = ModelSpanFields::default();
+    let subscriber = tracing_subscriber::registry().with(fields.clone());
+    let path = support::fixtures().join("tiny").join("gemma3.F32.gguf");
+    let m = tracing::subscriber::with_default(subscriber, || Model::load(&path).expect("load"));
+    let got: std::collections::HashMap<String, String> =
+        fields.0.lock().expect("fields").iter().cloned().collect();
+    use slotlight_otel::attr;
+    assert_eq!(
+        got.get(attr::MODEL_ARCH).map(String::as_str),
+        Some("gemma3")
+    );
+    assert_eq!(
+        got.get(attr::MODEL_WEIGHT_TYPES).map(String::as_str),
+        Some("F32")
+    );
+    assert_eq!(
+        got.get(attr::MODEL_CONTEXT_LENGTH),
+        Some(&m.config.context.to_string())
+    );
+    assert_eq!(m.info().arch, "gemma3");
+}

@@ -171,6 +171,7 @@ async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {
         progress_interval: Duration::from_millis(a.progress_interval_ms),
         trace_content: a.trace_content,
         model_names: names,
+        model_info: model.info(),
         drain_timeout: Duration::from_secs(a.drain_timeout_s),
         read_timeout: Duration::from_secs(a.read_timeout_s.max(1)),
         max_header_bytes: a.max_header_bytes,

@@ -12,7 +12,7 @@ use super::safetensors::{Checkpoint, SafetensorsError};
 use crate::chat_template::{ChatTemplate, TemplateError};
 use crate::telemetry::OPS_TARGET;
 use crate::tokenizer::{GgufVocab, Tokenizer, TokenizerConfig, TokenizerError};
-use slotlight_otel::span;
+use slotlight_otel::{attr, span};
 
 /// Why a model could not be loaded. Every variant names the file and what is wrong.
 #[derive(Debug, thiserror::Error)]
@@ -111,7 +111,58 @@ fn model_id(path: &Path) -> String {
         .unwrap_or_else(|| "model".into())
 }
 
+/// What the engine reports about a loaded model (start-up span, `/health`, `bench --json`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ModelInfo {
+    /// The architecture family (`gemma3`, ...).
+    pub arch: &'static str,
+    /// The distinct matrix types, in name order.
+    pub weight_types: Vec<&'static str>,
+    /// The trained context length.
+    pub context_length: usize,
+}
+
+impl ModelInfo {
+    /// Of a configuration and its weights.
+    pub fn of(cfg: &ModelConfig, weights: &LlamaWeights) -> Self {
+        Self {
+            arch: cfg.arch.name(),
+            weight_types: weights.dtypes().into_iter().map(|d| d.name()).collect(),
+            context_length: cfg.context,
+        }
+    }
+
+    /// Records it on `span`'s `slotlight.model.*` fields.
+    fn record(&self, span: &tracing::Span) {
+        span.record(attr::MODEL_ARCH, self.arch);
+        span.record(
+            attr::MODEL_WEIGHT_TYPES,
+            self.weight_types.join(",").as_str(),
+        );
+        span.record(
+            attr::MODEL_CONTEXT_LENGTH,
+            u64::try_from(self.context_length).unwrap_or(u64::MAX),
+        );
+    }
+}
+
+/// The `slotlight.startup.model` span, with room for the model's attributes.
+fn model_span() -> tracing::Span {
+    tracing::info_span!(
+        target: OPS_TARGET,
+        span::STARTUP_MODEL,
+        { attr::MODEL_ARCH } = tracing::field::Empty,
+        { attr::MODEL_WEIGHT_TYPES } = tracing::field::Empty,
+        { attr::MODEL_CONTEXT_LENGTH } = tracing::field::Empty,
+    )
+}
+
 impl Model {
+    /// What the engine reports about this model.
+    pub fn info(&self) -> ModelInfo {
+        ModelInfo::of(&self.config, &self.weights)
+    }
+
     /// Loads a GGUF file or a Hugging Face folder.
     pub fn load(path: &Path) -> Result<Self, LoadError> {
         if !path.exists() {
@@ -141,7 +192,7 @@ impl Model {
     }
 
     fn load_gguf(path: &Path) -> Result<Self, LoadError> {
-        let mapping = tracing::info_span!(target: OPS_TARGET, span::STARTUP_MODEL).entered();
+        let mapping = model_span().entered();
         let g = GgufFile::open(path)?;
         let cfg = ModelConfig::from_gguf(&g).map_err(|source| LoadError::Config {
             path: path.to_path_buf(),
@@ -154,6 +205,7 @@ impl Model {
                     source,
                 }
             })?;
+        ModelInfo::of(&cfg, &weights).record(&mapping);
         drop(mapping);
         let _tokenizer = tracing::info_span!(target: OPS_TARGET, span::STARTUP_TOKENIZER).entered();
         let tok_err = |source| LoadError::Tokenizer {
@@ -238,7 +290,7 @@ impl Model {
     }
 
     fn load_hf(dir: &Path) -> Result<Self, LoadError> {
-        let mapping = tracing::info_span!(target: OPS_TARGET, span::STARTUP_MODEL).entered();
+        let mapping = model_span().entered();
         let cfg_path = dir.join("config.json");
         let text = std::fs::read_to_string(&cfg_path).map_err(|e| LoadError::File {
             path: cfg_path.clone(),
@@ -260,6 +312,7 @@ impl Model {
                     source,
                 }
             })?;
+        ModelInfo::of(&cfg, &weights).record(&mapping);
         drop(mapping);
         let _tokenizer = tracing::info_span!(target: OPS_TARGET, span::STARTUP_TOKENIZER).entered();
         let tc_path = dir.join("tokenizer_config.json");
