@@ -146,6 +146,70 @@ impl ModelInfo {
     }
 }
 
+/// The tokenizer of a GGUF file (`tokenizer.ggml.*`; the file may hold no weights, like
+/// llama.cpp's `ggml-vocab-*.gguf` test vocabularies).
+pub fn gguf_tokenizer(g: &GgufFile, path: &Path) -> Result<Tokenizer, LoadError> {
+    let tok_err = |source| LoadError::Tokenizer {
+        path: path.to_path_buf(),
+        source,
+    };
+    let strings = |k: &str| -> Option<Vec<String>> {
+        g.get(k)?
+            .as_array()?
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect()
+    };
+    let tokens = strings("tokenizer.ggml.tokens").ok_or_else(|| LoadError::File {
+        path: path.to_path_buf(),
+        message: "no tokenizer.ggml.tokens: this GGUF carries no vocabulary".into(),
+    })?;
+    let merges = strings("tokenizer.ggml.merges");
+    #[allow(clippy::cast_possible_truncation)]
+    let token_types: Option<Vec<i32>> = g
+        .get("tokenizer.ggml.token_type")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().map(|v| v.as_f64().unwrap_or(1.0) as i32).collect());
+    #[allow(clippy::cast_possible_truncation)]
+    let scores: Option<Vec<f32>> = g
+        .get("tokenizer.ggml.scores")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().map(|v| v.as_f64().unwrap_or(0.0) as f32).collect());
+    let id = |k: &str| {
+        g.get(k)
+            .and_then(Value::as_u64)
+            .and_then(|v| u32::try_from(v).ok())
+    };
+    let model_kind = g
+        .get("tokenizer.ggml.model")
+        .and_then(Value::as_str)
+        .unwrap_or("gpt2");
+    let vocab = GgufVocab {
+        model: model_kind,
+        pre: g.get("tokenizer.ggml.pre").and_then(Value::as_str),
+        tokens: &tokens,
+        token_types: token_types.as_deref(),
+        merges: merges.as_deref(),
+        scores: scores.as_deref(),
+        bos_id: id("tokenizer.ggml.bos_token_id"),
+        eos_id: id("tokenizer.ggml.eos_token_id"),
+        eot_id: id("tokenizer.ggml.eot_token_id"),
+        add_bos: g
+            .get("tokenizer.ggml.add_bos_token")
+            .and_then(Value::as_bool)
+            .unwrap_or(model_kind == "llama"),
+        add_eos: g
+            .get("tokenizer.ggml.add_eos_token")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        add_space_prefix: g
+            .get("tokenizer.ggml.add_space_prefix")
+            .and_then(Value::as_bool)
+            .unwrap_or(true),
+    };
+    Tokenizer::from_gguf_vocab(&vocab).map_err(tok_err)
+}
+
 /// The `slotlight.startup.model` span, with room for the model's attributes.
 fn model_span() -> tracing::Span {
     tracing::info_span!(
@@ -208,65 +272,7 @@ impl Model {
         ModelInfo::of(&cfg, &weights).record(&mapping);
         drop(mapping);
         let _tokenizer = tracing::info_span!(target: OPS_TARGET, span::STARTUP_TOKENIZER).entered();
-        let tok_err = |source| LoadError::Tokenizer {
-            path: path.to_path_buf(),
-            source,
-        };
-        let strings = |k: &str| -> Option<Vec<String>> {
-            g.get(k)?
-                .as_array()?
-                .iter()
-                .map(|v| v.as_str().map(str::to_string))
-                .collect()
-        };
-        let tokens = strings("tokenizer.ggml.tokens").ok_or_else(|| LoadError::File {
-            path: path.to_path_buf(),
-            message: "no tokenizer.ggml.tokens: this GGUF carries no vocabulary".into(),
-        })?;
-        let merges = strings("tokenizer.ggml.merges");
-        #[allow(clippy::cast_possible_truncation)]
-        let token_types: Option<Vec<i32>> = g
-            .get("tokenizer.ggml.token_type")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().map(|v| v.as_f64().unwrap_or(1.0) as i32).collect());
-        #[allow(clippy::cast_possible_truncation)]
-        let scores: Option<Vec<f32>> = g
-            .get("tokenizer.ggml.scores")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().map(|v| v.as_f64().unwrap_or(0.0) as f32).collect());
-        let id = |k: &str| {
-            g.get(k)
-                .and_then(Value::as_u64)
-                .and_then(|v| u32::try_from(v).ok())
-        };
-        let model_kind = g
-            .get("tokenizer.ggml.model")
-            .and_then(Value::as_str)
-            .unwrap_or("gpt2");
-        let vocab = GgufVocab {
-            model: model_kind,
-            pre: g.get("tokenizer.ggml.pre").and_then(Value::as_str),
-            tokens: &tokens,
-            token_types: token_types.as_deref(),
-            merges: merges.as_deref(),
-            scores: scores.as_deref(),
-            bos_id: id("tokenizer.ggml.bos_token_id"),
-            eos_id: id("tokenizer.ggml.eos_token_id"),
-            eot_id: id("tokenizer.ggml.eot_token_id"),
-            add_bos: g
-                .get("tokenizer.ggml.add_bos_token")
-                .and_then(Value::as_bool)
-                .unwrap_or(model_kind == "llama"),
-            add_eos: g
-                .get("tokenizer.ggml.add_eos_token")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-            add_space_prefix: g
-                .get("tokenizer.ggml.add_space_prefix")
-                .and_then(Value::as_bool)
-                .unwrap_or(true),
-        };
-        let tokenizer = Tokenizer::from_gguf_vocab(&vocab).map_err(tok_err)?;
+        let tokenizer = gguf_tokenizer(&g, path)?;
         let chat_template = match g.get("tokenizer.chat_template").and_then(Value::as_str) {
             Some(src) => Some(Arc::new(
                 ChatTemplate::new(src, tokenizer.bos_token(), tokenizer.eos_token()).map_err(
