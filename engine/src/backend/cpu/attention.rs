@@ -15,8 +15,8 @@
 //! Queries arrive scaled (by `1/√head_dim`, or the family's attention scale). Local layers
 //! (sliding-window attention) see only the last `window` positions of a row: blocks wholly
 //! before the window are skipped, and the one block the window starts in is scored from the
-//! window's first position on. Soft-capped scores (`cap · tanh(s / cap)`) and partial blocks
-//! take the portable path.
+//! window's first position on. Soft-capped scores (`cap · tanh(s / cap)`) take the portable
+//! path.
 
 use half::f16;
 
@@ -148,8 +148,8 @@ pub fn chunk_states(
             let q0 = r * rows.stride + h.kv_head * group * hd;
             let q = &rows.q[q0..q0 + group * hd];
             let st = &mut out[r * group * sl..(r + 1) * group * sl];
-            if from == 0 && h.softcap.is_none() {
-                block_update(isa, q, &s.kt, &s.v, bs, hd, valid, st);
+            if h.softcap.is_none() {
+                block_update(isa, q, &s.kt, &s.v, bs, hd, from, valid, st);
             } else {
                 range_update(q, &s.kt, &s.v, bs, hd, from..valid, h.softcap, st);
             }
@@ -184,7 +184,8 @@ fn convert(isa: Isa, src: &[f16], dst: &mut [f32]) {
     }
 }
 
-/// One block's update of `group` states (one per query head in `q`).
+/// One block's update of `group` states (one per query head in `q`) with the block's
+/// positions `from..valid`.
 #[allow(clippy::too_many_arguments)]
 fn block_update(
     isa: Isa,
@@ -193,16 +194,18 @@ fn block_update(
     v: &[f32],
     bs: usize,
     hd: usize,
+    from: usize,
     valid: usize,
     states: &mut [f32],
 ) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 if bs == 16 && matches!(hd, 32 | 64 | 128) => {
+        Isa::Avx2 if bs == 16 && matches!(hd, 32 | 64 | 128 | 256) => {
             // SAFETY: `Isa::Avx2` implies AVX2 and FMA; sizes as checked.
-            unsafe { avx2::block_update(q, kt, v, hd, valid, states) }
+            unsafe { avx2::block_update(q, kt, v, hd, from, valid, states) }
         }
-        _ => scalar_block_update(q, kt, v, bs, hd, valid, states),
+        _ if from == 0 => scalar_block_update(q, kt, v, bs, hd, valid, states),
+        _ => range_update(q, kt, v, bs, hd, from..valid, None, states),
     }
 }
 
@@ -390,13 +393,14 @@ mod avx2 {
         }
     }
 
-    /// See [`super::block_update`], for 16-position blocks and head sizes 32, 64 or 128.
+    /// See [`super::block_update`], for 16-position blocks and head sizes 32, 64, 128 or 256.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn block_update(
         q: &[f32],
         kt: &[f32],
         v: &[f32],
         hd: usize,
+        from: usize,
         valid: usize,
         states: &mut [f32],
     ) {
@@ -409,31 +413,37 @@ mod avx2 {
                 let qh = &q[h * hd..(h + n) * hd];
                 let st = &mut states[h * (hd + 2)..(h + n) * (hd + 2)];
                 match (n, hd) {
-                    (1, 32) => heads::<1, 4>(qh, kt, v, valid, st),
-                    (2, 32) => heads::<2, 4>(qh, kt, v, valid, st),
-                    (3, 32) => heads::<3, 4>(qh, kt, v, valid, st),
-                    (_, 32) => heads::<4, 4>(qh, kt, v, valid, st),
-                    (1, 64) => heads::<1, 8>(qh, kt, v, valid, st),
-                    (2, 64) => heads::<2, 8>(qh, kt, v, valid, st),
-                    (3, 64) => heads::<3, 8>(qh, kt, v, valid, st),
-                    (_, 64) => heads::<4, 8>(qh, kt, v, valid, st),
-                    (1, _) => heads::<1, 16>(qh, kt, v, valid, st),
-                    (2, _) => heads::<2, 16>(qh, kt, v, valid, st),
-                    (3, _) => heads::<3, 16>(qh, kt, v, valid, st),
-                    (_, _) => heads::<4, 16>(qh, kt, v, valid, st),
+                    (1, 32) => heads::<1, 4>(qh, kt, v, from, valid, st),
+                    (2, 32) => heads::<2, 4>(qh, kt, v, from, valid, st),
+                    (3, 32) => heads::<3, 4>(qh, kt, v, from, valid, st),
+                    (_, 32) => heads::<4, 4>(qh, kt, v, from, valid, st),
+                    (1, 64) => heads::<1, 8>(qh, kt, v, from, valid, st),
+                    (2, 64) => heads::<2, 8>(qh, kt, v, from, valid, st),
+                    (3, 64) => heads::<3, 8>(qh, kt, v, from, valid, st),
+                    (_, 64) => heads::<4, 8>(qh, kt, v, from, valid, st),
+                    (1, 128) => heads::<1, 16>(qh, kt, v, from, valid, st),
+                    (2, 128) => heads::<2, 16>(qh, kt, v, from, valid, st),
+                    (3, 128) => heads::<3, 16>(qh, kt, v, from, valid, st),
+                    (_, 128) => heads::<4, 16>(qh, kt, v, from, valid, st),
+                    (1, _) => heads::<1, 32>(qh, kt, v, from, valid, st),
+                    (2, _) => heads::<2, 32>(qh, kt, v, from, valid, st),
+                    (3, _) => heads::<3, 32>(qh, kt, v, from, valid, st),
+                    (_, _) => heads::<4, 32>(qh, kt, v, from, valid, st),
                 }
                 h += n;
             }
         }
     }
 
-    /// `G` query heads of `8·V` values against one 16-position block: the scores of all
-    /// heads share each key load; then each head's online-softmax update and weighted sum.
+    /// `G` query heads of `8·V` values against positions `from..valid` of one 16-position
+    /// block: the scores of all heads share each key load; then each head's online-softmax
+    /// update and weighted sum (positions outside the range score -∞ and weigh 0).
     #[target_feature(enable = "avx2,fma")]
     unsafe fn heads<const G: usize, const V: usize>(
         q: &[f32],
         kt: &[f32],
         v: &[f32],
+        from: usize,
         valid: usize,
         states: &mut [f32],
     ) {
@@ -455,9 +465,17 @@ mod avx2 {
             let idx_hi = _mm256_add_ps(idx_lo, _mm256_set1_ps(8.0));
             #[allow(clippy::cast_precision_loss)]
             let lim = _mm256_set1_ps(valid as f32);
+            #[allow(clippy::cast_precision_loss)]
+            let low = _mm256_set1_ps(from as f32);
             let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
-            let keep_lo = _mm256_cmp_ps::<_CMP_LT_OQ>(idx_lo, lim);
-            let keep_hi = _mm256_cmp_ps::<_CMP_LT_OQ>(idx_hi, lim);
+            let keep_lo = _mm256_and_ps(
+                _mm256_cmp_ps::<_CMP_LT_OQ>(idx_lo, lim),
+                _mm256_cmp_ps::<_CMP_GE_OQ>(idx_lo, low),
+            );
+            let keep_hi = _mm256_and_ps(
+                _mm256_cmp_ps::<_CMP_LT_OQ>(idx_hi, lim),
+                _mm256_cmp_ps::<_CMP_GE_OQ>(idx_hi, low),
+            );
             for g in 0..G {
                 let st = states.as_mut_ptr().add(g * (hd + 2));
                 let s0 = _mm256_blendv_ps(ninf, lo[g], keep_lo);
@@ -481,7 +499,7 @@ mod avx2 {
                 let mut p = [0f32; 16];
                 _mm256_storeu_ps(p.as_mut_ptr(), p0);
                 _mm256_storeu_ps(p.as_mut_ptr().add(8), p1);
-                for (j, pj) in p.iter().enumerate().take(valid) {
+                for (j, pj) in p.iter().enumerate().take(valid).skip(from) {
                     let w = _mm256_set1_ps(*pj);
                     let row = v.as_ptr().add(j * hd);
                     for (i, a) in acc.iter_mut().enumerate() {
@@ -585,6 +603,8 @@ mod tests {
             (16, 64, 600, Some(300), None),
             (16, 32, 100, Some(37), Some(0.5)),
             (4, 8, 37, Some(5), None),
+            (16, 256, 40, None, None),
+            (16, 256, 90, Some(21), None),
         ] {
             let (kv_heads, group) = (2, 3);
             let (kv, ks, vs) = cache(n, kv_heads, hd, bs, (bs * hd) as u64);
