@@ -139,9 +139,10 @@ impl ModelInfo {
             attr::MODEL_WEIGHT_TYPES,
             self.weight_types.join(",").as_str(),
         );
+        // i64: tracing-opentelemetry exports a u64 field as a string.
         span.record(
             attr::MODEL_CONTEXT_LENGTH,
-            u64::try_from(self.context_length).unwrap_or(u64::MAX),
+            i64::try_from(self.context_length).unwrap_or(i64::MAX),
         );
     }
 }
