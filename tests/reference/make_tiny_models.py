@@ -2,7 +2,7 @@
 """Tiny random models (Hugging Face folders + GGUF files) with reference logits.
 
 Usage:
-    python tests/reference/make_tiny_models.py [--out engine/tests/fixtures/tiny] [--only qwen3,gemma3]
+    python tests/reference/make_tiny_models.py [--out engine/tests/fixtures/tiny] [--only qwen3,gemma3,gemma2]
 
 --only regenerates just the named models and merges them into the existing manifest (the
 other files stay byte for byte as they are).
@@ -94,6 +94,11 @@ MODELS = [
     dict(name="gemma3", hf_arch="Gemma3ForCausalLM", model_type="gemma3_text", gguf_arch="gemma3", seed=7,
          tie=True, rope_theta=1000000.0, rms_eps=1e-6, st_dtype="f32", bias=False, qk_norm=True,
          sliding_window=8, gguf_types=["F32"], **BASE),
+    # Gemma 2: as Gemma 3 without QK norm, with soft-capped attention scores (2.0, small enough to
+    # bite on these tiny logits) and logits (10.0), one RoPE base, layer 0 local (window 8).
+    dict(name="gemma2", hf_arch="Gemma2ForCausalLM", model_type="gemma2", gguf_arch="gemma2", seed=8,
+         tie=True, rope_theta=10000.0, rms_eps=1e-6, st_dtype="f32", bias=False, qk_norm=False,
+         sliding_window=8, attn_softcap=2.0, final_softcap=10.0, gguf_types=["F32"], **BASE),
     dict(name="mistral", hf_arch="MistralForCausalLM", model_type="mistral", gguf_arch="llama", seed=4,
          tie=True, rope_theta=1000000.0, rms_eps=1e-5, st_dtype="f32", bias=False,
          gguf_types=["F32"], **BASE),
@@ -183,18 +188,19 @@ def hf_config(spec, vocab, bos_id, eos_id):
         cfg.update({"use_sliding_window": False, "sliding_window": None, "max_window_layers": spec["n_layer"]})
     if spec["model_type"] == "qwen3":
         cfg["attention_bias"] = False
-    if spec["model_type"] == "gemma3_text":
+    if spec["model_type"] in ("gemma3_text", "gemma2"):
         del cfg["hidden_act"]
         cfg.update({
             "hidden_activation": "gelu_pytorch_tanh",
             "query_pre_attn_scalar": spec["head_dim"],  # GGUF cannot say otherwise: llama.cpp uses head_dim
             "sliding_window": spec["sliding_window"],
             "layer_types": ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(spec["n_layer"])],
-            "rope_local_base_freq": 10000.0,
-            "attn_logit_softcapping": None,
-            "final_logit_softcapping": None,
+            "attn_logit_softcapping": spec.get("attn_softcap"),
+            "final_logit_softcapping": spec.get("final_softcap"),
             "pad_token_id": 0,
         })
+        if spec["model_type"] == "gemma3_text":
+            cfg["rope_local_base_freq"] = 10000.0
     return cfg
 
 
@@ -308,7 +314,7 @@ GEMMA_NORMS = [("attn_norm", "input_layernorm"), ("post_attention_norm", "post_a
 
 def gguf_tensors(spec, weights):
     """HF names -> llama.cpp names (+ permutation). Returns list of (name, float32 array [out, in])."""
-    if spec["gguf_arch"] == "gemma3":
+    if spec["gguf_arch"] in ("gemma3", "gemma2"):
         return gemma3_gguf_tensors(spec, weights)
     permute = spec["gguf_arch"] == "llama"
     out = [("token_embd.weight", weights["model.embed_tokens.weight"])]
@@ -348,7 +354,8 @@ def gguf_tensors(spec, weights):
 
 
 def gemma3_gguf_tensors(spec, weights):
-    """llama.cpp's Gemma 3 converter: every norm weight + 1, no permutation, tied output."""
+    """llama.cpp's Gemma 2/3 converters: every norm weight + 1, no permutation, tied output
+    (Gemma 2 has no q/k norms)."""
     one = lambda a: (a + np.float32(1.0)).astype(np.float32)  # noqa: E731
     out = [("token_embd.weight", weights["model.embed_tokens.weight"])]
     for i in range(spec["n_layer"]):
@@ -358,8 +365,11 @@ def gemma3_gguf_tensors(spec, weights):
             (b + "attn_q.weight", weights[p + "self_attn.q_proj.weight"]),
             (b + "attn_k.weight", weights[p + "self_attn.k_proj.weight"]),
             (b + "attn_v.weight", weights[p + "self_attn.v_proj.weight"]),
-            (b + "attn_q_norm.weight", one(weights[p + "self_attn.q_norm.weight"])),
-            (b + "attn_k_norm.weight", one(weights[p + "self_attn.k_norm.weight"])),
+        ]
+        if spec.get("qk_norm"):
+            out += [(b + "attn_q_norm.weight", one(weights[p + "self_attn.q_norm.weight"])),
+                    (b + "attn_k_norm.weight", one(weights[p + "self_attn.k_norm.weight"]))]
+        out += [
             (b + "attn_output.weight", weights[p + "self_attn.o_proj.weight"]),
             (b + "ffn_gate.weight", weights[p + "mlp.gate_proj.weight"]),
             (b + "ffn_up.weight", weights[p + "mlp.up_proj.weight"]),
@@ -371,7 +381,7 @@ def gemma3_gguf_tensors(spec, weights):
 
 def hf_from_gguf_tensors(spec, tensors):
     """Inverse of gguf_tensors (used with dequantized tensors)."""
-    if spec["gguf_arch"] == "gemma3":
+    if spec["gguf_arch"] in ("gemma3", "gemma2"):
         w = {"model.embed_tokens.weight": tensors["token_embd.weight"],
              "model.norm.weight": tensors["output_norm.weight"] - 1}
         for i in range(spec["n_layer"]):
@@ -380,8 +390,9 @@ def hf_from_gguf_tensors(spec, tensors):
                 w[p + h + ".weight"] = tensors[b + g + ".weight"] - 1
             for s_, t in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output")):
                 w[p + f"self_attn.{s_}.weight"] = tensors[b + t + ".weight"]
-            w[p + "self_attn.q_norm.weight"] = tensors[b + "attn_q_norm.weight"] - 1
-            w[p + "self_attn.k_norm.weight"] = tensors[b + "attn_k_norm.weight"] - 1
+            if spec.get("qk_norm"):
+                w[p + "self_attn.q_norm.weight"] = tensors[b + "attn_q_norm.weight"] - 1
+                w[p + "self_attn.k_norm.weight"] = tensors[b + "attn_k_norm.weight"] - 1
             for s_, t in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
                 w[p + f"mlp.{s_}.weight"] = tensors[b + t + ".weight"]
         return w
@@ -464,13 +475,17 @@ def write_gguf(path, spec, weights, type_name, tok_meta):
     if arch == "llama":
         w.add_vocab_size(len(tok_meta["tokens"]))
     w.add_rope_dimension_count(spec["head_dim"])
-    if spec["model_type"] in ("mistral", "qwen3", "gemma3_text"):  # converter writes head_dim
+    if spec["model_type"] in ("mistral", "qwen3", "gemma3_text", "gemma2"):  # converter writes head_dim
         w.add_key_length(spec["head_dim"])
         w.add_value_length(spec["head_dim"])
     if arch == "gemma3":
         w.add_sliding_window(spec["sliding_window"])
         # llama.cpp reads the period from this key (default 6): layer l is global when (l+1) % 2 == 0.
         w.add_uint32("gemma3.attention.sliding_window_pattern", 2)
+    if arch == "gemma2":  # llama.cpp: every other layer local, layer 0 first
+        w.add_sliding_window(spec["sliding_window"])
+        w.add_attn_logit_softcapping(spec["attn_softcap"])
+        w.add_final_logit_softcapping(spec["final_softcap"])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -673,7 +688,7 @@ def main():
                 for k, v in weights.items():
                     if spec["tie"] and k == "lm_head.weight":
                         continue
-                    if spec["gguf_arch"] == "gemma3" and k.endswith("norm.weight"):
+                    if spec["gguf_arch"] in ("gemma3", "gemma2") and k.endswith("norm.weight"):
                         # stored as 1 + w (exactly what Gemma3RMSNorm computes); w back is inexact
                         assert np.array_equal(back[k] + 1, v + np.float32(1.0)), f"{fname}: {k}"
                         continue
