@@ -10,7 +10,9 @@ mod support;
 
 use std::sync::Arc;
 
-use cuda_support::{cpu_backend, decode, max_diff, tokens};
+use cuda_support::{
+    MatrixTypes, NEW_TYPES, cpu_backend, decode, matrix_bytes, max_diff, synthetic_model, tokens,
+};
 
 use slotlight_engine::backend::cuda::emu::{self, EmuGpu};
 use slotlight_engine::backend::cuda::{CudaOptions, GpuBackend};
@@ -30,6 +32,14 @@ const TOLERANCE: f32 = 2e-2;
 /// `tiny_models.rs` bounds that at 0.25 from the reference logits) while the GPU kernels keep
 /// f32 activations, so the two differ by up to that cost and a little rounding.
 const QUANTIZED_TOLERANCE: f32 = 0.35;
+
+/// Largest logit difference of the GEMM path (f16 weights and activations in the GEMM) from
+/// the CPU on the same weights in f32.
+const GEMM_TOLERANCE: f32 = 0.1;
+
+/// Bytes of the f32 vectors beside the matrices (norms, RoPE frequencies) of the synthetic
+/// models, with room to spare.
+const VECTOR_BYTES: usize = 16 * 1024;
 
 /// The tolerance for weights of `dtype`.
 fn tolerance(dtype: DType) -> f32 {
@@ -105,6 +115,190 @@ fn tiny_models_match_the_cpu_for_every_weight_format() {
         let d = max_diff(&g, &c);
         eprintln!("{dtype:?} tied={tied} bias={bias}: worst logit difference {d:.2e}");
         assert!(d <= tolerance(dtype), "{dtype:?}: {d}");
+    }
+}
+
+/// Tiny models written by the test GGUF writer's quantizers (round to nearest, as llama.cpp
+/// does) in each newer block type: the emulated GPU against the CPU backend's integer kernels.
+#[test]
+fn tiny_quantized_models_of_every_new_type_match_the_cpu() {
+    if skip() {
+        return;
+    }
+    for dtype in NEW_TYPES {
+        let tiny = TinyLlama {
+            dtype,
+            hidden: 256,
+            ffn: 512,
+            tied: false,
+            ..TinyLlama::default()
+        };
+        let (cfg, w) = Model::load_weights(&tiny.write_temp()).expect("load");
+        let seq = tokens(13, cfg.vocab);
+        let mut gpu = emu_backend(&cfg, &w, seq.len(), matvec_only(), false);
+        let mut cpu = cpu_backend(&cfg, &w, seq.len());
+        let d = max_diff(
+            &support::all_logits(&mut gpu, &seq),
+            &support::all_logits(&mut cpu, &seq),
+        );
+        eprintln!("{dtype:?} (quantized by the test writer): worst logit difference {d:.2e}");
+        assert!(d <= QUANTIZED_TOLERANCE, "{dtype:?}: {d}");
+    }
+}
+
+/// Every block type of the K-quant generation stays quantized on the device (one format per
+/// type, memory about the file's) and its kernels, decoding in registers, give the logits of the
+/// CPU on the same weights dequantized to f32: the decode is exact, so only rounding differs.
+#[test]
+fn every_new_block_type_runs_quantized_and_matches_the_f32_weights() {
+    if skip() {
+        return;
+    }
+    for (i, dtype) in (0u64..).zip(NEW_TYPES) {
+        let (cfg, wq, wf) = synthetic_model(MatrixTypes::all(dtype), 40 + i);
+        let seq = tokens(13, cfg.vocab);
+        let mut gpu = emu_backend(&cfg, &wq, seq.len(), matvec_only(), false);
+        let desc = gpu.describe();
+        assert!(
+            desc.contains(&format!("weights {} on device", dtype.name())),
+            "{desc}"
+        );
+        let (dev, file) = (gpu.weight_bytes(), matrix_bytes(&wq));
+        assert!(
+            dev <= file * 106 / 100 + VECTOR_BYTES,
+            "{dtype:?}: {dev} bytes on the device for {file} in the file"
+        );
+        let mut cpu = cpu_backend(&cfg, &wf, seq.len());
+        let d = max_diff(
+            &support::all_logits(&mut gpu, &seq),
+            &support::all_logits(&mut cpu, &seq),
+        );
+        eprintln!("{dtype:?}: {dev} device bytes for {file}; worst logit difference {d:.2e}");
+        assert!(d <= TOLERANCE, "{dtype:?}: {d}");
+    }
+}
+
+/// The device decode itself, bit for bit: the `embed` kernel of each format copies rows of a
+/// packed matrix out as the f32 weights its unit loader computes, which must be the reference
+/// `dequantize`'s values exactly (random blocks: every code and sub-scale pattern).
+#[test]
+fn device_decode_equals_the_reference_bit_for_bit_for_every_block_type() {
+    use slotlight_engine::backend::cuda::gpu::{Arg, Gpu, Launch};
+    use slotlight_engine::backend::cuda::kernels::KernelConfig;
+    use slotlight_engine::backend::cuda::layout::{self, WFormat};
+    use slotlight_engine::model::testing::FixtureRng;
+
+    if skip() {
+        return;
+    }
+    let (rows, k) = (6, 512);
+    let kc = KernelConfig {
+        hidden: k,
+        q_dim: k,
+        kv_dim: k / 2,
+        head_dim: 64,
+        heads: 8,
+        kv_heads: 4,
+        ffn: k,
+        layers: 1,
+        block_size: 16,
+        neox: false,
+        att_warps: layout::attn_warps(2, 64),
+        formats: WFormat::ALL.to_vec(),
+    };
+    let names = kc.kernel_names();
+    let mut gpu = EmuGpu::new(false);
+    gpu.load(&kc, &names).expect("emulator build");
+    let mut rng = FixtureRng::new(3);
+    let quantized = DType::ALL.into_iter().filter(|d| d.is_quantized());
+    for dtype in quantized {
+        let t = cuda_support::random_quantized("w", dtype, rows, k, 1.0, &mut rng);
+        let fmt = WFormat::for_dtype(dtype);
+        let packed = layout::pack(fmt, &[&t]).expect("pack");
+        let w = gpu.alloc(packed.len()).expect("alloc");
+        gpu.upload(w, &packed).expect("upload");
+        let meta: Vec<u8> = (0..rows)
+            .flat_map(|r| i32::try_from(r).expect("row").to_le_bytes())
+            .collect();
+        let m = gpu.alloc(meta.len()).expect("alloc");
+        gpu.upload(m, &meta).expect("upload");
+        let x = gpu.alloc(rows * k * 4).expect("alloc");
+        let kernel = names
+            .iter()
+            .position(|n| *n == format!("embed_f{}", fmt.id()))
+            .expect("embed kernel");
+        let l = Launch {
+            kernel,
+            grid: (u32::try_from(rows).expect("rows"), 1, 1),
+            block: (256, 1, 1),
+        };
+        let args = [
+            Arg::Ptr(w),
+            Arg::I32(i32::try_from(rows).expect("rows")),
+            Arg::Ptr(m),
+            Arg::Ptr(x),
+        ];
+        gpu.launch(l, &args).expect("launch");
+        let mut got = vec![0f32; rows * k];
+        gpu.download(&mut got, x).expect("download");
+        let want = t.to_f32_vec();
+        let bad = got
+            .iter()
+            .zip(&want)
+            .position(|(g, w)| g.to_bits() != w.to_bits());
+        assert_eq!(bad, None, "{dtype:?}: first differing weight");
+        for p in [w, m, x] {
+            gpu.free(p);
+        }
+    }
+}
+
+/// Models whose matrices differ in type, like llama.cpp's presets write them: each of Q, K and
+/// V keeps its own format (one launch per run of equal formats), on the matvec and the GEMM
+/// path; gate and up of different types share F16.
+#[test]
+fn mixed_type_models_keep_each_matrix_in_its_format() {
+    if skip() {
+        return;
+    }
+    for (label, types, formats) in [
+        ("Q4_K_M", MatrixTypes::q4_k_m(), "Q4_K/Q6_K"),
+        (
+            "mixed",
+            MatrixTypes::mixed(),
+            "Q4_K/Q5_0/Q6_K/Q3_K/F16/IQ4_XS/Q5_1/Q2_K",
+        ),
+    ] {
+        let (cfg, wq, wf) = synthetic_model(types, 77);
+        let seq = tokens(21, cfg.vocab);
+        let mut gpu = emu_backend(&cfg, &wq, seq.len(), matvec_only(), false);
+        let desc = gpu.describe();
+        assert!(
+            desc.contains(&format!("weights {formats} on device")),
+            "{desc}"
+        );
+        if label == "Q4_K_M" {
+            let (dev, file) = (gpu.weight_bytes(), matrix_bytes(&wq));
+            assert!(dev <= file * 106 / 100 + VECTOR_BYTES, "{dev} for {file}");
+        }
+        let g = support::all_logits(&mut gpu, &seq);
+        let f = support::all_logits(&mut cpu_backend(&cfg, &wf, seq.len()), &seq);
+        let c = support::all_logits(&mut cpu_backend(&cfg, &wq, seq.len()), &seq);
+        let opts = CudaOptions {
+            gemm_min_rows: 4,
+            ..CudaOptions::default()
+        };
+        let mut gemm = emu_backend(&cfg, &wq, seq.len(), opts, true);
+        assert!(gemm.uses_gemm());
+        let e = support::all_logits(&mut gemm, &seq);
+        let (d, dc, de) = (max_diff(&g, &f), max_diff(&g, &c), max_diff(&e, &f));
+        eprintln!(
+            "{label}: worst logit difference {d:.2e} (f32 weights), {dc:.2e} (CPU on the \
+             quantized weights), {de:.2e} (GEMM path)"
+        );
+        assert!(d <= TOLERANCE, "{label}: {d}");
+        assert!(dc <= QUANTIZED_TOLERANCE, "{label}: CPU {dc}");
+        assert!(de <= GEMM_TOLERANCE, "{label}: GEMM {de}");
     }
 }
 

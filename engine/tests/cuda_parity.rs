@@ -13,7 +13,10 @@ mod support;
 
 use std::sync::Arc;
 
-use cuda_support::{argmax, cpu_backend, decode, max_diff, tokens};
+use cuda_support::{
+    MatrixTypes, NEW_TYPES, argmax, cpu_backend, decode, matrix_bytes, max_diff, synthetic_model,
+    tokens,
+};
 use serde_json::Value;
 use slotlight_engine::backend::cuda::{CudaBackend, CudaOptions};
 use slotlight_engine::backend::{Backend, SeqChunk};
@@ -28,6 +31,9 @@ const MATVEC_TOLERANCE: f32 = 0.35;
 /// GEMM path (prompt chunks of at least 16 tokens): f16 weights and activations in cuBLAS,
 /// against the same CPU.
 const GEMM_TOLERANCE: f32 = 0.45;
+/// Matvec path against the CPU on the same weights dequantized to f32 (the device decodes
+/// them exactly; both keep f32 activations): rounding only.
+const EXACT_WEIGHTS_TOLERANCE: f32 = 2e-2;
 /// Greedy tokens compared per fixture prompt.
 const GREEDY_TOKENS: usize = 16;
 
@@ -107,6 +113,45 @@ fn fixture_models_match_the_cpu_on_the_gpu() {
         );
         assert!(d <= MATVEC_TOLERANCE, "{name}: matvec {d}");
         assert!(de <= GEMM_TOLERANCE, "{name}: GEMM {de}");
+    }
+}
+
+/// Every block type of the K-quant generation, and two mixed models (a Q4_K_M file's mix, and
+/// Q, K, V in three formats), kept quantized on the GPU and decoded in registers: the logits of
+/// the CPU on the same weights in f32, on the matvec and the GEMM path.
+#[test]
+fn new_block_types_match_the_f32_weights_on_the_gpu() {
+    if !gpu_present() {
+        return;
+    }
+    let models = NEW_TYPES
+        .iter()
+        .map(|d| (d.name().to_string(), MatrixTypes::all(*d)))
+        .chain([
+            ("Q4_K_M mix".to_string(), MatrixTypes::q4_k_m()),
+            ("mixed".to_string(), MatrixTypes::mixed()),
+        ]);
+    for (seed, (label, types)) in (90u64..).zip(models) {
+        let (cfg, wq, wf) = synthetic_model(types, seed);
+        let seq = tokens(40, cfg.vocab);
+        let f = support::all_logits(&mut cpu_backend(&cfg, &wf, seq.len()), &seq);
+        let mut gb = gpu_backend(&cfg, &wq, seq.len(), matvec_only());
+        let g = support::all_logits(&mut gb, &seq);
+        let opts = CudaOptions {
+            gemm_min_rows: 4,
+            ..CudaOptions::default()
+        };
+        let e = support::all_logits(&mut gpu_backend(&cfg, &wq, seq.len(), opts), &seq);
+        let (d, de) = (max_diff(&g, &f), max_diff(&e, &f));
+        eprintln!(
+            "{label}: {} ({} device bytes for {} in the file): worst logit difference {d:.2e} \
+             (matvec), {de:.2e} (GEMM)",
+            gb.describe(),
+            gb.weight_bytes(),
+            matrix_bytes(&wq)
+        );
+        assert!(d <= EXACT_WEIGHTS_TOLERANCE, "{label}: matvec {d}");
+        assert!(de <= GEMM_TOLERANCE, "{label}: GEMM {de}");
     }
 }
 

@@ -20,6 +20,10 @@ fn tolerance_at_scale_15(dtype: &str) -> f32 {
     match dtype {
         // Float weights: f32 arithmetic, with keys and values stored in f16.
         "f32" | "F32" | "f16" | "F16" | "bf16" => 1e-2,
+        // The K-quant file (hidden 256, larger logits) on the integer kernels: measured 0.35;
+        // llama.cpp's own quantized-activation arithmetic is 0.42 from the same reference
+        // (tests/reference/README.md).
+        "Q4_K_M" => 0.45,
         // Quantized weights: activations quantized to 8 bits per 32-value block (the integer
         // kernels' input, as in llama.cpp); measured up to 0.13 on these tiny models.
         _ => 0.25,

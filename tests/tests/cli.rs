@@ -132,3 +132,56 @@ fn bad_models_and_prompts_fail_with_one_clear_line() {
     assert_ne!(code, 0);
     assert!(err.contains("cuda") && !err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn bench_json_reports_weight_types_and_step_bytes() {
+    use slotlight_engine::model::weights::DType;
+    // The default tiny model (2 layers, tied, Q4_1 matrices, Q8_0 embedding, F32 norms) with
+    // its keys and values in Q5_0.
+    let mix = |name: &str, default: DType| {
+        if name.contains("attn_k") || name.contains("attn_v") {
+            DType::Q5_0
+        } else {
+            default
+        }
+    };
+    let (_dir, path) = slotlight_engine::model::testing::TinyLlama::default()
+        .gguf_typed(&mix, false)
+        .write_temp();
+    let model = path.to_string_lossy().into_owned();
+    let (code, out, err) = engine(&[
+        "bench",
+        "--model",
+        &model,
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "4",
+        "--reps",
+        "1",
+        "--no-bandwidth",
+        "--ctx-size",
+        "64",
+        "--threads",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    assert_eq!(
+        v["weight_types"],
+        serde_json::json!({"F32": 5, "Q4_1": 10, "Q5_0": 4, "Q8_0": 1}),
+        "{v}"
+    );
+    // The matrices' bytes in the file: per layer q and o 2 560, k and v 1 408, gate, up and
+    // down 5 120; the tied output (the embedding) 6 528. Kernel layouts may pad or repack.
+    let file_bytes = 2.0 * (2.0 * 2560.0 + 2.0 * 1408.0 + 3.0 * 5120.0) + 6528.0;
+    let step = v["bytes_per_decode_step"]
+        .as_f64()
+        .expect("bytes_per_decode_step");
+    assert!(
+        (0.5 * file_bytes..=2.0 * file_bytes).contains(&step),
+        "{step} vs {file_bytes} in the file"
+    );
+    assert_eq!(v["weight_bytes_per_token"], v["bytes_per_decode_step"]);
+}

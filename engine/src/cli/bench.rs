@@ -1,5 +1,6 @@
 //! `slotlight-engine bench`: prefill and decode speed, and aggregate decode under concurrency.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -8,7 +9,9 @@ use serde_json::json;
 
 use super::ModelArgs;
 use crate::backend::SeqChunk;
-use crate::model::loader::Model;
+use crate::model::gguf::GgufFile;
+use crate::model::loader::{Format, Model};
+use crate::model::weights::Tensor;
 use crate::runtime::{self, RuntimeConfig};
 use crate::sampling::SamplingParams;
 use crate::scheduler::{Event, GenerateRequest, SchedulerConfig};
@@ -108,11 +111,13 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
     let blocks: Vec<u32> = (0..u32::try_from(backend.num_blocks())?).collect();
     let reps = a.reps.max(1);
     let mut logits = Vec::new();
+    let types = weight_types(&model)?;
     if !a.json {
+        let list: Vec<String> = types.iter().map(|(t, n)| format!("{n} {t}")).collect();
         eprintln!(
-            "model {} ({:?}); {}",
+            "model {} ({} tensors); {}",
             model.id,
-            model.weights.dtypes(),
+            list.join(", "),
             backend.describe()
         );
     }
@@ -317,6 +322,8 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
                 "cpu_features": crate::backend::cpu::isa::cpu_features(),
                 "threads": threads,
                 "read_bandwidth_gbs": bandwidth,
+                "weight_types": types,
+                "bytes_per_decode_step": weight_bytes,
                 "weight_bytes_per_token": weight_bytes,
                 "decode_bandwidth_fraction": bandwidth.map(|bw| decode.median * weight_bytes as f64 / (bw * 1e9)),
                 "concurrency": conc.iter().map(|(c, s)| json!({"concurrency": c, "aggregate_tps": sp(*s), "step_ms": 1000.0 * *c as f64 / s.median.max(1e-9)})).collect::<Vec<_>>(),
@@ -328,6 +335,36 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Tensors per stored type (GGML names): every tensor of a GGUF file, as llama.cpp's loader
+/// counts them; for a Hugging Face folder, the matrices (its 1-D tensors are read as f32 and
+/// keep no type).
+fn weight_types(model: &Model) -> anyhow::Result<BTreeMap<&'static str, usize>> {
+    let mut counts = BTreeMap::new();
+    let mut count = |name| *counts.entry(name).or_insert(0) += 1;
+    match model.format {
+        Format::Gguf => {
+            for info in GgufFile::open(&model.path)?.tensor_infos().values() {
+                count(info.dtype.name());
+            }
+        }
+        Format::HuggingFace => {
+            let w = &model.weights;
+            // A tied output is the embedding itself.
+            let output = (w.output.name() != w.embed.name()).then_some(&w.output);
+            std::iter::once(&w.embed)
+                .chain(
+                    w.blocks
+                        .iter()
+                        .flat_map(|b| [&b.wq, &b.wk, &b.wv, &b.wo, &b.w_gate, &b.w_up, &b.w_down]),
+                )
+                .chain(output)
+                .map(Tensor::dtype)
+                .for_each(|d| count(d.name()));
+        }
+    }
+    Ok(counts)
 }
 
 /// The CPU's model name (Linux).
@@ -455,4 +492,34 @@ fn concurrent_decode(
     }
     let mask = (!mask_times.is_empty()).then(|| spread(mask_times).median);
     Ok((spread(runs), mask))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::testing::TinyLlama;
+    use crate::model::weights::DType;
+
+    #[test]
+    fn weight_types_count_every_tensor_of_the_file() {
+        // Two layers: 2 × 7 matrices, 2 × 2 norms and the final norm; untied output.
+        let tiny = TinyLlama {
+            tied: false,
+            ..TinyLlama::default()
+        };
+        let mix = |name: &str, default: DType| match name {
+            "output.weight" => DType::Q8_0,
+            n if n.ends_with("attn_v.weight") => DType::Q5_1,
+            _ => default,
+        };
+        let (_dir, path) = tiny.gguf_typed(&mix, false).write_temp();
+        let model = Model::load(&path).expect("load");
+        let got = weight_types(&model).expect("types");
+        let want = BTreeMap::from([("F32", 5), ("Q4_1", 12), ("Q5_1", 2), ("Q8_0", 2)]);
+        assert_eq!(got, want);
+        assert_eq!(
+            serde_json::to_value(&got).expect("json"),
+            json!({"F32": 5, "Q4_1": 12, "Q5_1": 2, "Q8_0": 2})
+        );
+    }
 }

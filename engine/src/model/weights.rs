@@ -380,171 +380,184 @@ pub fn dequantize(dtype: DType, src: &[u8], out: &mut [f32]) {
         }
         _ => {
             for (o, b) in out.chunks_exact_mut(be).zip(src.chunks_exact(bb)) {
-                let mut codes = [0i32; 256];
-                let mut scale = [0f32; 256 / 16];
-                let mut min = [0f32; 256 / 16];
-                let sub = decode_block(dtype, b, &mut codes, &mut scale, &mut min);
-                #[allow(clippy::cast_precision_loss)] // |codes| ≤ 127: exact
+                let f = BlockFields::decode(dtype, b);
+                #[allow(clippy::cast_precision_loss)] // small integers: exact
                 for (j, v) in o.iter_mut().enumerate() {
-                    *v = scale[j / sub] * codes[j] as f32 - min[j / sub];
+                    let s = j / f.sub;
+                    *v = f.d * f.sc[s] as f32 * f.codes[j] as f32 - f.dmin * f.mn[s] as f32;
                 }
             }
         }
     }
 }
 
-/// One block of a quantized type as integer codes with a scale and a minimum per sub-block:
-/// weight `j` is `scale[j / sub] · codes[j] − min[j / sub]`, exactly as GGML decodes it (the
-/// scale is the block's f16 scale times its integer sub-scale, exact in f32). Returns `sub`,
-/// the sub-block length. The packers and the reference share this one decoding.
-pub fn decode_block(
-    dtype: DType,
-    b: &[u8],
-    codes: &mut [i32; 256],
-    scale: &mut [f32; 16],
-    min: &mut [f32; 16],
-) -> usize {
-    match dtype {
-        DType::Q8_0 => {
-            scale[0] = f16_at(b, 0);
-            for (j, c) in codes.iter_mut().take(32).enumerate() {
-                *c = i32::from(b[2 + j].cast_signed());
+/// One block of a quantized type decoded into integers, exactly as GGML defines it: weight
+/// `j` is `d · sc[j / sub] · codes[j] − dmin · mn[j / sub]`. `d` and `dmin` are the block's
+/// f16 fields (exact in f32); `sc` and `mn` its integer sub-block scales and minimums (1 and 0
+/// for the one-scale types; Q4_1/Q5_1 store their additive minimum `m` as `dmin = −m`, `mn = 1`).
+/// The reference decoding and the CPU packers share this one reading of the bits.
+#[derive(Debug, Clone)]
+pub struct BlockFields {
+    /// Signed integer codes (offsets already removed; IQ4 codes are table values).
+    pub codes: [i32; 256],
+    /// Integer scale per sub-block.
+    pub sc: [i32; 16],
+    /// Integer minimum per sub-block.
+    pub mn: [i32; 16],
+    /// Block scale.
+    pub d: f32,
+    /// Block scale of the minimums.
+    pub dmin: f32,
+    /// Weights per sub-block (16 or 32).
+    pub sub: usize,
+}
+
+impl BlockFields {
+    /// Decodes one block of `dtype` (`b` holds exactly `dtype.block_bytes()` bytes).
+    pub fn decode(dtype: DType, b: &[u8]) -> Self {
+        let mut f = BlockFields {
+            codes: [0; 256],
+            sc: [1; 16],
+            mn: [0; 16],
+            d: 0.0,
+            dmin: 0.0,
+            sub: 32,
+        };
+        let codes = &mut f.codes;
+        match dtype {
+            DType::Q8_0 => {
+                f.d = f16_at(b, 0);
+                for (j, c) in codes.iter_mut().take(32).enumerate() {
+                    *c = i32::from(b[2 + j].cast_signed());
+                }
             }
-            32
-        }
-        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4NL => {
-            let d = f16_at(b, 0);
-            let (m, qh, qs) = match dtype {
-                DType::Q4_0 | DType::IQ4NL => (0.0, 0, 2),
-                DType::Q4_1 => (-f16_at(b, 2), 0, 4),
-                DType::Q5_0 => (0.0, u32_at(b, 2), 6),
-                _ => (-f16_at(b, 2), u32_at(b, 4), 8),
-            };
-            let offset = match dtype {
-                DType::Q4_0 => 8,
-                DType::Q5_0 => 16,
-                _ => 0,
-            };
-            for j in 0..16 {
-                let q = b[qs + j];
-                let (lo, hi) = (i32::from(q & 0xF), i32::from(q >> 4));
-                let (h0, h1) = (((qh >> j) & 1) << 4, ((qh >> (j + 16)) & 1) << 4);
-                #[allow(clippy::cast_possible_wrap)] // one bit
-                let (h0, h1) = (h0 as i32, h1 as i32);
-                if dtype == DType::IQ4NL {
-                    codes[j] = i32::from(IQ4_VALUES[q as usize & 0xF]);
-                    codes[j + 16] = i32::from(IQ4_VALUES[q as usize >> 4]);
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4NL => {
+                f.d = f16_at(b, 0);
+                let (qh, qs) = match dtype {
+                    DType::Q4_0 | DType::IQ4NL => (0, 2),
+                    DType::Q4_1 => (0, 4),
+                    DType::Q5_0 => (u32_at(b, 2), 6),
+                    _ => (u32_at(b, 4), 8),
+                };
+                if matches!(dtype, DType::Q4_1 | DType::Q5_1) {
+                    f.dmin = -f16_at(b, 2);
+                    f.mn[0] = 1;
+                }
+                let offset = match dtype {
+                    DType::Q4_0 => 8,
+                    DType::Q5_0 => 16,
+                    _ => 0,
+                };
+                for j in 0..16 {
+                    let q = b[qs + j];
+                    if dtype == DType::IQ4NL {
+                        codes[j] = i32::from(IQ4_VALUES[usize::from(q & 0xF)]);
+                        codes[j + 16] = i32::from(IQ4_VALUES[usize::from(q >> 4)]);
+                    } else {
+                        let bit = |i: usize| i32::from(u8::from((qh >> i) & 1 == 1)) << 4;
+                        codes[j] = (i32::from(q & 0xF) | bit(j)) - offset;
+                        codes[j + 16] = (i32::from(q >> 4) | bit(j + 16)) - offset;
+                    }
+                }
+            }
+            DType::Q2K => {
+                let (sc, qs) = (&b[0..16], &b[16..80]);
+                (f.d, f.dmin, f.sub) = (f16_at(b, 80), f16_at(b, 82), 16);
+                for (s, &v) in sc.iter().enumerate() {
+                    f.sc[s] = i32::from(v & 0xF);
+                    f.mn[s] = i32::from(v >> 4);
+                }
+                // Two halves of 128; in each, four shifts of 32 codes read from 32 bytes.
+                for half in 0..2 {
+                    for shift in 0..4 {
+                        for l in 0..32 {
+                            let q = qs[32 * half + l];
+                            codes[128 * half + 32 * shift + l] = i32::from((q >> (2 * shift)) & 3);
+                        }
+                    }
+                }
+            }
+            DType::Q3K => {
+                let (hm, qs, sc) = (&b[0..32], &b[32..96], &b[96..108]);
+                (f.d, f.sub) = (f16_at(b, 108), 16);
+                for s in 0..16 {
+                    // 6-bit scales: low 4 bits from bytes 0..8, high 2 bits from bytes 8..12.
+                    let lo = if s < 8 { sc[s] & 0xF } else { sc[s - 8] >> 4 };
+                    let hi = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+                    f.sc[s] = i32::from(lo | (hi << 4)) - 32;
+                }
+                for half in 0..2 {
+                    for shift in 0..4 {
+                        for l in 0..32 {
+                            let low = i32::from((qs[32 * half + l] >> (2 * shift)) & 3);
+                            let high = (hm[l] >> (4 * half + shift)) & 1;
+                            codes[128 * half + 32 * shift + l] =
+                                low - if high == 1 { 0 } else { 4 };
+                        }
+                    }
+                }
+            }
+            DType::Q4K | DType::Q5K => {
+                (f.d, f.dmin) = (f16_at(b, 0), f16_at(b, 2));
+                let sc = &b[4..16];
+                let (qh, qs) = if dtype == DType::Q5K {
+                    (Some(&b[16..48]), &b[48..176])
                 } else {
-                    codes[j] = (lo | h0) - offset;
-                    codes[j + 16] = (hi | h1) - offset;
+                    (None, &b[16..144])
+                };
+                for s in 0..8 {
+                    let (a, m) = q4k_scale_min(s, sc);
+                    (f.sc[s], f.mn[s]) = (i32::from(a), i32::from(m));
                 }
-            }
-            scale[0] = d;
-            min[0] = m;
-            32
-        }
-        DType::Q2K => {
-            let (sc, qs) = (&b[0..16], &b[16..80]);
-            let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
-            for (s, &v) in sc.iter().enumerate() {
-                scale[s] = d * f32::from(v & 0xF);
-                min[s] = dmin * f32::from(v >> 4);
-            }
-            // Two halves of 128; in each, four shifts of 32 codes read from 32 bytes.
-            for half in 0..2 {
-                for shift in 0..4 {
+                for j in 0..4 {
                     for l in 0..32 {
-                        let q = qs[32 * half + l];
-                        codes[128 * half + 32 * shift + l] = i32::from((q >> (2 * shift)) & 3);
+                        let q = qs[32 * j + l];
+                        let (mut lo, mut hi) = (i32::from(q & 0xF), i32::from(q >> 4));
+                        if let Some(qh) = qh {
+                            lo |= i32::from((qh[l] >> (2 * j)) & 1) << 4;
+                            hi |= i32::from((qh[l] >> (2 * j + 1)) & 1) << 4;
+                        }
+                        codes[64 * j + l] = lo;
+                        codes[64 * j + 32 + l] = hi;
                     }
                 }
             }
-            16
-        }
-        DType::Q3K => {
-            let (hm, qs, sc) = (&b[0..32], &b[32..96], &b[96..108]);
-            let d = f16_at(b, 108);
-            for (s, out) in scale.iter_mut().enumerate() {
-                // 6-bit scales: low 4 bits from bytes 0..8, high 2 bits from bytes 8..12.
-                let lo = if s < 8 { sc[s] & 0xF } else { sc[s - 8] >> 4 };
-                let hi = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
-                *out = d * f32::from(i16::from(lo | (hi << 4)) - 32);
-            }
-            for half in 0..2 {
-                for shift in 0..4 {
+            DType::Q6K => {
+                let (ql, qh, sc) = (&b[0..128], &b[128..192], &b[192..208]);
+                (f.d, f.sub) = (f16_at(b, 208), 16);
+                for (out, &v) in f.sc.iter_mut().zip(sc) {
+                    *out = i32::from(v.cast_signed());
+                }
+                for half in 0..2 {
+                    let (ql, qh) = (&ql[64 * half..], &qh[32 * half..]);
                     for l in 0..32 {
-                        let j = 128 * half + 32 * shift + l;
-                        let low = i32::from((qs[32 * half + l] >> (2 * shift)) & 3);
-                        let high = (hm[l] >> (4 * half + shift)) & 1;
-                        codes[j] = low - if high == 1 { 0 } else { 4 };
+                        let j = 128 * half + l;
+                        let c = |low: u8, high: u8| i32::from(low | (high << 4)) - 32;
+                        codes[j] = c(ql[l] & 0xF, qh[l] & 3);
+                        codes[j + 32] = c(ql[l + 32] & 0xF, (qh[l] >> 2) & 3);
+                        codes[j + 64] = c(ql[l] >> 4, (qh[l] >> 4) & 3);
+                        codes[j + 96] = c(ql[l + 32] >> 4, (qh[l] >> 6) & 3);
                     }
                 }
             }
-            16
-        }
-        DType::Q4K | DType::Q5K => {
-            let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-            let sc = &b[4..16];
-            let (qh, qs) = if dtype == DType::Q5K {
-                (Some(&b[16..48]), &b[48..176])
-            } else {
-                (None, &b[16..144])
-            };
-            for s in 0..8 {
-                let (a, m) = q4k_scale_min(s, sc);
-                scale[s] = d * f32::from(a);
-                min[s] = dmin * f32::from(m);
-            }
-            for j in 0..4 {
-                for l in 0..32 {
-                    let q = qs[32 * j + l];
-                    let (mut lo, mut hi) = (i32::from(q & 0xF), i32::from(q >> 4));
-                    if let Some(qh) = qh {
-                        lo |= i32::from((qh[l] >> (2 * j)) & 1) << 4;
-                        hi |= i32::from((qh[l] >> (2 * j + 1)) & 1) << 4;
+            DType::IQ4XS => {
+                f.d = f16_at(b, 0);
+                let sh = u16::from_le_bytes([b[2], b[3]]);
+                let (sl, qs) = (&b[4..8], &b[8..136]);
+                for s in 0..8 {
+                    let lo = u16::from((sl[s / 2] >> (4 * (s % 2))) & 0xF);
+                    let hi = (sh >> (2 * s)) & 3;
+                    f.sc[s] = i32::from(lo | (hi << 4)) - 32;
+                    for l in 0..16 {
+                        let q = qs[16 * s + l];
+                        codes[32 * s + l] = i32::from(IQ4_VALUES[usize::from(q & 0xF)]);
+                        codes[32 * s + 16 + l] = i32::from(IQ4_VALUES[usize::from(q >> 4)]);
                     }
-                    codes[64 * j + l] = lo;
-                    codes[64 * j + 32 + l] = hi;
                 }
             }
-            32
+            DType::F32 | DType::F16 | DType::BF16 => unreachable!("not a block type"),
         }
-        DType::Q6K => {
-            let (ql, qh, sc) = (&b[0..128], &b[128..192], &b[192..208]);
-            let d = f16_at(b, 208);
-            for (s, out) in scale.iter_mut().enumerate() {
-                *out = d * f32::from(sc[s].cast_signed());
-            }
-            for half in 0..2 {
-                let (ql, qh) = (&ql[64 * half..], &qh[32 * half..]);
-                for l in 0..32 {
-                    let j = 128 * half + l;
-                    codes[j] = i32::from((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32;
-                    codes[j + 32] = i32::from((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-                    codes[j + 64] = i32::from((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-                    codes[j + 96] = i32::from((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-                }
-            }
-            16
-        }
-        DType::IQ4XS => {
-            let d = f16_at(b, 0);
-            let sh = u16::from_le_bytes([b[2], b[3]]);
-            let (sl, qs) = (&b[4..8], &b[8..136]);
-            for s in 0..8 {
-                let lo = (sl[s / 2] >> (4 * (s % 2))) & 0xF;
-                #[allow(clippy::cast_possible_truncation)] // two bits
-                let hi = ((sh >> (2 * s)) & 3) as u8;
-                scale[s] = d * f32::from(i16::from(lo | (hi << 4)) - 32);
-                for l in 0..16 {
-                    let q = qs[16 * s + l];
-                    codes[32 * s + l] = i32::from(IQ4_VALUES[q as usize & 0xF]);
-                    codes[32 * s + 16 + l] = i32::from(IQ4_VALUES[q as usize >> 4]);
-                }
-            }
-            32
-        }
-        DType::F32 | DType::F16 | DType::BF16 => unreachable!("not a block type"),
+        f
     }
 }
 

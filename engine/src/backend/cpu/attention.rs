@@ -174,8 +174,8 @@ fn prefetch(x: &[f16]) {
 fn convert(isa: Isa, src: &[f16], dst: &mut [f32]) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` implies F16C; the lengths match.
-        Isa::Avx2 if src.len().is_multiple_of(8) => unsafe { avx2::convert(src, dst) },
+        // SAFETY: `isa.avx2()` implies F16C; the lengths match.
+        _ if isa.avx2() && src.len().is_multiple_of(8) => unsafe { avx2::convert(src, dst) },
         _ => {
             for (d, x) in dst.iter_mut().zip(src) {
                 *d = x.to_f32();
@@ -200,8 +200,8 @@ fn block_update(
 ) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 if bs == 16 && matches!(hd, 32 | 64 | 128 | 256) => {
-            // SAFETY: `Isa::Avx2` implies AVX2 and FMA; sizes as checked.
+        _ if isa.avx2() && bs == 16 && matches!(hd, 32 | 64 | 128 | 256) => {
+            // SAFETY: `isa.avx2()` implies AVX2 and FMA; sizes as checked.
             unsafe { avx2::block_update(q, kt, v, hd, from, valid, states) }
         }
         _ if from == 0 => scalar_block_update(q, kt, v, bs, hd, valid, states),

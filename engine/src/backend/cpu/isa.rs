@@ -5,65 +5,82 @@ use std::sync::OnceLock;
 /// The instruction set the kernels use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
-    /// AVX2 with FMA and F16C: 8-bit integer dot products through `vpmaddubsw` (32
-    /// multiply-adds an instruction), f32 attention with F16C conversions. Machines with
-    /// AVX-512 run this path too.
+    /// AVX2 with FMA and F16C: 8-bit integer dot products through `vpmaddubsw` + `vpmaddwd`
+    /// (32 multiply-adds in two instructions), f32 attention with F16C conversions.
     Avx2,
+    /// [`Isa::Avx2`] with AVX-VNNI: the integer dot products in one `vpdpbusd` (VEX encoding).
+    AvxVnni,
+    /// [`Isa::Avx2`] with AVX-512 VNNI and VL: the same `vpdpbusd` on 256-bit vectors (EVEX
+    /// encoding), for CPUs with AVX-512 VNNI but no AVX-VNNI.
+    Avx512Vnni,
     /// Portable Rust, no SIMD assumptions: the correctness reference.
     Scalar,
 }
+
+/// Every ISA the kernels have, best first.
+const ALL: [Isa; 4] = [Isa::AvxVnni, Isa::Avx512Vnni, Isa::Avx2, Isa::Scalar];
 
 impl Isa {
     /// Display name (as `bench --json` reports it).
     pub fn name(self) -> &'static str {
         match self {
             Isa::Avx2 => "avx2",
+            Isa::AvxVnni => "avx2+avxvnni",
+            Isa::Avx512Vnni => "avx2+avx512vnni",
             Isa::Scalar => "scalar",
         }
     }
 
+    /// Whether the AVX2 (with FMA and F16C) kernels may run: every x86 ISA here.
+    pub fn avx2(self) -> bool {
+        !matches!(self, Isa::Scalar)
+    }
+
     /// Every ISA this CPU can run, best first (used by tests to compare kernels).
     pub fn available() -> Vec<Isa> {
-        let best = detect_uncached();
-        [Isa::Avx2, Isa::Scalar]
-            .into_iter()
-            .filter(|i| i.rank() <= best.rank())
-            .collect()
+        ALL.into_iter().filter(|i| runs(*i)).collect()
     }
 
     /// Every ISA the kernels have, with whether this CPU runs it (tests report the ones it
     /// cannot run as not run).
-    pub fn all() -> [(Isa, bool); 2] {
-        let best = detect_uncached();
-        [Isa::Avx2, Isa::Scalar].map(|i| (i, i.rank() <= best.rank()))
-    }
-
-    fn rank(self) -> u8 {
-        match self {
-            Isa::Avx2 => 1,
-            Isa::Scalar => 0,
-        }
+    pub fn all() -> [(Isa, bool); 4] {
+        ALL.map(|i| (i, runs(i)))
     }
 }
 
+/// Whether this CPU has what `isa` needs.
 #[cfg(target_arch = "x86_64")]
-fn detect_uncached() -> Isa {
-    let avx2 = std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("fma")
-        && std::arch::is_x86_feature_detected!("f16c");
-    if std::env::var("SLOTLIGHT_ISA").as_deref() == Ok("scalar") || !avx2 {
-        Isa::Scalar
-    } else {
-        Isa::Avx2
+fn runs(isa: Isa) -> bool {
+    use std::arch::is_x86_feature_detected as has;
+    let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+    match isa {
+        Isa::Scalar => true,
+        Isa::Avx2 => avx2,
+        Isa::AvxVnni => avx2 && has!("avxvnni"),
+        Isa::Avx512Vnni => avx2 && has!("avx512vnni") && has!("avx512vl"),
     }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn detect_uncached() -> Isa {
-    Isa::Scalar
+fn runs(isa: Isa) -> bool {
+    isa == Isa::Scalar
 }
 
-/// The best ISA of this CPU (detected once; `SLOTLIGHT_ISA=scalar` forces the portable path).
+/// The best ISA of this CPU, or the one `SLOTLIGHT_ISA` names (`scalar`, `avx2`,
+/// `avx2+avxvnni`, `avx2+avx512vnni`) when this CPU runs it.
+fn detect_uncached() -> Isa {
+    let forced = std::env::var("SLOTLIGHT_ISA").ok();
+    let wanted = ALL
+        .into_iter()
+        .find(|i| forced.as_deref() == Some(i.name()));
+    match wanted {
+        Some(i) if runs(i) => i,
+        _ => ALL.into_iter().find(|i| runs(*i)).unwrap_or(Isa::Scalar),
+    }
+}
+
+/// The best ISA of this CPU (detected once; `SLOTLIGHT_ISA=scalar` forces the portable path,
+/// `SLOTLIGHT_ISA=avx2` the kernels without VNNI).
 pub fn detect() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(detect_uncached)

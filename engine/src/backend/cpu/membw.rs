@@ -32,8 +32,8 @@ pub fn read_bandwidth_gbs(pool: &ComputePool) -> f64 {
 /// Reads every byte of `x` (a value depending on all of them, so nothing is skipped).
 fn read(isa: Isa, x: &[u64]) -> u64 {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
-        // SAFETY: `Isa::Avx2` is only returned after detecting AVX2.
+    if isa.avx2() {
+        // SAFETY: `isa.avx2()` holds only after detecting AVX2.
         return unsafe { read_avx2(x) };
     }
     let _ = isa;

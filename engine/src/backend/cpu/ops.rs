@@ -74,8 +74,8 @@ pub fn silu_mul(isa: Isa, gate: &mut [f32], up: &[f32]) {
     let n = gate.len().min(up.len());
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
-        // SAFETY: `Isa::Avx2` implies AVX2 and FMA.
+    if isa.avx2() {
+        // SAFETY: `isa.avx2()` implies AVX2 and FMA.
         done = unsafe { silu_mul_avx2(&mut gate[..n], &up[..n]) };
     }
     let _ = isa;

@@ -126,8 +126,8 @@ impl QActs {
 fn quantize_row(isa: Isa, x: &[f32], q: &mut [i8], meta: &mut [f32]) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only returned after detecting AVX2, FMA and F16C.
-        Isa::Avx2 => unsafe { avx2::quantize_row(x, q, meta) },
+        // SAFETY: `isa.avx2()` holds only after detecting AVX2, FMA and F16C.
+        _ if isa.avx2() => unsafe { avx2::quantize_row(x, q, meta) },
         _ => quantize_row_scalar(x, q, meta),
     }
 }

@@ -66,9 +66,19 @@ struct DevMat {
     h16: u64,
 }
 
+/// The fused `[Wq; Wk; Wv]` matrix: one packed matrix per run of members with the same device
+/// format (one when all agree), each with its first row in the fused matrix.
+#[derive(Debug, Clone)]
+struct DevStack {
+    parts: Vec<(usize, DevMat)>,
+    rows: usize,
+    /// Row-major f16 copy of the whole stack for the GEMM path.
+    h16: u64,
+}
+
 #[derive(Debug)]
 struct DevLayer {
-    qkv: DevMat,
+    qkv: DevStack,
     bias: u64,
     wo: DevMat,
     gu: DevMat,
@@ -95,7 +105,7 @@ struct Kernels {
     qkv_post: usize,
     to_half: usize,
     silu_mul_h: usize,
-    by_fmt: [FmtKernels; 5],
+    by_fmt: [FmtKernels; WFormat::ALL.len()],
 }
 
 /// A growable device buffer.
@@ -193,7 +203,9 @@ impl<G: Gpu> GpuBackend<G> {
             }
         };
         for b in &weights.blocks {
-            add(group_fmt(&[&b.wq, &b.wk, &b.wv]));
+            for (f, _) in WFormat::sections(&[b.wq.dtype(), b.wk.dtype(), b.wv.dtype()]) {
+                add(f);
+            }
             add(WFormat::for_dtype(b.wo.dtype()));
             add(group_fmt(&[&b.w_gate, &b.w_up]));
             add(WFormat::for_dtype(b.w_down.dtype()));
@@ -276,37 +288,80 @@ impl<G: Gpu> GpuBackend<G> {
         Ok(p)
     }
 
-    fn upload_mat(&mut self, parts: &[&Tensor], f16_copy: bool) -> Result<DevMat, GpuError> {
-        let fmt = WFormat::for_group(&parts.iter().map(|t| t.dtype()).collect::<Vec<_>>());
+    /// Packs `parts` in `fmt` and uploads them (no f16 copy).
+    fn upload_packed(&mut self, fmt: WFormat, parts: &[&Tensor]) -> Result<DevMat, GpuError> {
         let packed = layout::pack(fmt, parts).map_err(GpuError)?;
         let rows: usize = parts.iter().map(|t| t.rows()).sum();
-        let k = parts.first().map_or(0, |t| t.row_len());
         let ptr = self.alloc_owned(packed.len())?;
         self.gpu.upload(ptr, &packed)?;
         self.weight_bytes += packed.len();
-        let mut h16 = 0;
-        if f16_copy {
-            h16 = self.alloc_owned(rows * k * F16)?;
-            self.weight_bytes += rows * k * F16;
-            let s = layout::row_shape(rows);
-            self.launch(
-                self.k.by_fmt[fmt.id()].dequant,
-                s,
-                &[Arg::Ptr(ptr), i32_arg(rows), i32_arg(k), Arg::Ptr(h16)],
-            )?;
-        }
         Ok(DevMat {
             ptr,
             fmt,
             rows,
-            h16,
+            h16: 0,
         })
+    }
+
+    /// An f16 copy of `rows` rows of length `k`, filled from `mats` (each at its first row).
+    fn f16_copy(
+        &mut self,
+        rows: usize,
+        k: usize,
+        mats: &[(usize, DevMat)],
+    ) -> Result<u64, GpuError> {
+        let h16 = self.alloc_owned(rows * k * F16)?;
+        self.weight_bytes += rows * k * F16;
+        for (row0, m) in mats {
+            self.launch(
+                self.k.by_fmt[m.fmt.id()].dequant,
+                layout::row_shape(m.rows),
+                &[
+                    Arg::Ptr(m.ptr),
+                    i32_arg(m.rows),
+                    i32_arg(k),
+                    Arg::Ptr(h16 + (row0 * k * F16) as u64),
+                ],
+            )?;
+        }
+        Ok(h16)
+    }
+
+    fn upload_mat(&mut self, parts: &[&Tensor], f16_copy: bool) -> Result<DevMat, GpuError> {
+        let fmt = WFormat::for_group(&parts.iter().map(|t| t.dtype()).collect::<Vec<_>>());
+        let mut m = self.upload_packed(fmt, parts)?;
+        if f16_copy {
+            let k = parts.first().map_or(0, |t| t.row_len());
+            m.h16 = self.f16_copy(m.rows, k, &[(0, m)])?;
+        }
+        Ok(m)
+    }
+
+    /// Q, K and V: each run of members with one device format packed on its own.
+    fn upload_stack(&mut self, parts: &[&Tensor], f16_copy: bool) -> Result<DevStack, GpuError> {
+        let dtypes: Vec<_> = parts.iter().map(|t| t.dtype()).collect();
+        let mut out = DevStack {
+            parts: Vec::new(),
+            rows: 0,
+            h16: 0,
+        };
+        for (fmt, range) in WFormat::sections(&dtypes) {
+            let m = self.upload_packed(fmt, &parts[range])?;
+            out.parts.push((out.rows, m));
+            out.rows += m.rows;
+        }
+        if f16_copy {
+            let k = parts.first().map_or(0, |t| t.row_len());
+            let mats = out.parts.clone();
+            out.h16 = self.f16_copy(out.rows, k, &mats)?;
+        }
+        Ok(out)
     }
 
     fn upload_weights(&mut self, w: &LlamaWeights) -> Result<(), GpuError> {
         let g = self.gemm;
         for b in &w.blocks {
-            let qkv = self.upload_mat(&[&b.wq, &b.wk, &b.wv], g)?;
+            let qkv = self.upload_stack(&[&b.wq, &b.wk, &b.wv], g)?;
             let bias = match (&b.bq, &b.bk, &b.bv) {
                 (Some(q), Some(k), Some(v)) => {
                     let all: Vec<f32> = q.iter().chain(k).chain(v).copied().collect();
@@ -429,17 +484,24 @@ impl<G: Gpu> GpuBackend<G> {
         )?;
         for li in 0..self.layers.len() {
             let l = &self.layers[li];
-            let (qkv, wo, gu, down) = (l.qkv, l.wo, l.gu, l.down);
+            let (qkv, wo, gu, down) = (l.qkv.clone(), l.wo, l.gu, l.down);
             let (bias, attn_norm, ffn_norm) = (l.bias, l.attn_norm, l.ffn_norm);
             let layer = i32_arg(li);
             // Attention block.
-            if a > 0 {
-                let kq = self.k.by_fmt[qkv.fmt.id()].qkv;
+            // One launch per section; a section's rows are whole heads, so its pairs are the
+            // fused matrix's pairs row0/2 .. (row0 + rows)/2.
+            for &(row0, m) in qkv.parts.iter().filter(|_| a > 0) {
+                let kq = self.k.by_fmt[m.fmt.id()].qkv;
+                let (p0, p1) = (row0 / 2, (row0 + m.rows) / 2);
                 self.launch(
                     kq,
-                    layout::mv_shape(self.kc.qkv_pairs(), 1, a),
+                    layout::mv_shape(p1 - p0, 1, a),
                     &[
-                        Arg::Ptr(qkv.ptr),
+                        Arg::Ptr(m.ptr),
+                        i32_arg(m.rows),
+                        i32_arg(row0),
+                        i32_arg(p0),
+                        i32_arg(p1),
                         Arg::Ptr(x),
                         i32_arg(a),
                         Arg::Ptr(attn_norm),
@@ -714,7 +776,7 @@ fn resolve(names: &[String], formats: &[WFormat]) -> Result<Kernels, GpuError> {
         qkv_post: get("qkv_post")?,
         to_half: get("to_half")?,
         silu_mul_h: get("silu_mul_h")?,
-        by_fmt: [FmtKernels::default(); 5],
+        by_fmt: [FmtKernels::default(); WFormat::ALL.len()],
     };
     for f in formats {
         k.by_fmt[f.id()] = FmtKernels {

@@ -15,6 +15,7 @@ use std::fmt::Write as _;
 
 use super::layout::{self, MV_TOKENS, MV_WARPS, ROW_THREADS, WFormat};
 use crate::model::config::{ModelConfig, RopeStyle};
+use crate::model::weights::IQ4_VALUES;
 
 /// What the source is compiled for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,6 +170,8 @@ DEV float warp_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1)); return v;
 }
 DEV float shfl_from(float v, int lane) { return __shfl_sync(0xffffffffu, v, lane); }
+/* A product that is never fused into a following add (weights decode exactly as on the host). */
+DEV float mul_rn(float a, float b) { return __fmul_rn(a, b); }
 #define SYNC() __syncthreads()
 #define NEG_INF __int_as_float(0xff800000)
 #define TX threadIdx.x
@@ -196,6 +199,7 @@ DEV float warp_max(float v) {
   v = fmaxf(v, emu_shfl_xor(v, 2)); v = fmaxf(v, emu_shfl_xor(v, 1)); return v;
 }
 DEV float shfl_from(float v, int lane) { return emu_shfl(v, lane); }
+DEV float mul_rn(float a, float b) { return a * b; }
 #define SYNC() emu_syncthreads()
 #define NEG_INF (-INFINITY)
 #define TX emu_thread_x()
@@ -213,11 +217,87 @@ const BODY: &str = r#"
 #define FMT_Q8_0 2
 #define FMT_F16 3
 #define FMT_F32 4
+#define FMT_Q5_0 5
+#define FMT_Q5_1 6
+#define FMT_IQ4_NL 7
+#define FMT_Q2_K 8
+#define FMT_Q3_K 9
+#define FMT_Q4_K 10
+#define FMT_Q5_K 11
+#define FMT_Q6_K 12
+#define FMT_IQ4_XS 13
 #define NPAIRS ((QD + 2 * KVD) / 2)
 #define DPL ((HD + 31) / 32)
 
 DEV u64 kv_off(int block, int layer, int kind, int head) {
   return ((((u64)block * LAYERS + layer) * 2 + kind) * KVH + head) * (u64)(BS * HD);
+}
+
+/* The table of IQ4_NL and IQ4_XS: entry i is byte i of IQ4_LO (i < 8) or of IQ4_HI. */
+DEV float iq4_value(int i) {
+  const u64 t = i < 8 ? IQ4_LO : IQ4_HI;
+  return (float)(signed char)(unsigned char)((t >> (8 * (i & 7))) & 0xffu);
+}
+
+/* load_unit for the formats after Q8_0 (layout::load_unit's generic arm, line by line): codes
+   from the 4-bit nibbles (+ high bits) or the 2-bit planes (+ a third bit), then each half's
+   scale and minimum from the block's or the super-block's header. */
+template <int FMT>
+DEV void load_unit_sub(const unsigned char* __restrict__ w, int nrows, int K, int r, int u,
+                       float* wv, int& o0, int& o1) {
+  const int nb = K / 32, b = u >> 2, sub = u & 3;
+  const u64 blk = (u64)r * nb + b;
+  const int CB = FMT_CB(FMT), BITS = FMT_BITS(FMT);
+  const unsigned char* c = w + blk * CB;
+  const unsigned char* hdr = w + (((u64)nrows * nb * CB + 15) & ~15ull);
+  unsigned q[8];
+  if (BITS >= 4) {
+    const unsigned n = *(const unsigned*)(c + sub * 4);
+    for (int i = 0; i < 4; ++i) { q[i] = (n >> (8 * i)) & 15u; q[4 + i] = (n >> (8 * i + 4)) & 15u; }
+  } else {
+    const unsigned l = *(const unsigned short*)(c + 2 * sub);
+    for (int e = 0; e < 8; ++e) q[e] = (l >> (2 * e)) & 3u;
+  }
+  if (BITS == 5) {
+    const unsigned h = *(const unsigned*)(c + 16);
+    for (int i = 0; i < 4; ++i) {
+      q[i] |= ((h >> (4 * sub + i)) & 1u) << 4;
+      q[4 + i] |= ((h >> (16 + 4 * sub + i)) & 1u) << 4;
+    }
+  } else if (BITS == 6) {
+    const unsigned h = *(const unsigned short*)(c + 16 + 2 * sub);
+    for (int e = 0; e < 8; ++e) q[e] |= ((h >> (2 * e)) & 3u) << 4;
+  } else if (BITS == 3) {
+    const unsigned h = c[8 + sub];
+    for (int e = 0; e < 8; ++e) q[e] |= ((h >> e) & 1u) << 2;
+  }
+  float s[2], m[2];
+  if (FMT_SUPER(FMT)) {
+    const unsigned char* sh = hdr + (blk >> 3) * FMT_HB(FMT);
+    const int j = (int)(blk & 7);
+    const float d = h2f(*(const unsigned short*)sh), dm = h2f(*(const unsigned short*)(sh + 2));
+    for (int h = 0; h < 2; ++h) {
+      if (FMT == FMT_Q4_K || FMT == FMT_Q5_K) {
+        s[h] = mul_rn(d, (float)sh[4 + j]); m[h] = mul_rn(dm, (float)sh[12 + j]);
+      } else if (FMT == FMT_Q2_K) {
+        const unsigned x = sh[4 + 2 * j + h];
+        s[h] = mul_rn(d, (float)(x & 15u)); m[h] = mul_rn(dm, (float)(x >> 4));
+      } else if (FMT == FMT_IQ4_XS) {
+        s[h] = mul_rn(d, (float)(signed char)sh[4 + j]); m[h] = 0.0f;
+      } else {
+        s[h] = mul_rn(d, (float)(signed char)sh[4 + 2 * j + h]); m[h] = 0.0f;
+      }
+    }
+  } else {
+    const unsigned short* hh = (const unsigned short*)(hdr + blk * FMT_HB(FMT));
+    s[0] = s[1] = h2f(hh[0]);
+    m[0] = m[1] = FMT == FMT_Q5_1 ? -h2f(hh[1]) : 0.0f;
+  }
+  for (int e = 0; e < 8; ++e) {
+    const float code = FMT_TABLE(FMT) ? iq4_value((int)q[e]) : (float)((int)q[e] - FMT_OFF(FMT));
+    wv[e] = mul_rn(s[e >> 2], code) - m[e >> 2];
+  }
+  o0 = b * 32 + sub * 4; o1 = o0 + 16;
 }
 
 /* The 8 weights of unit u (a quarter of a 32-weight block) of row r, in f32, and the columns
@@ -239,6 +319,8 @@ DEV void load_unit(const unsigned char* __restrict__ w, int nrows, int K, int r,
       wv[2 * i + 1] = h2f((unsigned short)(q[i] >> 16));
     }
     o0 = u * 8; o1 = u * 8 + 4;
+  } else if (FMT >= FMT_Q5_0) {
+    load_unit_sub<FMT>(w, nrows, K, r, u, wv, o0, o1);
   } else {
     const int nb = K / 32;
     const int b = u >> 2, sub = u & 3;
@@ -259,8 +341,8 @@ DEV void load_unit(const unsigned char* __restrict__ w, int nrows, int K, int r,
         float d = h2f(*(const unsigned short*)(hdr + blk * 4));
         float m = h2f(*(const unsigned short*)(hdr + blk * 4 + 2));
         for (int i = 0; i < 4; ++i) {
-          wv[i] = d * (float)((q >> (8 * i)) & 15u) + m;
-          wv[4 + i] = d * (float)((q >> (8 * i + 4)) & 15u) + m;
+          wv[i] = mul_rn(d, (float)((q >> (8 * i)) & 15u)) + m;
+          wv[4 + i] = mul_rn(d, (float)((q >> (8 * i + 4)) & 15u)) + m;
         }
       } else {
         float d = h2f(*(const unsigned short*)(hdr + blk * 2));
@@ -392,9 +474,12 @@ DEV void qkv_store(int g, int p, float v0, float v1, const float* __restrict__ b
   }
 }
 
-/* Fused RMSNorm -> [Wq; Wk; Wv] (+bias) -> RoPE -> q / KV cache, rows row0 .. row0+T. */
+/* Fused RMSNorm -> [Wq; Wk; Wv] (+bias) -> RoPE -> q / KV cache, rows row0 .. row0+T, for the
+   pairs p0 .. p1 of one section: w holds the fused matrix's rows rbase .. rbase + nrows (the
+   whole matrix when Q, K and V share a format; else one launch per run of equal formats). */
 template <int FMT>
-DEV void mv_qkv_body(const unsigned char* __restrict__ w, const float* __restrict__ x, int T,
+DEV void mv_qkv_body(const unsigned char* __restrict__ w, int nrows, int rbase, int p0, int p1,
+                     const float* __restrict__ x, int T,
                      const float* __restrict__ gamma, float eps, const float* __restrict__ bias,
                      float* __restrict__ q_out, unsigned short* __restrict__ kv, int layer,
                      const int* __restrict__ meta, int metaT, int row0,
@@ -403,13 +488,14 @@ DEV void mv_qkv_body(const unsigned char* __restrict__ w, const float* __restric
   const int t0 = BY * MV_TOKENS, nt = min(MV_TOKENS, T - t0);
   norm_prologue(x, HIDDEN, 0, t0, nt, HIDDEN, eps, rs);
   const int lane = TX & 31;
-  const int p = BX * MV_WARPS + (TX >> 5);
-  const int pc = p < NPAIRS ? p : NPAIRS - 1;
+  const int p = p0 + BX * MV_WARPS + (TX >> 5);
+  const int pc = p < p1 ? p : p1 - 1;
   int rows[2], sec, fi;
   pair_rows(pc, rows[0], rows[1], sec, fi);
+  rows[0] -= rbase; rows[1] -= rbase;
   float acc[2][MV_TOKENS];
-  mv_accum<FMT, 2, true>(w, QD + 2 * KVD, HIDDEN, rows, x, HIDDEN, 0, t0, nt, gamma, rs, acc);
-  if (p < NPAIRS && lane < nt)
+  mv_accum<FMT, 2, true>(w, nrows, HIDDEN, rows, x, HIDDEN, 0, t0, nt, gamma, rs, acc);
+  if (p < p1 && lane < nt)
     qkv_store(row0 + t0 + lane, p, pick<2>(acc, 0, lane), pick<2>(acc, 1, lane), bias, q_out, kv,
               layer, meta, metaT, inv_freq);
 }
@@ -639,6 +725,39 @@ KERNEL void silu_mul_h(const float* __restrict__ gu, unsigned short* __restrict_
 }
 "#;
 
+/// The per-format constants of the generic unit loader, as `FMT_*(f)` macros over the format
+/// id (from [`WFormat::kernel_params`], so the kernels and the host twins share one table), and
+/// the IQ4 table from [`IQ4_VALUES`].
+fn format_defines() -> String {
+    let mut s = String::new();
+    let chain = |name: &str, val: &dyn Fn(WFormat) -> i64| {
+        let mut c = format!("#define {name}(f) (");
+        for f in WFormat::ALL {
+            let _ = write!(c, "(f) == {} ? {} : ", f.id(), val(f));
+        }
+        c.push_str("0)\n");
+        c
+    };
+    s.push_str(&chain("FMT_CB", &|f| {
+        i64::try_from(f.kernel_params().0).unwrap_or(0)
+    }));
+    s.push_str(&chain("FMT_HB", &|f| {
+        i64::try_from(f.kernel_params().1).unwrap_or(0)
+    }));
+    s.push_str(&chain("FMT_BITS", &|f| i64::from(f.kernel_params().2)));
+    s.push_str(&chain("FMT_OFF", &|f| i64::from(f.kernel_params().3)));
+    s.push_str(&chain("FMT_SUPER", &|f| i64::from(f.kernel_params().4)));
+    s.push_str(&chain("FMT_TABLE", &|f| i64::from(f.kernel_params().5)));
+    let word = |vals: &[i8]| {
+        vals.iter()
+            .rev()
+            .fold(0u64, |a, v| (a << 8) | u64::from(v.cast_unsigned()))
+    };
+    let _ = writeln!(s, "#define IQ4_LO 0x{:016x}ull", word(&IQ4_VALUES[..8]));
+    let _ = writeln!(s, "#define IQ4_HI 0x{:016x}ull", word(&IQ4_VALUES[8..]));
+    s
+}
+
 /// The kernel source for `kc`, for `target`.
 pub fn source(kc: &KernelConfig, target: Target) -> String {
     let mut s = String::with_capacity(24 * 1024);
@@ -672,6 +791,7 @@ pub fn source(kc: &KernelConfig, target: Target) -> String {
     if target == Target::Host {
         s.push_str("using std::min;\n");
     }
+    s.push_str(&format_defines());
     s.push_str(BODY);
     // Entry points per weight format.
     let mv_bounds = MV_WARPS * 32;
@@ -686,10 +806,11 @@ pub fn source(kc: &KernelConfig, target: Target) -> String {
         let _ = write!(
             s,
             r#"
-KERNEL void{b} mv_qkv_f{id}(const unsigned char* w, const float* x, int T, const float* gamma, float eps,
-    const float* bias, float* q_out, unsigned short* kv, int layer, const int* meta, int metaT, int row0,
-    const float* inv_freq) {{
-  mv_qkv_body<{id}>(w, x, T, gamma, eps, bias, q_out, kv, layer, meta, metaT, row0, inv_freq);
+KERNEL void{b} mv_qkv_f{id}(const unsigned char* w, int nrows, int rbase, int p0, int p1, const float* x,
+    int T, const float* gamma, float eps, const float* bias, float* q_out, unsigned short* kv, int layer,
+    const int* meta, int metaT, int row0, const float* inv_freq) {{
+  mv_qkv_body<{id}>(w, nrows, rbase, p0, p1, x, T, gamma, eps, bias, q_out, kv, layer, meta, metaT, row0,
+                   inv_freq);
 }}
 KERNEL void{b} mv_silu_f{id}(const unsigned char* w, const float* x, int T, const float* gamma, float eps,
     float* out) {{

@@ -7,7 +7,7 @@
 use half::f16;
 
 use crate::backend::SeqChunk;
-use crate::model::weights::{DType, Tensor};
+use crate::model::weights::{BlockFields, DType, IQ4_VALUES, Tensor};
 
 /// Weights per quantization block (Q4_0, Q4_1, Q8_0).
 pub const QK: usize = 32;
@@ -22,13 +22,28 @@ pub const ROW_THREADS: usize = 256;
 /// Largest static shared memory a kernel may use without an opt-in.
 pub const SMEM_LIMIT: usize = 48 * 1024;
 
+/// Weights per super-block of the K-quants and IQ4_XS.
+pub const QK_K: usize = 256;
+
 /// How a weight matrix is stored on the device.
 ///
 /// The block formats are split into two arrays (structure of arrays) so that every load is
-/// aligned: first the codes of all blocks, row-major (`rows × K/32` blocks of 16 bytes for the
-/// 4-bit formats, 32 for Q8_0), then the block headers (`f16 d` for Q4_0/Q8_0, `f16 d, f16 m`
-/// for Q4_1). Within a 4-bit block, byte `j` holds weight `j` in its low nibble and weight
-/// `j + 16` in its high nibble, exactly as in the file.
+/// aligned: first the codes of all 32-weight blocks, row-major, then (at the next multiple of 16
+/// bytes) the headers. Every format with 4 or more bits per code keeps the file's nibble order
+/// in 16 bytes per block: byte `j` holds weight `j` in its low nibble and weight `j + 16` in its
+/// high nibble. Extra code bits follow the nibbles: Q5_0, Q5_1 and Q5_K one `u32` whose bit `j`
+/// is bit 4 of weight `j` (the file's `qh` of Q5_0/Q5_1); Q6_K one `u16` per quarter block
+/// (unit) holding bits 4–5 of its 8 weights. Q2_K and Q3_K keep 2 bits per weight in one `u16`
+/// per unit (Q3_K then one byte per unit with each weight's third bit). A unit's 8 weights are
+/// always weights `4·sub .. 4·sub+4` and `16 + 4·sub .. 16 + 4·sub+4` of its block.
+///
+/// Headers: Q4_0, Q8_0, Q5_0 and IQ4_NL one `f16 d` per block, Q4_1 and Q5_1 `f16 d, f16 m`.
+/// The super-block formats (256 weights) keep one header per super-block, with the integer
+/// sub-scales unpacked from the file's 6-bit fields at load: Q4_K/Q5_K `f16 d, f16 dmin, u8
+/// scale[8], u8 min[8]`; Q2_K `f16 d, f16 dmin`, the 16 bytes `scale | min << 4` as in the file;
+/// Q3_K and Q6_K `f16 d`, 2 bytes unused, `i8 scale[16]` (Q3_K's offset of 32 removed); IQ4_XS
+/// `f16 d`, 2 bytes unused, `i8 scale[8]` (offset removed). The kernels multiply `d` by the
+/// integer sub-scale in f32, exactly as the reference decoding does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WFormat {
     /// 4-bit codes with an offset of 8, f16 scale.
@@ -41,16 +56,43 @@ pub enum WFormat {
     F16,
     /// f32, row-major.
     F32,
+    /// 5-bit codes with an offset of 16, f16 scale.
+    Q5_0,
+    /// 5-bit codes, f16 scale and f16 minimum.
+    Q5_1,
+    /// 4-bit indices into [`IQ4_VALUES`], f16 scale.
+    IQ4NL,
+    /// 2-bit codes; per super-block f16 d and dmin, 4-bit scale and min per 16 weights.
+    Q2K,
+    /// 3-bit codes with an offset of 4; per super-block f16 d, signed scale per 16 weights.
+    Q3K,
+    /// 4-bit codes; per super-block f16 d and dmin, 6-bit scale and min per 32 weights.
+    Q4K,
+    /// 5-bit codes; per super-block f16 d and dmin, 6-bit scale and min per 32 weights.
+    Q5K,
+    /// 6-bit codes with an offset of 32; per super-block f16 d, i8 scale per 16 weights.
+    Q6K,
+    /// 4-bit indices into [`IQ4_VALUES`]; per super-block f16 d, signed scale per 32 weights.
+    IQ4XS,
 }
 
 impl WFormat {
     /// Every format, in kernel-suffix order.
-    pub const ALL: [WFormat; 5] = [
+    pub const ALL: [WFormat; 14] = [
         WFormat::Q4_0,
         WFormat::Q4_1,
         WFormat::Q8_0,
         WFormat::F16,
         WFormat::F32,
+        WFormat::Q5_0,
+        WFormat::Q5_1,
+        WFormat::IQ4NL,
+        WFormat::Q2K,
+        WFormat::Q3K,
+        WFormat::Q4K,
+        WFormat::Q5K,
+        WFormat::Q6K,
+        WFormat::IQ4XS,
     ];
 
     /// The number the kernels use for this format (`FMT_*` in the source, `_f<id>` suffixes).
@@ -61,45 +103,60 @@ impl WFormat {
             WFormat::Q8_0 => 2,
             WFormat::F16 => 3,
             WFormat::F32 => 4,
+            WFormat::Q5_0 => 5,
+            WFormat::Q5_1 => 6,
+            WFormat::IQ4NL => 7,
+            WFormat::Q2K => 8,
+            WFormat::Q3K => 9,
+            WFormat::Q4K => 10,
+            WFormat::Q5K => 11,
+            WFormat::Q6K => 12,
+            WFormat::IQ4XS => 13,
         }
     }
 
-    /// Display name.
-    pub fn name(self) -> &'static str {
+    /// The stored type this format keeps as it is (F32 also takes BF16, F16 any type).
+    pub fn dtype(self) -> DType {
         match self {
-            WFormat::Q4_0 => "Q4_0",
-            WFormat::Q4_1 => "Q4_1",
-            WFormat::Q8_0 => "Q8_0",
-            WFormat::F16 => "F16",
-            WFormat::F32 => "F32",
+            WFormat::Q4_0 => DType::Q4_0,
+            WFormat::Q4_1 => DType::Q4_1,
+            WFormat::Q8_0 => DType::Q8_0,
+            WFormat::F16 => DType::F16,
+            WFormat::F32 => DType::F32,
+            WFormat::Q5_0 => DType::Q5_0,
+            WFormat::Q5_1 => DType::Q5_1,
+            WFormat::IQ4NL => DType::IQ4NL,
+            WFormat::Q2K => DType::Q2K,
+            WFormat::Q3K => DType::Q3K,
+            WFormat::Q4K => DType::Q4K,
+            WFormat::Q5K => DType::Q5K,
+            WFormat::Q6K => DType::Q6K,
+            WFormat::IQ4XS => DType::IQ4XS,
         }
     }
 
-    /// The device format for a stored type: the three block formats the kernels read in place
-    /// stay as they are; F32 and BF16 become F32 (exact); F16 stays F16; the K-quants, which
-    /// have no device kernels, become F16.
+    /// Display name (the stored type's).
+    pub fn name(self) -> &'static str {
+        self.dtype().name()
+    }
+
+    /// The device format for a stored type: every block type stays quantized in its own
+    /// format (dequantized in registers by the kernels); F32 and BF16 become F32 (exact); F16
+    /// stays F16.
     pub fn for_dtype(d: DType) -> WFormat {
         match d {
-            DType::Q4_0 => WFormat::Q4_0,
-            DType::Q4_1 => WFormat::Q4_1,
-            DType::Q8_0 => WFormat::Q8_0,
-            DType::F16
-            | DType::Q5_0
-            | DType::Q5_1
-            | DType::Q2K
-            | DType::Q3K
-            | DType::Q4K
-            | DType::Q5K
-            | DType::Q6K
-            | DType::IQ4NL
-            | DType::IQ4XS => WFormat::F16,
             DType::F32 | DType::BF16 => WFormat::F32,
+            d => WFormat::ALL
+                .into_iter()
+                .find(|f| f.dtype() == d)
+                .unwrap_or(WFormat::F16),
         }
     }
 
-    /// The one format for a group of matrices fused into one device matrix (Q, K and V; gate
-    /// and up): their common format when they agree, else F32 when any member is stored in
-    /// f32/bf16 (no precision lost), else F16.
+    /// The one format for a group of matrices fused into one device matrix (gate and up):
+    /// their common format when they agree, else F32 when any member is stored in f32/bf16
+    /// (no precision lost), else F16. (Q, K and V need no common format: see
+    /// [`WFormat::sections`].)
     pub fn for_group(ds: &[DType]) -> WFormat {
         let fmts: Vec<WFormat> = ds.iter().map(|d| WFormat::for_dtype(*d)).collect();
         match fmts.split_first() {
@@ -109,23 +166,88 @@ impl WFormat {
         }
     }
 
+    /// The sections of a stack of matrices that the kernels run one launch each over (Q, K and
+    /// V): runs of consecutive members with the same device format, as (format, members). A
+    /// Q4_K_M file's `[Q4_K, Q4_K, Q6_K]` is two sections, each kept in its own format.
+    pub fn sections(ds: &[DType]) -> Vec<(WFormat, std::ops::Range<usize>)> {
+        let mut out: Vec<(WFormat, std::ops::Range<usize>)> = Vec::new();
+        for (i, d) in ds.iter().enumerate() {
+            let f = WFormat::for_dtype(*d);
+            match out.last_mut() {
+                Some((lf, r)) if *lf == f => r.end = i + 1,
+                _ => out.push((f, i..i + 1)),
+            }
+        }
+        out
+    }
+
     /// Bytes of codes per 32-weight block (block formats only).
     fn code_bytes(self) -> usize {
         match self {
-            WFormat::Q4_0 | WFormat::Q4_1 => 16,
+            WFormat::Q4_0 | WFormat::Q4_1 | WFormat::IQ4NL | WFormat::Q4K | WFormat::IQ4XS => 16,
+            WFormat::Q5_0 | WFormat::Q5_1 | WFormat::Q5K => 20,
+            WFormat::Q6K => 24,
+            WFormat::Q3K => 12,
+            WFormat::Q2K => 8,
             WFormat::Q8_0 => 32,
             WFormat::F16 => 64,
             WFormat::F32 => 128,
         }
     }
 
-    /// Bytes of header per 32-weight block (block formats only).
+    /// Bytes of one header (block formats only); one header serves
+    /// [`WFormat::header_weights`] weights.
     fn header_bytes(self) -> usize {
         match self {
-            WFormat::Q4_0 | WFormat::Q8_0 => 2,
-            WFormat::Q4_1 => 4,
+            WFormat::Q4_0 | WFormat::Q8_0 | WFormat::Q5_0 | WFormat::IQ4NL => 2,
+            WFormat::Q4_1 | WFormat::Q5_1 => 4,
+            WFormat::Q2K | WFormat::Q3K | WFormat::Q4K | WFormat::Q5K | WFormat::Q6K => 20,
+            WFormat::IQ4XS => 12,
             WFormat::F16 | WFormat::F32 => 0,
         }
+    }
+
+    /// Weights per header: 32, or 256 for the super-block formats.
+    pub fn header_weights(self) -> usize {
+        match self {
+            WFormat::Q2K
+            | WFormat::Q3K
+            | WFormat::Q4K
+            | WFormat::Q5K
+            | WFormat::Q6K
+            | WFormat::IQ4XS => QK_K,
+            _ => QK,
+        }
+    }
+
+    /// Bits per stored code of the formats decoded by the generic unit loader.
+    fn code_bits(self) -> u32 {
+        match self {
+            WFormat::Q2K => 2,
+            WFormat::Q3K => 3,
+            WFormat::Q5_0 | WFormat::Q5_1 | WFormat::Q5K => 5,
+            WFormat::Q6K => 6,
+            WFormat::Q8_0 => 8,
+            WFormat::F16 => 16,
+            WFormat::F32 => 32,
+            _ => 4,
+        }
+    }
+
+    /// What the kernels subtract from a stored code (the reference's signed code).
+    fn code_offset(self) -> i32 {
+        match self {
+            WFormat::Q4_0 => 8,
+            WFormat::Q5_0 => 16,
+            WFormat::Q3K => 4,
+            WFormat::Q6K => 32,
+            _ => 0,
+        }
+    }
+
+    /// Whether codes index the non-linear table [`IQ4_VALUES`].
+    fn is_table(self) -> bool {
+        matches!(self, WFormat::IQ4NL | WFormat::IQ4XS)
     }
 
     /// Whether this is a block format.
@@ -135,13 +257,29 @@ impl WFormat {
 
     /// Device bytes of a `rows × k` matrix.
     pub fn bytes(self, rows: usize, k: usize) -> usize {
-        rows * (k / QK) * (self.code_bytes() + self.header_bytes())
+        if !self.is_block() {
+            return rows * (k / QK) * self.code_bytes();
+        }
+        self.header_offset(rows, k) + rows * (k / self.header_weights()) * self.header_bytes()
     }
 
-    /// Byte offset of the header array (block formats): right after all the codes, so it is
-    /// 16-byte aligned.
+    /// Byte offset of the header array (block formats): right after all the codes, rounded up
+    /// to a multiple of 16 (the kernels' `hdr_off`).
     pub fn header_offset(self, rows: usize, k: usize) -> usize {
-        rows * (k / QK) * self.code_bytes()
+        (rows * (k / QK) * self.code_bytes()).next_multiple_of(16)
+    }
+
+    /// The definitions the kernels use for this format: `(code bytes, header bytes, code bits,
+    /// code offset, super-block, table)`, written into the source as `FMT_*` macros.
+    pub fn kernel_params(self) -> (usize, usize, u32, i32, bool, bool) {
+        (
+            self.code_bytes(),
+            self.header_bytes(),
+            self.code_bits(),
+            self.code_offset(),
+            self.header_weights() == QK_K,
+            self.is_table(),
+        )
     }
 }
 
@@ -149,14 +287,125 @@ fn f16_le(b: &[u8], i: usize) -> f16 {
     f16::from_le_bytes([b[i], b[i + 1]])
 }
 
+/// The 8 weights of unit `sub` of a block, in unit order: weights `4·sub ..` then `16 + 4·sub ..`.
+fn unit_weight(sub: usize, e: usize) -> usize {
+    if e < 4 {
+        4 * sub + e
+    } else {
+        16 + 4 * sub + e - 4
+    }
+}
+
+/// Writes one 32-weight block's stored (unsigned) codes `v` as `fmt`'s code bytes.
+fn write_codes(fmt: WFormat, v: &[u8; 32], c: &mut [u8]) {
+    let bits = fmt.code_bits();
+    if bits >= 4 {
+        for i in 0..16 {
+            c[i] = (v[i] & 15) | ((v[i + 16] & 15) << 4);
+        }
+    }
+    if bits == 5 {
+        let qh = (0..32).fold(0u32, |a, i| a | (u32::from((v[i] >> 4) & 1) << i));
+        c[16..20].copy_from_slice(&qh.to_le_bytes());
+    }
+    for sub in 0..4 {
+        let (mut lo2, mut hi2, mut b3) = (0u16, 0u16, 0u8);
+        for e in 0..8 {
+            let x = v[unit_weight(sub, e)];
+            lo2 |= u16::from(x & 3) << (2 * e);
+            hi2 |= u16::from((x >> 4) & 3) << (2 * e);
+            b3 |= ((x >> 2) & 1) << e;
+        }
+        match bits {
+            6 => c[16 + 2 * sub..18 + 2 * sub].copy_from_slice(&hi2.to_le_bytes()),
+            2 | 3 => {
+                c[2 * sub..2 * sub + 2].copy_from_slice(&lo2.to_le_bytes());
+                if bits == 3 {
+                    c[8 + sub] = b3;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A super-block's device header from its decoded fields (see [`WFormat`]).
+fn write_super_header(fmt: WFormat, f: &BlockFields, h: &mut [u8]) {
+    // Exact: d and dmin are the file's f16 fields.
+    h[0..2].copy_from_slice(&f16::from_f32(f.d).to_le_bytes());
+    h[2..4].copy_from_slice(&f16::from_f32(f.dmin).to_le_bytes());
+    // Unwraps are safe here: the sub-scales are 6-bit (Q4_K/Q5_K, unsigned), 4-bit (Q2_K), or
+    // signed and within i8 (Q3_K, Q6_K, IQ4_XS), as GGML defines them.
+    let byte = |v: i32| u8::try_from(v).expect("unsigned sub-scale");
+    let signed = |v: i32| i8::try_from(v).expect("signed sub-scale").cast_unsigned();
+    match fmt {
+        WFormat::Q4K | WFormat::Q5K => {
+            for j in 0..8 {
+                h[4 + j] = byte(f.sc[j]);
+                h[12 + j] = byte(f.mn[j]);
+            }
+        }
+        WFormat::Q2K => {
+            for s in 0..16 {
+                h[4 + s] = byte(f.sc[s] | (f.mn[s] << 4));
+            }
+        }
+        WFormat::Q3K | WFormat::Q6K => {
+            h[2..4].fill(0);
+            for s in 0..16 {
+                h[4 + s] = signed(f.sc[s]);
+            }
+        }
+        WFormat::IQ4XS => {
+            h[2..4].fill(0);
+            for s in 0..8 {
+                h[4 + s] = signed(f.sc[s]);
+            }
+        }
+        _ => unreachable!("{fmt:?} has no super-block header"),
+    }
+}
+
+/// Packs one row of a super-block type: per file block, its header and the code bytes of its
+/// eight 32-weight blocks (`codes` and `headers` are the row's slices).
+fn pack_super_row(fmt: WFormat, dtype: DType, src: &[u8], codes: &mut [u8], headers: &mut [u8]) {
+    let (bb, cb, hb) = (dtype.block_bytes(), fmt.code_bytes(), fmt.header_bytes());
+    for (s, blk) in src.chunks_exact(bb).enumerate() {
+        let f = BlockFields::decode(dtype, blk);
+        write_super_header(fmt, &f, &mut headers[s * hb..(s + 1) * hb]);
+        for j in 0..8 {
+            let mut v = [0u8; 32];
+            for (l, x) in v.iter_mut().enumerate() {
+                let c = f.codes[32 * j + l];
+                let stored = if fmt.is_table() {
+                    IQ4_VALUES
+                        .iter()
+                        .position(|&t| i32::from(t) == c)
+                        .and_then(|i| i32::try_from(i).ok())
+                        .unwrap_or(0)
+                } else {
+                    c + fmt.code_offset()
+                };
+                // Unwrap is safe here: every stored code fits 6 bits.
+                *x = u8::try_from(stored).expect("code in range");
+            }
+            let i = s * 8 + j;
+            write_codes(fmt, &v, &mut codes[i * cb..(i + 1) * cb]);
+        }
+    }
+}
+
 /// Packs the rows of `parts` (stacked, all with row length `k`) into device format `fmt`.
 ///
-/// Tensors already in `fmt` are copied block by block; others are dequantized on the host
-/// (exactly for F32, rounded to nearest for F16).
+/// Tensors already in `fmt` are copied block by block (the super-block types repacked);
+/// others are dequantized on the host (exactly for F32, rounded to nearest for F16).
 pub fn pack(fmt: WFormat, parts: &[&Tensor]) -> Result<Vec<u8>, String> {
     let k = parts.first().map_or(0, |t| t.row_len());
-    if k == 0 || !k.is_multiple_of(QK) {
-        return Err(format!("row length {k} is not a multiple of {QK}"));
+    if k == 0 || !k.is_multiple_of(fmt.header_weights()) {
+        return Err(format!(
+            "row length {k} is not a multiple of {}",
+            fmt.header_weights()
+        ));
     }
     if let Some(t) = parts.iter().find(|t| t.row_len() != k) {
         return Err(format!(
@@ -170,36 +419,16 @@ pub fn pack(fmt: WFormat, parts: &[&Tensor]) -> Result<Vec<u8>, String> {
     let mut out = vec![0u8; fmt.bytes(rows, k)];
     let hoff = fmt.header_offset(rows, k);
     let (codes, headers) = out.split_at_mut(hoff);
+    let (cb, hb) = (fmt.code_bytes(), fmt.header_bytes());
+    let hpr = k / fmt.header_weights();
     let mut row_f32 = vec![0f32; k];
     let mut r0 = 0;
     for t in parts {
-        let native = WFormat::for_dtype(t.dtype()) == fmt
-            && matches!(
-                t.dtype(),
-                DType::Q4_0 | DType::Q4_1 | DType::Q8_0 | DType::F16 | DType::F32
-            );
+        let native = t.dtype() == fmt.dtype();
         for r in 0..t.rows() {
             let row = r0 + r;
             let src = t.row_bytes_of(r);
             match fmt {
-                WFormat::Q4_0 | WFormat::Q4_1 | WFormat::Q8_0 if native => {
-                    let bb = t.dtype().block_bytes();
-                    let (cb, hb) = (fmt.code_bytes(), fmt.header_bytes());
-                    for b in 0..nb {
-                        let blk = &src[b * bb..(b + 1) * bb];
-                        let i = row * nb + b;
-                        headers[i * hb..(i + 1) * hb].copy_from_slice(&blk[..hb]);
-                        codes[i * cb..(i + 1) * cb].copy_from_slice(&blk[hb..hb + cb]);
-                    }
-                }
-                WFormat::Q4_0 | WFormat::Q4_1 | WFormat::Q8_0 => {
-                    return Err(format!(
-                        "{} ({}) cannot be packed as {}",
-                        t.name(),
-                        t.dtype().name(),
-                        fmt.name()
-                    ));
-                }
                 WFormat::F16 | WFormat::F32 if native => {
                     let rb = src.len();
                     codes[row * rb..(row + 1) * rb].copy_from_slice(src);
@@ -218,6 +447,43 @@ pub fn pack(fmt: WFormat, parts: &[&Tensor]) -> Result<Vec<u8>, String> {
                         codes[o..o + 4].copy_from_slice(&v.to_le_bytes());
                     }
                 }
+                _ if !native => {
+                    return Err(format!(
+                        "{} ({}) cannot be packed as {}",
+                        t.name(),
+                        t.dtype().name(),
+                        fmt.name()
+                    ));
+                }
+                _ if hpr < nb => pack_super_row(
+                    fmt,
+                    t.dtype(),
+                    src,
+                    &mut codes[row * nb * cb..(row + 1) * nb * cb],
+                    &mut headers[row * hpr * hb..(row + 1) * hpr * hb],
+                ),
+                _ => {
+                    let bb = t.dtype().block_bytes();
+                    // Where the file's block keeps its nibbles and (Q5) its high bits.
+                    let (qs, qh) = match fmt {
+                        WFormat::Q5_0 => (6, Some(2)),
+                        WFormat::Q5_1 => (8, Some(4)),
+                        _ => (hb, None),
+                    };
+                    for b in 0..nb {
+                        let blk = &src[b * bb..(b + 1) * bb];
+                        let i = row * nb + b;
+                        headers[i * hb..(i + 1) * hb].copy_from_slice(&blk[..hb]);
+                        let c = &mut codes[i * cb..(i + 1) * cb];
+                        match qh {
+                            Some(h) => {
+                                c[..16].copy_from_slice(&blk[qs..qs + 16]);
+                                c[16..20].copy_from_slice(&blk[h..h + 4]);
+                            }
+                            None => c.copy_from_slice(&blk[qs..qs + cb]),
+                        }
+                    }
+                }
             }
         }
         r0 += t.rows();
@@ -226,7 +492,9 @@ pub fn pack(fmt: WFormat, parts: &[&Tensor]) -> Result<Vec<u8>, String> {
 }
 
 /// Host mirror of the kernels' `load_unit`: the 8 weights of unit `u` (0..k/8) of `row`, and
-/// the column of each. The kernels compute in f32 exactly these products (`d * q`, `d * q + m`).
+/// the column of each. The kernels compute in f32 exactly these products (`d * q`, `d * q + m`,
+/// and for the sub-scaled formats `(d * sc) * q - dmin * m`, never fused), which are the
+/// reference decoding's.
 pub fn load_unit(
     fmt: WFormat,
     packed: &[u8],
@@ -287,8 +555,103 @@ pub fn load_unit(
                 col[4 + i] = b * 32 + 16 + sub * 4 + i;
             }
         }
+        _ => {
+            let nb = k / QK;
+            let (b, sub) = (u / 4, u % 4);
+            let blk = row * nb + b;
+            let c = &packed[blk * fmt.code_bytes()..(blk + 1) * fmt.code_bytes()];
+            let q = unit_codes(fmt, c, sub);
+            let (s, m) = unit_scales(fmt, packed, fmt.header_offset(rows, k), blk);
+            for e in 0..8 {
+                let code = if fmt.is_table() {
+                    i32::from(IQ4_VALUES[usize::from(q[e])])
+                } else {
+                    i32::from(q[e]) - fmt.code_offset()
+                };
+                #[allow(clippy::cast_precision_loss)] // |code| ≤ 127: exact
+                let code = code as f32;
+                w[e] = s[e / 4] * code - m[e / 4];
+                col[e] = b * 32 + unit_weight(sub, e);
+            }
+        }
     }
     (w, col)
+}
+
+/// Host mirror of the kernels' code unpacking: the stored (unsigned) codes of unit `sub` of a
+/// block whose code bytes are `c`, in unit order.
+fn unit_codes(fmt: WFormat, c: &[u8], sub: usize) -> [u8; 8] {
+    let mut q = [0u8; 8];
+    let bits = fmt.code_bits();
+    let u16_at = |i: usize| u16::from_le_bytes([c[i], c[i + 1]]);
+    if bits >= 4 {
+        for i in 0..4 {
+            let byte = c[sub * 4 + i];
+            q[i] = byte & 15;
+            q[4 + i] = byte >> 4;
+        }
+    } else {
+        let l = u16_at(2 * sub);
+        for (e, x) in q.iter_mut().enumerate() {
+            *x = u8::try_from((l >> (2 * e)) & 3).unwrap_or(0);
+        }
+    }
+    match bits {
+        5 => {
+            let h = u32::from_le_bytes([c[16], c[17], c[18], c[19]]);
+            for (e, x) in q.iter_mut().enumerate() {
+                let bit = (h >> unit_weight(sub, e)) & 1;
+                *x |= u8::try_from(bit << 4).unwrap_or(0);
+            }
+        }
+        6 => {
+            let h = u16_at(16 + 2 * sub);
+            for (e, x) in q.iter_mut().enumerate() {
+                *x |= u8::try_from(((h >> (2 * e)) & 3) << 4).unwrap_or(0);
+            }
+        }
+        3 => {
+            for (e, x) in q.iter_mut().enumerate() {
+                *x |= ((c[8 + sub] >> e) & 1) << 2;
+            }
+        }
+        _ => {}
+    }
+    q
+}
+
+/// Host mirror of the kernels' scales: the scale and the minimum of the two halves of a unit
+/// of block `blk` (the halves differ for sub-blocks of 16 weights), as the reference's
+/// `scale` and `min` (weight = scale · code − min).
+fn unit_scales(fmt: WFormat, packed: &[u8], hoff: usize, blk: usize) -> ([f32; 2], [f32; 2]) {
+    let f16_at = |i: usize| f16_le(packed, i).to_f32();
+    if fmt.header_weights() == QK {
+        let h = hoff + blk * fmt.header_bytes();
+        let d = f16_at(h);
+        let m = if fmt == WFormat::Q5_1 {
+            -f16_at(h + 2)
+        } else {
+            0.0
+        };
+        return ([d; 2], [m; 2]);
+    }
+    let h = hoff + (blk / 8) * fmt.header_bytes();
+    let j = blk % 8;
+    let (d, dmin) = (f16_at(h), f16_at(h + 2));
+    let byte = |i: usize| packed[h + 4 + i];
+    let (mut s, mut m) = ([0f32; 2], [0f32; 2]);
+    for half in 0..2 {
+        (s[half], m[half]) = match fmt {
+            WFormat::Q4K | WFormat::Q5K => (d * f32::from(byte(j)), dmin * f32::from(byte(8 + j))),
+            WFormat::Q2K => {
+                let x = byte(2 * j + half);
+                (d * f32::from(x & 15), dmin * f32::from(x >> 4))
+            }
+            WFormat::IQ4XS => (d * f32::from(byte(j).cast_signed()), 0.0),
+            _ => (d * f32::from(byte(2 * j + half).cast_signed()), 0.0),
+        };
+    }
+    (s, m)
 }
 
 /// Dequantizes one packed row through [`load_unit`] (tests compare this with the CPU's
@@ -567,6 +930,105 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Where a block of `dtype` keeps its f16 fields.
+    fn f16_fields(dtype: DType) -> &'static [usize] {
+        match dtype {
+            DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => &[0, 2],
+            DType::Q2K => &[80, 82],
+            DType::Q3K => &[108],
+            DType::Q6K => &[208],
+            _ => &[0],
+        }
+    }
+
+    /// A `rows × k` tensor of `dtype` made of random blocks: every bit pattern of codes,
+    /// sub-scales and high bits, with finite f16 scales of either sign.
+    fn random_tensor(dtype: DType, rows: usize, k: usize, seed: u64) -> Tensor {
+        let mut rng = FixtureRng::new(seed);
+        let n = rows * k / dtype.block_elems();
+        let mut bytes = Vec::with_capacity(n * dtype.block_bytes());
+        for _ in 0..n {
+            let mut blk: Vec<u8> = (0..dtype.block_bytes())
+                .map(|_| rng.next_f32().to_bits().to_le_bytes()[1])
+                .collect();
+            for &o in f16_fields(dtype) {
+                let v = f16::from_f32(rng.next_f32() * 0.05);
+                blk[o..o + 2].copy_from_slice(&v.to_le_bytes());
+            }
+            bytes.extend_from_slice(&blk);
+        }
+        Tensor::new(
+            "w".into(),
+            dtype,
+            vec![rows, k],
+            crate::model::weights::Storage::Owned(std::sync::Arc::new(bytes)),
+        )
+    }
+
+    #[test]
+    fn every_block_type_stays_quantized_and_decodes_bit_for_bit() {
+        let (rows, k) = (3, 512);
+        for dtype in DType::ALL.into_iter().filter(|d| d.is_quantized()) {
+            let t = random_tensor(dtype, rows, k, 5 + u64::from(dtype.ggml_id()));
+            let fmt = WFormat::for_dtype(dtype);
+            assert_eq!(fmt.dtype(), dtype, "{dtype:?} has its own device format");
+            let packed = pack(fmt, &[&t]).expect("pack");
+            assert_eq!(packed.len(), fmt.bytes(rows, k));
+            // Memory on the device ≈ the file's: at most 6% more (the unpacked sub-scales).
+            let file = t.bytes().len();
+            assert!(
+                packed.len() * 100 <= file * 106 + 1600,
+                "{dtype:?}: {} vs {file}",
+                packed.len()
+            );
+            for r in 0..rows {
+                let want = t.row_f32(r);
+                let got = unpack_row(fmt, &packed, rows, k, r);
+                for j in 0..k {
+                    assert_eq!(got[j].to_bits(), want[j].to_bits(), "{dtype:?} r{r} c{j}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn qkv_sections_keep_each_format() {
+        use DType::{Q4K, Q5_0, Q6K};
+        let s = WFormat::sections(&[Q4K, Q4K, Q6K]);
+        assert_eq!(s, vec![(WFormat::Q4K, 0..2), (WFormat::Q6K, 2..3)]);
+        let s = WFormat::sections(&[Q4K, Q5_0, Q5_0]);
+        assert_eq!(s, vec![(WFormat::Q4K, 0..1), (WFormat::Q5_0, 1..3)]);
+        assert_eq!(WFormat::sections(&[Q6K; 3]), vec![(WFormat::Q6K, 0..3)]);
+        // BF16 and F32 share F32.
+        let s = WFormat::sections(&[DType::BF16, DType::F32, Q4K]);
+        assert_eq!(s, vec![(WFormat::F32, 0..2), (WFormat::Q4K, 2..3)]);
+        // Sections stacked in one fused order decode as the members did.
+        let (q, kk, v) = (
+            random_tensor(Q4K, 4, 256, 1),
+            random_tensor(Q4K, 2, 256, 2),
+            random_tensor(Q6K, 2, 256, 3),
+        );
+        let parts = [&q, &kk, &v];
+        let mut row = 0;
+        for (fmt, range) in WFormat::sections(&[Q4K, Q4K, Q6K]) {
+            let members = &parts[range];
+            let packed = pack(fmt, members).expect("pack");
+            let n: usize = members.iter().map(|t| t.rows()).sum();
+            let want: Vec<Vec<f32>> = members
+                .iter()
+                .flat_map(|t| (0..t.rows()).map(|r| t.row_f32(r)))
+                .collect();
+            for (r, w) in want.iter().enumerate() {
+                assert_eq!(&unpack_row(fmt, &packed, n, 256, r), w, "row {}", row + r);
+            }
+            row += n;
+        }
+        assert_eq!(row, 8);
+        // Gate and up of different types share one format: F16 (F32 with a float member).
+        assert_eq!(WFormat::for_group(&[Q4K, Q6K]), WFormat::F16);
+        assert_eq!(WFormat::for_group(&[Q4K, Q4K]), WFormat::Q4K);
     }
 
     #[test]
