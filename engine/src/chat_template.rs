@@ -55,6 +55,30 @@ pub const DEFAULT_FUEL: u64 = 10_000_000;
 /// default chat template).
 pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
+/// The Gemma turn format, for Gemma GGUFs that ship no template (the base models' files do
+/// not): written here to render exactly what Google's Gemma 3 template renders for text
+/// messages under Hugging Face's `apply_chat_template`: BOS; a system message folded into the
+/// first user turn (its text, then a blank line); `assistant` called `model`; each message
+/// trimmed and closed by `<end_of_turn>` and a newline; roles must alternate user/assistant.
+pub const GEMMA_TEMPLATE: &str = "{{ bos_token }}
+{%- if messages and messages[0]['role'] == 'system' -%}
+    {%- set system = messages[0]['content'] + '\n\n' -%}
+    {%- set turns = messages[1:] -%}
+{%- else -%}
+    {%- set system = '' -%}
+    {%- set turns = messages -%}
+{%- endif -%}
+{%- for m in turns -%}
+    {%- if (m['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}
+    {%- endif -%}
+    {{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n' + (system if loop.first else '') + (m['content'] | trim) + '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{ '<start_of_turn>model\n' }}
+{%- endif -%}
+";
+
 /// Why a template could not be loaded or rendered. Never a panic.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TemplateError {
@@ -183,6 +207,13 @@ impl ChatTemplate {
         // The constant template is tested to compile; failing here would be a bug in this file.
         #[allow(clippy::expect_used)]
         Self::new(CHATML_TEMPLATE, bos_token, eos_token).expect("the ChatML template compiles")
+    }
+
+    /// The Gemma turn format ([`GEMMA_TEMPLATE`]), for Gemma models that ship no template.
+    pub fn gemma_fallback(bos_token: Option<String>, eos_token: Option<String>) -> Self {
+        // The constant template is tested to compile; failing here would be a bug in this file.
+        #[allow(clippy::expect_used)]
+        Self::new(GEMMA_TEMPLATE, bos_token, eos_token).expect("the Gemma template compiles")
     }
 
     /// The template text as given to [`ChatTemplate::new`].
@@ -968,6 +999,34 @@ mod tests {
                 || err.to_string().contains("unknown filter"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn gemma_fallback_renders_like_hugging_face() {
+        // The strings Google's Gemma 3 template renders under transformers'
+        // `apply_chat_template` for these conversations.
+        let t = ChatTemplate::gemma_fallback(Some("<bos>".into()), Some("<eos>".into()));
+        let msgs = [
+            ChatMessage::new("system", "You are terse."),
+            ChatMessage::new("user", "  Hi there \n"),
+            ChatMessage::new("assistant", "Hello."),
+            ChatMessage::new("user", "Name a colour."),
+        ];
+        assert_eq!(
+            t.render(&msgs, true).expect("renders"),
+            "<bos><start_of_turn>user\nYou are terse.\n\nHi there<end_of_turn>\n\
+             <start_of_turn>model\nHello.<end_of_turn>\n\
+             <start_of_turn>user\nName a colour.<end_of_turn>\n<start_of_turn>model\n"
+        );
+        assert_eq!(
+            t.render(&msgs[1..2], false).expect("renders"),
+            "<bos><start_of_turn>user\nHi there<end_of_turn>\n"
+        );
+        let bad = [ChatMessage::new("user", "a"), ChatMessage::new("user", "b")];
+        assert!(matches!(
+            t.render(&bad, true),
+            Err(TemplateError::Raised(_))
+        ));
     }
 
     #[test]

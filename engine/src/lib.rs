@@ -1,4 +1,5 @@
-//! slotlight-engine: loads Llama-family models, runs them on CPU (and CUDA), schedules requests
+//! slotlight-engine: loads Llama, Mistral, Qwen 2/3 and Gemma 2/3 models (each family one
+//! description, [`model::config::Family`]), runs them on CPU (the Llama block also on CUDA), schedules requests
 //! with continuous batching, and serves an OpenAI-compatible API whose usage carries each
 //! request's own timings.
 //!
@@ -11,7 +12,7 @@ pub mod backend;
 pub mod chat_template;
 pub mod cli;
 pub mod constraint;
-pub mod default_model;
+pub mod known_models;
 pub mod kv_cache;
 pub mod metrics;
 pub mod model;

@@ -1,13 +1,15 @@
 //! Turning a chat or a raw prompt into token ids.
 //!
 //! Chat messages are rendered with the model's chat template; a model that ships none is
-//! rendered with ChatML (documented fallback, logged once at load). The rendered text is
+//! rendered with its family's turn format (Gemma's for Gemma, ChatML for the others:
+//! documented fallback, logged once at load). The rendered text is
 //! encoded with special tokens recognized, as Hugging Face does for templated prompts. Raw
 //! prompts are used as they are: no BOS unless the model's metadata asks for one.
 
 use std::sync::Arc;
 
 use crate::chat_template::{ChatMessage, ChatTemplate, TemplateError};
+use crate::model::config::Arch;
 use crate::model::loader::Model;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
@@ -32,15 +34,16 @@ pub struct PromptBuilder {
 }
 
 impl PromptBuilder {
-    /// For `model`, falling back to ChatML when it has no template.
+    /// For `model`, falling back to its family's turn format when it has no template.
     pub fn new(model: &Model) -> Self {
+        let (bos, eos) = (model.tokenizer.bos_token(), model.tokenizer.eos_token());
         let (template, fallback) = match &model.chat_template {
             Some(t) => (Arc::clone(t), false),
             None => (
-                Arc::new(ChatTemplate::chatml_fallback(
-                    model.tokenizer.bos_token(),
-                    model.tokenizer.eos_token(),
-                )),
+                Arc::new(match model.config.arch {
+                    Arch::Gemma2 | Arch::Gemma3 => ChatTemplate::gemma_fallback(bos, eos),
+                    _ => ChatTemplate::chatml_fallback(bos, eos),
+                }),
                 true,
             ),
         };

@@ -440,6 +440,7 @@ pub(crate) mod tests {
             eot_id: None,
             add_bos: false,
             add_eos: false,
+            add_space_prefix: true,
         })
         .expect("fixture builds")
     }
@@ -517,6 +518,7 @@ pub(crate) mod tests {
             eot_id: Some(2),
             add_bos: true,
             add_eos: false,
+            add_space_prefix: true,
         })
         .expect("builds");
         assert!(t.add_bos());

@@ -648,6 +648,15 @@ async fn models_health_and_requests() {
     assert_eq!(v["data"][0]["id"], m.id);
     let h = s.get("/health").await;
     assert_eq!(h["status"], "ok");
+    let info = &h["model_info"];
+    assert_eq!(info["arch"], "llama", "{h}");
+    assert_eq!(info["context_length"], m.config.context, "{h}");
+    assert!(
+        info["weight_types"]
+            .as_array()
+            .is_some_and(|t| !t.is_empty() && t.iter().all(Value::is_string)),
+        "{h}"
+    );
     let r = s.get("/v1/requests").await;
     assert_eq!(r["data"], json!([]));
     s.stop().await;

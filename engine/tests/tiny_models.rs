@@ -9,7 +9,14 @@ mod support;
 use serde_json::Value;
 use slotlight_engine::model::loader::{Format, Model};
 
-fn tolerance(dtype: &str) -> f32 {
+/// The worst logit error allowed for a file of `dtype` whose reference logits reach
+/// `max_abs_logit`: the f16 rounding of keys and values grows with the logits' scale (the tiny
+/// Gemma 3, with √hidden-scaled tied embeddings, reaches 38 where the others stay near 12-15).
+fn tolerance(dtype: &str, max_abs_logit: f32) -> f32 {
+    tolerance_at_scale_15(dtype) * (max_abs_logit / 15.0).max(1.0)
+}
+
+fn tolerance_at_scale_15(dtype: &str) -> f32 {
     match dtype {
         // Float weights: f32 arithmetic, with keys and values stored in f16.
         "f32" | "F32" | "f16" | "F16" | "bf16" => 1e-2,
@@ -21,6 +28,10 @@ fn tolerance(dtype: &str) -> f32 {
         // kernels' input, as in llama.cpp); measured up to 0.13 on these tiny models.
         _ => 0.25,
     }
+}
+
+fn max_abs(x: &[f32]) -> f32 {
+    x.iter().fold(0f32, |m, v| m.max(v.abs()))
 }
 
 #[test]
@@ -72,7 +83,7 @@ fn tiny_models_match_their_reference_logits() {
                 ids.len()
             );
             assert!(
-                worst <= tolerance(dtype),
+                worst <= tolerance(dtype, max_abs(&want)),
                 "{}: worst logit error {worst}",
                 path.display()
             );
@@ -122,4 +133,63 @@ fn bad_model_files_are_one_line_errors_naming_the_file() {
     .expect("copy");
     let e = Model::load(&hf).expect_err("no weights").to_string();
     assert!(e.contains("safetensors"), "{e}");
+}
+
+/// Records the fields of `slotlight.startup.model` spans.
+#[derive(Clone, Default)]
+struct ModelSpanFields(std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>);
+
+struct Collect<'a>(&'a mut Vec<(String, String)>);
+
+impl tracing::field::Visit for Collect<'_> {
+    fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+        self.0.push((
+            f.name().to_owned(),
+            format!("{v:?}").trim_matches('"').to_owned(),
+        ));
+    }
+}
+
+impl<S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>>
+    tracing_subscriber::Layer<S> for ModelSpanFields
+{
+    fn on_record(
+        &self,
+        id: &tracing::span::Id,
+        values: &tracing::span::Record<'_>,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if ctx
+            .span(id)
+            .is_some_and(|s| s.name() == slotlight_otel::span::STARTUP_MODEL)
+        {
+            let mut v = self.0.lock().expect("fields");
+            values.record(&mut Collect(&mut v));
+        }
+    }
+}
+
+#[test]
+fn the_startup_model_span_names_arch_weight_types_and_context() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let fields = ModelSpanFields::default();
+    let subscriber = tracing_subscriber::registry().with(fields.clone());
+    let path = support::fixtures().join("tiny").join("gemma3.F32.gguf");
+    let m = tracing::subscriber::with_default(subscriber, || Model::load(&path).expect("load"));
+    let got: std::collections::HashMap<String, String> =
+        fields.0.lock().expect("fields").iter().cloned().collect();
+    use slotlight_otel::attr;
+    assert_eq!(
+        got.get(attr::MODEL_ARCH).map(String::as_str),
+        Some("gemma3")
+    );
+    assert_eq!(
+        got.get(attr::MODEL_WEIGHT_TYPES).map(String::as_str),
+        Some("F32")
+    );
+    assert_eq!(
+        got.get(attr::MODEL_CONTEXT_LENGTH),
+        Some(&m.config.context.to_string())
+    );
+    assert_eq!(m.info().arch, "gemma3");
 }

@@ -87,6 +87,13 @@ crate::contract! {
     /// Why the request failed, was refused or was cancelled; one of the `ERROR_*` values (`cancelled`, `validation`, `context_length`, `overloaded`, `shutdown`, `not_found`, `too_large`, `timeout`, `unauthorized`, `kv_cache_exhausted`, `internal`). Set with an error status.
     ERROR_TYPE = "error.type", "string", "";
 
+    /// `slotlight.startup.model`: the architecture family the engine runs the model as (`llama`, `qwen2`, `qwen3`, `gemma2`, `gemma3`). Also in `/health` and `bench --json` (`model_info.arch`).
+    MODEL_ARCH = "slotlight.model.arch", "string", "";
+    /// `slotlight.startup.model`: the distinct types of the model's matrices, comma-separated in name order (e.g. `Q4_K,Q5_0,Q6_K,Q8_0`). Also in `/health` and `bench --json` (`model_info.weight_types`, a list).
+    MODEL_WEIGHT_TYPES = "slotlight.model.weight_types", "string", "";
+    /// `slotlight.startup.model`: the context length the model was trained for (its metadata; `--ctx-size` may serve less). Also in `/health` and `bench --json` (`model_info.context_length`).
+    MODEL_CONTEXT_LENGTH = "slotlight.model.context_length", "int", "{token}";
+
     /// All request spans and their children: the engine's request id (also the response id).
     REQUEST_ID = "slotlight.request.id", "string", "";
     /// Request, leg and decode spans: the request's own arrival time. Never reset by a move.

@@ -45,6 +45,10 @@ def test_startup_and_shutdown_are_spans_of_their_own_traces():
             assert r.start_time_unix_nano <= child.start_time_unix_nano <= child.end_time_unix_nano <= r.end_time_unix_nano, c
             starts.append(child.start_time_unix_nano)
         assert starts == sorted(starts), f"{root}'s phases in order"
+    model_attrs = {a.key: a.value for a in one(SPAN["STARTUP_MODEL"]).attributes}
+    assert model_attrs[ATTR["MODEL_ARCH"]].string_value, model_attrs
+    assert model_attrs[ATTR["MODEL_WEIGHT_TYPES"]].string_value, model_attrs
+    assert model_attrs[ATTR["MODEL_CONTEXT_LENGTH"]].int_value > 0, model_attrs
     startup, shutdown = one(SPAN["STARTUP"]), one(SPAN["SHUTDOWN"])
     request = next(s for s in spans if s.name.startswith("chat "))
     assert len({startup.trace_id, shutdown.trace_id, request.trace_id}) == 3, "three traces"

@@ -169,6 +169,11 @@ def check_tiny():
     man = json.load(open(os.path.join(TINY, "manifest.json")))
     ids = man["input_ids"]
     for model in man["models"]:
+        if model["gguf_arch"] not in ("llama", "qwen2"):
+            # The numpy forward here is the Llama block only; Qwen 3 and Gemma are checked
+            # against transformers by make_tiny_models.py itself and by engine/tests/tiny_models.rs.
+            print(f"skip tiny {model['name']}: no numpy forward for {model['gguf_arch']}")
+            continue
         for f in model["files"]:
             ref = man["references"][f["reference"]]
             want = np.fromfile(os.path.join(TINY, ref["file"]), dtype="<f4").reshape(ref["shape"])

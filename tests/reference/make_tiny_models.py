@@ -2,7 +2,10 @@
 """Tiny random models (Hugging Face folders + GGUF files) with reference logits.
 
 Usage:
-    python tests/reference/make_tiny_models.py [--out engine/tests/fixtures/tiny]
+    python tests/reference/make_tiny_models.py [--out engine/tests/fixtures/tiny] [--only qwen3,gemma3,gemma2]
+
+--only regenerates just the named models and merges them into the existing manifest (the
+other files stay byte for byte as they are).
 
 Everything is seeded, so a rerun rewrites the same model files (the logits may differ in the
 last bits across machines / library versions).
@@ -81,6 +84,21 @@ MODELS = [
     dict(name="qwen2", hf_arch="Qwen2ForCausalLM", model_type="qwen2", gguf_arch="qwen2", seed=3,
          tie=True, rope_theta=1000000.0, rms_eps=1e-6, st_dtype="f16", bias=True,
          gguf_types=["F32"], **BASE),
+    # Qwen3: per-head RMSNorm on q and k, no bias.
+    dict(name="qwen3", hf_arch="Qwen3ForCausalLM", model_type="qwen3", gguf_arch="qwen3", seed=6,
+         tie=True, rope_theta=1000000.0, rms_eps=1e-6, st_dtype="f32", bias=False, qk_norm=True,
+         gguf_types=["F32"], **BASE),
+    # Gemma 3: GeGLU, four norms per block (stored as w for x * (1 + w); the GGUF holds 1 + w),
+    # QK norm, sqrt(hidden)-scaled embeddings, a sliding window of 8 on layer 0 (local RoPE base
+    # 10000) and a global layer 1; the 24-token input crosses the window.
+    dict(name="gemma3", hf_arch="Gemma3ForCausalLM", model_type="gemma3_text", gguf_arch="gemma3", seed=7,
+         tie=True, rope_theta=1000000.0, rms_eps=1e-6, st_dtype="f32", bias=False, qk_norm=True,
+         sliding_window=8, gguf_types=["F32"], **BASE),
+    # Gemma 2: as Gemma 3 without QK norm, with soft-capped attention scores (2.0, small enough to
+    # bite on these tiny logits) and logits (10.0), one RoPE base, layer 0 local (window 8).
+    dict(name="gemma2", hf_arch="Gemma2ForCausalLM", model_type="gemma2", gguf_arch="gemma2", seed=8,
+         tie=True, rope_theta=10000.0, rms_eps=1e-6, st_dtype="f32", bias=False, qk_norm=False,
+         sliding_window=8, attn_softcap=2.0, final_softcap=10.0, gguf_types=["F32"], **BASE),
     dict(name="mistral", hf_arch="MistralForCausalLM", model_type="mistral", gguf_arch="llama", seed=4,
          tie=True, rope_theta=1000000.0, rms_eps=1e-5, st_dtype="f32", bias=False,
          gguf_types=["F32"], **BASE),
@@ -166,8 +184,23 @@ def hf_config(spec, vocab, bos_id, eos_id):
         cfg.update({"attention_bias": False, "mlp_bias": False, "pretraining_tp": 1})
     if spec["model_type"] == "mistral":
         cfg["sliding_window"] = None
-    if spec["model_type"] == "qwen2":
+    if spec["model_type"] in ("qwen2", "qwen3"):
         cfg.update({"use_sliding_window": False, "sliding_window": None, "max_window_layers": spec["n_layer"]})
+    if spec["model_type"] == "qwen3":
+        cfg["attention_bias"] = False
+    if spec["model_type"] in ("gemma3_text", "gemma2"):
+        del cfg["hidden_act"]
+        cfg.update({
+            "hidden_activation": "gelu_pytorch_tanh",
+            "query_pre_attn_scalar": spec["head_dim"],  # GGUF cannot say otherwise: llama.cpp uses head_dim
+            "sliding_window": spec["sliding_window"],
+            "layer_types": ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(spec["n_layer"])],
+            "attn_logit_softcapping": spec.get("attn_softcap"),
+            "final_logit_softcapping": spec.get("final_softcap"),
+            "pad_token_id": 0,
+        })
+        if spec["model_type"] == "gemma3_text":
+            cfg["rope_local_base_freq"] = 10000.0
     return cfg
 
 
@@ -275,8 +308,14 @@ def llama3_rope_factors(spec):
     return np.array(out, dtype=np.float32)
 
 
+GEMMA_NORMS = [("attn_norm", "input_layernorm"), ("post_attention_norm", "post_attention_layernorm"),
+               ("ffn_norm", "pre_feedforward_layernorm"), ("post_ffw_norm", "post_feedforward_layernorm")]
+
+
 def gguf_tensors(spec, weights):
     """HF names -> llama.cpp names (+ permutation). Returns list of (name, float32 array [out, in])."""
+    if spec["gguf_arch"] in ("gemma3", "gemma2"):
+        return gemma3_gguf_tensors(spec, weights)
     permute = spec["gguf_arch"] == "llama"
     out = [("token_embd.weight", weights["model.embed_tokens.weight"])]
     for i in range(spec["n_layer"]):
@@ -298,6 +337,9 @@ def gguf_tensors(spec, weights):
             (b + "ffn_up.weight", weights[p + "mlp.up_proj.weight"]),
             (b + "ffn_down.weight", weights[p + "mlp.down_proj.weight"]),
         ]
+        if spec.get("qk_norm"):
+            out += [(b + "attn_q_norm.weight", weights[p + "self_attn.q_norm.weight"]),
+                    (b + "attn_k_norm.weight", weights[p + "self_attn.k_norm.weight"])]
         if spec["bias"]:
             assert not permute  # a llama-arch bias would be permuted like its weight
             out += [(b + "attn_q.bias", weights[p + "self_attn.q_proj.bias"]),
@@ -311,8 +353,49 @@ def gguf_tensors(spec, weights):
     return out
 
 
+def gemma3_gguf_tensors(spec, weights):
+    """llama.cpp's Gemma 2/3 converters: every norm weight + 1, no permutation, tied output
+    (Gemma 2 has no q/k norms)."""
+    one = lambda a: (a + np.float32(1.0)).astype(np.float32)  # noqa: E731
+    out = [("token_embd.weight", weights["model.embed_tokens.weight"])]
+    for i in range(spec["n_layer"]):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        out += [(b + g + ".weight", one(weights[p + h + ".weight"])) for g, h in GEMMA_NORMS]
+        out += [
+            (b + "attn_q.weight", weights[p + "self_attn.q_proj.weight"]),
+            (b + "attn_k.weight", weights[p + "self_attn.k_proj.weight"]),
+            (b + "attn_v.weight", weights[p + "self_attn.v_proj.weight"]),
+        ]
+        if spec.get("qk_norm"):
+            out += [(b + "attn_q_norm.weight", one(weights[p + "self_attn.q_norm.weight"])),
+                    (b + "attn_k_norm.weight", one(weights[p + "self_attn.k_norm.weight"]))]
+        out += [
+            (b + "attn_output.weight", weights[p + "self_attn.o_proj.weight"]),
+            (b + "ffn_gate.weight", weights[p + "mlp.gate_proj.weight"]),
+            (b + "ffn_up.weight", weights[p + "mlp.up_proj.weight"]),
+            (b + "ffn_down.weight", weights[p + "mlp.down_proj.weight"]),
+        ]
+    out.append(("output_norm.weight", one(weights["model.norm.weight"])))
+    return out
+
+
 def hf_from_gguf_tensors(spec, tensors):
     """Inverse of gguf_tensors (used with dequantized tensors)."""
+    if spec["gguf_arch"] in ("gemma3", "gemma2"):
+        w = {"model.embed_tokens.weight": tensors["token_embd.weight"],
+             "model.norm.weight": tensors["output_norm.weight"] - 1}
+        for i in range(spec["n_layer"]):
+            p, b = f"model.layers.{i}.", f"blk.{i}."
+            for g, h in GEMMA_NORMS:
+                w[p + h + ".weight"] = tensors[b + g + ".weight"] - 1
+            for s_, t in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output")):
+                w[p + f"self_attn.{s_}.weight"] = tensors[b + t + ".weight"]
+            if spec.get("qk_norm"):
+                w[p + "self_attn.q_norm.weight"] = tensors[b + "attn_q_norm.weight"] - 1
+                w[p + "self_attn.k_norm.weight"] = tensors[b + "attn_k_norm.weight"] - 1
+            for s_, t in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
+                w[p + f"mlp.{s_}.weight"] = tensors[b + t + ".weight"]
+        return w
     permute = spec["gguf_arch"] == "llama"
     w = {"model.embed_tokens.weight": tensors["token_embd.weight"], "model.norm.weight": tensors["output_norm.weight"]}
     if "output.weight" in tensors:
@@ -333,6 +416,9 @@ def hf_from_gguf_tensors(spec, tensors):
             p + "mlp.up_proj.weight": tensors[b + "ffn_up.weight"],
             p + "mlp.down_proj.weight": tensors[b + "ffn_down.weight"],
         })
+        if spec.get("qk_norm"):
+            w[p + "self_attn.q_norm.weight"] = tensors[b + "attn_q_norm.weight"]
+            w[p + "self_attn.k_norm.weight"] = tensors[b + "attn_k_norm.weight"]
         if spec["bias"]:
             for s in "qkv":
                 w[p + f"self_attn.{s}_proj.bias"] = tensors[b + f"attn_{s}.bias"]
@@ -389,9 +475,17 @@ def write_gguf(path, spec, weights, type_name, tok_meta):
     if arch == "llama":
         w.add_vocab_size(len(tok_meta["tokens"]))
     w.add_rope_dimension_count(spec["head_dim"])
-    if spec["model_type"] == "mistral":  # converter writes head_dim when config.json has one
+    if spec["model_type"] in ("mistral", "qwen3", "gemma3_text", "gemma2"):  # converter writes head_dim
         w.add_key_length(spec["head_dim"])
         w.add_value_length(spec["head_dim"])
+    if arch == "gemma3":
+        w.add_sliding_window(spec["sliding_window"])
+        # llama.cpp reads the period from this key (default 6): layer l is global when (l+1) % 2 == 0.
+        w.add_uint32("gemma3.attention.sliding_window_pattern", 2)
+    if arch == "gemma2":  # llama.cpp: every other layer local, layer 0 first
+        w.add_sliding_window(spec["sliding_window"])
+        w.add_attn_logit_softcapping(spec["attn_softcap"])
+        w.add_final_logit_softcapping(spec["final_softcap"])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -457,7 +551,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=DEFAULT_OUT)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--only", default=None, help="comma-separated model names to (re)generate")
     args = ap.parse_args()
+    only = set(args.only.split(",")) if args.only else None
 
     import gguf  # noqa: F401
     import safetensors
@@ -469,9 +565,10 @@ def main():
 
     torch.set_num_threads(args.threads)
     out_dir = os.path.abspath(args.out)
-    if os.path.isdir(out_dir):
-        shutil.rmtree(out_dir)
-    os.makedirs(os.path.join(out_dir, "ref"))
+    if only is None:
+        if os.path.isdir(out_dir):
+            shutil.rmtree(out_dir)
+        os.makedirs(os.path.join(out_dir, "ref"))
 
     tok = train_tokenizer()
     tokens, merges, types = tokenizer_vocab(tok)
@@ -510,6 +607,13 @@ def main():
         "models": [],
         "references": {},
     }
+    if only is not None:
+        with open(os.path.join(out_dir, "manifest.json")) as f:
+            old = json.load(f)
+        assert old["input_ids"] == input_ids, "the tokenizer changed: regenerate everything"
+        drop = {fe["reference"] for m in old["models"] if m["name"] in only for fe in m["files"]}
+        manifest["models"] = [m for m in old["models"] if m["name"] not in only]
+        manifest["references"] = {k: v for k, v in old["references"].items() if k not in drop}
 
     def add_reference(key, logits, model, source):
         path = os.path.join("ref", f"{key}.logits.bin")
@@ -524,6 +628,10 @@ def main():
 
     for spec in MODELS:
         name = spec["name"]
+        if only is not None and name not in only:
+            continue
+        if only is not None and os.path.isdir(os.path.join(out_dir, name)):
+            shutil.rmtree(os.path.join(out_dir, name))
         print(f"== {name}", file=sys.stderr)
         cfg = hf_config(spec, vocab, bos_id, eos_id)
         model = build_model(cfg)
@@ -579,6 +687,10 @@ def main():
             if type_name == "F32":
                 for k, v in weights.items():
                     if spec["tie"] and k == "lm_head.weight":
+                        continue
+                    if spec["gguf_arch"] in ("gemma3", "gemma2") and k.endswith("norm.weight"):
+                        # stored as 1 + w (exactly what Gemma3RMSNorm computes); w back is inexact
+                        assert np.array_equal(back[k] + 1, v + np.float32(1.0)), f"{fname}: {k}"
                         continue
                     assert np.array_equal(back[k], v), f"{fname}: {k} did not round-trip"
                 if spec.get("rope_scaling"):

@@ -310,6 +310,7 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
             "{}",
             json!({
                 "model": model.id,
+                "model_info": model.info(),
                 "device": a.model.device,
                 "backend": backend_desc,
                 "prefill_tps": prefill.iter().map(|(p, s)| json!({"prompt_tokens": p, "tps": sp(*s)})).collect::<Vec<_>>(),

@@ -27,8 +27,8 @@ pub struct Cli {
 /// Commands.
 #[derive(Debug, Subcommand)]
 pub enum Commands {
-    /// Fetch the default model (SmolLM2-135M-Instruct Q4_1) into the cache folder.
-    FetchModel,
+    /// Fetch a known model (default: SmolLM2-135M-Instruct Q4_1) into the cache folder.
+    FetchModel(FetchArgs),
     /// Generate text from a prompt and stream it to stdout.
     Generate(generate::GenerateArgs),
     /// Measure prefill and decode speed on the model.
@@ -37,10 +37,44 @@ pub enum Commands {
     Serve(serve::ServeArgs),
 }
 
+/// `fetch-model` options.
+#[derive(Debug, Clone, Args)]
+pub struct FetchArgs {
+    /// The model's name (see --list).
+    #[arg(default_value = crate::known_models::DEFAULT.name)]
+    pub name: String,
+    /// List the known models and whether each is fetched.
+    #[arg(long)]
+    pub list: bool,
+}
+
+fn fetch_model(a: &FetchArgs) -> anyhow::Result<()> {
+    use crate::known_models::{self, FetchError};
+    if a.list {
+        for m in known_models::KNOWN {
+            let state = if m.path().exists() {
+                "fetched"
+            } else {
+                "not fetched"
+            };
+            println!("{:<14} {state:<12} {}", m.name, m.description);
+        }
+        return Ok(());
+    }
+    let m = known_models::find(&a.name).ok_or_else(|| FetchError::Unknown {
+        name: a.name.clone(),
+        known: known_models::names(),
+    })?;
+    println!("{}", m.ensure(true)?.display());
+    Ok(())
+}
+
 /// Options shared by every command that runs the model.
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
-    /// A GGUF file or a Hugging Face folder. Default: the default model, fetched when missing.
+    /// A GGUF file, a Hugging Face folder, or a known model's name (`smollm2-135m`,
+    /// `gemma3-270m`: see `fetch-model --list`). Default: the default model, fetched when
+    /// missing.
     #[arg(long, env = "SLOTLIGHT_MODEL")]
     pub model: Option<PathBuf>,
     /// Compute device(s): cpu, cpu,cpu (several CPU groups), cuda, cuda:N, cuda:0,1 or auto.
@@ -55,12 +89,27 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    /// The model path, fetching the default model when none was given.
+    /// The model path, fetching the default model when none was given. A known model's name
+    /// (that is not also an existing path) resolves to its cached file, which must have been
+    /// fetched with `fetch-model NAME`.
     pub fn resolve(&self) -> anyhow::Result<PathBuf> {
         match &self.model {
-            Some(p) => Ok(p.clone()),
-            None => Ok(crate::default_model::ensure(true)?),
+            Some(p) if p.exists() => Ok(p.clone()),
+            Some(p) => match p.to_str().and_then(crate::known_models::find) {
+                Some(m) => Ok(m.cached()?),
+                None => Ok(p.clone()),
+            },
+            None => Ok(crate::known_models::ensure(true)?),
         }
+    }
+
+    /// The known model's name `--model` gave (not a path), if any.
+    pub fn known_name(&self) -> Option<&'static str> {
+        let p = self.model.as_ref()?;
+        if p.exists() {
+            return None;
+        }
+        crate::known_models::find(p.to_str()?).map(|m| m.name)
     }
 
     /// Loads the model.
@@ -120,9 +169,7 @@ fn warm_up(backend: &mut dyn crate::backend::Backend) -> Result<(), crate::backe
 pub fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Commands::FetchModel => crate::default_model::ensure(true)
-            .map(|p| println!("{}", p.display()))
-            .map_err(anyhow::Error::from),
+        Commands::FetchModel(a) => fetch_model(&a),
         Commands::Generate(a) => generate::run(a),
         Commands::Bench(a) => bench::run(a),
         Commands::Serve(a) => serve::run(a),

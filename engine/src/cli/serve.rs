@@ -147,9 +147,16 @@ async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {
         .kv_cache_tokens
         .unwrap_or_else(|| (2 * context).max(512 * a.batch));
     if prompts.fallback {
-        tracing::warn!("the model has no chat template: chat requests use ChatML");
+        tracing::warn!(
+            arch = model.config.arch.name(),
+            "the model has no chat template: chat requests use its family's built-in turn format (Gemma's for Gemma, else ChatML)"
+        );
     }
     let mut names = vec![model.id.clone()];
+    // `--model gemma3-270m` also answers to the name it was asked for.
+    if let Some(known) = a.model.known_name() {
+        names.push(known.to_owned());
+    }
     names.extend(a.served_model_name.iter().cloned());
     let cfg = ServeConfig {
         api_key: a.api_key.clone().filter(|k| !k.is_empty()),
@@ -164,6 +171,7 @@ async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {
         progress_interval: Duration::from_millis(a.progress_interval_ms),
         trace_content: a.trace_content,
         model_names: names,
+        model_info: model.info(),
         drain_timeout: Duration::from_secs(a.drain_timeout_s),
         read_timeout: Duration::from_secs(a.read_timeout_s.max(1)),
         max_header_bytes: a.max_header_bytes,

@@ -31,13 +31,166 @@ pub struct Llama3Scaling {
     pub original_max_position: f64,
 }
 
-/// The architecture family.
+/// The architecture family: its name, and through [`Arch::family`] what the forward pass does
+/// differently for it. Backends read the [`Family`], never the `Arch`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
     /// Llama 2/3, SmolLM, TinyLlama, Mistral (GGUF `llama`).
     Llama,
     /// Qwen2 (attention bias on q, k, v).
     Qwen2,
+    /// Qwen3 (per-head RMSNorm on q and k, no bias).
+    Qwen3,
+    /// Gemma 2 (GeGLU, pre- and post-norms, soft-capped attention and logits, sliding window
+    /// on every other layer).
+    Gemma2,
+    /// Gemma 3 (GeGLU, pre- and post-norms, QK norm, sliding window on five of six layers).
+    Gemma3,
+}
+
+impl Arch {
+    /// The GGUF `general.architecture` name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+            Arch::Gemma2 => "gemma2",
+            Arch::Gemma3 => "gemma3",
+        }
+    }
+}
+
+/// The feed-forward's gate activation (`act(gate) * up`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Activation {
+    /// SiLU (SwiGLU: Llama, Qwen).
+    #[default]
+    Silu,
+    /// GELU, tanh approximation (GeGLU: Gemma; ggml's `gelu`, PyTorch's `gelu(approximate="tanh")`).
+    GeluTanh,
+}
+
+/// Which layers attend only to the last `window` positions (sliding-window attention).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlidingWindow {
+    /// Positions a local layer sees, its own included: key `p` is visible from query `q` when
+    /// `q - p < window` (llama.cpp's standard SWA, Hugging Face's `sliding_window`).
+    pub window: usize,
+    /// Per layer: `true` for a local (windowed) layer, `false` for a global one.
+    pub local: Vec<bool>,
+    /// RoPE base of the local layers (Gemma 3: 10000; global layers use
+    /// [`ModelConfig::rope_theta`] and its scaling).
+    pub local_rope_theta: Option<f64>,
+}
+
+impl SlidingWindow {
+    /// Every `period`-th layer global, the others local (llama.cpp's `set_swa_pattern`, Gemma 3
+    /// with period 6, Gemma 2 with period 2).
+    pub fn periodic(window: usize, period: usize, layers: usize) -> Self {
+        Self {
+            window,
+            local: (0..layers)
+                .map(|l| period == 0 || l % period < period - 1)
+                .collect(),
+            local_rope_theta: None,
+        }
+    }
+}
+
+/// What a family does beyond the Llama block (pre-norm attention and SwiGLU, both added to the
+/// residual). One description per family, read by every backend; the defaults are Llama's.
+///
+/// The block, in order: `h = norm(x) · attn_norm`; q, k, v projections (+ bias); per-head
+/// `qk_norm`; RoPE; q scaled by [`Family::attn_scale`]; attention (windowed on local layers,
+/// scores soft-capped by `attn_softcap`); output projection; `post_norms`: normed by
+/// `attn_post_norm`; added to `x`. Then `h = norm(x) · ffn_norm`; `activation(gate) · up`; down
+/// projection; `post_norms`: normed by `ffn_post_norm`; added to `x`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Family {
+    /// Per-head RMSNorm of q and k before RoPE (`attn_q_norm`, `attn_k_norm`: Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// RMSNorm of the attention and feed-forward outputs before the residual add
+    /// (`post_attention_norm`, `post_ffw_norm`: Gemma 2/3).
+    pub post_norms: bool,
+    /// The feed-forward activation.
+    pub activation: Activation,
+    /// The embedding rows are multiplied by this (Gemma: `√hidden`).
+    pub embed_scale: f32,
+    /// Queries are multiplied by this before attention: `1/√head_dim`, or Gemma's
+    /// `1/√query_pre_attn_scalar`. `None`: `1/√head_dim`.
+    pub attn_scale: Option<f32>,
+    /// Attention scores become `cap · tanh(score / cap)` (Gemma 2's `attn_logit_softcapping`).
+    pub attn_softcap: Option<f32>,
+    /// Logits become `cap · tanh(logit / cap)` (Gemma 2's `final_logit_softcapping`).
+    pub final_softcap: Option<f32>,
+    /// Local layers, when the family has them.
+    pub sliding_window: Option<SlidingWindow>,
+    /// Linear RoPE scaling of the global layers: positions are divided by this (Gemma 3 4B+).
+    pub rope_linear_factor: Option<f64>,
+}
+
+impl Default for Family {
+    fn default() -> Self {
+        Self {
+            qk_norm: false,
+            post_norms: false,
+            activation: Activation::Silu,
+            embed_scale: 1.0,
+            attn_scale: None,
+            attn_softcap: None,
+            final_softcap: None,
+            sliding_window: None,
+            rope_linear_factor: None,
+        }
+    }
+}
+
+impl Family {
+    /// Whether this is the plain Llama block (what every backend runs).
+    pub fn is_llama(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Whether layer `l` is local, and its window.
+    pub fn window(&self, l: usize) -> Option<usize> {
+        let sw = self.sliding_window.as_ref()?;
+        sw.local
+            .get(l)
+            .copied()
+            .unwrap_or(false)
+            .then_some(sw.window)
+    }
+
+    /// The features a backend without this family's support lacks, for error messages.
+    pub fn features(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        if self.qk_norm {
+            v.push("QK norm");
+        }
+        if self.post_norms {
+            v.push("post-norms");
+        }
+        if self.activation != Activation::Silu {
+            v.push("GeGLU");
+        }
+        if self.embed_scale != 1.0 {
+            v.push("scaled embeddings");
+        }
+        if self.attn_scale.is_some() {
+            v.push("custom attention scale");
+        }
+        if self.attn_softcap.is_some() || self.final_softcap.is_some() {
+            v.push("soft-capping");
+        }
+        if self.sliding_window.is_some() {
+            v.push("sliding-window layers");
+        }
+        if self.rope_linear_factor.is_some() {
+            v.push("linear RoPE scaling");
+        }
+        v
+    }
 }
 
 /// Everything the forward pass needs to know about a model's shape.
@@ -73,6 +226,8 @@ pub struct ModelConfig {
     pub rope_scaling: Option<Llama3Scaling>,
     /// Whether q/k/v have biases.
     pub qkv_bias: bool,
+    /// What the family's block does beyond Llama's.
+    pub family: Family,
 }
 
 /// Why a configuration could not be read.
@@ -82,7 +237,9 @@ pub enum ConfigError {
     #[error("missing or invalid metadata key {0}")]
     Missing(String),
     /// The architecture is not one this engine runs.
-    #[error("unsupported architecture {0:?} (supported: llama, mistral, qwen2)")]
+    #[error(
+        "unsupported architecture {0:?} (supported: llama, mistral, qwen2, qwen3, gemma2, gemma3)"
+    )]
     Architecture(String),
     /// The numbers do not describe a valid model.
     #[error("inconsistent model shape: {0}")]
@@ -103,9 +260,13 @@ impl ModelConfig {
         let arch = match arch_name.as_str() {
             "llama" | "mistral" => Arch::Llama,
             "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            "gemma2" => Arch::Gemma2,
+            "gemma3" => Arch::Gemma3,
             other => return Err(ConfigError::Architecture(other.to_string())),
         };
         let key = |k: &str| format!("{arch_name}.{k}");
+        let float = |k: &str| g.get(&key(k)).and_then(Value::as_f64);
         let int = |k: &str| -> Result<usize, ConfigError> {
             g.get(&key(k))
                 .and_then(Value::as_u64)
@@ -115,7 +276,9 @@ impl ModelConfig {
         let hidden = int("embedding_length")?;
         let heads = int("attention.head_count")?;
         let kv_heads = int("attention.head_count_kv").unwrap_or(heads);
-        let head_dim = hidden.checked_div(heads).unwrap_or(0);
+        let head_dim = int("attention.key_length")
+            .ok()
+            .unwrap_or_else(|| hidden.checked_div(heads).unwrap_or(0));
         let vocab = g
             .get("tokenizer.ggml.tokens")
             .and_then(Value::as_array)
@@ -140,7 +303,79 @@ impl ModelConfig {
             .get(&key("rope.freq_base"))
             .and_then(Value::as_f64)
             .unwrap_or(10000.0);
-        let rope_scaling = match g.get(&key("rope.scaling.type")).and_then(Value::as_str) {
+        let layers = int("block_count")?;
+        let scaling_type = g.get(&key("rope.scaling.type")).and_then(Value::as_str);
+        let rope_linear_factor = match scaling_type {
+            Some("linear") => float("rope.scaling.factor").filter(|&f| f > 0.0 && f != 1.0),
+            _ => None,
+        };
+        let family = match arch {
+            Arch::Llama | Arch::Qwen2 => Family::default(),
+            Arch::Qwen3 => Family {
+                qk_norm: true,
+                ..Family::default()
+            },
+            Arch::Gemma2 | Arch::Gemma3 => {
+                let gemma3 = arch == Arch::Gemma3;
+                // llama.cpp: the pattern may be an array of per-layer flags or a period.
+                let pattern_key = key("attention.sliding_window_pattern");
+                let sliding_window =
+                    int("attention.sliding_window")
+                        .ok()
+                        .filter(|&w| w > 0)
+                        .map(|w| {
+                            let mut sw = match g.get(&pattern_key) {
+                                Some(Value::Array(a)) => SlidingWindow {
+                                    window: w,
+                                    local: a.iter().map(|v| v.as_bool().unwrap_or(false)).collect(),
+                                    local_rope_theta: None,
+                                },
+                                Some(v) => SlidingWindow::periodic(
+                                    w,
+                                    v.as_u64()
+                                        .and_then(|p| usize::try_from(p).ok())
+                                        .unwrap_or(6),
+                                    layers,
+                                ),
+                                None => {
+                                    SlidingWindow::periodic(w, if gemma3 { 6 } else { 2 }, layers)
+                                }
+                            };
+                            if gemma3 {
+                                sw.local_rope_theta =
+                                    Some(float("rope.freq_base_swa").unwrap_or(10000.0));
+                            }
+                            sw
+                        });
+                #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
+                let family = Family {
+                    qk_norm: gemma3,
+                    post_norms: true,
+                    activation: Activation::GeluTanh,
+                    embed_scale: (hidden as f32).sqrt(),
+                    // llama.cpp (GGUF has no `query_pre_attn_scalar`): 1/√head_dim, except
+                    // the 27B models (62 layers for Gemma 3, 46 for Gemma 2): 1/√(hidden/heads).
+                    attn_scale: Some(
+                        1.0 / (if layers == if gemma3 { 62 } else { 46 } {
+                            hidden.checked_div(heads).unwrap_or(head_dim)
+                        } else {
+                            head_dim
+                        } as f32)
+                            .sqrt(),
+                    ),
+                    attn_softcap: float("attn_logit_softcapping")
+                        .filter(|&c| c > 0.0)
+                        .map(|c| c as f32),
+                    final_softcap: float("final_logit_softcapping")
+                        .filter(|&c| c > 0.0)
+                        .map(|c| c as f32),
+                    sliding_window,
+                    rope_linear_factor,
+                };
+                family
+            }
+        };
+        let rope_scaling = match scaling_type {
             Some("llama3") => Some(Llama3Scaling {
                 factor: g
                     .get(&key("rope.scaling.factor"))
@@ -170,7 +405,7 @@ impl ModelConfig {
                 .to_string(),
             vocab,
             hidden,
-            layers: int("block_count")?,
+            layers,
             heads,
             kv_heads,
             head_dim,
@@ -178,13 +413,15 @@ impl ModelConfig {
             context: int("context_length")?,
             rms_eps,
             rope_theta,
-            rope_style: if arch == Arch::Qwen2 {
-                RopeStyle::Neox
-            } else {
+            // llama.cpp's `llama_model_rope_type`: NEOX for Qwen and Gemma, NORM for llama.
+            rope_style: if arch == Arch::Llama {
                 RopeStyle::Interleaved
+            } else {
+                RopeStyle::Neox
             },
             rope_scaling,
             qkv_bias: arch == Arch::Qwen2,
+            family,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -197,9 +434,92 @@ impl ModelConfig {
         let arch = match model_type.as_str() {
             "llama" | "mistral" => Arch::Llama,
             "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            "gemma2" => Arch::Gemma2,
+            "gemma3_text" | "gemma3" => Arch::Gemma3,
             other => return Err(ConfigError::Architecture(other.to_string())),
         };
         let heads = c.num_attention_heads;
+        let head_dim = c
+            .head_dim
+            .unwrap_or(c.hidden_size.checked_div(heads).unwrap_or(0));
+        // transformers 5 moves the RoPE bases into `rope_parameters` (per layer type for Gemma 3).
+        let rope_param = |layer_type: &str, k: &str| -> Option<serde_json::Value> {
+            let p = c.rope_parameters.as_ref()?;
+            p.get(layer_type)
+                .and_then(|t| t.get(k))
+                .or_else(|| p.get(k))
+                .cloned()
+        };
+        let rope_theta = c
+            .rope_theta
+            .or_else(|| rope_param("full_attention", "rope_theta")?.as_f64())
+            .unwrap_or(10000.0);
+        let family = match arch {
+            Arch::Llama | Arch::Qwen2 => Family::default(),
+            Arch::Qwen3 => Family {
+                qk_norm: true,
+                ..Family::default()
+            },
+            Arch::Gemma2 | Arch::Gemma3 => {
+                let gemma3 = arch == Arch::Gemma3;
+                let layers = c.num_hidden_layers;
+                let sliding_window = c.sliding_window.filter(|&w| w > 0).map(|w| {
+                    let mut sw = match &c.layer_types {
+                        Some(t) => SlidingWindow {
+                            window: w,
+                            local: t.iter().map(|t| t == "sliding_attention").collect(),
+                            local_rope_theta: None,
+                        },
+                        None => SlidingWindow::periodic(
+                            w,
+                            c.sliding_window_pattern
+                                .unwrap_or(if gemma3 { 6 } else { 2 }),
+                            layers,
+                        ),
+                    };
+                    if gemma3 {
+                        sw.local_rope_theta = Some(
+                            c.rope_local_base_freq
+                                .or_else(|| rope_param("sliding_attention", "rope_theta")?.as_f64())
+                                .unwrap_or(10000.0),
+                        );
+                    }
+                    sw
+                });
+                let linear = c
+                    .rope_scaling
+                    .as_ref()
+                    .filter(|s| s.rope_type.as_deref().or(s.r#type.as_deref()) == Some("linear"))
+                    .and_then(|s| s.factor)
+                    .or_else(|| {
+                        (rope_param("full_attention", "rope_type")?.as_str()? == "linear")
+                            .then(|| rope_param("full_attention", "factor")?.as_f64())?
+                    })
+                    .filter(|&f| f > 0.0 && f != 1.0);
+                #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
+                let family = Family {
+                    qk_norm: gemma3,
+                    post_norms: true,
+                    activation: Activation::GeluTanh,
+                    embed_scale: (c.hidden_size as f32).sqrt(),
+                    attn_scale: Some(
+                        1.0 / (c.query_pre_attn_scalar.unwrap_or(head_dim as f64) as f32).sqrt(),
+                    ),
+                    attn_softcap: c
+                        .attn_logit_softcapping
+                        .filter(|&v| v > 0.0)
+                        .map(|v| v as f32),
+                    final_softcap: c
+                        .final_logit_softcapping
+                        .filter(|&v| v > 0.0)
+                        .map(|v| v as f32),
+                    sliding_window,
+                    rope_linear_factor: linear,
+                };
+                family
+            }
+        };
         let rope_scaling = match c.rope_scaling {
             Some(s) if s.rope_type.as_deref().or(s.r#type.as_deref()) == Some("llama3") => {
                 Some(Llama3Scaling {
@@ -219,17 +539,16 @@ impl ModelConfig {
             layers: c.num_hidden_layers,
             heads,
             kv_heads: c.num_key_value_heads.unwrap_or(heads),
-            head_dim: c
-                .head_dim
-                .unwrap_or(c.hidden_size.checked_div(heads).unwrap_or(0)),
+            head_dim,
             ffn: c.intermediate_size,
             context: c.max_position_embeddings.unwrap_or(2048),
             #[allow(clippy::cast_possible_truncation)]
             rms_eps: c.rms_norm_eps.unwrap_or(1e-5) as f32,
-            rope_theta: c.rope_theta.unwrap_or(10000.0),
+            rope_theta,
             rope_style: RopeStyle::Neox,
             rope_scaling,
             qkv_bias: arch == Arch::Qwen2 || c.attention_bias.unwrap_or(false),
+            family,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -260,6 +579,16 @@ impl ModelConfig {
                 self.head_dim
             ));
         }
+        if let Some(sw) = &self.family.sliding_window
+            && (sw.window == 0 || sw.local.len() != self.layers)
+        {
+            return bad(format!(
+                "sliding window of {} positions over {} layer flags for {} layers",
+                sw.window,
+                sw.local.len(),
+                self.layers
+            ));
+        }
         if self.context == 0 || self.context > 1 << 20 {
             return bad(format!("context length {} is out of range", self.context));
         }
@@ -280,13 +609,40 @@ impl ModelConfig {
         self.kv_heads * self.head_dim
     }
 
-    /// RoPE inverse frequencies, one per pair, with any scaling applied.
+    /// RoPE inverse frequencies of the global layers, one per pair, with any scaling applied.
     pub fn rope_inv_freq(&self, freq_factors: Option<&[f32]>) -> Vec<f32> {
+        let mut f = self.rope_inv_freq_with(self.rope_theta, freq_factors);
+        if let Some(k) = self.family.rope_linear_factor {
+            #[allow(clippy::cast_possible_truncation)]
+            let k = k as f32;
+            f.iter_mut().for_each(|v| *v /= k);
+        }
+        f
+    }
+
+    /// RoPE inverse frequencies of the local (sliding-window) layers, when they differ from
+    /// the global ones (their own base, no scaling).
+    pub fn rope_inv_freq_local(&self) -> Option<Vec<f32>> {
+        let theta = self.family.sliding_window.as_ref()?.local_rope_theta?;
+        Some(
+            (0..self.head_dim / 2)
+                .map(|i| {
+                    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
+                    let f = 1.0 / theta.powf((2 * i) as f64 / self.head_dim as f64);
+                    #[allow(clippy::cast_possible_truncation)]
+                    let f = f as f32;
+                    f
+                })
+                .collect(),
+        )
+    }
+
+    fn rope_inv_freq_with(&self, theta: f64, freq_factors: Option<&[f32]>) -> Vec<f32> {
         let d = self.head_dim;
         #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
         (0..d / 2)
             .map(|i| {
-                let mut f = 1.0 / self.rope_theta.powf((2 * i) as f64 / d as f64);
+                let mut f = 1.0 / theta.powf((2 * i) as f64 / d as f64);
                 if let Some(ff) = freq_factors {
                     f /= f64::from(ff.get(i).copied().unwrap_or(1.0));
                 } else if let Some(s) = self.rope_scaling {
@@ -331,5 +687,13 @@ struct HfConfig {
     rms_norm_eps: Option<f64>,
     rope_theta: Option<f64>,
     rope_scaling: Option<HfRopeScaling>,
+    rope_parameters: Option<serde_json::Value>,
     attention_bias: Option<bool>,
+    query_pre_attn_scalar: Option<f64>,
+    sliding_window: Option<usize>,
+    sliding_window_pattern: Option<usize>,
+    layer_types: Option<Vec<String>>,
+    rope_local_base_freq: Option<f64>,
+    attn_logit_softcapping: Option<f64>,
+    final_logit_softcapping: Option<f64>,
 }

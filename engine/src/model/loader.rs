@@ -4,14 +4,15 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::config::Arch;
 use super::config::{ConfigError, ModelConfig};
 use super::gguf::{GgufError, GgufFile, Value};
-use super::llama::{GGUF_NAMES, HF_NAMES, LlamaWeights, WeightsError};
+use super::llama::{GGUF_NAMES, HF_GEMMA_NAMES, HF_NAMES, LlamaWeights, WeightsError};
 use super::safetensors::{Checkpoint, SafetensorsError};
 use crate::chat_template::{ChatTemplate, TemplateError};
 use crate::tokenizer::{GgufVocab, Tokenizer, TokenizerConfig, TokenizerError};
-use slotlight_otel::span;
 use slotlight_otel::span::OPS_TARGET;
+use slotlight_otel::{attr, span};
 
 /// Why a model could not be loaded. Every variant names the file and what is wrong.
 #[derive(Debug, thiserror::Error)]
@@ -110,7 +111,123 @@ fn model_id(path: &Path) -> String {
         .unwrap_or_else(|| "model".into())
 }
 
+/// What the engine reports about a loaded model (start-up span, `/health`, `bench --json`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ModelInfo {
+    /// The architecture family (`gemma3`, ...).
+    pub arch: &'static str,
+    /// The distinct matrix types, in name order.
+    pub weight_types: Vec<&'static str>,
+    /// The trained context length.
+    pub context_length: usize,
+}
+
+impl ModelInfo {
+    /// Of a configuration and its weights.
+    pub fn of(cfg: &ModelConfig, weights: &LlamaWeights) -> Self {
+        Self {
+            arch: cfg.arch.name(),
+            weight_types: weights.dtypes().into_iter().map(|d| d.name()).collect(),
+            context_length: cfg.context,
+        }
+    }
+
+    /// Records it on `span`'s `slotlight.model.*` fields.
+    fn record(&self, span: &tracing::Span) {
+        span.record(attr::MODEL_ARCH, self.arch);
+        span.record(
+            attr::MODEL_WEIGHT_TYPES,
+            self.weight_types.join(",").as_str(),
+        );
+        // i64: tracing-opentelemetry exports a u64 field as a string.
+        span.record(
+            attr::MODEL_CONTEXT_LENGTH,
+            i64::try_from(self.context_length).unwrap_or(i64::MAX),
+        );
+    }
+}
+
+/// The tokenizer of a GGUF file (`tokenizer.ggml.*`; the file may hold no weights, like
+/// llama.cpp's `ggml-vocab-*.gguf` test vocabularies).
+pub fn gguf_tokenizer(g: &GgufFile, path: &Path) -> Result<Tokenizer, LoadError> {
+    let tok_err = |source| LoadError::Tokenizer {
+        path: path.to_path_buf(),
+        source,
+    };
+    let strings = |k: &str| -> Option<Vec<String>> {
+        g.get(k)?
+            .as_array()?
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect()
+    };
+    let tokens = strings("tokenizer.ggml.tokens").ok_or_else(|| LoadError::File {
+        path: path.to_path_buf(),
+        message: "no tokenizer.ggml.tokens: this GGUF carries no vocabulary".into(),
+    })?;
+    let merges = strings("tokenizer.ggml.merges");
+    #[allow(clippy::cast_possible_truncation)]
+    let token_types: Option<Vec<i32>> = g
+        .get("tokenizer.ggml.token_type")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().map(|v| v.as_f64().unwrap_or(1.0) as i32).collect());
+    #[allow(clippy::cast_possible_truncation)]
+    let scores: Option<Vec<f32>> = g
+        .get("tokenizer.ggml.scores")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().map(|v| v.as_f64().unwrap_or(0.0) as f32).collect());
+    let id = |k: &str| {
+        g.get(k)
+            .and_then(Value::as_u64)
+            .and_then(|v| u32::try_from(v).ok())
+    };
+    let model_kind = g
+        .get("tokenizer.ggml.model")
+        .and_then(Value::as_str)
+        .unwrap_or("gpt2");
+    let vocab = GgufVocab {
+        model: model_kind,
+        pre: g.get("tokenizer.ggml.pre").and_then(Value::as_str),
+        tokens: &tokens,
+        token_types: token_types.as_deref(),
+        merges: merges.as_deref(),
+        scores: scores.as_deref(),
+        bos_id: id("tokenizer.ggml.bos_token_id"),
+        eos_id: id("tokenizer.ggml.eos_token_id"),
+        eot_id: id("tokenizer.ggml.eot_token_id"),
+        add_bos: g
+            .get("tokenizer.ggml.add_bos_token")
+            .and_then(Value::as_bool)
+            .unwrap_or(model_kind == "llama"),
+        add_eos: g
+            .get("tokenizer.ggml.add_eos_token")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        add_space_prefix: g
+            .get("tokenizer.ggml.add_space_prefix")
+            .and_then(Value::as_bool)
+            .unwrap_or(true),
+    };
+    Tokenizer::from_gguf_vocab(&vocab).map_err(tok_err)
+}
+
+/// The `slotlight.startup.model` span, with room for the model's attributes.
+fn model_span() -> tracing::Span {
+    tracing::info_span!(
+        target: OPS_TARGET,
+        span::STARTUP_MODEL,
+        { attr::MODEL_ARCH } = tracing::field::Empty,
+        { attr::MODEL_WEIGHT_TYPES } = tracing::field::Empty,
+        { attr::MODEL_CONTEXT_LENGTH } = tracing::field::Empty,
+    )
+}
+
 impl Model {
+    /// What the engine reports about this model.
+    pub fn info(&self) -> ModelInfo {
+        ModelInfo::of(&self.config, &self.weights)
+    }
+
     /// Loads a GGUF file or a Hugging Face folder.
     pub fn load(path: &Path) -> Result<Self, LoadError> {
         if !path.exists() {
@@ -140,7 +257,7 @@ impl Model {
     }
 
     fn load_gguf(path: &Path) -> Result<Self, LoadError> {
-        let mapping = tracing::info_span!(target: OPS_TARGET, span::STARTUP_MODEL).entered();
+        let mapping = model_span().entered();
         let g = GgufFile::open(path)?;
         let cfg = ModelConfig::from_gguf(&g).map_err(|source| LoadError::Config {
             path: path.to_path_buf(),
@@ -153,63 +270,10 @@ impl Model {
                     source,
                 }
             })?;
+        ModelInfo::of(&cfg, &weights).record(&mapping);
         drop(mapping);
         let _tokenizer = tracing::info_span!(target: OPS_TARGET, span::STARTUP_TOKENIZER).entered();
-        let tok_err = |source| LoadError::Tokenizer {
-            path: path.to_path_buf(),
-            source,
-        };
-        let strings = |k: &str| -> Option<Vec<String>> {
-            g.get(k)?
-                .as_array()?
-                .iter()
-                .map(|v| v.as_str().map(str::to_string))
-                .collect()
-        };
-        let tokens = strings("tokenizer.ggml.tokens").ok_or_else(|| LoadError::File {
-            path: path.to_path_buf(),
-            message: "no tokenizer.ggml.tokens: this GGUF carries no vocabulary".into(),
-        })?;
-        let merges = strings("tokenizer.ggml.merges");
-        #[allow(clippy::cast_possible_truncation)]
-        let token_types: Option<Vec<i32>> = g
-            .get("tokenizer.ggml.token_type")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().map(|v| v.as_f64().unwrap_or(1.0) as i32).collect());
-        #[allow(clippy::cast_possible_truncation)]
-        let scores: Option<Vec<f32>> = g
-            .get("tokenizer.ggml.scores")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().map(|v| v.as_f64().unwrap_or(0.0) as f32).collect());
-        let id = |k: &str| {
-            g.get(k)
-                .and_then(Value::as_u64)
-                .and_then(|v| u32::try_from(v).ok())
-        };
-        let model_kind = g
-            .get("tokenizer.ggml.model")
-            .and_then(Value::as_str)
-            .unwrap_or("gpt2");
-        let vocab = GgufVocab {
-            model: model_kind,
-            pre: g.get("tokenizer.ggml.pre").and_then(Value::as_str),
-            tokens: &tokens,
-            token_types: token_types.as_deref(),
-            merges: merges.as_deref(),
-            scores: scores.as_deref(),
-            bos_id: id("tokenizer.ggml.bos_token_id"),
-            eos_id: id("tokenizer.ggml.eos_token_id"),
-            eot_id: id("tokenizer.ggml.eot_token_id"),
-            add_bos: g
-                .get("tokenizer.ggml.add_bos_token")
-                .and_then(Value::as_bool)
-                .unwrap_or(model_kind == "llama"),
-            add_eos: g
-                .get("tokenizer.ggml.add_eos_token")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-        };
-        let tokenizer = Tokenizer::from_gguf_vocab(&vocab).map_err(tok_err)?;
+        let tokenizer = gguf_tokenizer(&g, path)?;
         let chat_template = match g.get("tokenizer.chat_template").and_then(Value::as_str) {
             Some(src) => Some(Arc::new(
                 ChatTemplate::new(src, tokenizer.bos_token(), tokenizer.eos_token()).map_err(
@@ -233,7 +297,7 @@ impl Model {
     }
 
     fn load_hf(dir: &Path) -> Result<Self, LoadError> {
-        let mapping = tracing::info_span!(target: OPS_TARGET, span::STARTUP_MODEL).entered();
+        let mapping = model_span().entered();
         let cfg_path = dir.join("config.json");
         let text = std::fs::read_to_string(&cfg_path).map_err(|e| LoadError::File {
             path: cfg_path.clone(),
@@ -244,13 +308,18 @@ impl Model {
             source,
         })?;
         let ckpt = Checkpoint::open(dir)?;
+        let names = match cfg.arch {
+            Arch::Gemma2 | Arch::Gemma3 => &HF_GEMMA_NAMES,
+            _ => &HF_NAMES,
+        };
         let weights =
-            LlamaWeights::assemble(&cfg, &HF_NAMES, |n| ckpt.tensor(n)).map_err(|source| {
+            LlamaWeights::assemble(&cfg, names, |n| ckpt.tensor(n)).map_err(|source| {
                 LoadError::Weights {
                     path: dir.to_path_buf(),
                     source,
                 }
             })?;
+        ModelInfo::of(&cfg, &weights).record(&mapping);
         drop(mapping);
         let _tokenizer = tracing::info_span!(target: OPS_TARGET, span::STARTUP_TOKENIZER).entered();
         let tc_path = dir.join("tokenizer_config.json");

@@ -53,6 +53,8 @@ pub struct ServeConfig {
     pub trace_content: bool,
     /// Names the model answers to (the first is reported).
     pub model_names: Vec<String>,
+    /// The model's architecture, weight types and context length (reported in `/health`).
+    pub model_info: crate::model::loader::ModelInfo,
     /// How long in-flight requests may run after SIGTERM before they are cancelled.
     pub drain_timeout: Duration,
     /// How long a client may take to send a request's headers (then the connection is closed),
@@ -197,6 +199,7 @@ async fn health(State(st): State<SharedState>) -> Response {
     let body = json!({
         "status": if draining { "shutting_down" } else { "ok" },
         "model": st.cfg.model_names.first(),
+        "model_info": st.cfg.model_info,
         "instance_id": st.telemetry.instance_id,
         "queued": st.engine.queued(),
         "in_flight": st.engine.in_flight(),

@@ -88,8 +88,8 @@ const SPIECE_UNDERLINE: &str = "\u{2581}";
 ///   registered as special.
 /// - `bos_id`/`eos_id`/`eot_id`, `add_bos`/`add_eos`: as in the metadata.
 ///
-/// SentencePiece vocabularies with `add_space_prefix = false` are not distinguished yet: the
-/// prefix is always added.
+/// - `add_space_prefix`: whether a `llama` vocabulary prepends `▁` (and its decoder strips
+///   one leading space).
 #[derive(Debug, Clone, Copy)]
 pub struct GgufVocab<'a> {
     /// `tokenizer.ggml.model`: `"gpt2"` or `"llama"`.
@@ -114,6 +114,9 @@ pub struct GgufVocab<'a> {
     pub add_bos: bool,
     /// `tokenizer.ggml.add_eos_token`: append EOS when encoding.
     pub add_eos: bool,
+    /// `tokenizer.ggml.add_space_prefix` (`llama` vocabularies; llama.cpp's default: true):
+    /// prepend `▁` to the text (Llama 2), or not (Gemma).
+    pub add_space_prefix: bool,
 }
 
 /// Which pre-tokenization a `gpt2` vocabulary uses.
@@ -318,22 +321,28 @@ pub(super) fn build(v: &GgufVocab) -> Result<tokenizers::Tokenizer, TokenizerErr
                 builder = builder.unk_token(unk);
             }
             let mut tk = tokenizers::Tokenizer::new(builder.build().map_err(build_err)?);
-            let normalizer = NormalizerSequence::new(vec![
-                Prepend::new(SPIECE_UNDERLINE.to_owned()).into(),
+            let mut normalizers = Vec::new();
+            if v.add_space_prefix {
+                normalizers.push(Prepend::new(SPIECE_UNDERLINE.to_owned()).into());
+            }
+            normalizers.push(
                 Replace::new(" ", SPIECE_UNDERLINE)
                     .map_err(build_err)?
                     .into(),
-            ]);
-            tk.with_normalizer(Some(normalizer)).map_err(build_err)?;
-            let decoder: DecoderWrapper = DecoderSequence::new(vec![
+            );
+            tk.with_normalizer(Some(NormalizerSequence::new(normalizers)))
+                .map_err(build_err)?;
+            let mut decoders: Vec<DecoderWrapper> = vec![
                 Replace::new(SPIECE_UNDERLINE, " ")
                     .map_err(build_err)?
                     .into(),
                 ByteFallback::new().into(),
                 Fuse::new().into(),
-                Strip::new(' ', 1, 0).into(),
-            ])
-            .into();
+            ];
+            if v.add_space_prefix {
+                decoders.push(Strip::new(' ', 1, 0).into());
+            }
+            let decoder: DecoderWrapper = DecoderSequence::new(decoders).into();
             tk.with_decoder(Some(decoder));
             tk
         }
@@ -489,6 +498,7 @@ pub(crate) mod tests {
             eot_id: None,
             add_bos: false,
             add_eos: false,
+            add_space_prefix: true,
         };
         let err = Tokenizer::from_gguf_vocab(&v).expect_err("unknown pre");
         assert!(
@@ -515,6 +525,7 @@ pub(crate) mod tests {
             eot_id: None,
             add_bos: false,
             add_eos: false,
+            add_space_prefix: true,
         };
         let short_types = &types[..5];
         let bad_merges = vec!["nospace".to_owned()];
@@ -632,6 +643,7 @@ pub(crate) mod tests {
             eot_id: None,
             add_bos: true,
             add_eos: false,
+            add_space_prefix: true,
         })
         .expect("llama fixture builds")
     }

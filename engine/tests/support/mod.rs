@@ -13,7 +13,7 @@ use slotlight_engine::model::loader::Model;
 pub fn default_model() -> Option<PathBuf> {
     let p = std::env::var_os("SLOTLIGHT_MODEL")
         .map(PathBuf::from)
-        .unwrap_or_else(slotlight_engine::default_model::path);
+        .unwrap_or_else(slotlight_engine::known_models::path);
     if p.exists() {
         return Some(p);
     }

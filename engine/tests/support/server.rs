@@ -128,6 +128,7 @@ impl TestServer {
                 progress_interval: Duration::from_millis(o.progress_ms),
                 trace_content: o.trace_content,
                 model_names: vec![model.id.clone()],
+                model_info: model.info(),
                 drain_timeout: o.drain,
                 read_timeout: Duration::from_secs(30),
                 max_header_bytes: 64 * 1024,

@@ -12,7 +12,11 @@
 //! depends only on its position and the sequence's cache, never on which other rows share the
 //! step: chunked prefill, decode and batching agree exactly.
 //!
-//! Queries arrive scaled by `1/√head_dim`.
+//! Queries arrive scaled (by `1/√head_dim`, or the family's attention scale). Local layers
+//! (sliding-window attention) see only the last `window` positions of a row: blocks wholly
+//! before the window are skipped, and the one block the window starts in is scored from the
+//! window's first position on. Soft-capped scores (`cap · tanh(s / cap)`) take the portable
+//! path.
 
 use half::f16;
 
@@ -46,12 +50,21 @@ pub struct Heads {
     pub group: usize,
     /// Values per head.
     pub head_dim: usize,
+    /// A local layer's window: key `p` is visible from a row at `pos` when `pos - p < window`.
+    pub window: Option<usize>,
+    /// Scores become `cap · tanh(score / cap)` before the softmax.
+    pub softcap: Option<f32>,
 }
 
 impl Heads {
     /// Floats of one state: `m`, `l`, then `head_dim` accumulators.
     pub fn state_len(&self) -> usize {
         self.head_dim + 2
+    }
+
+    /// The first position a row at `pos` sees.
+    fn first_visible(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
     }
 }
 
@@ -100,10 +113,15 @@ pub fn chunk_states(
     s.v.resize(bs * hd, 0.0);
     let first = c * CHUNK_BLOCKS;
     let last = (first + CHUNK_BLOCKS).min(rows.blocks.len());
+    // Rows are in increasing order: the first sees the earliest positions.
+    let min_visible = h.first_visible(rows.positions[0]);
     for bi in first..last {
         let start = bi * bs;
         if start > max_pos {
             break;
+        }
+        if start + bs <= min_visible {
+            continue; // before every row's window
         }
         let block = rows.blocks[bi] as usize;
         if bi + 1 < last && start + bs <= max_pos {
@@ -121,14 +139,20 @@ pub fn chunk_states(
         convert(isa, keys, &mut s.kt);
         convert(isa, values, &mut s.v);
         for (r, &pos) in rows.positions.iter().enumerate() {
-            if start > pos {
+            let visible = h.first_visible(pos);
+            if start > pos || start + bs <= visible {
                 continue;
             }
             let valid = (pos + 1 - start).min(bs);
+            let from = visible.saturating_sub(start);
             let q0 = r * rows.stride + h.kv_head * group * hd;
             let q = &rows.q[q0..q0 + group * hd];
             let st = &mut out[r * group * sl..(r + 1) * group * sl];
-            block_update(isa, q, &s.kt, &s.v, bs, hd, valid, st);
+            if h.softcap.is_none() {
+                block_update(isa, q, &s.kt, &s.v, bs, hd, from, valid, st);
+            } else {
+                range_update(q, &s.kt, &s.v, bs, hd, from..valid, h.softcap, st);
+            }
         }
     }
 }
@@ -160,7 +184,8 @@ fn convert(isa: Isa, src: &[f16], dst: &mut [f32]) {
     }
 }
 
-/// One block's update of `group` states (one per query head in `q`).
+/// One block's update of `group` states (one per query head in `q`) with the block's
+/// positions `from..valid`.
 #[allow(clippy::too_many_arguments)]
 fn block_update(
     isa: Isa,
@@ -169,16 +194,18 @@ fn block_update(
     v: &[f32],
     bs: usize,
     hd: usize,
+    from: usize,
     valid: usize,
     states: &mut [f32],
 ) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        _ if isa.avx2() && bs == 16 && matches!(hd, 32 | 64 | 128) => {
+        _ if isa.avx2() && bs == 16 && matches!(hd, 32 | 64 | 128 | 256) => {
             // SAFETY: `isa.avx2()` implies AVX2 and FMA; sizes as checked.
-            unsafe { avx2::block_update(q, kt, v, hd, valid, states) }
+            unsafe { avx2::block_update(q, kt, v, hd, from, valid, states) }
         }
-        _ => scalar_block_update(q, kt, v, bs, hd, valid, states),
+        _ if from == 0 => scalar_block_update(q, kt, v, bs, hd, valid, states),
+        _ => range_update(q, kt, v, bs, hd, from..valid, None, states),
     }
 }
 
@@ -202,6 +229,31 @@ fn scalar_block_update(
             *x = (0..hd).map(|d| qh[d] * kt[d * bs + j]).sum();
         }
         update(st, scores, v, hd);
+    }
+}
+
+/// The portable update over block positions `range` only, scores soft-capped when asked.
+#[allow(clippy::too_many_arguments)]
+fn range_update(
+    q: &[f32],
+    kt: &[f32],
+    v: &[f32],
+    bs: usize,
+    hd: usize,
+    range: std::ops::Range<usize>,
+    softcap: Option<f32>,
+    states: &mut [f32],
+) {
+    let mut scores = vec![0f32; range.len()];
+    for (qh, st) in q.chunks_exact(hd).zip(states.chunks_exact_mut(hd + 2)) {
+        for (x, j) in scores.iter_mut().zip(range.clone()) {
+            let raw: f32 = (0..hd).map(|d| qh[d] * kt[d * bs + j]).sum();
+            *x = match softcap {
+                Some(cap) => cap * (raw / cap).tanh(),
+                None => raw,
+            };
+        }
+        update(st, &scores, &v[range.start * hd..], hd);
     }
 }
 
@@ -341,13 +393,14 @@ mod avx2 {
         }
     }
 
-    /// See [`super::block_update`], for 16-position blocks and head sizes 32, 64 or 128.
+    /// See [`super::block_update`], for 16-position blocks and head sizes 32, 64, 128 or 256.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn block_update(
         q: &[f32],
         kt: &[f32],
         v: &[f32],
         hd: usize,
+        from: usize,
         valid: usize,
         states: &mut [f32],
     ) {
@@ -360,31 +413,37 @@ mod avx2 {
                 let qh = &q[h * hd..(h + n) * hd];
                 let st = &mut states[h * (hd + 2)..(h + n) * (hd + 2)];
                 match (n, hd) {
-                    (1, 32) => heads::<1, 4>(qh, kt, v, valid, st),
-                    (2, 32) => heads::<2, 4>(qh, kt, v, valid, st),
-                    (3, 32) => heads::<3, 4>(qh, kt, v, valid, st),
-                    (_, 32) => heads::<4, 4>(qh, kt, v, valid, st),
-                    (1, 64) => heads::<1, 8>(qh, kt, v, valid, st),
-                    (2, 64) => heads::<2, 8>(qh, kt, v, valid, st),
-                    (3, 64) => heads::<3, 8>(qh, kt, v, valid, st),
-                    (_, 64) => heads::<4, 8>(qh, kt, v, valid, st),
-                    (1, _) => heads::<1, 16>(qh, kt, v, valid, st),
-                    (2, _) => heads::<2, 16>(qh, kt, v, valid, st),
-                    (3, _) => heads::<3, 16>(qh, kt, v, valid, st),
-                    (_, _) => heads::<4, 16>(qh, kt, v, valid, st),
+                    (1, 32) => heads::<1, 4>(qh, kt, v, from, valid, st),
+                    (2, 32) => heads::<2, 4>(qh, kt, v, from, valid, st),
+                    (3, 32) => heads::<3, 4>(qh, kt, v, from, valid, st),
+                    (_, 32) => heads::<4, 4>(qh, kt, v, from, valid, st),
+                    (1, 64) => heads::<1, 8>(qh, kt, v, from, valid, st),
+                    (2, 64) => heads::<2, 8>(qh, kt, v, from, valid, st),
+                    (3, 64) => heads::<3, 8>(qh, kt, v, from, valid, st),
+                    (_, 64) => heads::<4, 8>(qh, kt, v, from, valid, st),
+                    (1, 128) => heads::<1, 16>(qh, kt, v, from, valid, st),
+                    (2, 128) => heads::<2, 16>(qh, kt, v, from, valid, st),
+                    (3, 128) => heads::<3, 16>(qh, kt, v, from, valid, st),
+                    (_, 128) => heads::<4, 16>(qh, kt, v, from, valid, st),
+                    (1, _) => heads::<1, 32>(qh, kt, v, from, valid, st),
+                    (2, _) => heads::<2, 32>(qh, kt, v, from, valid, st),
+                    (3, _) => heads::<3, 32>(qh, kt, v, from, valid, st),
+                    (_, _) => heads::<4, 32>(qh, kt, v, from, valid, st),
                 }
                 h += n;
             }
         }
     }
 
-    /// `G` query heads of `8·V` values against one 16-position block: the scores of all
-    /// heads share each key load; then each head's online-softmax update and weighted sum.
+    /// `G` query heads of `8·V` values against positions `from..valid` of one 16-position
+    /// block: the scores of all heads share each key load; then each head's online-softmax
+    /// update and weighted sum (positions outside the range score -∞ and weigh 0).
     #[target_feature(enable = "avx2,fma")]
     unsafe fn heads<const G: usize, const V: usize>(
         q: &[f32],
         kt: &[f32],
         v: &[f32],
+        from: usize,
         valid: usize,
         states: &mut [f32],
     ) {
@@ -406,9 +465,17 @@ mod avx2 {
             let idx_hi = _mm256_add_ps(idx_lo, _mm256_set1_ps(8.0));
             #[allow(clippy::cast_precision_loss)]
             let lim = _mm256_set1_ps(valid as f32);
+            #[allow(clippy::cast_precision_loss)]
+            let low = _mm256_set1_ps(from as f32);
             let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
-            let keep_lo = _mm256_cmp_ps::<_CMP_LT_OQ>(idx_lo, lim);
-            let keep_hi = _mm256_cmp_ps::<_CMP_LT_OQ>(idx_hi, lim);
+            let keep_lo = _mm256_and_ps(
+                _mm256_cmp_ps::<_CMP_LT_OQ>(idx_lo, lim),
+                _mm256_cmp_ps::<_CMP_GE_OQ>(idx_lo, low),
+            );
+            let keep_hi = _mm256_and_ps(
+                _mm256_cmp_ps::<_CMP_LT_OQ>(idx_hi, lim),
+                _mm256_cmp_ps::<_CMP_GE_OQ>(idx_hi, low),
+            );
             for g in 0..G {
                 let st = states.as_mut_ptr().add(g * (hd + 2));
                 let s0 = _mm256_blendv_ps(ninf, lo[g], keep_lo);
@@ -432,7 +499,7 @@ mod avx2 {
                 let mut p = [0f32; 16];
                 _mm256_storeu_ps(p.as_mut_ptr(), p0);
                 _mm256_storeu_ps(p.as_mut_ptr().add(8), p1);
-                for (j, pj) in p.iter().enumerate().take(valid) {
+                for (j, pj) in p.iter().enumerate().take(valid).skip(from) {
                     let w = _mm256_set1_ps(*pj);
                     let row = v.as_ptr().add(j * hd);
                     for (i, a) in acc.iter_mut().enumerate() {
@@ -481,7 +548,7 @@ mod tests {
         (kv, round(&ks), round(&vs))
     }
 
-    /// Plain softmax attention in f64.
+    /// Plain softmax attention in f64 over the visible positions.
     #[allow(clippy::too_many_arguments)]
     fn reference(
         q: &[f32],
@@ -492,14 +559,18 @@ mod tests {
         kvh: usize,
         kv_heads: usize,
         hd: usize,
+        window: Option<usize>,
+        softcap: Option<f32>,
     ) -> Vec<f64> {
-        let scores: Vec<f64> = (0..=pos)
+        let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        let scores: Vec<f64> = (lo..=pos)
             .map(|p| {
-                (0..hd)
+                let s: f64 = (0..hd)
                     .map(|d| {
                         f64::from(q[head * hd + d]) * f64::from(ks[(p * kv_heads + kvh) * hd + d])
                     })
-                    .sum()
+                    .sum();
+                softcap.map_or(s, |c| f64::from(c) * (s / f64::from(c)).tanh())
             })
             .collect();
         let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -507,8 +578,8 @@ mod tests {
         let l: f64 = e.iter().sum();
         (0..hd)
             .map(|d| {
-                (0..=pos)
-                    .map(|p| e[p] * f64::from(vs[(p * kv_heads + kvh) * hd + d]))
+                (lo..=pos)
+                    .map(|p| e[p - lo] * f64::from(vs[(p * kv_heads + kvh) * hd + d]))
                     .sum::<f64>()
                     / l
             })
@@ -523,8 +594,18 @@ mod tests {
             }
         }
         // Block 16 with head sizes the SIMD path takes; an odd block size takes the portable
-        // path on every ISA. 600 positions cross three chunks.
-        for (bs, hd, n) in [(16, 64, 600), (16, 32, 40), (4, 8, 37)] {
+        // path on every ISA. 600 positions cross three chunks. Windows of 37 and 300 start
+        // inside blocks (and skip whole chunks); soft-capping takes the portable path.
+        for (bs, hd, n, window, softcap) in [
+            (16, 64, 600, None, None),
+            (16, 32, 40, None, None),
+            (4, 8, 37, None, None),
+            (16, 64, 600, Some(300), None),
+            (16, 32, 100, Some(37), Some(0.5)),
+            (4, 8, 37, Some(5), None),
+            (16, 256, 40, None, None),
+            (16, 256, 90, Some(21), None),
+        ] {
             let (kv_heads, group) = (2, 3);
             let (kv, ks, vs) = cache(n, kv_heads, hd, bs, (bs * hd) as u64);
             let qd = kv_heads * group * hd;
@@ -541,6 +622,8 @@ mod tests {
                         kv_head: kvh,
                         group,
                         head_dim: hd,
+                        window,
+                        softcap,
                     };
                     // Runs of 16 rows, as the backend hands them out.
                     for r0 in (0..n).step_by(16) {
@@ -568,6 +651,8 @@ mod tests {
                             head / group,
                             kv_heads,
                             hd,
+                            window,
+                            softcap,
                         );
                         for d in 0..hd {
                             let got = f64::from(prefill[pos * qd + head * hd + d]);
@@ -585,6 +670,8 @@ mod tests {
                             kv_head: kvh,
                             group,
                             head_dim: hd,
+                            window,
+                            softcap,
                         };
                         let rows = Rows {
                             blocks: &blocks,

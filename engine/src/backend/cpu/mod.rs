@@ -25,7 +25,7 @@ use self::pool::ComputePool;
 use self::quant::QActs;
 use self::weights::CpuWeights;
 use super::{Backend, BackendError, SeqChunk, StepStats};
-use crate::model::config::{ModelConfig, RopeStyle};
+use crate::model::config::{Activation, ModelConfig, RopeStyle};
 use crate::model::llama::LlamaWeights;
 
 /// Scratch buffers reused across steps.
@@ -42,6 +42,8 @@ struct Scratch {
     up: Vec<f32>,
     qa: QActs,
     rope: Vec<(f32, f32)>,
+    /// The local (sliding-window) layers' table, when their RoPE base differs.
+    rope_local: Vec<(f32, f32)>,
     positions: Vec<usize>,
     logit_rows: Vec<usize>,
     last_h: Vec<f32>,
@@ -91,6 +93,8 @@ pub struct CpuBackend {
     weights: Arc<CpuWeights>,
     kv: KvStore,
     inv_freq: Vec<f32>,
+    /// The local layers' inverse frequencies, when they differ from `inv_freq`.
+    inv_freq_local: Option<Vec<f32>>,
     isa: Isa,
     pool: Arc<ComputePool>,
     s: Scratch,
@@ -132,6 +136,7 @@ impl CpuBackend {
         pool: Arc<ComputePool>,
     ) -> Self {
         let inv_freq = cfg.rope_inv_freq(weights.model.rope_freqs.as_deref());
+        let inv_freq_local = cfg.rope_inv_freq_local();
         let kv = KvStore::new(
             cfg.layers,
             cfg.kv_heads,
@@ -144,6 +149,7 @@ impl CpuBackend {
             weights,
             kv,
             inv_freq,
+            inv_freq_local,
             isa: isa::detect(),
             pool,
             s: Scratch::default(),
@@ -349,6 +355,7 @@ impl CpuBackend {
         let positions = &s.positions;
         s.attn_items
             .sort_by_key(|it| std::cmp::Reverse(it.cost(positions, bs * CHUNK_BLOCKS)));
+        let fam = &cfg.family;
         // Embedding.
         s.x.resize(total * h, 0.0);
         let mut t = 0;
@@ -359,10 +366,19 @@ impl CpuBackend {
                 t += 1;
             }
         }
+        if fam.embed_scale != 1.0 {
+            ops::scale(&mut s.x, fam.embed_scale);
+        }
         ops::rope_table(&s.positions, &self.inv_freq, &mut s.rope);
+        if let Some(f) = &self.inv_freq_local {
+            ops::rope_table(&s.positions, f, &mut s.rope_local);
+        }
         let neox = cfg.rope_style == RopeStyle::Neox;
+        #[allow(clippy::cast_precision_loss)]
+        let attn_scale = fam.attn_scale.unwrap_or(1.0 / (hd as f32).sqrt());
         let kv = &mut self.kv;
         for (l, (blk, lb)) in w.blocks.iter().zip(&lw.blocks).enumerate() {
+            let window = fam.window(l);
             s.h.resize(total * h, 0.0);
             ops::rms_norm(&s.x, &lb.attn_norm, cfg.rms_eps, &mut s.h);
             Self::quantize_if_needed(
@@ -388,8 +404,18 @@ impl CpuBackend {
                 ops::add_bias(&mut s.k, bk);
                 ops::add_bias(&mut s.v, bv);
             }
-            ops::rope(&mut s.q, nh, hd, &s.rope, neox);
-            ops::rope(&mut s.k, nkv, hd, &s.rope, neox);
+            if let (Some(qn), Some(kn)) = (&lb.q_norm, &lb.k_norm) {
+                // Per head: the weights are `head_dim` long, so every head is a row.
+                ops::rms_norm_in_place(&mut s.q, qn, cfg.rms_eps);
+                ops::rms_norm_in_place(&mut s.k, kn, cfg.rms_eps);
+            }
+            let table = if window.is_some() && self.inv_freq_local.is_some() {
+                &s.rope_local
+            } else {
+                &s.rope
+            };
+            ops::rope(&mut s.q, nh, hd, table, neox);
+            ops::rope(&mut s.k, nkv, hd, table, neox);
             for (ti, &(pos, blocks)) in slots.iter().enumerate() {
                 let block = blocks[pos / bs] as usize;
                 kv.write(
@@ -400,13 +426,14 @@ impl CpuBackend {
                     &s.v[ti * kvd..(ti + 1) * kvd],
                 );
             }
-            #[allow(clippy::cast_precision_loss)]
-            ops::scale(&mut s.q, 1.0 / (hd as f32).sqrt());
+            ops::scale(&mut s.q, attn_scale);
             let heads = |kv_head| Heads {
                 layer: l,
                 kv_head,
                 group: nh / nkv,
                 head_dim: hd,
+                window,
+                softcap: fam.attn_softcap,
             };
             Self::attention(&pool, isa, kv, chunks, s, heads, nkv, qd);
             Self::quantize_if_needed(&pool, isa, &mut s.qa, &s.attn, total, qd, &[&blk.wo]);
@@ -419,6 +446,9 @@ impl CpuBackend {
                 total,
                 &mut [&mut s.o],
             );
+            if let Some(pn) = &lb.attn_post_norm {
+                ops::rms_norm_in_place(&mut s.o, pn, cfg.rms_eps);
+            }
             ops::add_in_place(&mut s.x, &s.o);
             ops::rms_norm(&s.x, &lb.ffn_norm, cfg.rms_eps, &mut s.h);
             Self::quantize_if_needed(
@@ -439,7 +469,10 @@ impl CpuBackend {
                 total,
                 &mut [&mut s.gate, &mut s.up],
             );
-            ops::silu_mul(isa, &mut s.gate, &s.up);
+            match fam.activation {
+                Activation::Silu => ops::silu_mul(isa, &mut s.gate, &s.up),
+                Activation::GeluTanh => ops::gelu_tanh_mul(&mut s.gate, &s.up),
+            }
             Self::quantize_if_needed(
                 &pool,
                 isa,
@@ -458,6 +491,9 @@ impl CpuBackend {
                 total,
                 &mut [&mut s.o],
             );
+            if let Some(pn) = &lb.ffn_post_norm {
+                ops::rms_norm_in_place(&mut s.o, pn, cfg.rms_eps);
+            }
             ops::add_in_place(&mut s.x, &s.o);
         }
         // Logits only for the rows asked for.
@@ -491,6 +527,9 @@ impl CpuBackend {
             };
             let out = &mut logits[start..];
             matmul(&pool, isa, &w.output, &input, out);
+            if let Some(cap) = fam.final_softcap {
+                ops::softcap(out, cap);
+            }
         }
         Ok(())
     }

@@ -15,6 +15,37 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// RMSNorm of each `w.len()`-wide row of `x` in place (also per head: q/k norms).
+pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let n = w.len();
+    for xr in x.chunks_exact_mut(n) {
+        let ss = super::matmul::dot_f32(xr, xr);
+        #[allow(clippy::cast_precision_loss)]
+        let scale = 1.0 / (ss / n as f32 + eps).sqrt();
+        for (v, g) in xr.iter_mut().zip(w) {
+            *v = *v * scale * g;
+        }
+    }
+}
+
+/// `x = cap · tanh(x / cap)` (Gemma 2's logit soft-capping).
+pub fn softcap(x: &mut [f32], cap: f32) {
+    for v in x.iter_mut() {
+        *v = cap * (*v / cap).tanh();
+    }
+}
+
+/// `gate = gelu(gate) * up` with the tanh approximation of GELU (ggml's `gelu`, PyTorch's
+/// `gelu(approximate="tanh")`): `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
+pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for (g, u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let t = (SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh();
+        *g = 0.5 * x * (1.0 + t) * u;
+    }
+}
+
 /// Adds `bias` to each row of `x`.
 pub fn add_bias(x: &mut [f32], bias: &[f32]) {
     for row in x.chunks_exact_mut(bias.len()) {
@@ -135,6 +166,23 @@ mod tests {
         let mut y = vec![1.0, 2.0, 3.0, 4.0];
         rope(&mut y, 1, 4, &table, true);
         assert_eq!(y, vec![-3.0, 2.0, 1.0, 4.0]);
+    }
+
+    #[test]
+    fn gelu_tanh_matches_known_values() {
+        // PyTorch: gelu(x, approximate="tanh") at 1.0, -1.0, 3.0.
+        let mut g = vec![1.0f32, -1.0, 3.0];
+        gelu_tanh_mul(&mut g, &[1.0, 1.0, 2.0]);
+        for (got, want) in g.iter().zip([0.841_192, -0.158_808, 2.0 * 2.996_363]) {
+            assert!((got - want).abs() < 1e-5, "{got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn rms_norm_in_place_per_head() {
+        let mut x = vec![2.0, 2.0, 3.0, -3.0];
+        rms_norm_in_place(&mut x, &[1.0, 0.5], 0.0);
+        assert_eq!(x, vec![1.0, 0.5, 1.0, -0.5]);
     }
 
     #[test]

@@ -908,6 +908,7 @@ mod tests {
             rope_style: RopeStyle::Neox,
             rope_scaling: None,
             qkv_bias: false,
+            family: Default::default(),
         };
         let kc = KernelConfig::for_model(&cfg, 16, vec![WFormat::F32]).expect("tiny shape");
         assert!(kc.neox);
