@@ -115,9 +115,28 @@ const fn fused_halves(f: P) -> bool {
 /// products of unsigned bytes `u` and signed bytes `s`, and `$dot2(acc, u1, s1, u2, s2)` the
 /// same for two pairs at once (where the format allows 16-bit partial sums).
 macro_rules! tile_set {
-    ($name:ident, $feat:literal, $dot:ident, $dot2:ident) => {
+    ($name:ident, $feat:literal, $dot:ident, $dot2:ident, $exact32:literal) => {
         pub mod $name {
             use super::*;
+
+            /// Whether `$dot` sums in 32 bits without saturating (VNNI): then Q8_0 and IQ4_NL
+            /// codes go in unsigned, offset by 128, with a correction `−128·dw·sq` per block
+            /// instead of the sign trick's two extra instructions per token and vector.
+            const EXACT32: bool = $exact32;
+
+            /// [`signed`] on this instruction set.
+            const fn signed_here(f: P) -> bool {
+                signed(f) && !(EXACT32 && matches!(f, P::Q8_0 | P::IQ4NL))
+            }
+
+            /// The offset the tile removes through the activation sums.
+            const fn offset_here(f: P) -> i32 {
+                if signed(f) && !signed_here(f) {
+                    128
+                } else {
+                    f.offset()
+                }
+            }
 
             /// See [`super::super::group_dot`].
             ///
@@ -202,7 +221,7 @@ macro_rules! tile_set {
                         _mm256_loadu_si256(qa.add(32).cast()),
                     )
                 };
-                if signed(f) {
+                if signed_here(f) {
                     let l = std::array::from_fn(|p| $dot(z, alo[p], _mm256_sign_epi8(qlo, lo[p])));
                     let h = std::array::from_fn(|p| $dot(z, ahi[p], _mm256_sign_epi8(qhi, hi[p])));
                     if split {
@@ -216,7 +235,7 @@ macro_rules! tile_set {
                     let h = std::array::from_fn(|p| $dot(z, hi[p], qhi));
                     (reduce(l), reduce(h))
                 } else {
-                    debug_assert!(fused_halves(f));
+                    debug_assert!(fused_halves(f) || EXACT32);
                     let s = std::array::from_fn(|p| $dot2(z, lo[p], qlo, hi[p], qhi));
                     (reduce(s), z)
                 }
@@ -249,11 +268,19 @@ macro_rules! tile_set {
                                 _mm256_cvtph_ps(_mm_loadu_si128(rec.add(16).cast()))
                             } else {
                                 #[allow(clippy::cast_precision_loss)] // small offsets
-                                let off = -(f.offset() as f32);
+                                let off = -(offset_here(f) as f32);
                                 _mm256_mul_ps(dw, _mm256_set1_ps(off))
                             };
-                            let (lo, hi) = codes::<F>(rec);
-                            let (alo, ahi) = if signed(f) {
+                            let (mut lo, mut hi) = codes::<F>(rec);
+                            if signed(f) && !signed_here(f) {
+                                // Signed values as unsigned bytes, offset by 128.
+                                let flip = _mm256_set1_epi8(i8::MIN);
+                                for p in 0..4 {
+                                    lo[p] = _mm256_xor_si256(lo[p], flip);
+                                    hi[p] = _mm256_xor_si256(hi[p], flip);
+                                }
+                            }
+                            let (alo, ahi) = if signed_here(f) {
                                 (abs(&lo), abs(&hi))
                             } else {
                                 (lo, hi)
@@ -264,7 +291,7 @@ macro_rules! tile_set {
                                 let m = meta[t].add(2 * b);
                                 let sc = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*m));
                                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), sc, acc[t]);
-                                if !signed(f) {
+                                if !signed_here(f) {
                                     acc[t] = _mm256_fmadd_ps(
                                         corr,
                                         _mm256_broadcast_ss(&*m.add(1)),
@@ -433,11 +460,18 @@ fn dot2_avx512vnni(acc: __m256i, u1: __m256i, s1: __m256i, u2: __m256i, s2: __m2
     _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(acc, u1, s1), u2, s2)
 }
 
-tile_set!(avx2, "avx2,fma,f16c", dot_avx2, dot2_avx2);
-tile_set!(avxvnni, "avx2,fma,f16c,avxvnni", dot_avxvnni, dot2_avxvnni);
+tile_set!(avx2, "avx2,fma,f16c", dot_avx2, dot2_avx2, false);
+tile_set!(
+    avxvnni,
+    "avx2,fma,f16c,avxvnni",
+    dot_avxvnni,
+    dot2_avxvnni,
+    true
+);
 tile_set!(
     avx512vnni,
     "avx2,fma,f16c,avx512vnni,avx512vl",
     dot_avx512vnni,
-    dot2_avx512vnni
+    dot2_avx512vnni,
+    true
 );
