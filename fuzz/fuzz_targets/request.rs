@@ -35,7 +35,7 @@ fuzz_target!(|data: &[u8]| {
             assert!(opts.max_tokens >= 1 && opts.max_tokens <= limits.max_tokens);
             assert!(messages.len() <= limits.max_messages);
             let text: String = messages.iter().map(|m| m.content.as_str()).collect();
-            check_stops(&opts.stop, &text, data);
+            check_stops(opts.stop.stops(), &text, data);
         }
     }
     let completion = rt
@@ -50,7 +50,7 @@ fuzz_target!(|data: &[u8]| {
             Prompt::Texts(v) => v.concat(),
             Prompt::Tokens(_) | Prompt::TokenLists(_) => String::new(),
         };
-        check_stops(&opts.stop, &text, data);
+        check_stops(opts.stop.stops(), &text, data);
     }
 });
 
