@@ -1,6 +1,7 @@
 //! The AVX2 tiles of the three formats the default model uses (Q4_0, Q4_1, Q8_0), tuned for
 //! `vpmaddubsw`; every other format, and every format on VNNI, runs in [`super::wide`].
 
+use super::wide::reduce;
 use super::*;
 use std::arch::x86_64::*;
 
@@ -47,16 +48,6 @@ const fn record<const F: u8>() -> usize {
         Q4_1 => PackedFormat::Q4_1.record_bytes(),
         _ => PackedFormat::Q8_0.record_bytes(),
     }
-}
-
-/// Eight rows' i32 partial sums, one vector per row pair `[p | p+4]` (four lanes each),
-/// reduced to `[r0 r1 r2 r3 | r4 r5 r6 r7]`.
-#[target_feature(enable = "avx2")]
-#[inline]
-fn reduce(i: [__m256i; 4]) -> __m256i {
-    let a = _mm256_hadd_epi32(i[0], i[1]);
-    let b = _mm256_hadd_epi32(i[2], i[3]);
-    _mm256_hadd_epi32(a, b)
 }
 
 /// [`tile`] over consecutive groups.

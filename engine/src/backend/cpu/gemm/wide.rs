@@ -32,7 +32,7 @@ use crate::model::weights::IQ4_VALUES;
 /// reduced to `[r0 r1 r2 r3 | r4 r5 r6 r7]`.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn reduce(i: [__m256i; 4]) -> __m256i {
+pub(super) fn reduce(i: [__m256i; 4]) -> __m256i {
     let a = _mm256_hadd_epi32(i[0], i[1]);
     let b = _mm256_hadd_epi32(i[2], i[3]);
     _mm256_hadd_epi32(a, b)
