@@ -291,7 +291,6 @@ async fn run(
 mod tests {
     use std::sync::Mutex;
 
-    use opentelemetry::KeyValue;
     use opentelemetry::trace::TraceContextExt as _;
     use opentelemetry_sdk::error::OTelSdkResult;
     use opentelemetry_sdk::trace::{
@@ -308,6 +307,24 @@ mod tests {
 
     #[derive(Debug, Clone, Default)]
     struct Memory(Arc<Mutex<Vec<SpanData>>>);
+
+    /// The request span the in-memory exporter `mem` holds.
+    fn request_span(mem: &Memory) -> SpanData {
+        let spans = mem.0.lock().expect("lock");
+        spans
+            .iter()
+            .find(|s| slotlight_otel::span::is_request_span_name(&s.name))
+            .cloned()
+            .expect("the request span")
+    }
+
+    /// Attribute `k` of `span`, as a string.
+    fn attr_of(span: &SpanData, k: &str) -> Option<String> {
+        span.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == k)
+            .map(|kv| kv.value.as_str().into_owned())
+    }
 
     impl SpanExporter for Memory {
         async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
@@ -432,17 +449,8 @@ mod tests {
         assert_eq!(u.prompt_tokens, 5);
         assert_eq!(u.timings.queue_ms, Some(1.0));
         assert_eq!((u.timings.ttft_ms, u.timings.decode_ms), (None, None));
-        let spans = mem.0.lock().expect("lock").clone();
-        let root = spans
-            .iter()
-            .find(|s| slotlight_otel::span::is_request_span_name(&s.name))
-            .expect("the request span");
-        let get = |k: &str| {
-            root.attributes
-                .iter()
-                .find(|kv: &&KeyValue| kv.key.as_str() == k)
-                .map(|kv| kv.value.as_str().into_owned())
-        };
+        let root = request_span(&mem);
+        let get = |k: &str| attr_of(&root, k);
         assert_eq!(get(attr::REQUEST_STATUS).as_deref(), Some("error"));
         assert_eq!(get(attr::ERROR_TYPE).as_deref(), Some("internal"));
         assert_eq!(get(attr::USAGE_TTFT_MS), None);
@@ -596,17 +604,8 @@ mod tests {
         assert!(outcome.api_error().is_none());
         assert_eq!(outcome.api_finish_reasons, vec!["stop", "cancelled"]);
         // The request span.
-        let spans = mem.0.lock().expect("lock").clone();
-        let root = spans
-            .iter()
-            .find(|s| slotlight_otel::span::is_request_span_name(&s.name))
-            .expect("the request span");
-        let get = |k: &str| {
-            root.attributes
-                .iter()
-                .find(|kv: &&KeyValue| kv.key.as_str() == k)
-                .map(|kv| kv.value.as_str().into_owned())
-        };
+        let root = request_span(&mem);
+        let get = |k: &str| attr_of(&root, k);
         assert_eq!(get(attr::REQUEST_STATUS).as_deref(), Some("cancelled"));
         assert_eq!(get(attr::ERROR_TYPE).as_deref(), Some("cancelled"));
         // The log line.
