@@ -10,15 +10,17 @@ pub enum Isa {
     Avx2,
     /// [`Isa::Avx2`] with AVX-VNNI: the integer dot products in one `vpdpbusd` (VEX encoding).
     AvxVnni,
-    /// [`Isa::Avx2`] with AVX-512 VNNI and VL: the same `vpdpbusd` on 256-bit vectors (EVEX
-    /// encoding), for CPUs with AVX-512 VNNI but no AVX-VNNI.
+    /// [`Isa::Avx2`] with AVX-512 VNNI and VL: the same `vpdpbusd` on 256-bit vectors in the
+    /// EVEX encoding, whose 32 registers hold a tile's codes and accumulators and whose
+    /// embedded broadcasts feed the activations straight from memory: preferred over AVX-VNNI
+    /// where both exist (measured on Zen 5: the prefill kernels 25–35% faster).
     Avx512Vnni,
     /// Portable Rust, no SIMD assumptions: the correctness reference.
     Scalar,
 }
 
 /// Every ISA the kernels have, best first.
-const ALL: [Isa; 4] = [Isa::AvxVnni, Isa::Avx512Vnni, Isa::Avx2, Isa::Scalar];
+const ALL: [Isa; 4] = [Isa::Avx512Vnni, Isa::AvxVnni, Isa::Avx2, Isa::Scalar];
 
 impl Isa {
     /// Display name (as `bench --json` reports it).

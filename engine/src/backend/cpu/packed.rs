@@ -12,14 +12,15 @@
 //!   its scale and minimum nibbles in one byte, as the file does);
 //! - **bit planes** (codes wider than their nibble, and the 2- and 3-bit codes): 32 bytes per
 //!   plane, byte `k` for position `k` of the code vectors below, its bit `2p + v` the plane's
-//!   bit of position `k` of pair `p`'s vector `v` (0: codes 0..16, 1: codes 16..32), so one load
-//!   serves all eight vectors and each takes its bit with one mask and one compare;
-//! - **codes** as four 32-byte vectors, each pairing row `p` with row `p + 4`:
-//!   - the nibble formats (`[row p's 16 bytes | row p+4's 16 bytes]`, the GGUF nibble order:
-//!     byte `j` holds code `j` low and code `j + 16` high), so one mask gives both rows' codes
-//!     0..16 and one shift and mask their codes 16..32;
-//!   - Q8_0: eight vectors, the low halves then the high halves of each pair
-//!     (`[row p: codes 0..16 | row p+4: codes 0..16]`, then codes 16..32).
+//!   bit of position `k` of vector `(p, v)`, so one load serves all eight vectors and each
+//!   takes its bit with one shift and one mask;
+//! - **codes** as eight 32-byte vectors `(p, v)` of four codes per row: byte `4r + m` of vector
+//!   `(p, v)` is row `r`'s code `16v + 4p + m` ([`slot`]), so each 32-bit lane is one row's
+//!   four codes and one multiply-add of a vector with four activation codes broadcast gives
+//!   the eight rows' sums, lane by lane, with nothing to add across lanes:
+//!   - the nibble formats keep the pairs `(p, 0)` and `(p, 1)` in one vector's low and high
+//!     nibbles (four vectors), so one mask gives codes 0..16 and one shift and mask 16..32;
+//!   - Q8_0: the eight vectors as bytes, the `v = 0` ones first.
 //!
 //! The K-quants' super-blocks of 256 columns keep one more header before their eight records:
 //! the rows' f16 `d`, then (for the types with minimums) their f16 `dmin`. Codes are stored
@@ -300,12 +301,13 @@ fn fill(p: &Plan, tensors: &[&Tensor], out: &mut [u8]) {
         let grp = &mut out[g * gbytes..(g + 1) * gbytes];
         for (fb, blk) in src.chunks_exact(bb).enumerate() {
             if format == PackedFormat::Q8_0 {
-                // The file's codes as they are, in the Q8_0 vector order.
+                // The file's codes as they are, in the vector order.
                 let rec = &mut grp[format.record_offset(fb)..][..format.record_bytes()];
-                let at = (i % 4) * 32 + (i / 4) * 16;
                 rec[2 * i..2 * i + 2].copy_from_slice(&blk[..2]);
-                rec[16 + at..32 + at].copy_from_slice(&blk[2..18]);
-                rec[144 + at..160 + at].copy_from_slice(&blk[18..34]);
+                for (j, &c) in blk[2..34].iter().enumerate() {
+                    let (p, v, k) = slot(i, j);
+                    rec[16 + 128 * v + 32 * p + k] = c;
+                }
                 continue;
             }
             let f = BlockFields::decode(dtype, blk);
@@ -367,20 +369,25 @@ fn put_scales(format: PackedFormat, f: &BlockFields, sb: usize, i: usize, rec: &
     }
 }
 
+/// Where row `i`'s code `j` of a block lives: its code vector `(p, v)` and byte `k` there.
+pub const fn slot(i: usize, j: usize) -> (usize, usize, usize) {
+    ((j % 16) / 4, j / 16, 4 * i + j % 4)
+}
+
 /// Row `i`'s 32 stored codes into `rec`'s planes and nibble vectors.
 fn put_codes(format: PackedFormat, codes: &[u8; QK], i: usize, rec: &mut [u8]) {
-    let (p, h) = (i % 4, i / 4);
     if format.nibble() {
-        let at = format.codes_offset() + p * 32 + h * 16;
         for j in 0..16 {
-            rec[at + j] = (codes[j] & 0xF) | ((codes[j + 16] & 0xF) << 4);
+            let (p, _, k) = slot(i, j);
+            rec[format.codes_offset() + 32 * p + k] =
+                (codes[j] & 0xF) | ((codes[j + 16] & 0xF) << 4);
         }
     }
     let shift = if format.nibble() { 4 } else { 0 };
     for plane in 0..format.planes() {
-        let at = format.planes_offset() + 32 * plane + 16 * h;
+        let at = format.planes_offset() + 32 * plane;
         for (j, c) in codes.iter().enumerate() {
-            let (v, k) = (j / 16, j % 16);
+            let (p, v, k) = slot(i, j);
             rec[at + k] |= ((c >> (shift + plane)) & 1) << (2 * p + v);
         }
     }
@@ -502,27 +509,26 @@ impl PackedMatrix {
 /// Row `i`'s 32 signed codes of block `b` of group bytes `grp` (the packed layout read back).
 pub fn row_codes(format: PackedFormat, grp: &[u8], b: usize, i: usize) -> [i32; QK] {
     let rec = &grp[format.record_offset(b)..][..format.record_bytes()];
-    let (p, h) = (i % 4, i / 4);
     if format == PackedFormat::Q8_0 {
-        let at = 16 + p * 32 + h * 16;
         return std::array::from_fn(|j| {
-            let at = if j < 16 { at + j } else { 128 + at + j - 16 };
-            i32::from(rec[at].cast_signed())
+            let (p, v, k) = slot(i, j);
+            i32::from(rec[16 + 128 * v + 32 * p + k].cast_signed())
         });
     }
     let mut u = [0u8; QK];
     if format.nibble() {
-        let at = format.codes_offset() + p * 32 + h * 16;
         for j in 0..16 {
-            u[j] = rec[at + j] & 0xF;
-            u[j + 16] = rec[at + j] >> 4;
+            let (p, _, k) = slot(i, j);
+            let byte = rec[format.codes_offset() + 32 * p + k];
+            u[j] = byte & 0xF;
+            u[j + 16] = byte >> 4;
         }
     }
     let shift = if format.nibble() { 4 } else { 0 };
     for plane in 0..format.planes() {
-        let at = format.planes_offset() + 32 * plane + 16 * h;
+        let at = format.planes_offset() + 32 * plane;
         for (j, c) in u.iter_mut().enumerate() {
-            let (v, k) = (j / 16, j % 16);
+            let (p, v, k) = slot(i, j);
             *c |= ((rec[at + k] >> (2 * p + v)) & 1) << (shift + plane);
         }
     }

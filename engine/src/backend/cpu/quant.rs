@@ -9,6 +9,12 @@
 //! instead is further from a float32 reference (the weights' effective codes `w − m` are all
 //! positive, so their errors stop cancelling).
 //!
+//! Each block also keeps its integer code sums, negated ([`SUMS`] per block: `−Σq` over codes
+//! 0..16, over 16..32, over all 32, and `−128·Σq`): the kernels seed their integer dot
+//! products with them to remove a weight format's code offset exactly (`Σ(u − o)·q =
+//! Σu·q − o·Σq`), so offset codes need no sign trick and no float correction; the last one is
+//! the seed of signed values moved to unsigned bytes (+128), ready to broadcast.
+//!
 //! Accuracy: 8-bit activations are llama.cpp's choice; on the default model the logits sit
 //! within about 0.5 of a float32 reference (see `tests/reference_smollm2.rs`).
 
@@ -20,6 +26,9 @@ pub const QK: usize = 32;
 
 /// Bytes of codes per block in the duplicated layout.
 pub const BLOCK_CODES: usize = 2 * QK;
+
+/// Integer sums kept per block (see the module comment).
+pub const SUMS: usize = 4;
 
 /// Largest code magnitude (so that `-q` never overflows and sign tricks stay exact).
 const QMAX: f32 = 127.0;
@@ -38,6 +47,8 @@ pub struct QActs {
     pub q: Vec<i8>,
     /// Per block `[d, sq]`, `rows · k/32 · 2`.
     pub meta: Vec<f32>,
+    /// Per block `[−Σq₀..₁₆, −Σq₁₆..₃₂, −Σq, −128·Σq]`, `rows · k/32 · SUMS`.
+    pub sums: Vec<i32>,
 }
 
 /// One quantized row.
@@ -47,15 +58,17 @@ pub struct QRow<'a> {
     pub q: &'a [i8],
     /// `[d, sq]` per block.
     pub meta: &'a [f32],
+    /// `[−Σq₀..₁₆, −Σq₁₆..₃₂, −Σq, −128·Σq]` per block ([`SUMS`] each).
+    pub sums: &'a [i32],
 }
 
 #[derive(Clone, Copy)]
-struct Ptrs(*mut i8, *mut f32);
+struct Ptrs(*mut i8, *mut f32, *mut i32);
 
 impl Ptrs {
     /// The pointers (a method, so closures capture the whole `Send` wrapper).
-    fn get(self) -> (*mut i8, *mut f32) {
-        (self.0, self.1)
+    fn get(self) -> (*mut i8, *mut f32, *mut i32) {
+        (self.0, self.1, self.2)
     }
 }
 // SAFETY: each task writes the blocks of its own rows only.
@@ -82,25 +95,32 @@ impl QActs {
         self.rows = rows;
         self.q.resize(rows * nb * BLOCK_CODES, 0);
         self.meta.resize(rows * nb * 2, 0.0);
-        let p = Ptrs(self.q.as_mut_ptr(), self.meta.as_mut_ptr());
+        self.sums.resize(rows * nb * SUMS, 0);
+        let p = Ptrs(
+            self.q.as_mut_ptr(),
+            self.meta.as_mut_ptr(),
+            self.sums.as_mut_ptr(),
+        );
         let tasks = rows.div_ceil(ROWS_PER_TASK);
         let run = |task: usize| {
-            let (qp, mp) = p.get();
+            let (qp, mp, sp) = p.get();
             let (r0, r1) = share(rows, task, tasks);
             for r in r0..r1 {
                 let xr = &x[r * k..(r + 1) * k];
                 // SAFETY: row r's blocks are written by this task only; the buffers were sized
                 // above for `rows` rows.
-                let (q, meta) = unsafe {
+                let (q, meta, sums) = unsafe {
                     (
                         std::slice::from_raw_parts_mut(
                             qp.add(r * nb * BLOCK_CODES),
                             nb * BLOCK_CODES,
                         ),
                         std::slice::from_raw_parts_mut(mp.add(r * nb * 2), nb * 2),
+                        std::slice::from_raw_parts_mut(sp.add(r * nb * SUMS), nb * SUMS),
                     )
                 };
                 quantize_row(isa, xr, q, meta);
+                code_sums(q, sums);
             }
         };
         if rows * k >= 8192 {
@@ -118,7 +138,17 @@ impl QActs {
         QRow {
             q: &self.q[r * nb * BLOCK_CODES..(r + 1) * nb * BLOCK_CODES],
             meta: &self.meta[r * nb * 2..(r + 1) * nb * 2],
+            sums: &self.sums[r * nb * SUMS..(r + 1) * nb * SUMS],
         }
+    }
+}
+
+/// Each block's negated code sums (see [`QActs::sums`]) from its codes.
+fn code_sums(q: &[i8], sums: &mut [i32]) {
+    for (qb, s) in q.chunks_exact(BLOCK_CODES).zip(sums.chunks_exact_mut(SUMS)) {
+        let half = |at: usize| -> i32 { qb[at..at + 16].iter().map(|&c| i32::from(c)).sum() };
+        let (lo, hi) = (half(0), half(32));
+        s.copy_from_slice(&[-lo, -hi, -(lo + hi), -128 * (lo + hi)]);
     }
 }
 
@@ -274,6 +304,13 @@ mod tests {
                         isum += i32::from(c[j]);
                     }
                     assert!((m[1] - m[0] * isum as f32).abs() <= 1e-6 * m[1].abs().max(1.0));
+                    let lo: i32 = c[..16].iter().map(|&v| i32::from(v)).sum();
+                    let s = &row.sums[b * SUMS..(b + 1) * SUMS];
+                    assert_eq!(
+                        s,
+                        [-lo, lo - isum, -isum, -128 * isum],
+                        "{isa:?} r{r} b{b} sums"
+                    );
                 }
             }
         }

@@ -2,31 +2,28 @@
 //! [`MAX_TOKENS`] rows of 8-bit activations ([`super::quant`]).
 //!
 //! For block `b`, row `r` and token `t` the kernels add `dw·dx·Σ u·q` (the integer dot of
-//! the codes, exact) and the format's correction: `m·sq` for Q4_1 (its minimum times the
-//! block's activation sum `sq = dx·Σq`), `-8·dw·sq` for Q4_0 (its codes carry an offset of 8),
-//! none for Q8_0.
+//! the codes, exact, a code offset removed in the integer domain) and, for formats with a
+//! minimum, `m·sq` (the minimum times the block's activation sum `sq = dx·Σq`).
 //!
-//! On AVX2 one `vpmaddubsw` multiplies 32 unsigned codes with 32 signed ones and adds pairs;
-//! each 32-byte vector holds two rows (see the packed layout), and three horizontal adds turn
-//! the eight rows' partial sums into one vector of eight dot products, so the scales, the
-//! correction and the accumulation are one vector operation each for the whole group.
-//!
-//! Every other format (5-bit and 6-bit codes in bit planes, the K-quants' super-blocks with
-//! their integer sub-block scales, the IQ4 table) and every format on VNNI runs in
-//! [`wide`]'s one tile; [`scalar`] is the portable reference.
+//! Each 32-bit lane of a packed code vector holds four codes of one row, so one multiply-add
+//! (`vpmaddubsw` + `vpmaddwd` on AVX2, `vpdpbusd` on VNNI) with four activation codes
+//! broadcast gives all eight rows' partial sums at once, and the scales, the correction and the
+//! accumulation are one vector operation each for the whole group. Every format (5-bit and
+//! 6-bit codes in bit planes, the K-quants' super-blocks with their integer sub-block scales,
+//! the IQ4 table) on every x86 instruction set runs in [`wide`]'s one tile; [`scalar`] is the
+//! portable reference.
 //!
 //! Batch invariance: each token has its own accumulator and sees the same operations in the
 //! same order whatever the number of tokens beside it, so a token's result does not depend on
 //! its batch; rows are never split, so neither does it depend on the thread count.
 
-use half::f16;
-
 use super::isa::Isa;
 use super::packed::{GROUP, PackedFormat};
 use super::quant::{BLOCK_CODES, QK, QRow};
 
-/// Tokens one kernel pass handles at once (each weight block is unpacked once per pass).
-pub const MAX_TOKENS: usize = 4;
+/// Tokens one kernel call takes (each weight block is unpacked once per pass of a tile over
+/// them; a tile may take fewer at once and pass again).
+pub const MAX_TOKENS: usize = 8;
 
 /// For each of `groups` consecutive groups `i` (records of `nb` blocks each, from `g`) and
 /// each token `t` of `xs` (at most [`MAX_TOKENS`]), writes the group's eight dot products with
@@ -53,14 +50,7 @@ pub unsafe fn group_dot(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only returned after detecting AVX2, FMA and F16C; sizes as
         // the caller guarantees.
-        Isa::Avx2 => unsafe {
-            match fmt {
-                PackedFormat::Q4_0 | PackedFormat::Q4_1 | PackedFormat::Q8_0 => {
-                    avx2::group_dot(fmt, g, groups, nb, xs, out, stride);
-                }
-                _ => wide::avx2::group_dot(fmt, g, groups, nb, xs, out, stride),
-            }
-        },
+        Isa::Avx2 => unsafe { wide::avx2::group_dot(fmt, g, groups, nb, xs, out, stride) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::AvxVnni` is only returned after detecting AVX-VNNI beside AVX2.
         Isa::AvxVnni => unsafe { wide::avxvnni::group_dot(fmt, g, groups, nb, xs, out, stride) },
@@ -84,9 +74,6 @@ pub unsafe fn group_dot(
 }
 
 mod scalar;
-
-#[cfg(target_arch = "x86_64")]
-mod avx2;
 
 #[cfg(target_arch = "x86_64")]
 mod wide;

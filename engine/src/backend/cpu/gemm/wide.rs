@@ -9,10 +9,13 @@
 //!   multiplied by the rows' `d` once per super-block; minimums likewise (`mn·sq`, or for Q2_K's
 //!   16-column halves the integer `mn·Σq`), times `dmin` once per super-block.
 //!
-//! Signed codes (Q8_0, IQ4, Q3_K, Q6_K) use the sign trick: `|w|` as the unsigned operand and
-//! `q·sign(w)` as the signed one. No sum can saturate a 16-bit lane where two products are
-//! added in one: codes are at most 63 in magnitude there, or the two halves go through
-//! `vpmaddwd` apart.
+//! Codes stored with an offset (Q4_0, Q5_0, Q3_K, Q6_K; on VNNI also Q8_0 and IQ4 values
+//! moved to unsigned by +128) go in as stored: each integer dot product starts from the
+//! activations' negated code sums ([`QRow::sums`]) scaled by the offset, so `Σ(u − o)·q` comes
+//! out exact in the integer domain, per 16-column half where the format scales halves. Signed
+//! values on AVX2 (Q8_0, IQ4) use the sign trick: `|w|` as the unsigned operand and `q·sign(w)`
+//! as the signed one. No sum can saturate a 16-bit lane where two products are added in one:
+//! codes are below 64 there, or the two halves go through `vpmaddwd` apart.
 //!
 //! The tile is written once and instantiated per dot-product instruction set: AVX2
 //! (`vpmaddubsw` + `vpmaddwd`), AVX-VNNI and AVX-512 VNNI (`vpdpbusd`, exact in 32 bits). The
@@ -24,22 +27,13 @@
 use std::arch::x86_64::*;
 
 use super::super::packed::{GROUP, PackedFormat as P};
-use super::super::quant::{BLOCK_CODES, QRow};
+use super::super::quant::{BLOCK_CODES, QRow, SUMS};
 use super::MAX_TOKENS;
 use crate::model::weights::IQ4_VALUES;
 
-/// Eight rows' i32 partial sums, one vector per row pair `[p | p+4]` (four lanes each),
-/// reduced to `[r0 r1 r2 r3 | r4 r5 r6 r7]`.
-#[target_feature(enable = "avx2")]
-#[inline]
-pub(super) fn reduce(i: [__m256i; 4]) -> __m256i {
-    let a = _mm256_hadd_epi32(i[0], i[1]);
-    let b = _mm256_hadd_epi32(i[2], i[3]);
-    _mm256_hadd_epi32(a, b)
-}
-
-/// Block record `rec`'s codes for the four row pairs: the vectors of codes 0..16 and of
-/// codes 16..32 (`[row p | row p+4]`), as stored (unsigned) or, for signed formats, as values.
+/// Block record `rec`'s code vectors `(p, 0)` and `(p, 1)` (lane `r`: row `r`'s codes
+/// `4p..4p+4`, and `16 + 4p..`), as stored (offset codes unsigned) or, for formats of signed
+/// values, as values.
 ///
 /// # Safety
 /// `rec` must point at a whole record of format `F`.
@@ -68,17 +62,26 @@ unsafe fn codes<const F: u8>(rec: *const u8) -> ([__m256i; 4], [__m256i; 4]) {
         }
         let shift = if f.nibble() { 4 } else { 0 };
         for plane in 0..f.planes() {
-            let bit = _mm256_set1_epi8(1 << (shift + plane));
+            #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)] // < 8
+            let to = (shift + plane) as i32;
+            let bit = _mm256_set1_epi8(1 << to);
             let bits = _mm256_loadu_si256(rec.add(f.planes_offset() + 32 * plane).cast());
-            // Vector (p, v)'s bit is bit 2p + v of each byte: all ones where set, then the
-            // code's bit.
-            let take = |sel: u8| {
-                let m = _mm256_set1_epi8(sel.cast_signed());
-                _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bits, m), m), bit)
+            // Vector (p, v)'s bit is bit 2p + v of each byte: moved to the code's bit by a
+            // 16-bit shift (no bit crosses into the wanted position of the other byte) and
+            // masked.
+            let take = |from: i32| {
+                let moved = if from >= to {
+                    _mm256_srl_epi16(bits, _mm_cvtsi32_si128(from - to))
+                } else {
+                    _mm256_sll_epi16(bits, _mm_cvtsi32_si128(to - from))
+                };
+                _mm256_and_si256(moved, bit)
             };
             for p in 0..4 {
-                lo[p] = _mm256_or_si256(lo[p], take(1 << (2 * p)));
-                hi[p] = _mm256_or_si256(hi[p], take(2 << (2 * p)));
+                #[allow(clippy::cast_possible_wrap)] // p < 4
+                let at = 2 * p as i32;
+                lo[p] = _mm256_or_si256(lo[p], take(at));
+                hi[p] = _mm256_or_si256(hi[p], take(at + 1));
             }
         }
         if f.lut() {
@@ -87,54 +90,80 @@ unsafe fn codes<const F: u8>(rec: *const u8) -> ([__m256i; 4], [__m256i; 4]) {
                 lo[p] = _mm256_shuffle_epi8(table, lo[p]);
                 hi[p] = _mm256_shuffle_epi8(table, hi[p]);
             }
-        } else if signed(f) {
-            #[allow(clippy::cast_possible_truncation)] // offsets are at most 32
-            let off = _mm256_set1_epi8(f.offset() as i8);
-            for p in 0..4 {
-                lo[p] = _mm256_sub_epi8(lo[p], off);
-                hi[p] = _mm256_sub_epi8(hi[p], off);
-            }
         }
         (lo, hi)
     }
 }
 
-/// Whether the tile multiplies signed code values (the sign trick) rather than stored
-/// unsigned codes with a correction.
-const fn signed(f: P) -> bool {
-    matches!(f, P::Q8_0 | P::IQ4NL | P::IQ4XS | P::Q3K | P::Q6K)
+/// Whether a format's codes are signed values (bytes, or IQ4 table entries) rather than
+/// unsigned codes (with an offset or a minimum).
+const fn signed_values(f: P) -> bool {
+    matches!(f, P::Q8_0 | P::IQ4NL | P::IQ4XS)
 }
 
 /// Whether both halves' products may share one 16-bit sum (unsigned codes below 64).
 const fn fused_halves(f: P) -> bool {
-    !signed(f)
+    !signed_values(f)
+}
+
+/// The negated code sum at `s` times `1 << shift`, in every lane (one lane per row): the
+/// term that removes a code offset of `1 << shift`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn seed(s: *const i32, shift: i32) -> __m256i {
+    // SAFETY: the caller passes a block's sums.
+    let v = unsafe { _mm256_set1_epi32(*s) };
+    _mm256_sll_epi32(v, _mm_cvtsi32_si128(shift))
 }
 
 /// The tile, instantiated once per dot-product instruction set: `$feat` are the target
 /// features, `$dot(acc, u, s)` adds to `acc`'s eight i32 lanes the sums of four adjacent
 /// products of unsigned bytes `u` and signed bytes `s`, and `$dot2(acc, u1, s1, u2, s2)` the
-/// same for two pairs at once (where the format allows 16-bit partial sums).
+/// same for two pairs at once (where the format allows 16-bit partial sums); `$exact32`: the
+/// dot sums in 32 bits; `$super_width`: tokens per pass for the super-block formats.
 macro_rules! tile_set {
-    ($name:ident, $feat:literal, $dot:ident, $dot2:ident, $exact32:literal) => {
+    ($name:ident, $feat:literal, $dot:ident, $dot2:ident, $exact32:literal, $super_width:literal) => {
         pub mod $name {
             use super::*;
 
-            /// Whether `$dot` sums in 32 bits without saturating (VNNI): then Q8_0 and IQ4_NL
-            /// codes go in unsigned, offset by 128, with a correction `−128·dw·sq` per block
-            /// instead of the sign trick's two extra instructions per token and vector.
+            /// Whether `$dot` sums in 32 bits without saturating (VNNI): then signed values
+            /// go in unsigned, offset by 128 and removed through the activation sums, instead
+            /// of the sign trick's two extra instructions per token and vector.
             const EXACT32: bool = $exact32;
 
-            /// [`signed`] on this instruction set.
-            const fn signed_here(f: P) -> bool {
-                signed(f) && !(EXACT32 && matches!(f, P::Q8_0 | P::IQ4NL))
+            /// Whether this instruction set multiplies signed values by the sign trick.
+            const fn sign_trick(f: P) -> bool {
+                signed_values(f) && !EXACT32
             }
 
-            /// The offset the tile removes through the activation sums.
+            /// Whether signed values are moved to unsigned bytes (+128) here.
+            const fn flipped(f: P) -> bool {
+                signed_values(f) && EXACT32
+            }
+
+            /// The offset of the codes as the tile multiplies them.
             const fn offset_here(f: P) -> i32 {
-                if signed(f) && !signed_here(f) {
-                    128
+                if flipped(f) { 128 } else { f.offset() }
+            }
+
+            /// The shift that turns a negated code sum into the seed removing the offset
+            /// ([`seed`]); `None` without an offset. Offsets are powers of two.
+            const fn seed_shift(f: P) -> Option<i32> {
+                match offset_here(f) {
+                    0 => None,
+                    o => Some(o.trailing_zeros().cast_signed()),
+                }
+            }
+
+            /// Tokens one tile takes at once: eight for the one-scale formats; for the
+            /// super-blocks' three accumulators per token, `$super_width` (measured: with 32
+            /// registers four tokens keep them all in registers and run faster than eight;
+            /// with 16 the spills cost less than unpacking each record twice as often).
+            const fn width(f: P) -> usize {
+                if f.is_super() {
+                    $super_width
                 } else {
-                    f.offset()
+                    MAX_TOKENS
                 }
             }
 
@@ -155,14 +184,22 @@ macro_rules! tile_set {
                 macro_rules! go {
                     ($f:expr) => {{
                         const F: u8 = $f as u8;
-                        // SAFETY (all arms): as the caller guarantees.
-                        unsafe {
-                            match xs.len() {
-                                1 => tiles::<F, 1>(g.as_ptr(), groups, nb, xs, out, stride),
-                                2 => tiles::<F, 2>(g.as_ptr(), groups, nb, xs, out, stride),
-                                3 => tiles::<F, 3>(g.as_ptr(), groups, nb, xs, out, stride),
-                                4 => tiles::<F, 4>(g.as_ptr(), groups, nb, xs, out, stride),
-                                _ => {}
+                        let w = width(P::from_id(F));
+                        for (c, xs) in xs.chunks(w).enumerate() {
+                            let out = out.wrapping_add(c * w * stride);
+                            // SAFETY (all arms): as the caller guarantees.
+                            unsafe {
+                                match xs.len() {
+                                    1 => tiles::<F, 1>(g.as_ptr(), groups, nb, xs, out, stride),
+                                    2 => tiles::<F, 2>(g.as_ptr(), groups, nb, xs, out, stride),
+                                    3 => tiles::<F, 3>(g.as_ptr(), groups, nb, xs, out, stride),
+                                    4 => tiles::<F, 4>(g.as_ptr(), groups, nb, xs, out, stride),
+                                    5 => tiles::<F, 5>(g.as_ptr(), groups, nb, xs, out, stride),
+                                    6 => tiles::<F, 6>(g.as_ptr(), groups, nb, xs, out, stride),
+                                    7 => tiles::<F, 7>(g.as_ptr(), groups, nb, xs, out, stride),
+                                    8 => tiles::<F, 8>(g.as_ptr(), groups, nb, xs, out, stride),
+                                    _ => {}
+                                }
                             }
                         }
                     }};
@@ -200,8 +237,11 @@ macro_rules! tile_set {
                 }
             }
 
-            /// The integer dot products of one record's codes with one token's block, per
-            /// row: both halves together, or (`split`) the halves apart.
+            /// The integer dot products of one record's codes with one token's block (codes
+            /// at `qa`, negated sums at `sums`), one lane per row, the code offset removed:
+            /// both halves together, or (`split`) the halves apart. Each four-code group of the
+            /// token is broadcast and multiplied with the matching code vector, in two chains
+            /// (one per half).
             #[target_feature(enable = $feat)]
             #[inline]
             unsafe fn record_dots<const F: u8>(
@@ -210,35 +250,72 @@ macro_rules! tile_set {
                 alo: &[__m256i; 4],
                 ahi: &[__m256i; 4],
                 qa: *const i8,
+                sums: *const i32,
                 split: bool,
             ) -> (__m256i, __m256i) {
                 let f = P::from_id(F);
                 let z = _mm256_setzero_si256();
-                // SAFETY: the token's block exists (caller).
-                let (qlo, qhi) = unsafe {
+                // SAFETY: the token's block exists (caller); codes 4p.. of the low half are
+                // at byte 4p, of the high half at 32 + 4p (the duplicated layout).
+                let (bl, bh): ([__m256i; 4], [__m256i; 4]) = unsafe {
                     (
-                        _mm256_loadu_si256(qa.cast()),
-                        _mm256_loadu_si256(qa.add(32).cast()),
+                        std::array::from_fn(|p| {
+                            _mm256_set1_epi32(qa.add(4 * p).cast::<i32>().read_unaligned())
+                        }),
+                        std::array::from_fn(|p| {
+                            _mm256_set1_epi32(qa.add(32 + 4 * p).cast::<i32>().read_unaligned())
+                        }),
                     )
                 };
-                if signed_here(f) {
-                    let l = std::array::from_fn(|p| $dot(z, alo[p], _mm256_sign_epi8(qlo, lo[p])));
-                    let h = std::array::from_fn(|p| $dot(z, ahi[p], _mm256_sign_epi8(qhi, hi[p])));
-                    if split {
-                        (reduce(l), reduce(h))
-                    } else {
-                        let s = std::array::from_fn(|p| _mm256_add_epi32(l[p], h[p]));
-                        (reduce(s), z)
+                // SAFETY: as above, for the block's sums.
+                let (slo, shi) = match seed_shift(f) {
+                    None => (z, z),
+                    Some(sh) if split => unsafe { (seed(sums, sh), seed(sums.add(1), sh)) },
+                    // The +128 seed is kept ready (no shift).
+                    Some(7) => unsafe { (_mm256_set1_epi32(*sums.add(3)), z) },
+                    Some(sh) => unsafe { (seed(sums.add(2), sh), z) },
+                };
+                let (mut l, mut h) = (slo, shi);
+                if sign_trick(f) {
+                    for p in 0..4 {
+                        l = $dot(l, alo[p], _mm256_sign_epi8(bl[p], lo[p]));
+                        h = $dot(h, ahi[p], _mm256_sign_epi8(bh[p], hi[p]));
                     }
-                } else if split {
-                    let l = std::array::from_fn(|p| $dot(z, lo[p], qlo));
-                    let h = std::array::from_fn(|p| $dot(z, hi[p], qhi));
-                    (reduce(l), reduce(h))
+                } else if fused_halves(f) {
+                    for p in [0, 2] {
+                        l = $dot2(l, lo[p], bl[p], lo[p + 1], bl[p + 1]);
+                        h = $dot2(h, hi[p], bh[p], hi[p + 1], bh[p + 1]);
+                    }
                 } else {
-                    debug_assert!(fused_halves(f) || EXACT32);
-                    let s = std::array::from_fn(|p| $dot2(z, lo[p], qlo, hi[p], qhi));
-                    (reduce(s), z)
+                    for p in 0..4 {
+                        l = $dot(l, lo[p], bl[p]);
+                        h = $dot(h, hi[p], bh[p]);
+                    }
                 }
+                if split {
+                    (l, h)
+                } else {
+                    (_mm256_add_epi32(l, h), z)
+                }
+            }
+
+            /// [`codes`], with signed values moved to unsigned bytes where [`flipped`].
+            ///
+            /// # Safety
+            /// As [`codes`].
+            #[target_feature(enable = $feat)]
+            #[inline]
+            unsafe fn unsigned_codes<const F: u8>(rec: *const u8) -> ([__m256i; 4], [__m256i; 4]) {
+                // SAFETY: as the caller guarantees.
+                let (mut lo, mut hi) = unsafe { codes::<F>(rec) };
+                if flipped(P::from_id(F)) {
+                    let flip = _mm256_set1_epi8(i8::MIN);
+                    for p in 0..4 {
+                        lo[p] = _mm256_xor_si256(lo[p], flip);
+                        hi[p] = _mm256_xor_si256(hi[p], flip);
+                    }
+                }
+                (lo, hi)
             }
 
             #[target_feature(enable = $feat)]
@@ -255,6 +332,7 @@ macro_rules! tile_set {
                 let mut acc = [_mm256_setzero_ps(); NT];
                 let q: [*const i8; NT] = std::array::from_fn(|t| xs[t].q.as_ptr());
                 let meta: [*const f32; NT] = std::array::from_fn(|t| xs[t].meta.as_ptr());
+                let sums: [*const i32; NT] = std::array::from_fn(|t| xs[t].sums.as_ptr());
                 let abs = |v: &[__m256i; 4]| -> [__m256i; 4] {
                     std::array::from_fn(|p| _mm256_sign_epi8(v[p], v[p]))
                 };
@@ -264,36 +342,27 @@ macro_rules! tile_set {
                         unsafe {
                             let rec = g.add(b * rec_len);
                             let dw = _mm256_cvtph_ps(_mm_loadu_si128(rec.cast()));
-                            let corr = if f.has_min() {
+                            let mn = if f.has_min() {
                                 _mm256_cvtph_ps(_mm_loadu_si128(rec.add(16).cast()))
                             } else {
-                                #[allow(clippy::cast_precision_loss)] // small offsets
-                                let off = -(offset_here(f) as f32);
-                                _mm256_mul_ps(dw, _mm256_set1_ps(off))
+                                _mm256_setzero_ps()
                             };
-                            let (mut lo, mut hi) = codes::<F>(rec);
-                            if signed(f) && !signed_here(f) {
-                                // Signed values as unsigned bytes, offset by 128.
-                                let flip = _mm256_set1_epi8(i8::MIN);
-                                for p in 0..4 {
-                                    lo[p] = _mm256_xor_si256(lo[p], flip);
-                                    hi[p] = _mm256_xor_si256(hi[p], flip);
-                                }
-                            }
-                            let (alo, ahi) = if signed_here(f) {
+                            let (lo, hi) = unsigned_codes::<F>(rec);
+                            let (alo, ahi) = if sign_trick(f) {
                                 (abs(&lo), abs(&hi))
                             } else {
                                 (lo, hi)
                             };
                             for t in 0..NT {
                                 let qa = q[t].add(b * BLOCK_CODES);
-                                let (i, _) = record_dots::<F>(&lo, &hi, &alo, &ahi, qa, false);
+                                let sa = sums[t].add(SUMS * b);
+                                let (i, _) = record_dots::<F>(&lo, &hi, &alo, &ahi, qa, sa, false);
                                 let m = meta[t].add(2 * b);
                                 let sc = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*m));
                                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), sc, acc[t]);
-                                if !signed_here(f) {
+                                if f.has_min() {
                                     acc[t] = _mm256_fmadd_ps(
-                                        corr,
+                                        mn,
                                         _mm256_broadcast_ss(&*m.add(1)),
                                         acc[t],
                                     );
@@ -332,62 +401,39 @@ macro_rules! tile_set {
                                     (b0, b1, b1, b1)
                                 };
                                 let mnf = _mm256_cvtepi32_ps(mn0);
-                                let (lo, hi) = codes::<F>(rec);
-                                let (alo, ahi) = if signed(f) {
+                                let (lo, hi) = unsigned_codes::<F>(rec);
+                                let (alo, ahi) = if sign_trick(f) {
                                     (abs(&lo), abs(&hi))
                                 } else {
                                     (lo, hi)
                                 };
                                 for t in 0..NT {
                                     let qa = q[t].add(b * BLOCK_CODES);
+                                    let sa = sums[t].add(SUMS * b);
                                     let m = meta[t].add(2 * b);
                                     let dx = _mm256_broadcast_ss(&*m);
                                     let scaled = if f.sub16() {
                                         let (il, ih) =
-                                            record_dots::<F>(&lo, &hi, &alo, &ahi, qa, true);
+                                            record_dots::<F>(&lo, &hi, &alo, &ahi, qa, sa, true);
                                         _mm256_add_epi32(
                                             _mm256_mullo_epi32(il, sc0),
                                             _mm256_mullo_epi32(ih, sc1),
                                         )
                                     } else {
                                         let (i, _) =
-                                            record_dots::<F>(&lo, &hi, &alo, &ahi, qa, false);
+                                            record_dots::<F>(&lo, &hi, &alo, &ahi, qa, sa, false);
                                         _mm256_mullo_epi32(i, sc0)
                                     };
                                     sacc[t] =
                                         _mm256_fmadd_ps(_mm256_cvtepi32_ps(scaled), dx, sacc[t]);
                                     if matches!(f, P::Q2K) {
-                                        // The halves' activation sums, Σq over codes 0..16
-                                        // and 16..32 (the duplicated layout's lanes 0..4).
-                                        let ones = _mm256_set1_epi8(1);
-                                        let ones16 = _mm256_set1_epi16(1);
-                                        let sl = _mm256_madd_epi16(
-                                            _mm256_maddubs_epi16(
-                                                ones,
-                                                _mm256_loadu_si256(qa.cast()),
-                                            ),
-                                            ones16,
-                                        );
-                                        let sh = _mm256_madd_epi16(
-                                            _mm256_maddubs_epi16(
-                                                ones,
-                                                _mm256_loadu_si256(qa.add(32).cast()),
-                                            ),
-                                            ones16,
-                                        );
-                                        let s2 = _mm256_hadd_epi32(sl, sh);
-                                        let s2 = _mm256_hadd_epi32(s2, s2);
-                                        // Lane 0: Σ codes 0..16; lane 1: Σ codes 16..32.
-                                        let hl =
-                                            _mm256_permutevar8x32_epi32(s2, _mm256_setzero_si256());
-                                        let hh =
-                                            _mm256_permutevar8x32_epi32(s2, _mm256_set1_epi32(1));
-                                        let mins = _mm256_add_epi32(
-                                            _mm256_mullo_epi32(mn0, hl),
-                                            _mm256_mullo_epi32(mn1, hh),
+                                        // Minimum times the halves' code sums, negated.
+                                        let neg = _mm256_add_epi32(
+                                            _mm256_mullo_epi32(mn0, _mm256_set1_epi32(*sa)),
+                                            _mm256_mullo_epi32(mn1, _mm256_set1_epi32(*sa.add(1))),
                                         );
                                         macc[t] =
-                                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins), dx, macc[t]);
+                                            _mm256_fnmadd_ps(_mm256_cvtepi32_ps(neg), dx, macc[t]);
                                     } else if f.has_min() {
                                         let sq = _mm256_broadcast_ss(&*m.add(1));
                                         macc[t] = _mm256_fmadd_ps(mnf, sq, macc[t]);
@@ -460,18 +506,20 @@ fn dot2_avx512vnni(acc: __m256i, u1: __m256i, s1: __m256i, u2: __m256i, s2: __m2
     _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(acc, u1, s1), u2, s2)
 }
 
-tile_set!(avx2, "avx2,fma,f16c", dot_avx2, dot2_avx2, false);
+tile_set!(avx2, "avx2,fma,f16c", dot_avx2, dot2_avx2, false, 8);
 tile_set!(
     avxvnni,
     "avx2,fma,f16c,avxvnni",
     dot_avxvnni,
     dot2_avxvnni,
-    true
+    true,
+    8
 );
 tile_set!(
     avx512vnni,
     "avx2,fma,f16c,avx512vnni,avx512vl",
     dot_avx512vnni,
     dot2_avx512vnni,
-    true
+    true,
+    4
 );
