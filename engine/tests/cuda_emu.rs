@@ -655,7 +655,10 @@ fn new_families_match_the_cpu_on_every_path() {
             c.iter().fold(0f32, |m, v| m.max(v.abs()))
         );
         assert!(d <= family_tolerance(TOLERANCE, &c), "{name}: matvec {d}");
-        assert!(de <= family_tolerance(GEMM_TOLERANCE, &c), "{name}: GEMM {de}");
+        assert!(
+            de <= family_tolerance(GEMM_TOLERANCE, &c),
+            "{name}: GEMM {de}"
+        );
     }
 }
 
@@ -682,7 +685,10 @@ fn new_families_decode_like_the_cpu_with_graphs_and_batches() {
         };
         let mut replayed = emu_backend(&cfg, &w, 2 * 8 * 16, graphs, false);
         let replay = decode(&mut replayed, &prompts, 12, false);
-        assert!(replayed.options().graphs, "{name}: the graph capture failed");
+        assert!(
+            replayed.options().graphs,
+            "{name}: the graph capture failed"
+        );
         assert_eq!(replayed.gpu().replays, 2 * 12, "{name}: steps replayed");
         assert_eq!(solo, replay, "{name}: replayed logits differ");
         let cpu = decode(&mut cpu_backend(&cfg, &w, 2 * 8 * 16), &prompts, 12, false);
@@ -692,7 +698,10 @@ fn new_families_decode_like_the_cpu_with_graphs_and_batches() {
             assert_eq!(gt, ct, "{name} sequence {s}: greedy tokens");
             for (x, y) in g.iter().zip(c) {
                 let d = max_diff(x, y);
-                assert!(d <= family_tolerance(TOLERANCE, y), "{name} sequence {s}: {d}");
+                assert!(
+                    d <= family_tolerance(TOLERANCE, y),
+                    "{name} sequence {s}: {d}"
+                );
             }
         }
     }

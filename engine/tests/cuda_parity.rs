@@ -156,7 +156,10 @@ fn new_families_match_the_cpu_on_the_gpu() {
             "{name}: worst logit difference {d:.2e} (matvec), {de:.2e} (GEMM: {})",
             gb.uses_gemm()
         );
-        assert!(d <= scaled(EXACT_WEIGHTS_TOLERANCE, &c), "{name}: matvec {d}");
+        assert!(
+            d <= scaled(EXACT_WEIGHTS_TOLERANCE, &c),
+            "{name}: matvec {d}"
+        );
         assert!(de <= scaled(GEMM_TOLERANCE, &c), "{name}: GEMM {de}");
         let prompts = vec![tokens(11, cfg.vocab)];
         let plain = decode(

@@ -102,10 +102,11 @@ impl ForwardPlan {
 
     /// Whether any layer rotates with the local table.
     pub fn uses_local_rope(&self) -> bool {
-        self.layers
-            .iter()
-            .flatten()
-            .any(|op| *op == Op::Rope { table: RopeTable::Local })
+        self.layers.iter().flatten().any(|op| {
+            *op == Op::Rope {
+                table: RopeTable::Local,
+            }
+        })
     }
 }
 
@@ -118,9 +119,7 @@ pub fn layer_ops(cfg: &ModelConfig, l: usize) -> Vec<Op> {
         .as_ref()
         .is_some_and(|sw| sw.local_rope_theta.is_some());
     #[allow(clippy::cast_precision_loss)]
-    let scale = fam
-        .attn_scale
-        .unwrap_or(1.0 / (cfg.head_dim as f32).sqrt());
+    let scale = fam.attn_scale.unwrap_or(1.0 / (cfg.head_dim as f32).sqrt());
     let mut ops = vec![Op::AttnNorm, Op::QkvProj { bias: cfg.qkv_bias }];
     if fam.qk_norm {
         ops.push(Op::QkNorm);

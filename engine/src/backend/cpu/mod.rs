@@ -382,7 +382,13 @@ impl CpuBackend {
         let missing = |l: usize, what: &str| {
             BackendError::Invalid(format!("layer {l} has no {what} weights"))
         };
-        for (l, ((blk, lb), layer_ops)) in w.blocks.iter().zip(&lw.blocks).zip(&plan.layers).enumerate() {
+        for (l, ((blk, lb), layer_ops)) in w
+            .blocks
+            .iter()
+            .zip(&lw.blocks)
+            .zip(&plan.layers)
+            .enumerate()
+        {
             for op in layer_ops {
                 match *op {
                     Op::AttnNorm => {
@@ -488,7 +494,9 @@ impl CpuBackend {
                     }
                     Op::Down => {
                         let ws = [&blk.w_down];
-                        Self::quantize_if_needed(&pool, isa, &mut s.qa, &s.gate, total, cfg.ffn, &ws);
+                        Self::quantize_if_needed(
+                            &pool, isa, &mut s.qa, &s.gate, total, cfg.ffn, &ws,
+                        );
                         Self::mm(&pool, isa, &ws, &s.gate, &s.qa, total, &mut [&mut s.o]);
                     }
                 }

@@ -233,7 +233,9 @@ impl<G: Gpu> GpuBackend<G> {
             .layers
             .iter()
             .enumerate()
-            .map(|(l, ops)| LayerLaunches::lower(ops).map_err(|e| GpuError(format!("layer {l}: {e}"))))
+            .map(|(l, ops)| {
+                LayerLaunches::lower(ops).map_err(|e| GpuError(format!("layer {l}: {e}")))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let names = kc.kernel_names();
         {
@@ -687,11 +689,7 @@ impl<G: Gpu> GpuBackend<G> {
                 ],
             )?;
             // The output projection adds into the residual, or (post-norm) writes `o`.
-            let (dst, add) = if run.attn_post_norm {
-                (o, 0)
-            } else {
-                (x, 1)
-            };
+            let (dst, add) = if run.attn_post_norm { (o, 0) } else { (x, 1) };
             if a > 0 {
                 let kr = self.k.by_fmt[wo.fmt.id()].resid;
                 self.launch(
@@ -734,11 +732,7 @@ impl<G: Gpu> GpuBackend<G> {
                 )?;
             }
             // Feed-forward block.
-            let (dst, add) = if run.ffn_post_norm {
-                (o, 0)
-            } else {
-                (x, 1)
-            };
+            let (dst, add) = if run.ffn_post_norm { (o, 0) } else { (x, 1) };
             if a > 0 {
                 let ks = self.k.by_fmt[gu.fmt.id()].silu;
                 self.launch(

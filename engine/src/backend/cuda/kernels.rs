@@ -133,9 +133,9 @@ impl KernelConfig {
             "qkv_heads",
             "postnorm_add",
         ]
-            .iter()
-            .map(|s| (*s).to_string())
-            .collect();
+        .iter()
+        .map(|s| (*s).to_string())
+        .collect();
         for f in &self.formats {
             for k in MV_KERNELS {
                 v.push(format!("{k}_f{}", f.id()));
