@@ -237,7 +237,11 @@ fn device_decode_equals_the_reference_bit_for_bit_for_every_block_type() {
             Arg::I32(i32::try_from(rows).expect("rows")),
             Arg::Ptr(m),
             Arg::Ptr(x),
+            // The embedding scale: 1 leaves the decoded weights exact.
+            Arg::F32(1.0),
         ];
+        let short = gpu.launch(l, &args[..4]);
+        assert!(short.is_err(), "a launch missing an argument is refused");
         gpu.launch(l, &args).expect("launch");
         let mut got = vec![0f32; rows * k];
         gpu.download(&mut got, x).expect("download");
