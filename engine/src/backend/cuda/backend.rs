@@ -102,6 +102,7 @@ struct DevLayer {
 #[derive(Debug, Clone, Copy, Default)]
 struct FmtKernels {
     qkv: usize,
+    qkv_raw: usize,
     silu: usize,
     resid: usize,
     logits: usize,
@@ -584,25 +585,27 @@ impl<G: Gpu> GpuBackend<G> {
             // Attention block. Without QK norm the QKV epilogues add the bias, rotate and
             // store; with it the raw products of every row go to `big` and `qkv_heads` does
             // that per whole head, after the norm.
-            let raw = if run.qk_norm { big } else { 0 };
             // One launch per section; a section's rows are whole heads, so its pairs are the
             // fused matrix's pairs row0/2 .. (row0 + rows)/2.
             for &(row0, m) in qkv.parts.iter().filter(|_| a > 0) {
-                let kq = self.k.by_fmt[m.fmt.id()].qkv;
+                let fk = self.k.by_fmt[m.fmt.id()];
                 let (p0, p1) = (row0 / 2, (row0 + m.rows) / 2);
-                self.launch(
-                    kq,
-                    layout::mv_shape(p1 - p0, 1, a),
-                    &[
-                        Arg::Ptr(m.ptr),
-                        i32_arg(m.rows),
-                        i32_arg(row0),
-                        i32_arg(p0),
-                        i32_arg(p1),
-                        Arg::Ptr(x),
-                        i32_arg(a),
-                        Arg::Ptr(attn_norm),
-                        eps,
+                let mut args = vec![
+                    Arg::Ptr(m.ptr),
+                    i32_arg(m.rows),
+                    i32_arg(row0),
+                    i32_arg(p0),
+                    i32_arg(p1),
+                    Arg::Ptr(x),
+                    i32_arg(a),
+                    Arg::Ptr(attn_norm),
+                    eps,
+                ];
+                let kernel = if run.qk_norm {
+                    args.push(Arg::Ptr(big));
+                    fk.qkv_raw
+                } else {
+                    args.extend([
                         Arg::Ptr(bias),
                         Arg::Ptr(q),
                         Arg::Ptr(kv),
@@ -611,9 +614,10 @@ impl<G: Gpu> GpuBackend<G> {
                         mt,
                         Arg::I32(0),
                         Arg::Ptr(inv),
-                        Arg::Ptr(raw),
-                    ],
-                )?;
+                    ]);
+                    fk.qkv
+                };
+                self.launch(kernel, layout::mv_shape(p1 - p0, 1, a), &args)?;
             }
             if g > 0 {
                 self.launch(
@@ -928,6 +932,7 @@ fn resolve(names: &[String], formats: &[WFormat]) -> Result<Kernels, GpuError> {
     for f in formats {
         k.by_fmt[f.id()] = FmtKernels {
             qkv: get(&fmt_kernel("mv_qkv", *f))?,
+            qkv_raw: get(&fmt_kernel("mv_qkv_raw", *f))?,
             silu: get(&fmt_kernel("mv_silu", *f))?,
             resid: get(&fmt_kernel("mv_resid", *f))?,
             logits: get(&fmt_kernel("mv_logits", *f))?,

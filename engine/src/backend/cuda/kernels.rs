@@ -146,8 +146,9 @@ impl KernelConfig {
 }
 
 /// The per-format kernels.
-pub const MV_KERNELS: [&str; 6] = [
+pub const MV_KERNELS: [&str; 7] = [
     "mv_qkv",
+    "mv_qkv_raw",
     "mv_silu",
     "mv_resid",
     "mv_logits",
@@ -485,9 +486,9 @@ DEV void qkv_store(int g, int p, float v0, float v1, const float* __restrict__ b
 /* Fused RMSNorm -> [Wq; Wk; Wv] (+bias) -> RoPE -> q / KV cache, rows row0 .. row0+T, for the
    pairs p0 .. p1 of one section: w holds the fused matrix's rows rbase .. rbase + nrows (the
    whole matrix when Q, K and V share a format; else one launch per run of equal formats).
-   With raw set (QK norm needs whole heads), the products go to raw[row, :] instead, for
-   qkv_heads to finish. */
-template <int FMT>
+   With RAW (QK norm needs whole heads), the products go to raw[row, :] instead, for qkv_heads
+   to finish (a template flag: the epilogue kernel keeps its registers). */
+template <int FMT, bool RAW>
 DEV void mv_qkv_body(const unsigned char* __restrict__ w, int nrows, int rbase, int p0, int p1,
                      const float* __restrict__ x, int T,
                      const float* __restrict__ gamma, float eps, const float* __restrict__ bias,
@@ -505,13 +506,18 @@ DEV void mv_qkv_body(const unsigned char* __restrict__ w, int nrows, int rbase, 
   rows[0] -= rbase; rows[1] -= rbase;
   float acc[2][MV_TOKENS];
   mv_accum<FMT, 2, true>(w, nrows, HIDDEN, rows, x, HIDDEN, 0, t0, nt, gamma, rs, acc);
-  if (p < p1 && lane < nt && raw) {
-    float* d = raw + (u64)(row0 + t0 + lane) * (QD + 2 * KVD);
-    d[rows[0] + rbase] = pick<2>(acc, 0, lane);
-    d[rows[1] + rbase] = pick<2>(acc, 1, lane);
-  } else if (p < p1 && lane < nt)
-    qkv_store(row0 + t0 + lane, p, pick<2>(acc, 0, lane), pick<2>(acc, 1, lane), bias, q_out, kv,
-              layer, meta, metaT, inv_freq);
+  if (p < p1 && lane < nt) {
+    const float v0 = pick<2>(acc, 0, lane), v1 = pick<2>(acc, 1, lane);
+    if (RAW) {
+      int r0, r1, sr, fr;
+      pair_rows(p, r0, r1, sr, fr);
+      float* d = raw + (u64)(row0 + t0 + lane) * (QD + 2 * KVD);
+      d[r0] = v0;
+      d[r1] = v1;
+    } else {
+      qkv_store(row0 + t0 + lane, p, v0, v1, bias, q_out, kv, layer, meta, metaT, inv_freq);
+    }
+  }
 }
 
 /* The gate's activation: SiLU, or (gelu set) GELU with the tanh approximation, written as the
@@ -896,9 +902,13 @@ pub fn source(kc: &KernelConfig, target: Target) -> String {
             r#"
 KERNEL void{b} mv_qkv_f{id}(const unsigned char* w, int nrows, int rbase, int p0, int p1, const float* x,
     int T, const float* gamma, float eps, const float* bias, float* q_out, unsigned short* kv, int layer,
-    const int* meta, int metaT, int row0, const float* inv_freq, float* raw) {{
-  mv_qkv_body<{id}>(w, nrows, rbase, p0, p1, x, T, gamma, eps, bias, q_out, kv, layer, meta, metaT, row0,
-                   inv_freq, raw);
+    const int* meta, int metaT, int row0, const float* inv_freq) {{
+  mv_qkv_body<{id}, false>(w, nrows, rbase, p0, p1, x, T, gamma, eps, bias, q_out, kv, layer, meta, metaT,
+                          row0, inv_freq, 0);
+}}
+KERNEL void{b} mv_qkv_raw_f{id}(const unsigned char* w, int nrows, int rbase, int p0, int p1, const float* x,
+    int T, const float* gamma, float eps, float* raw) {{
+  mv_qkv_body<{id}, true>(w, nrows, rbase, p0, p1, x, T, gamma, eps, 0, 0, 0, 0, 0, 0, 0, 0, raw);
 }}
 KERNEL void{b} mv_silu_f{id}(const unsigned char* w, const float* x, int T, const float* gamma, float eps,
     float* out, int gelu) {{
