@@ -710,3 +710,66 @@ fn new_families_decode_like_the_cpu_with_graphs_and_batches() {
         }
     }
 }
+
+/// A step mixing a decode row (matvec kernels) with a prompt chunk (GEMM path) on the QK-norm
+/// families: both halves of the raw QKV buffer meet in one `qkv_heads` launch.
+#[test]
+fn new_families_mix_matvec_and_gemm_rows_in_one_step() {
+    if skip() {
+        return;
+    }
+    let dir = support::fixtures().join("tiny");
+    for name in ["qwen3", "gemma3"] {
+        let model = Model::load(&dir.join(name)).expect("fixture");
+        let (cfg, w) = (model.config.clone(), Arc::clone(&model.weights));
+        let opts = CudaOptions {
+            prefill_gemm: true,
+            gemm_min_rows: 4,
+            graphs: false,
+        };
+        let mut gpu = emu_backend(&cfg, &w, 128, opts, true);
+        let mut cpu = cpu_backend(&cfg, &w, 128);
+        let a = tokens(10, cfg.vocab);
+        let b = tokens(13, cfg.vocab)[2..].to_vec();
+        let (ta, tb) = ([0u32, 1, 2], [3u32, 4, 5]);
+        let run = |be: &mut dyn Backend| {
+            let mut l = Vec::new();
+            be.forward(
+                &[SeqChunk {
+                    tokens: &a,
+                    start_pos: 0,
+                    blocks: &ta,
+                    all_logits: true,
+                    no_logits: false,
+                }],
+                &mut l,
+            )
+            .expect("prefill");
+            be.forward(
+                &[
+                    SeqChunk {
+                        tokens: &[17],
+                        start_pos: a.len(),
+                        blocks: &ta,
+                        all_logits: false,
+                        no_logits: false,
+                    },
+                    SeqChunk {
+                        tokens: &b,
+                        start_pos: 0,
+                        blocks: &tb,
+                        all_logits: true,
+                        no_logits: false,
+                    },
+                ],
+                &mut l,
+            )
+            .expect("mixed step");
+            l
+        };
+        let c = run(&mut cpu);
+        let d = max_diff(&run(&mut gpu), &c);
+        eprintln!("{name}: mixed matvec + GEMM step, worst logit difference {d:.2e}");
+        assert!(d <= family_tolerance(GEMM_TOLERANCE, &c), "{name}: {d}");
+    }
+}
