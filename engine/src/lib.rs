@@ -1,5 +1,5 @@
-//! slotlight-engine: loads Llama, Mistral, Qwen 2/3 and Gemma 2/3 models (each family one
-//! description, [`model::config::Family`]), runs them on CPU (the Llama block also on CUDA), schedules requests
+//! slotlight-engine: loads Llama, Mistral, Qwen 2/3 and Gemma 2/3 models (each family's forward
+//! pass one description, [`model::ops`]), runs them on CPU or CUDA, schedules requests
 //! with continuous batching, and serves an OpenAI-compatible API whose usage carries each
 //! request's own timings.
 //!

@@ -128,16 +128,6 @@ pub fn build_backends(
                     Arc::new(pool),
                 )));
             }
-            Device::Cuda(_) if !cfg.family.is_llama() => {
-                return Err(DeviceError::Unavailable {
-                    device: "cuda".into(),
-                    reason: format!(
-                        "the CUDA backend runs only the Llama block yet; {} needs {} (use --device cpu)",
-                        cfg.arch.name(),
-                        cfg.family.features().join(", ")
-                    ),
-                });
-            }
             Device::Cuda(n) => {
                 // One replica per GPU: each ordinal gets its own context, weights and KV cache.
                 let backend = crate::backend::cuda::CudaBackend::new(

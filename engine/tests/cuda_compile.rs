@@ -93,6 +93,8 @@ fn every_kernel_compiles_for_sm_90_and_assembles_without_spills() {
         ("SmolLM2-135M", shape(576, 9, 3, 64, 1536, 30, false)),
         ("Llama-3-8B", shape(4096, 32, 8, 128, 14336, 32, false)),
         ("Qwen2-0.5B", shape(896, 14, 2, 64, 4864, 24, true)),
+        ("Gemma-3-270M", shape(640, 4, 1, 256, 2048, 18, true)),
+        ("Qwen3-0.6B", shape(1024, 16, 8, 128, 3072, 28, true)),
         ("tiny fixtures", shape(64, 4, 2, 16, 128, 2, true)),
     ];
     let dir = std::env::temp_dir().join(format!("slotlight-ptx-{}", std::process::id()));

@@ -237,7 +237,11 @@ fn device_decode_equals_the_reference_bit_for_bit_for_every_block_type() {
             Arg::I32(i32::try_from(rows).expect("rows")),
             Arg::Ptr(m),
             Arg::Ptr(x),
+            // The embedding scale: 1 leaves the decoded weights exact.
+            Arg::F32(1.0),
         ];
+        let short = gpu.launch(l, &args[..4]);
+        assert!(short.is_err(), "a launch missing an argument is refused");
         gpu.launch(l, &args).expect("launch");
         let mut got = vec![0f32; rows * k];
         gpu.download(&mut got, x).expect("download");
@@ -607,4 +611,165 @@ fn kernel_compile_is_a_start_up_span() {
         1,
         "{spans:?}"
     );
+}
+
+/// Largest logit difference from the CPU of the f32 fixtures of the newer families (QK norm,
+/// post-norms, GeGLU, scaled embeddings, soft-capping, sliding windows, two RoPE bases), on the
+/// matvec path. Both backends compute in f32 and store keys and values in f16; they sum in
+/// different orders (the CPU's SIMD dot products against the kernels' warp trees), and a key
+/// that lands on the other side of an f16 rounding step moves the logits further through the
+/// tiny Gemma 3's √hidden-scaled tied embeddings (logits up to 38, where the Llama fixtures
+/// stay near 15): so [`TOLERANCE`] scaled by the logits' size over 15.
+fn family_tolerance(base: f32, logits: &[f32]) -> f32 {
+    let scale = logits.iter().fold(0f32, |m, v| m.max(v.abs()));
+    base * (scale / 15.0).max(1.0)
+}
+
+#[test]
+fn new_families_match_the_cpu_on_every_path() {
+    if skip() {
+        return;
+    }
+    let dir = support::fixtures().join("tiny");
+    for name in [
+        "qwen3",
+        "qwen3.F32.gguf",
+        "gemma2",
+        "gemma2.F32.gguf",
+        "gemma3",
+        "gemma3.F32.gguf",
+    ] {
+        let model = Model::load(&dir.join(name)).expect("fixture");
+        let (cfg, w) = (model.config.clone(), Arc::clone(&model.weights));
+        // 24 positions: three times the fixtures' 8-position window.
+        let seq = tokens(24, cfg.vocab);
+        let c = support::all_logits(&mut cpu_backend(&cfg, &w, seq.len()), &seq);
+        let mut gpu = emu_backend(&cfg, &w, seq.len(), matvec_only(), false);
+        let d = max_diff(&support::all_logits(&mut gpu, &seq), &c);
+        let opts = CudaOptions {
+            gemm_min_rows: 4,
+            ..CudaOptions::default()
+        };
+        let mut gemm = emu_backend(&cfg, &w, seq.len(), opts, true);
+        assert!(gemm.uses_gemm());
+        let de = max_diff(&support::all_logits(&mut gemm, &seq), &c);
+        eprintln!(
+            "{name} ({}): worst logit difference {d:.2e} (matvec), {de:.2e} (GEMM), logits up to {:.1}",
+            cfg.arch.name(),
+            c.iter().fold(0f32, |m, v| m.max(v.abs()))
+        );
+        assert!(d <= family_tolerance(TOLERANCE, &c), "{name}: matvec {d}");
+        assert!(
+            de <= family_tolerance(GEMM_TOLERANCE, &c),
+            "{name}: GEMM {de}"
+        );
+    }
+}
+
+/// Decoding past the window on the new families: graph replay gives the plain launches'
+/// logits bit for bit, a batch gives each sequence's solo logits bit for bit, and the greedy
+/// tokens are the CPU's.
+#[test]
+fn new_families_decode_like_the_cpu_with_graphs_and_batches() {
+    if skip() {
+        return;
+    }
+    let dir = support::fixtures().join("tiny");
+    for name in ["qwen3", "gemma2", "gemma3"] {
+        let model = Model::load(&dir.join(name)).expect("fixture");
+        let (cfg, w) = (model.config.clone(), Arc::clone(&model.weights));
+        let prompts = vec![tokens(11, cfg.vocab), tokens(5, cfg.vocab)[1..].to_vec()];
+        let mut plain = emu_backend(&cfg, &w, 2 * 8 * 16, matvec_only(), false);
+        let solo = decode(&mut plain, &prompts, 12, false);
+        let batched = decode(&mut plain, &prompts, 12, true);
+        assert_eq!(solo, batched, "{name}: batched logits differ from solo");
+        let graphs = CudaOptions {
+            graphs: true,
+            ..matvec_only()
+        };
+        let mut replayed = emu_backend(&cfg, &w, 2 * 8 * 16, graphs, false);
+        let replay = decode(&mut replayed, &prompts, 12, false);
+        assert!(
+            replayed.options().graphs,
+            "{name}: the graph capture failed"
+        );
+        assert_eq!(replayed.gpu().replays, 2 * 12, "{name}: steps replayed");
+        assert_eq!(solo, replay, "{name}: replayed logits differ");
+        let cpu = decode(&mut cpu_backend(&cfg, &w, 2 * 8 * 16), &prompts, 12, false);
+        for (s, (g, c)) in solo.iter().zip(&cpu).enumerate() {
+            let gt: Vec<u32> = g.iter().map(|r| support::argmax(r)).collect();
+            let ct: Vec<u32> = c.iter().map(|r| support::argmax(r)).collect();
+            assert_eq!(gt, ct, "{name} sequence {s}: greedy tokens");
+            for (x, y) in g.iter().zip(c) {
+                let d = max_diff(x, y);
+                assert!(
+                    d <= family_tolerance(TOLERANCE, y),
+                    "{name} sequence {s}: {d}"
+                );
+            }
+        }
+    }
+}
+
+/// A step mixing a decode row (matvec kernels) with a prompt chunk (GEMM path) on the QK-norm
+/// families: both halves of the raw QKV buffer meet in one `qkv_heads` launch.
+#[test]
+fn new_families_mix_matvec_and_gemm_rows_in_one_step() {
+    if skip() {
+        return;
+    }
+    let dir = support::fixtures().join("tiny");
+    for name in ["qwen3", "gemma3"] {
+        let model = Model::load(&dir.join(name)).expect("fixture");
+        let (cfg, w) = (model.config.clone(), Arc::clone(&model.weights));
+        let opts = CudaOptions {
+            prefill_gemm: true,
+            gemm_min_rows: 4,
+            graphs: false,
+        };
+        let mut gpu = emu_backend(&cfg, &w, 128, opts, true);
+        let mut cpu = cpu_backend(&cfg, &w, 128);
+        let a = tokens(10, cfg.vocab);
+        let b = tokens(13, cfg.vocab)[2..].to_vec();
+        let (ta, tb) = ([0u32, 1, 2], [3u32, 4, 5]);
+        let run = |be: &mut dyn Backend| {
+            let mut l = Vec::new();
+            be.forward(
+                &[SeqChunk {
+                    tokens: &a,
+                    start_pos: 0,
+                    blocks: &ta,
+                    all_logits: true,
+                    no_logits: false,
+                }],
+                &mut l,
+            )
+            .expect("prefill");
+            be.forward(
+                &[
+                    SeqChunk {
+                        tokens: &[17],
+                        start_pos: a.len(),
+                        blocks: &ta,
+                        all_logits: false,
+                        no_logits: false,
+                    },
+                    SeqChunk {
+                        tokens: &b,
+                        start_pos: 0,
+                        blocks: &tb,
+                        all_logits: true,
+                        no_logits: false,
+                    },
+                ],
+                &mut l,
+            )
+            .expect("mixed step");
+            l
+        };
+        let c = run(&mut cpu);
+        let d = max_diff(&run(&mut gpu), &c);
+        eprintln!("{name}: mixed matvec + GEMM step, worst logit difference {d:.2e}");
+        assert!(d <= family_tolerance(GEMM_TOLERANCE, &c), "{name}: {d}");
+    }
 }

@@ -116,6 +116,69 @@ fn fixture_models_match_the_cpu_on_the_gpu() {
     }
 }
 
+/// `base` scaled by the size of the logits over 15 (the tiny Gemma 3's √hidden-scaled tied
+/// embeddings reach 38, the Llama fixtures about 15: an f16 rounding step of a key moves its
+/// logits further).
+fn scaled(base: f32, logits: &[f32]) -> f32 {
+    base * (logits.iter().fold(0f32, |m, v| m.max(v.abs())) / 15.0).max(1.0)
+}
+
+/// The f32 fixtures of the newer families (QK norm, post-norms, GeGLU, scaled embeddings,
+/// soft-capping, sliding windows past their 8-position window, two RoPE bases) on the matvec
+/// and the GEMM path, and their decode replayed from a graph.
+#[test]
+fn new_families_match_the_cpu_on_the_gpu() {
+    if !gpu_present() {
+        return;
+    }
+    let dir = cuda_support::fixtures().join("tiny");
+    for name in [
+        "qwen3",
+        "qwen3.F32.gguf",
+        "gemma2",
+        "gemma2.F32.gguf",
+        "gemma3",
+        "gemma3.F32.gguf",
+    ] {
+        let model = Model::load(&dir.join(name)).expect("fixture");
+        let (cfg, w) = (model.config.clone(), Arc::clone(&model.weights));
+        let seq = tokens(40, cfg.vocab);
+        let c = support::all_logits(&mut cpu_backend(&cfg, &w, seq.len()), &seq);
+        let g = support::all_logits(&mut gpu_backend(&cfg, &w, seq.len(), matvec_only()), &seq);
+        let d = max_diff(&g, &c);
+        let opts = CudaOptions {
+            gemm_min_rows: 4,
+            ..CudaOptions::default()
+        };
+        let mut gb = gpu_backend(&cfg, &w, seq.len(), opts);
+        let de = max_diff(&support::all_logits(&mut gb, &seq), &c);
+        eprintln!(
+            "{name}: worst logit difference {d:.2e} (matvec), {de:.2e} (GEMM: {})",
+            gb.uses_gemm()
+        );
+        assert!(
+            d <= scaled(EXACT_WEIGHTS_TOLERANCE, &c),
+            "{name}: matvec {d}"
+        );
+        assert!(de <= scaled(GEMM_TOLERANCE, &c), "{name}: GEMM {de}");
+        let prompts = vec![tokens(11, cfg.vocab)];
+        let plain = decode(
+            &mut gpu_backend(&cfg, &w, 256, matvec_only()),
+            &prompts,
+            12,
+            false,
+        );
+        let graphs = CudaOptions {
+            graphs: true,
+            ..matvec_only()
+        };
+        let mut gg = gpu_backend(&cfg, &w, 256, graphs);
+        let replayed = decode(&mut gg, &prompts, 12, false);
+        assert!(gg.options().graphs, "{name}: the graph capture failed");
+        assert_eq!(plain, replayed, "{name}: graph replay");
+    }
+}
+
 /// Every block type of the K-quant generation, and two mixed models (a Q4_K_M file's mix, and
 /// Q, K, V in three formats), kept quantized on the GPU and decoded in registers: the logits of
 /// the CPU on the same weights in f32, on the matvec and the GEMM path.

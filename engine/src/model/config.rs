@@ -147,11 +147,6 @@ impl Default for Family {
 }
 
 impl Family {
-    /// Whether this is the plain Llama block (what every backend runs).
-    pub fn is_llama(&self) -> bool {
-        *self == Self::default()
-    }
-
     /// Whether layer `l` is local, and its window.
     pub fn window(&self, l: usize) -> Option<usize> {
         let sw = self.sliding_window.as_ref()?;
@@ -160,36 +155,6 @@ impl Family {
             .copied()
             .unwrap_or(false)
             .then_some(sw.window)
-    }
-
-    /// The features a backend without this family's support lacks, for error messages.
-    pub fn features(&self) -> Vec<&'static str> {
-        let mut v = Vec::new();
-        if self.qk_norm {
-            v.push("QK norm");
-        }
-        if self.post_norms {
-            v.push("post-norms");
-        }
-        if self.activation != Activation::Silu {
-            v.push("GeGLU");
-        }
-        if self.embed_scale != 1.0 {
-            v.push("scaled embeddings");
-        }
-        if self.attn_scale.is_some() {
-            v.push("custom attention scale");
-        }
-        if self.attn_softcap.is_some() || self.final_softcap.is_some() {
-            v.push("soft-capping");
-        }
-        if self.sliding_window.is_some() {
-            v.push("sliding-window layers");
-        }
-        if self.rope_linear_factor.is_some() {
-            v.push("linear RoPE scaling");
-        }
-        v
     }
 }
 

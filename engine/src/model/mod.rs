@@ -4,6 +4,7 @@ pub mod config;
 pub mod gguf;
 pub mod llama;
 pub mod loader;
+pub mod ops;
 pub mod safetensors;
 #[doc(hidden)]
 pub mod testing;

@@ -27,6 +27,7 @@ use self::weights::CpuWeights;
 use super::{Backend, BackendError, SeqChunk, StepStats};
 use crate::model::config::{Activation, ModelConfig, RopeStyle};
 use crate::model::llama::LlamaWeights;
+use crate::model::ops::{ForwardPlan, Op, RopeTable, Sublayer};
 
 /// Scratch buffers reused across steps.
 #[derive(Default)]
@@ -95,6 +96,8 @@ pub struct CpuBackend {
     inv_freq: Vec<f32>,
     /// The local layers' inverse frequencies, when they differ from `inv_freq`.
     inv_freq_local: Option<Vec<f32>>,
+    /// The forward pass this backend executes.
+    plan: ForwardPlan,
     isa: Isa,
     pool: Arc<ComputePool>,
     s: Scratch,
@@ -145,6 +148,7 @@ impl CpuBackend {
             kv_blocks,
         );
         Self {
+            plan: ForwardPlan::new(&cfg),
             cfg,
             weights,
             kv,
@@ -355,7 +359,7 @@ impl CpuBackend {
         let positions = &s.positions;
         s.attn_items
             .sort_by_key(|it| std::cmp::Reverse(it.cost(positions, bs * CHUNK_BLOCKS)));
-        let fam = &cfg.family;
+        let plan = &self.plan;
         // Embedding.
         s.x.resize(total * h, 0.0);
         let mut t = 0;
@@ -366,135 +370,137 @@ impl CpuBackend {
                 t += 1;
             }
         }
-        if fam.embed_scale != 1.0 {
-            ops::scale(&mut s.x, fam.embed_scale);
+        if plan.embed_scale != 1.0 {
+            ops::scale(&mut s.x, plan.embed_scale);
         }
         ops::rope_table(&s.positions, &self.inv_freq, &mut s.rope);
         if let Some(f) = &self.inv_freq_local {
             ops::rope_table(&s.positions, f, &mut s.rope_local);
         }
         let neox = cfg.rope_style == RopeStyle::Neox;
-        #[allow(clippy::cast_precision_loss)]
-        let attn_scale = fam.attn_scale.unwrap_or(1.0 / (hd as f32).sqrt());
         let kv = &mut self.kv;
-        for (l, (blk, lb)) in w.blocks.iter().zip(&lw.blocks).enumerate() {
-            let window = fam.window(l);
-            s.h.resize(total * h, 0.0);
-            ops::rms_norm(&s.x, &lb.attn_norm, cfg.rms_eps, &mut s.h);
-            Self::quantize_if_needed(
-                &pool,
-                isa,
-                &mut s.qa,
-                &s.h,
-                total,
-                h,
-                &[&blk.wq, &blk.wk, &blk.wv],
-            );
-            Self::mm(
-                &pool,
-                isa,
-                &[&blk.wq, &blk.wk, &blk.wv],
-                &s.h,
-                &s.qa,
-                total,
-                &mut [&mut s.q, &mut s.k, &mut s.v],
-            );
-            if let (Some(bq), Some(bk), Some(bv)) = (&lb.bq, &lb.bk, &lb.bv) {
-                ops::add_bias(&mut s.q, bq);
-                ops::add_bias(&mut s.k, bk);
-                ops::add_bias(&mut s.v, bv);
+        let missing = |l: usize, what: &str| {
+            BackendError::Invalid(format!("layer {l} has no {what} weights"))
+        };
+        for (l, ((blk, lb), layer_ops)) in w
+            .blocks
+            .iter()
+            .zip(&lw.blocks)
+            .zip(&plan.layers)
+            .enumerate()
+        {
+            for op in layer_ops {
+                match *op {
+                    Op::AttnNorm => {
+                        s.h.resize(total * h, 0.0);
+                        ops::rms_norm(&s.x, &lb.attn_norm, cfg.rms_eps, &mut s.h);
+                    }
+                    Op::QkvProj { bias } => {
+                        let ws = [&blk.wq, &blk.wk, &blk.wv];
+                        Self::quantize_if_needed(&pool, isa, &mut s.qa, &s.h, total, h, &ws);
+                        Self::mm(
+                            &pool,
+                            isa,
+                            &ws,
+                            &s.h,
+                            &s.qa,
+                            total,
+                            &mut [&mut s.q, &mut s.k, &mut s.v],
+                        );
+                        if bias {
+                            let (Some(bq), Some(bk), Some(bv)) = (&lb.bq, &lb.bk, &lb.bv) else {
+                                return Err(missing(l, "q/k/v bias"));
+                            };
+                            ops::add_bias(&mut s.q, bq);
+                            ops::add_bias(&mut s.k, bk);
+                            ops::add_bias(&mut s.v, bv);
+                        }
+                    }
+                    Op::QkNorm => {
+                        let (Some(qn), Some(kn)) = (&lb.q_norm, &lb.k_norm) else {
+                            return Err(missing(l, "q/k norm"));
+                        };
+                        // Per head: the weights are `head_dim` long, so every head is a row.
+                        ops::rms_norm_in_place(&mut s.q, qn, cfg.rms_eps);
+                        ops::rms_norm_in_place(&mut s.k, kn, cfg.rms_eps);
+                    }
+                    Op::Rope { table } => {
+                        let table = match table {
+                            RopeTable::Local if self.inv_freq_local.is_some() => &s.rope_local,
+                            RopeTable::Local => return Err(missing(l, "local RoPE base")),
+                            RopeTable::Global => &s.rope,
+                        };
+                        ops::rope(&mut s.q, nh, hd, table, neox);
+                        ops::rope(&mut s.k, nkv, hd, table, neox);
+                    }
+                    Op::StoreKv => {
+                        for (ti, &(pos, blocks)) in slots.iter().enumerate() {
+                            let block = blocks[pos / bs] as usize;
+                            kv.write(
+                                block,
+                                pos % bs,
+                                l,
+                                &s.k[ti * kvd..(ti + 1) * kvd],
+                                &s.v[ti * kvd..(ti + 1) * kvd],
+                            );
+                        }
+                    }
+                    Op::Attention(a) => {
+                        ops::scale(&mut s.q, a.scale);
+                        let heads = |kv_head| Heads {
+                            layer: l,
+                            kv_head,
+                            group: nh / nkv,
+                            head_dim: hd,
+                            window: a.window,
+                            softcap: a.softcap,
+                        };
+                        Self::attention(&pool, isa, kv, chunks, s, heads, nkv, qd);
+                    }
+                    Op::OutProj => {
+                        let ws = [&blk.wo];
+                        Self::quantize_if_needed(&pool, isa, &mut s.qa, &s.attn, total, qd, &ws);
+                        Self::mm(&pool, isa, &ws, &s.attn, &s.qa, total, &mut [&mut s.o]);
+                    }
+                    Op::PostNorm(which) => {
+                        let (norm, what) = match which {
+                            Sublayer::Attention => (&lb.attn_post_norm, "attention post-norm"),
+                            Sublayer::FeedForward => (&lb.ffn_post_norm, "feed-forward post-norm"),
+                        };
+                        let pn = norm.as_ref().ok_or_else(|| missing(l, what))?;
+                        ops::rms_norm_in_place(&mut s.o, pn, cfg.rms_eps);
+                    }
+                    Op::Residual => ops::add_in_place(&mut s.x, &s.o),
+                    Op::FfnNorm => {
+                        s.h.resize(total * h, 0.0);
+                        ops::rms_norm(&s.x, &lb.ffn_norm, cfg.rms_eps, &mut s.h);
+                    }
+                    Op::GateUp { activation } => {
+                        let ws = [&blk.w_gate, &blk.w_up];
+                        Self::quantize_if_needed(&pool, isa, &mut s.qa, &s.h, total, h, &ws);
+                        Self::mm(
+                            &pool,
+                            isa,
+                            &ws,
+                            &s.h,
+                            &s.qa,
+                            total,
+                            &mut [&mut s.gate, &mut s.up],
+                        );
+                        match activation {
+                            Activation::Silu => ops::silu_mul(isa, &mut s.gate, &s.up),
+                            Activation::GeluTanh => ops::gelu_tanh_mul(&mut s.gate, &s.up),
+                        }
+                    }
+                    Op::Down => {
+                        let ws = [&blk.w_down];
+                        Self::quantize_if_needed(
+                            &pool, isa, &mut s.qa, &s.gate, total, cfg.ffn, &ws,
+                        );
+                        Self::mm(&pool, isa, &ws, &s.gate, &s.qa, total, &mut [&mut s.o]);
+                    }
+                }
             }
-            if let (Some(qn), Some(kn)) = (&lb.q_norm, &lb.k_norm) {
-                // Per head: the weights are `head_dim` long, so every head is a row.
-                ops::rms_norm_in_place(&mut s.q, qn, cfg.rms_eps);
-                ops::rms_norm_in_place(&mut s.k, kn, cfg.rms_eps);
-            }
-            let table = if window.is_some() && self.inv_freq_local.is_some() {
-                &s.rope_local
-            } else {
-                &s.rope
-            };
-            ops::rope(&mut s.q, nh, hd, table, neox);
-            ops::rope(&mut s.k, nkv, hd, table, neox);
-            for (ti, &(pos, blocks)) in slots.iter().enumerate() {
-                let block = blocks[pos / bs] as usize;
-                kv.write(
-                    block,
-                    pos % bs,
-                    l,
-                    &s.k[ti * kvd..(ti + 1) * kvd],
-                    &s.v[ti * kvd..(ti + 1) * kvd],
-                );
-            }
-            ops::scale(&mut s.q, attn_scale);
-            let heads = |kv_head| Heads {
-                layer: l,
-                kv_head,
-                group: nh / nkv,
-                head_dim: hd,
-                window,
-                softcap: fam.attn_softcap,
-            };
-            Self::attention(&pool, isa, kv, chunks, s, heads, nkv, qd);
-            Self::quantize_if_needed(&pool, isa, &mut s.qa, &s.attn, total, qd, &[&blk.wo]);
-            Self::mm(
-                &pool,
-                isa,
-                &[&blk.wo],
-                &s.attn,
-                &s.qa,
-                total,
-                &mut [&mut s.o],
-            );
-            if let Some(pn) = &lb.attn_post_norm {
-                ops::rms_norm_in_place(&mut s.o, pn, cfg.rms_eps);
-            }
-            ops::add_in_place(&mut s.x, &s.o);
-            ops::rms_norm(&s.x, &lb.ffn_norm, cfg.rms_eps, &mut s.h);
-            Self::quantize_if_needed(
-                &pool,
-                isa,
-                &mut s.qa,
-                &s.h,
-                total,
-                h,
-                &[&blk.w_gate, &blk.w_up],
-            );
-            Self::mm(
-                &pool,
-                isa,
-                &[&blk.w_gate, &blk.w_up],
-                &s.h,
-                &s.qa,
-                total,
-                &mut [&mut s.gate, &mut s.up],
-            );
-            match fam.activation {
-                Activation::Silu => ops::silu_mul(isa, &mut s.gate, &s.up),
-                Activation::GeluTanh => ops::gelu_tanh_mul(&mut s.gate, &s.up),
-            }
-            Self::quantize_if_needed(
-                &pool,
-                isa,
-                &mut s.qa,
-                &s.gate,
-                total,
-                cfg.ffn,
-                &[&blk.w_down],
-            );
-            Self::mm(
-                &pool,
-                isa,
-                &[&blk.w_down],
-                &s.gate,
-                &s.qa,
-                total,
-                &mut [&mut s.o],
-            );
-            if let Some(pn) = &lb.ffn_post_norm {
-                ops::rms_norm_in_place(&mut s.o, pn, cfg.rms_eps);
-            }
-            ops::add_in_place(&mut s.x, &s.o);
         }
         // Logits only for the rows asked for.
         s.logit_rows.clear();
@@ -527,7 +533,7 @@ impl CpuBackend {
             };
             let out = &mut logits[start..];
             matmul(&pool, isa, &w.output, &input, out);
-            if let Some(cap) = fam.final_softcap {
+            if let Some(cap) = plan.final_softcap {
                 ops::softcap(out, cap);
             }
         }

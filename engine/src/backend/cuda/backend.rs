@@ -7,9 +7,11 @@ use std::collections::HashMap;
 use super::gpu::{Arg, Gemm, Gpu, GpuError, Launch};
 use super::kernels::{KernelConfig, fmt_kernel};
 use super::layout::{self, KvLayout, Shape, StepPlan, WFormat};
+use super::lower::LayerLaunches;
 use crate::backend::{Backend, BackendError, SeqChunk, StepStats};
 use crate::model::config::ModelConfig;
 use crate::model::llama::LlamaWeights;
+use crate::model::ops::{ForwardPlan, RopeTable};
 use crate::model::weights::Tensor;
 
 /// Run-time choices of the GPU backend.
@@ -76,6 +78,8 @@ struct DevStack {
     h16: u64,
 }
 
+/// One layer on the device: its matrices, its vectors (0 for those its ops do not use), and the
+/// launches its ops lower to.
 #[derive(Debug)]
 struct DevLayer {
     qkv: DevStack,
@@ -85,12 +89,20 @@ struct DevLayer {
     down: DevMat,
     attn_norm: u64,
     ffn_norm: u64,
+    q_norm: u64,
+    k_norm: u64,
+    attn_post_norm: u64,
+    ffn_post_norm: u64,
+    /// The RoPE frequencies of this layer (global or local table).
+    inv_freq: u64,
+    run: LayerLaunches,
 }
 
 /// Indices of one format's kernels.
 #[derive(Debug, Clone, Copy, Default)]
 struct FmtKernels {
     qkv: usize,
+    qkv_raw: usize,
     silu: usize,
     resid: usize,
     logits: usize,
@@ -105,6 +117,8 @@ struct Kernels {
     qkv_post: usize,
     to_half: usize,
     silu_mul_h: usize,
+    qkv_heads: usize,
+    postnorm_add: usize,
     by_fmt: [FmtKernels; WFormat::ALL.len()],
 }
 
@@ -122,6 +136,8 @@ struct Bufs {
     q: Buf,
     att: Buf,
     act: Buf,
+    /// Post-normed sub-layer outputs before they join the residual.
+    o: Buf,
     logits: Buf,
     meta: Buf,
     h16: Buf,
@@ -169,14 +185,14 @@ pub struct GpuBackend<G: Gpu> {
     embed: DevMat,
     output: DevMat,
     norm: u64,
-    inv_freq: u64,
+    /// The forward pass these launches execute.
+    plan: ForwardPlan,
     kv: u64,
     kv_layout: KvLayout,
     bufs: Bufs,
     opts: CudaOptions,
     gemm: bool,
     graph_generation: Option<u64>,
-    scale: f32,
     label: String,
     weight_bytes: usize,
     owned: Vec<u64>,
@@ -213,6 +229,15 @@ impl<G: Gpu> GpuBackend<G> {
         add(WFormat::for_dtype(weights.embed.dtype()));
         add(WFormat::for_dtype(weights.output.dtype()));
         let kc = KernelConfig::for_model(&cfg, block_size, formats).map_err(GpuError)?;
+        let plan = ForwardPlan::new(&cfg);
+        let runs = plan
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(l, ops)| {
+                LayerLaunches::lower(ops).map_err(|e| GpuError(format!("layer {l}: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let names = kc.kernel_names();
         {
             let _compile = tracing::info_span!(
@@ -248,14 +273,12 @@ impl<G: Gpu> GpuBackend<G> {
                 h16: 0,
             },
             norm: 0,
-            inv_freq: 0,
+            plan,
             kv: 0,
             kv_layout,
             bufs: Bufs::default(),
             gemm,
             graph_generation: None,
-            #[allow(clippy::cast_precision_loss)]
-            scale: 1.0 / (cfg.head_dim as f32).sqrt(),
             label,
             weight_bytes: 0,
             owned: Vec::new(),
@@ -263,7 +286,7 @@ impl<G: Gpu> GpuBackend<G> {
             cfg,
             gpu,
         };
-        me.upload_weights(weights)?;
+        me.upload_weights(weights, &runs)?;
         me.kv = me.alloc_owned(kv_layout.bytes()).map_err(|e| {
             GpuError(format!(
                 "KV cache of {} blocks ({} MiB): {e}",
@@ -358,22 +381,73 @@ impl<G: Gpu> GpuBackend<G> {
         Ok(out)
     }
 
-    fn upload_weights(&mut self, w: &LlamaWeights) -> Result<(), GpuError> {
+    /// Uploads an optional vector that `on` says the layer's ops use (0 when off).
+    fn upload_opt(
+        &mut self,
+        on: bool,
+        v: Option<&Vec<f32>>,
+        l: usize,
+        what: &str,
+    ) -> Result<u64, GpuError> {
+        match (on, v) {
+            (false, _) => Ok(0),
+            (true, Some(v)) => self.upload_f32(v),
+            (true, None) => Err(GpuError(format!("layer {l} has no {what} weights"))),
+        }
+    }
+
+    fn upload_weights(&mut self, w: &LlamaWeights, runs: &[LayerLaunches]) -> Result<(), GpuError> {
         let g = self.gemm;
-        for b in &w.blocks {
+        let inv = self.cfg.rope_inv_freq(w.rope_freqs.as_deref());
+        let inv_global = self.upload_f32(&inv)?;
+        let inv_local = match self.cfg.rope_inv_freq_local() {
+            Some(f) if self.plan.uses_local_rope() => self.upload_f32(&f)?,
+            _ => 0,
+        };
+        if w.blocks.len() != runs.len() {
+            return Err(GpuError(format!(
+                "{} blocks of weights for {} layers",
+                w.blocks.len(),
+                runs.len()
+            )));
+        }
+        for (l, (b, run)) in w.blocks.iter().zip(runs).enumerate() {
+            let run = *run;
             let qkv = self.upload_stack(&[&b.wq, &b.wk, &b.wv], g)?;
-            let bias = match (&b.bq, &b.bk, &b.bv) {
-                (Some(q), Some(k), Some(v)) => {
+            let bias = match (run.bias, &b.bq, &b.bk, &b.bv) {
+                (false, ..) => 0,
+                (true, Some(q), Some(k), Some(v)) => {
                     let all: Vec<f32> = q.iter().chain(k).chain(v).copied().collect();
                     self.upload_f32(&all)?
                 }
-                _ => 0,
+                _ => return Err(GpuError(format!("layer {l} has no q/k/v bias weights"))),
             };
             let wo = self.upload_mat(&[&b.wo], g)?;
             let gu = self.upload_mat(&[&b.w_gate, &b.w_up], g)?;
             let down = self.upload_mat(&[&b.w_down], g)?;
             let attn_norm = self.upload_f32(&b.attn_norm)?;
             let ffn_norm = self.upload_f32(&b.ffn_norm)?;
+            let q_norm = self.upload_opt(run.qk_norm, b.q_norm.as_ref(), l, "q norm")?;
+            let k_norm = self.upload_opt(run.qk_norm, b.k_norm.as_ref(), l, "k norm")?;
+            let attn_post_norm = self.upload_opt(
+                run.attn_post_norm,
+                b.attn_post_norm.as_ref(),
+                l,
+                "attention post-norm",
+            )?;
+            let ffn_post_norm = self.upload_opt(
+                run.ffn_post_norm,
+                b.ffn_post_norm.as_ref(),
+                l,
+                "feed-forward post-norm",
+            )?;
+            let inv_freq = match run.rope {
+                RopeTable::Global => inv_global,
+                RopeTable::Local if inv_local != 0 => inv_local,
+                RopeTable::Local => {
+                    return Err(GpuError(format!("layer {l} needs a local RoPE base")));
+                }
+            };
             self.layers.push(DevLayer {
                 qkv,
                 bias,
@@ -382,6 +456,12 @@ impl<G: Gpu> GpuBackend<G> {
                 down,
                 attn_norm,
                 ffn_norm,
+                q_norm,
+                k_norm,
+                attn_post_norm,
+                ffn_post_norm,
+                inv_freq,
+                run,
             });
         }
         self.embed = self.upload_mat(&[&w.embed], false)?;
@@ -391,8 +471,6 @@ impl<G: Gpu> GpuBackend<G> {
             self.upload_mat(&[&w.output], false)?
         };
         self.norm = self.upload_f32(&w.norm)?;
-        let inv = self.cfg.rope_inv_freq(w.rope_freqs.as_deref());
-        self.inv_freq = self.upload_f32(&inv)?;
         Ok(())
     }
 
@@ -442,6 +520,12 @@ impl<G: Gpu> GpuBackend<G> {
         let c = &self.cfg;
         let (h, qd, f, v) = (c.hidden, c.q_dim(), c.ffn, c.vocab);
         let qkv = qd + 2 * c.kv_dim();
+        // With QK norm every row's raw QKV product waits in `big` for `qkv_heads`.
+        let raw_rows = if self.layers.iter().any(|l| l.run.qk_norm) {
+            t
+        } else {
+            0
+        };
         let b = &mut self.bufs;
         let gpu = &mut self.gpu;
         let bump = &mut b.generation;
@@ -449,27 +533,33 @@ impl<G: Gpu> GpuBackend<G> {
         grow(gpu, &mut b.q, t * qd * F32, bump)?;
         grow(gpu, &mut b.att, t * qd * F32, bump)?;
         grow(gpu, &mut b.act, t * f * F32, bump)?;
+        grow(gpu, &mut b.o, t * h * F32, bump)?;
         grow(gpu, &mut b.logits, r.max(1) * v * F32, bump)?;
         grow(gpu, &mut b.meta, meta_len * 4, bump)?;
         if g > 0 {
             grow(gpu, &mut b.h16, g * h.max(qd).max(f) * F16, bump)?;
-            grow(gpu, &mut b.big, g * qkv.max(2 * f) * F32, bump)?;
+        }
+        let big = (g * qkv.max(2 * f)).max(raw_rows * qkv);
+        if big > 0 {
+            grow(gpu, &mut b.big, big * F32, bump)?;
         }
         Ok(())
     }
 
     /// Queues the whole model for a step of `t` rows whose first `a` take the matvec kernels,
-    /// with `r` logit rows; the metadata is already on the device.
+    /// with `r` logit rows; the metadata is already on the device. Each layer's launches are
+    /// those its ops lowered to ([`LayerLaunches`]).
     fn enqueue(&mut self, t: usize, a: usize, r: usize) -> Result<(), GpuError> {
         let c = self.cfg.clone();
         let (h, qd, f) = (c.hidden, c.q_dim(), c.ffn);
+        let nqkv = qd + 2 * c.kv_dim();
         let g = t - a;
         let eps = Arg::F32(c.rms_eps);
         let b = &self.bufs;
         let (x, q, att, act, meta) = (b.x.ptr, b.q.ptr, b.att.ptr, b.act.ptr, b.meta.ptr);
-        let (h16, big, logits) = (b.h16.ptr, b.big.ptr, b.logits.ptr);
+        let (o, h16, big, logits) = (b.o.ptr, b.h16.ptr, b.big.ptr, b.logits.ptr);
         let mt = i32_arg(t);
-        let (kv, inv) = (self.kv, self.inv_freq);
+        let kv = self.kv;
         let row = |base: u64, width: usize| base + (a * width * F32) as u64;
         let ek = self.k.by_fmt[self.embed.fmt.id()].embed;
         self.launch(
@@ -480,32 +570,42 @@ impl<G: Gpu> GpuBackend<G> {
                 i32_arg(self.embed.rows),
                 Arg::Ptr(meta),
                 Arg::Ptr(x),
+                Arg::F32(self.plan.embed_scale),
             ],
         )?;
         for li in 0..self.layers.len() {
             let l = &self.layers[li];
             let (qkv, wo, gu, down) = (l.qkv.clone(), l.wo, l.gu, l.down);
             let (bias, attn_norm, ffn_norm) = (l.bias, l.attn_norm, l.ffn_norm);
+            let (q_norm, k_norm, inv) = (l.q_norm, l.k_norm, l.inv_freq);
+            let (attn_post, ffn_post) = (l.attn_post_norm, l.ffn_post_norm);
+            let run = l.run;
             let layer = i32_arg(li);
-            // Attention block.
+            let gelu = Arg::I32(i32::from(run.gelu_arg()));
+            // Attention block. Without QK norm the QKV epilogues add the bias, rotate and
+            // store; with it the raw products of every row go to `big` and `qkv_heads` does
+            // that per whole head, after the norm.
             // One launch per section; a section's rows are whole heads, so its pairs are the
             // fused matrix's pairs row0/2 .. (row0 + rows)/2.
             for &(row0, m) in qkv.parts.iter().filter(|_| a > 0) {
-                let kq = self.k.by_fmt[m.fmt.id()].qkv;
+                let fk = self.k.by_fmt[m.fmt.id()];
                 let (p0, p1) = (row0 / 2, (row0 + m.rows) / 2);
-                self.launch(
-                    kq,
-                    layout::mv_shape(p1 - p0, 1, a),
-                    &[
-                        Arg::Ptr(m.ptr),
-                        i32_arg(m.rows),
-                        i32_arg(row0),
-                        i32_arg(p0),
-                        i32_arg(p1),
-                        Arg::Ptr(x),
-                        i32_arg(a),
-                        Arg::Ptr(attn_norm),
-                        eps,
+                let mut args = vec![
+                    Arg::Ptr(m.ptr),
+                    i32_arg(m.rows),
+                    i32_arg(row0),
+                    i32_arg(p0),
+                    i32_arg(p1),
+                    Arg::Ptr(x),
+                    i32_arg(a),
+                    Arg::Ptr(attn_norm),
+                    eps,
+                ];
+                let kernel = if run.qk_norm {
+                    args.push(Arg::Ptr(big));
+                    fk.qkv_raw
+                } else {
+                    args.extend([
                         Arg::Ptr(bias),
                         Arg::Ptr(q),
                         Arg::Ptr(kv),
@@ -514,8 +614,10 @@ impl<G: Gpu> GpuBackend<G> {
                         mt,
                         Arg::I32(0),
                         Arg::Ptr(inv),
-                    ],
-                )?;
+                    ]);
+                    fk.qkv
+                };
+                self.launch(kernel, layout::mv_shape(p1 - p0, 1, a), &args)?;
             }
             if g > 0 {
                 self.launch(
@@ -530,23 +632,47 @@ impl<G: Gpu> GpuBackend<G> {
                     a: qkv.h16,
                     b: h16,
                     ldb: h,
-                    c: big,
+                    c: if run.qk_norm { row(big, nqkv) } else { big },
                     ldc: qkv.rows,
                     accumulate: false,
                 })?;
+                if !run.qk_norm {
+                    self.launch(
+                        self.k.qkv_post,
+                        layout::elem_shape(g * self.kc.qkv_pairs()),
+                        &[
+                            Arg::Ptr(big),
+                            i32_arg(g),
+                            Arg::Ptr(bias),
+                            Arg::Ptr(q),
+                            Arg::Ptr(kv),
+                            layer,
+                            Arg::Ptr(meta),
+                            mt,
+                            i32_arg(a),
+                            Arg::Ptr(inv),
+                        ],
+                    )?;
+                }
+            }
+            if run.qk_norm {
+                let heads = c.heads + 2 * c.kv_heads;
                 self.launch(
-                    self.k.qkv_post,
-                    layout::elem_shape(g * self.kc.qkv_pairs()),
+                    self.k.qkv_heads,
+                    layout::row_shape(t * heads),
                     &[
                         Arg::Ptr(big),
-                        i32_arg(g),
+                        mt,
+                        Arg::I32(0),
                         Arg::Ptr(bias),
+                        Arg::Ptr(q_norm),
+                        Arg::Ptr(k_norm),
+                        eps,
                         Arg::Ptr(q),
                         Arg::Ptr(kv),
                         layer,
                         Arg::Ptr(meta),
                         mt,
-                        i32_arg(a),
                         Arg::Ptr(inv),
                     ],
                 )?;
@@ -561,9 +687,13 @@ impl<G: Gpu> GpuBackend<G> {
                     layer,
                     Arg::Ptr(meta),
                     mt,
-                    Arg::F32(self.scale),
+                    Arg::F32(run.attention.scale),
+                    i32_arg(run.window_arg()),
+                    Arg::F32(run.softcap_arg()),
                 ],
             )?;
+            // The output projection adds into the residual, or (post-norm) writes `o`.
+            let (dst, add) = if run.attn_post_norm { (o, 0) } else { (x, 1) };
             if a > 0 {
                 let kr = self.k.by_fmt[wo.fmt.id()].resid;
                 self.launch(
@@ -575,7 +705,8 @@ impl<G: Gpu> GpuBackend<G> {
                         i32_arg(qd),
                         Arg::Ptr(att),
                         i32_arg(a),
-                        Arg::Ptr(x),
+                        Arg::Ptr(dst),
+                        Arg::I32(add),
                     ],
                 )?;
             }
@@ -592,12 +723,20 @@ impl<G: Gpu> GpuBackend<G> {
                     a: wo.h16,
                     b: h16,
                     ldb: qd,
-                    c: row(x, h),
+                    c: row(dst, h),
                     ldc: h,
-                    accumulate: true,
+                    accumulate: add == 1,
                 })?;
             }
+            if run.attn_post_norm {
+                self.launch(
+                    self.k.postnorm_add,
+                    layout::row_shape(t),
+                    &[Arg::Ptr(o), Arg::Ptr(attn_post), eps, Arg::Ptr(x)],
+                )?;
+            }
             // Feed-forward block.
+            let (dst, add) = if run.ffn_post_norm { (o, 0) } else { (x, 1) };
             if a > 0 {
                 let ks = self.k.by_fmt[gu.fmt.id()].silu;
                 self.launch(
@@ -610,6 +749,7 @@ impl<G: Gpu> GpuBackend<G> {
                         Arg::Ptr(ffn_norm),
                         eps,
                         Arg::Ptr(act),
+                        gelu,
                     ],
                 )?;
                 let kr = self.k.by_fmt[down.fmt.id()].resid;
@@ -622,7 +762,8 @@ impl<G: Gpu> GpuBackend<G> {
                         i32_arg(f),
                         Arg::Ptr(act),
                         i32_arg(a),
-                        Arg::Ptr(x),
+                        Arg::Ptr(dst),
+                        Arg::I32(add),
                     ],
                 )?;
             }
@@ -646,7 +787,7 @@ impl<G: Gpu> GpuBackend<G> {
                 self.launch(
                     self.k.silu_mul_h,
                     layout::elem_shape(g * f),
-                    &[Arg::Ptr(big), Arg::Ptr(h16), i32_arg(g)],
+                    &[Arg::Ptr(big), Arg::Ptr(h16), i32_arg(g), gelu],
                 )?;
                 self.gpu.gemm(&Gemm {
                     m: h,
@@ -655,10 +796,17 @@ impl<G: Gpu> GpuBackend<G> {
                     a: down.h16,
                     b: h16,
                     ldb: f,
-                    c: row(x, h),
+                    c: row(dst, h),
                     ldc: h,
-                    accumulate: true,
+                    accumulate: add == 1,
                 })?;
+            }
+            if run.ffn_post_norm {
+                self.launch(
+                    self.k.postnorm_add,
+                    layout::row_shape(t),
+                    &[Arg::Ptr(o), Arg::Ptr(ffn_post), eps, Arg::Ptr(x)],
+                )?;
             }
         }
         if r > 0 {
@@ -677,6 +825,7 @@ impl<G: Gpu> GpuBackend<G> {
                     Arg::Ptr(self.norm),
                     eps,
                     Arg::Ptr(logits),
+                    Arg::F32(self.plan.final_softcap.unwrap_or(0.0)),
                 ],
             )?;
         }
@@ -776,11 +925,14 @@ fn resolve(names: &[String], formats: &[WFormat]) -> Result<Kernels, GpuError> {
         qkv_post: get("qkv_post")?,
         to_half: get("to_half")?,
         silu_mul_h: get("silu_mul_h")?,
+        qkv_heads: get("qkv_heads")?,
+        postnorm_add: get("postnorm_add")?,
         by_fmt: [FmtKernels::default(); WFormat::ALL.len()],
     };
     for f in formats {
         k.by_fmt[f.id()] = FmtKernels {
             qkv: get(&fmt_kernel("mv_qkv", *f))?,
+            qkv_raw: get(&fmt_kernel("mv_qkv_raw", *f))?,
             silu: get(&fmt_kernel("mv_silu", *f))?,
             resid: get(&fmt_kernel("mv_resid", *f))?,
             logits: get(&fmt_kernel("mv_logits", *f))?,
@@ -856,7 +1008,7 @@ impl<G: Gpu> Backend for GpuBackend<G> {
 impl<G: Gpu> Drop for GpuBackend<G> {
     fn drop(&mut self) {
         let b = &self.bufs;
-        for p in [b.x, b.q, b.att, b.act, b.logits, b.meta, b.h16, b.big] {
+        for p in [b.x, b.q, b.att, b.act, b.o, b.logits, b.meta, b.h16, b.big] {
             if p.ptr != 0 {
                 self.gpu.free(p.ptr);
             }

@@ -25,6 +25,7 @@ use super::gpu::{Arg, Gemm, Gpu, GpuError, Launch};
 use super::kernels::{self, KernelConfig, Target};
 
 type LaunchFn = unsafe extern "C" fn(i32, u32, u32, u32, u32, *mut *mut c_void);
+type ArgcFn = unsafe extern "C" fn(i32) -> i32;
 
 /// Serializes all emulated launches (the runtime and the kernels' shared arrays are global).
 static EMU_LOCK: Mutex<()> = Mutex::new(());
@@ -198,7 +199,9 @@ void emu_run(emu_entry_t e, unsigned gx, unsigned gy, unsigned gz, unsigned bdim
 }
 "#;
 
-/// The launch table appended to the kernels: `emu_launch_k(k, ...)` runs kernel `k` of `names`.
+/// The launch table appended to the kernels: `emu_launch_k(k, ...)` runs kernel `k` of `names`;
+/// `emu_kernel_argc(k)` is how many parameters it takes (a launch with another count is refused
+/// instead of reading past its argument array).
 fn table(names: &[String]) -> String {
     let mut s = String::from(
         "\n#include <utility>\n\
@@ -209,7 +212,9 @@ fn table(names: &[String]) -> String {
          template <class... A>\n\
          static void emu_call(void (*f)(A...), void** p) {\n\
            emu_call_impl(f, p, std::make_integer_sequence<unsigned long, sizeof...(A)>{});\n\
-         }\n",
+         }\n\
+         template <class... A>\n\
+         static constexpr int emu_argc_of(void (*)(A...)) { return (int)sizeof...(A); }\n",
     );
     for (i, n) in names.iter().enumerate() {
         s.push_str(&format!(
@@ -220,8 +225,13 @@ fn table(names: &[String]) -> String {
     for i in 0..names.len() {
         s.push_str(&format!("emu_e{i}, "));
     }
+    s.push_str("};\nstatic const int emu_argc_table[] = {");
+    for n in names {
+        s.push_str(&format!("emu_argc_of(&{n}), "));
+    }
     s.push_str(
         "};\n\
+         extern \"C\" int emu_kernel_argc(int k) { return emu_argc_table[k]; }\n\
          extern \"C\" void emu_launch_k(int k, unsigned gx, unsigned gy, unsigned gz, unsigned bdim, void** params) {\n\
            emu_run(emu_table[k], gx, gy, gz, bdim, params);\n\
          }\n",
@@ -303,6 +313,7 @@ fn build(kc: &KernelConfig, names: &[String]) -> Result<Arc<libloading::Library>
 pub struct EmuGpu {
     lib: Option<Arc<libloading::Library>>,
     launch_fn: Option<LaunchFn>,
+    argc_fn: Option<ArgcFn>,
     /// Kernel index given by the backend → index in the library's table.
     remap: Vec<i32>,
     bufs: HashMap<u64, Vec<u128>>,
@@ -324,6 +335,7 @@ impl EmuGpu {
         Self {
             lib: None,
             launch_fn: None,
+            argc_fn: None,
             remap: Vec::new(),
             bufs: HashMap::new(),
             gemm,
@@ -344,6 +356,18 @@ impl EmuGpu {
             .remap
             .get(l.kernel)
             .ok_or_else(|| GpuError(format!("no kernel {}", l.kernel)))?;
+        let argc = self
+            .argc_fn
+            .ok_or_else(|| GpuError("kernels not loaded".into()))?;
+        // SAFETY: `k` indexes the table (remapped from the names it was built from).
+        let want = unsafe { argc(k) };
+        if usize::try_from(want).ok() != Some(args.len()) {
+            return Err(GpuError(format!(
+                "kernel {} takes {want} arguments, launched with {}",
+                l.kernel,
+                args.len()
+            )));
+        }
         let mut slots: Vec<u64> = args.iter().map(|a| a.slot()).collect();
         let mut params: Vec<*mut c_void> = slots
             .iter_mut()
@@ -412,7 +436,13 @@ impl Gpu for EmuGpu {
             *lib.get::<LaunchFn>(b"emu_launch_k\0")
                 .map_err(|e| GpuError(format!("emu_launch_k: {e}")))?
         };
+        // SAFETY: `emu_kernel_argc` has exactly this signature in the generated table.
+        let argc: ArgcFn = unsafe {
+            *lib.get::<ArgcFn>(b"emu_kernel_argc\0")
+                .map_err(|e| GpuError(format!("emu_kernel_argc: {e}")))?
+        };
         self.launch_fn = Some(f);
+        self.argc_fn = Some(argc);
         self.lib = Some(lib);
         Ok(())
     }

@@ -124,10 +124,18 @@ impl KernelConfig {
 
     /// Every kernel the generated source defines, by name.
     pub fn kernel_names(&self) -> Vec<String> {
-        let mut v: Vec<String> = ["attn", "rmsnorm_h", "qkv_post", "to_half", "silu_mul_h"]
-            .iter()
-            .map(|s| (*s).to_string())
-            .collect();
+        let mut v: Vec<String> = [
+            "attn",
+            "rmsnorm_h",
+            "qkv_post",
+            "to_half",
+            "silu_mul_h",
+            "qkv_heads",
+            "postnorm_add",
+        ]
+        .iter()
+        .map(|s| (*s).to_string())
+        .collect();
         for f in &self.formats {
             for k in MV_KERNELS {
                 v.push(format!("{k}_f{}", f.id()));
@@ -138,8 +146,9 @@ impl KernelConfig {
 }
 
 /// The per-format kernels.
-pub const MV_KERNELS: [&str; 6] = [
+pub const MV_KERNELS: [&str; 7] = [
     "mv_qkv",
+    "mv_qkv_raw",
     "mv_silu",
     "mv_resid",
     "mv_logits",
@@ -476,14 +485,16 @@ DEV void qkv_store(int g, int p, float v0, float v1, const float* __restrict__ b
 
 /* Fused RMSNorm -> [Wq; Wk; Wv] (+bias) -> RoPE -> q / KV cache, rows row0 .. row0+T, for the
    pairs p0 .. p1 of one section: w holds the fused matrix's rows rbase .. rbase + nrows (the
-   whole matrix when Q, K and V share a format; else one launch per run of equal formats). */
-template <int FMT>
+   whole matrix when Q, K and V share a format; else one launch per run of equal formats).
+   With RAW (QK norm needs whole heads), the products go to raw[row, :] instead, for qkv_heads
+   to finish (a template flag: the epilogue kernel keeps its registers). */
+template <int FMT, bool RAW>
 DEV void mv_qkv_body(const unsigned char* __restrict__ w, int nrows, int rbase, int p0, int p1,
                      const float* __restrict__ x, int T,
                      const float* __restrict__ gamma, float eps, const float* __restrict__ bias,
                      float* __restrict__ q_out, unsigned short* __restrict__ kv, int layer,
                      const int* __restrict__ meta, int metaT, int row0,
-                     const float* __restrict__ inv_freq) {
+                     const float* __restrict__ inv_freq, float* __restrict__ raw) {
   SHARED float rs[MV_TOKENS];
   const int t0 = BY * MV_TOKENS, nt = min(MV_TOKENS, T - t0);
   norm_prologue(x, HIDDEN, 0, t0, nt, HIDDEN, eps, rs);
@@ -495,15 +506,35 @@ DEV void mv_qkv_body(const unsigned char* __restrict__ w, int nrows, int rbase, 
   rows[0] -= rbase; rows[1] -= rbase;
   float acc[2][MV_TOKENS];
   mv_accum<FMT, 2, true>(w, nrows, HIDDEN, rows, x, HIDDEN, 0, t0, nt, gamma, rs, acc);
-  if (p < p1 && lane < nt)
-    qkv_store(row0 + t0 + lane, p, pick<2>(acc, 0, lane), pick<2>(acc, 1, lane), bias, q_out, kv,
-              layer, meta, metaT, inv_freq);
+  if (p < p1 && lane < nt) {
+    const float v0 = pick<2>(acc, 0, lane), v1 = pick<2>(acc, 1, lane);
+    if (RAW) {
+      int r0, r1, sr, fr;
+      pair_rows(p, r0, r1, sr, fr);
+      float* d = raw + (u64)(row0 + t0 + lane) * (QD + 2 * KVD);
+      d[r0] = v0;
+      d[r1] = v1;
+    } else {
+      qkv_store(row0 + t0 + lane, p, v0, v1, bias, q_out, kv, layer, meta, metaT, inv_freq);
+    }
+  }
 }
 
-/* Fused RMSNorm -> [Wgate; Wup] -> silu(gate) * up. */
+/* The gate's activation: SiLU, or (gelu set) GELU with the tanh approximation, written as the
+   CPU's ops::gelu_tanh_mul. */
+DEV float gate_act(float g, int gelu) {
+  if (gelu) {
+    const float t = tanhf(0.7978846f * g * (1.0f + 0.044715f * g * g));
+    return 0.5f * g * (1.0f + t);
+  }
+  return g / (1.0f + expf(-g));
+}
+
+/* Fused RMSNorm -> [Wgate; Wup] -> act(gate) * up. */
 template <int FMT>
 DEV void mv_silu_body(const unsigned char* __restrict__ w, const float* __restrict__ x, int T,
-                      const float* __restrict__ gamma, float eps, float* __restrict__ out) {
+                      const float* __restrict__ gamma, float eps, float* __restrict__ out,
+                      int gelu) {
   SHARED float rs[MV_TOKENS];
   const int t0 = BY * MV_TOKENS, nt = min(MV_TOKENS, T - t0);
   norm_prologue(x, HIDDEN, 0, t0, nt, HIDDEN, eps, rs);
@@ -515,14 +546,15 @@ DEV void mv_silu_body(const unsigned char* __restrict__ w, const float* __restri
   mv_accum<FMT, 2, true>(w, 2 * FFN, HIDDEN, rows, x, HIDDEN, 0, t0, nt, gamma, rs, acc);
   if (r < FFN && lane < nt) {
     const float g = pick<2>(acc, 0, lane), u = pick<2>(acc, 1, lane);
-    out[(u64)(t0 + lane) * FFN + r] = g / (1.0f + expf(-g)) * u;
+    out[(u64)(t0 + lane) * FFN + r] = gate_act(g, gelu) * u;
   }
 }
 
-/* out[t, :] += W x[t, :] (the output and down projections into the residual stream). */
+/* out[t, :] += W x[t, :] (the output and down projections into the residual stream), or with
+   add 0, out[t, :] = W x[t, :] (a sub-layer output that is post-normed first). */
 template <int FMT>
 DEV void mv_resid_body(const unsigned char* __restrict__ w, int N, int K,
-                       const float* __restrict__ x, int T, float* __restrict__ out) {
+                       const float* __restrict__ x, int T, float* __restrict__ out, int add) {
   const int lane = TX & 31;
   const int t0 = BY * MV_TOKENS, nt = min(MV_TOKENS, T - t0);
   const int r = (BX * MV_WARPS + (TX >> 5)) * 2;
@@ -531,16 +563,20 @@ DEV void mv_resid_body(const unsigned char* __restrict__ w, int N, int K,
   mv_accum<FMT, 2, false>(w, N, K, rows, x, K, 0, t0, nt, 0, 0, acc);
   if (lane < nt) {
     float* o = out + (u64)(t0 + lane) * N;
-    if (r < N) o[r] += pick<2>(acc, 0, lane);
-    if (r + 1 < N) o[r + 1] += pick<2>(acc, 1, lane);
+    if (r < N) o[r] = (add ? o[r] : 0.0f) + pick<2>(acc, 0, lane);
+    if (r + 1 < N) o[r + 1] = (add ? o[r + 1] : 0.0f) + pick<2>(acc, 1, lane);
   }
 }
 
-/* Final RMSNorm of the rows listed in meta's logit section -> output projection. */
+/* cap * tanh(v / cap); cap 0: v. */
+DEV float softcap(float v, float cap) { return cap > 0.0f ? cap * tanhf(v / cap) : v; }
+
+/* Final RMSNorm of the rows listed in meta's logit section -> output projection (-> capped). */
 template <int FMT>
 DEV void mv_logits_body(const unsigned char* __restrict__ w, int N, const float* __restrict__ x,
                         const int* __restrict__ meta, int metaT, int R,
-                        const float* __restrict__ gamma, float eps, float* __restrict__ out) {
+                        const float* __restrict__ gamma, float eps, float* __restrict__ out,
+                        float cap) {
   SHARED float rs[MV_TOKENS];
   const int* xrow = meta + 3 * metaT;
   const int t0 = BY * MV_TOKENS, nt = min(MV_TOKENS, R - t0);
@@ -552,23 +588,23 @@ DEV void mv_logits_body(const unsigned char* __restrict__ w, int N, const float*
   mv_accum<FMT, 2, true>(w, N, HIDDEN, rows, x, HIDDEN, xrow, t0, nt, gamma, rs, acc);
   if (lane < nt) {
     float* o = out + (u64)(t0 + lane) * N;
-    if (r < N) o[r] = pick<2>(acc, 0, lane);
-    if (r + 1 < N) o[r + 1] = pick<2>(acc, 1, lane);
+    if (r < N) o[r] = softcap(pick<2>(acc, 0, lane), cap);
+    if (r + 1 < N) o[r + 1] = softcap(pick<2>(acc, 1, lane), cap);
   }
 }
 
-/* x[t, :] = embedding row of token meta[t]. One block per token. */
+/* x[t, :] = embedding row of token meta[t] * scale. One block per token. */
 template <int FMT>
 DEV void embed_body(const unsigned char* __restrict__ w, int nrows, const int* __restrict__ meta,
-                    float* __restrict__ x) {
+                    float* __restrict__ x, float scale) {
   const int t = BX, tok = meta[t];
   for (int u = TX; u < HIDDEN / 8; u += ROW_THREADS) {
     float wv[8];
     int o0, o1;
     load_unit<FMT>(w, nrows, HIDDEN, tok, u, wv, o0, o1);
     for (int i = 0; i < 4; ++i) {
-      x[(u64)t * HIDDEN + o0 + i] = wv[i];
-      x[(u64)t * HIDDEN + o1 + i] = wv[4 + i];
+      x[(u64)t * HIDDEN + o0 + i] = wv[i] * scale;
+      x[(u64)t * HIDDEN + o1 + i] = wv[4 + i] * scale;
     }
   }
 }
@@ -591,10 +627,12 @@ DEV void dequant_h_body(const unsigned char* __restrict__ w, int nrows, int K,
 
 /* Causal attention of token BX over its sequence's paged cache, for the query heads of KV head
    BY. Warps take 32-position tiles round robin with an online softmax; partial results are
-   merged in warp order, so the result depends only on the token's position. */
+   merged in warp order, so the result depends only on the token's position. With window > 0
+   only the last window positions are seen (pos - p < window); with cap > 0 the scaled scores
+   become cap * tanh(score / cap). */
 KERNEL void attn(const float* __restrict__ q, float* __restrict__ out,
                  const unsigned short* __restrict__ kv, int layer, const int* __restrict__ meta,
-                 int metaT, float scale) {
+                 int metaT, float scale, int window, float cap) {
   SHARED float qs[GRP * HD];
   SHARED float sm_m[ATT_WARPS * GRP];
   SHARED float sm_l[ATT_WARPS * GRP];
@@ -603,6 +641,7 @@ KERNEL void attn(const float* __restrict__ q, float* __restrict__ out,
   const int pos = meta[metaT + t];
   const int* table = meta + meta[2 * metaT + t];
   const int n = pos + 1;
+  const int lo = window > 0 && n > window ? n - window : 0;
   for (int i = TX; i < GRP * HD; i += ATT_WARPS * 32) qs[i] = q[(u64)t * QD + g * GRP * HD + i];
   SYNC();
   float m[GRP], l[GRP], acc[GRP][DPL];
@@ -610,9 +649,9 @@ KERNEL void attn(const float* __restrict__ q, float* __restrict__ out,
     m[j] = NEG_INF; l[j] = 0.0f;
     for (int k = 0; k < DPL; ++k) acc[j][k] = 0.0f;
   }
-  for (int tile = wid; tile * 32 < n; tile += ATT_WARPS) {
+  for (int tile = lo / 32 + wid; tile * 32 < n; tile += ATT_WARPS) {
     const int p = tile * 32 + lane;
-    const bool valid = p < n;
+    const bool valid = p >= lo && p < n;
     float s[GRP];
     if (valid) {
       const unsigned short* krow = kv + kv_off(table[p / BS], layer, 0, g) + (u64)(p % BS) * HD;
@@ -628,7 +667,7 @@ KERNEL void attn(const float* __restrict__ q, float* __restrict__ out,
         for (int j = 0; j < GRP; ++j)
           for (int e = 0; e < 8; ++e) s[j] += qs[j * HD + d + e] * kf[e];
       }
-      for (int j = 0; j < GRP; ++j) s[j] *= scale;
+      for (int j = 0; j < GRP; ++j) s[j] = softcap(s[j] * scale, cap);
     } else {
       for (int j = 0; j < GRP; ++j) s[j] = NEG_INF;
     }
@@ -715,13 +754,68 @@ KERNEL void to_half(const float* __restrict__ src, unsigned short* __restrict__ 
   if (i < n) dst[i] = f2h(src[i]);
 }
 
-/* GEMM path: silu(gate) * up from the fused [rows, 2 FFN] product, to f16. */
-KERNEL void silu_mul_h(const float* __restrict__ gu, unsigned short* __restrict__ out, int rows) {
+/* GEMM path: act(gate) * up from the fused [rows, 2 FFN] product, to f16. */
+KERNEL void silu_mul_h(const float* __restrict__ gu, unsigned short* __restrict__ out, int rows,
+                       int gelu) {
   const long long i = (long long)BX * ROW_THREADS + TX;
   if (i >= (long long)rows * FFN) return;
   const long long r = i / FFN, c = i % FFN;
   const float g = gu[r * 2 * FFN + c], u = gu[r * 2 * FFN + FFN + c];
-  out[i] = f2h(g / (1.0f + expf(-g)) * u);
+  out[i] = f2h(gate_act(g, gelu) * u);
+}
+
+/* Bias, per-head RMSNorm (QK norm: q heads by qn, k heads by kn; none when null), RoPE and
+   stores of whole heads of fused QKV rows src[0 .. rows) (global rows row0 ..), one block per
+   (row, head of q, k or v). */
+KERNEL void qkv_heads(const float* __restrict__ src, int rows, int row0,
+                      const float* __restrict__ bias, const float* __restrict__ qn,
+                      const float* __restrict__ kn, float eps, float* __restrict__ q_out,
+                      unsigned short* __restrict__ kv, int layer, const int* __restrict__ meta,
+                      int metaT, const float* __restrict__ inv_freq) {
+  SHARED float hv[HD];
+  SHARED float rs[1];
+  const int QH = QD / HD, KH = KVD / HD, NH = QH + 2 * KH;
+  const int r = BX / NH, hh = BX % NH;
+  if (r >= rows) return;
+  const int sec = hh < QH ? 0 : (hh < QH + KH ? 1 : 2);
+  const int c0 = hh * HD; /* q, k and v heads follow each other in the fused row */
+  const float* s = src + (u64)r * (QD + 2 * KVD) + c0;
+  for (int d = TX; d < HD; d += ROW_THREADS) hv[d] = s[d] + (bias ? bias[c0 + d] : 0.0f);
+  SYNC();
+  const float* nw = sec == 0 ? qn : (sec == 1 ? kn : (const float*)0);
+  if (nw && TX < 32) {
+    float ss = 0.0f;
+    for (int d = TX; d < HD; d += 32) ss += hv[d] * hv[d];
+    ss = warp_sum(ss);
+    if (TX == 0) rs[0] = 1.0f / sqrtf(ss / (float)HD + eps);
+  }
+  SYNC();
+  for (int i = TX; i < HD / 2; i += ROW_THREADS) {
+    const int p = c0 / 2 + i;
+    int r0, r1, sc, fi;
+    pair_rows(p, r0, r1, sc, fi);
+    float v0 = hv[r0 - c0], v1 = hv[r1 - c0];
+    if (nw) { v0 = (v0 * rs[0]) * nw[r0 - c0]; v1 = (v1 * rs[0]) * nw[r1 - c0]; }
+    qkv_store(row0 + r, p, v0, v1, (const float*)0, q_out, kv, layer, meta, metaT, inv_freq);
+  }
+}
+
+/* x[r, :] += rmsnorm(o[r, :]) * gamma (a post-normed sub-layer output joining the residual;
+   one block per row). */
+KERNEL void postnorm_add(const float* __restrict__ o, const float* __restrict__ gamma, float eps,
+                         float* __restrict__ x) {
+  SHARED float part[ROW_THREADS / 32];
+  const int r = BX, lane = TX & 31, wid = TX >> 5;
+  const float* op = o + (u64)r * HIDDEN;
+  float ss = 0.0f;
+  for (int j = TX; j < HIDDEN; j += ROW_THREADS) ss += op[j] * op[j];
+  ss = warp_sum(ss);
+  if (lane == 0) part[wid] = ss;
+  SYNC();
+  float tot = 0.0f;
+  for (int i = 0; i < ROW_THREADS / 32; ++i) tot += part[i];
+  const float s = 1.0f / sqrtf(tot / (float)HIDDEN + eps);
+  for (int j = TX; j < HIDDEN; j += ROW_THREADS) x[(u64)r * HIDDEN + j] += (op[j] * s) * gamma[j];
 }
 "#;
 
@@ -809,22 +903,27 @@ pub fn source(kc: &KernelConfig, target: Target) -> String {
 KERNEL void{b} mv_qkv_f{id}(const unsigned char* w, int nrows, int rbase, int p0, int p1, const float* x,
     int T, const float* gamma, float eps, const float* bias, float* q_out, unsigned short* kv, int layer,
     const int* meta, int metaT, int row0, const float* inv_freq) {{
-  mv_qkv_body<{id}>(w, nrows, rbase, p0, p1, x, T, gamma, eps, bias, q_out, kv, layer, meta, metaT, row0,
-                   inv_freq);
+  mv_qkv_body<{id}, false>(w, nrows, rbase, p0, p1, x, T, gamma, eps, bias, q_out, kv, layer, meta, metaT,
+                          row0, inv_freq, 0);
+}}
+KERNEL void{b} mv_qkv_raw_f{id}(const unsigned char* w, int nrows, int rbase, int p0, int p1, const float* x,
+    int T, const float* gamma, float eps, float* raw) {{
+  mv_qkv_body<{id}, true>(w, nrows, rbase, p0, p1, x, T, gamma, eps, 0, 0, 0, 0, 0, 0, 0, 0, raw);
 }}
 KERNEL void{b} mv_silu_f{id}(const unsigned char* w, const float* x, int T, const float* gamma, float eps,
-    float* out) {{
-  mv_silu_body<{id}>(w, x, T, gamma, eps, out);
+    float* out, int gelu) {{
+  mv_silu_body<{id}>(w, x, T, gamma, eps, out, gelu);
 }}
-KERNEL void{b} mv_resid_f{id}(const unsigned char* w, int N, int K, const float* x, int T, float* out) {{
-  mv_resid_body<{id}>(w, N, K, x, T, out);
+KERNEL void{b} mv_resid_f{id}(const unsigned char* w, int N, int K, const float* x, int T, float* out,
+    int add) {{
+  mv_resid_body<{id}>(w, N, K, x, T, out, add);
 }}
 KERNEL void{b} mv_logits_f{id}(const unsigned char* w, int N, const float* x, const int* meta, int metaT,
-    int R, const float* gamma, float eps, float* out) {{
-  mv_logits_body<{id}>(w, N, x, meta, metaT, R, gamma, eps, out);
+    int R, const float* gamma, float eps, float* out, float cap) {{
+  mv_logits_body<{id}>(w, N, x, meta, metaT, R, gamma, eps, out, cap);
 }}
-KERNEL void{r} embed_f{id}(const unsigned char* w, int nrows, const int* meta, float* x) {{
-  embed_body<{id}>(w, nrows, meta, x);
+KERNEL void{r} embed_f{id}(const unsigned char* w, int nrows, const int* meta, float* x, float scale) {{
+  embed_body<{id}>(w, nrows, meta, x, scale);
 }}
 KERNEL void{r} dequant_h_f{id}(const unsigned char* w, int nrows, int K, unsigned short* out) {{
   dequant_h_body<{id}>(w, nrows, K, out);
@@ -880,7 +979,7 @@ mod tests {
                 "kernel {name} is not defined"
             );
         }
-        assert_eq!(kc.kernel_names().len(), 5 + 2 * MV_KERNELS.len());
+        assert_eq!(kc.kernel_names().len(), 7 + 2 * MV_KERNELS.len());
         assert!(src.contains("__launch_bounds__(256) mv_qkv_f1("));
         assert!(
             !src.contains("#include"),

@@ -14,6 +14,7 @@ pub mod emu;
 pub mod gpu;
 pub mod kernels;
 pub mod layout;
+pub mod lower;
 
 use std::sync::Arc;
 
