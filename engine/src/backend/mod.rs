@@ -113,7 +113,7 @@ pub trait Backend: Send {
     fn config(&self) -> &ModelConfig;
     /// Positions per KV block.
     fn block_size(&self) -> usize;
-    /// Number of KV blocks the device holds.
+    /// Number of KV blocks the device holds (in the full pool, with a window pool beside it).
     fn num_blocks(&self) -> usize;
     /// A one-line description (device, kernels, threads).
     fn describe(&self) -> String;

@@ -488,6 +488,13 @@ impl<'t> Loop<'t> {
             if need > self.blocks.available() && !self.active.is_empty() {
                 break; // wait for blocks to free up
             }
+            // And for room in the window pool for its first chunk's window.
+            if let (Some(pool), Some(window)) = (self.blocks.window_pool(), self.blocks.window()) {
+                let first = (window + self.cfg.prefill_chunk).min(front.tokens.len() + 1);
+                if pool.blocks_for(first) + 1 > pool.available() && !self.active.is_empty() {
+                    break;
+                }
+            }
             let Some(mut seq) = self.queue.pop_front() else {
                 break;
             };
@@ -687,9 +694,10 @@ impl<'t> Loop<'t> {
     }
 
     /// Gives each chunk of `plan` its window-pool blocks (after giving back what the window
-    /// has passed). When the pool is full, the newest other request is preempted (or, with
-    /// none left, the chunk's request ends) and this returns false: the plan must be made
-    /// again. True when every chunk has its blocks (always, without a window pool).
+    /// has passed). When the pool is full, the newest request is preempted (or, alone, the
+    /// chunk's request ends) and this returns false: the plan must be made again. True when
+    /// every chunk has its blocks (always without a window pool, and always with one sized by
+    /// [`crate::runtime::window_pool_blocks`] for this loop's settings).
     fn reserve_windows(&mut self, plan: &[Chunk]) -> bool {
         for c in plan {
             let mut kv = std::mem::take(&mut self.active[c.seq].blocks);
@@ -700,11 +708,14 @@ impl<'t> Loop<'t> {
             let Err(out_of_blocks) = reserved else {
                 continue;
             };
-            let order = self.active[c.seq].order;
-            if !self.preempt_newest_except(order) {
+            if self.active.len() == 1 {
                 let s = self.active.swap_remove(c.seq);
                 let e = EngineError::KvCacheExhausted(out_of_blocks);
                 self.finish(s, FinishReason::Error(e));
+            } else {
+                // The newest request waits, this one if it is the newest: the oldest always
+                // goes on.
+                self.preempt_newest_except(u64::MAX);
             }
             return false;
         }
