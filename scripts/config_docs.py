@@ -61,7 +61,7 @@ reads, and the slotlight series to read instead.
 |---|---|---|
 | `vllm:num_requests_waiting` | `slotlight_engine_requests_waiting` | per `slot_group`; new requests and preempted ones waiting to run again |
 | `vllm:num_requests_running` | `slotlight_engine_requests_running` | per `slot_group` and `path` (`solo`, `slot`): sum over `path` for vLLM's number |
-| `vllm:kv_cache_usage_perc` (formerly `vllm:gpu_cache_usage_perc`) | `slotlight_engine_kv_cache_usage_ratio` | 0 to 1, as vLLM's; blocks held by running requests over all blocks (evictable prefix-cache blocks count as free). Also `slotlight_engine_kv_blocks`, `slotlight_engine_kv_blocks_used` |
+| `vllm:kv_cache_usage_perc` (formerly `vllm:gpu_cache_usage_perc`) | `slotlight_engine_kv_cache_usage_ratio` | 0 to 1, as vLLM's; bytes of the blocks held by running requests over all KV bytes, both pools (evictable prefix-cache blocks count as free; with one pool, blocks over blocks). Also `slotlight_engine_kv_blocks`, `slotlight_engine_kv_blocks_used` (the full pool), `slotlight_engine_kv_window_blocks`, `slotlight_engine_kv_window_blocks_used` (the window pool of the sliding-window layers, 0 without one), `slotlight_engine_kv_bytes`, `slotlight_engine_kv_bytes_used` |
 | `vllm:num_preemptions_total` | `slotlight_engine_preemptions_total` | |
 | `vllm:prefix_cache_queries_total` | `slotlight_engine_prefix_cache_queried_tokens_total` | in tokens, as vLLM's; counted at every admission |
 | `vllm:prefix_cache_hits_total` | `slotlight_engine_prefix_cache_hit_tokens_total` | hit rate = hits / queries |

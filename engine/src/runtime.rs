@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
+use crate::model::config::ModelConfig;
 use crate::model::loader::Model;
+use crate::scheduler::SchedulerConfig;
 
 /// One device group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,11 +92,49 @@ impl Default for RuntimeConfig {
     }
 }
 
-/// Builds one backend per device.
+/// Window-pool blocks for a group of `full_blocks` full-pool blocks that runs `sched`: enough
+/// for every batch slot's window plus one step's prefill chunks, so that the window pool never
+/// runs out before the full pool (never more than the full pool, which bounds it anyway: a
+/// sequence holds a window block only where it holds a full one). `None` for a model without
+/// sliding-window layers.
+///
+/// A sequence at `next` holds the blocks from the one holding `B + 1 - window` (`B`, the last
+/// block boundary at or before `next`) to the one holding its chunk's last position:
+/// `ceil((window - 1) / block_size) + 1` blocks for a decode row, and one per `block_size`
+/// tokens of prefill chunk (plus one) beyond.
+pub fn window_pool_blocks(
+    cfg: &ModelConfig,
+    block_size: usize,
+    full_blocks: usize,
+    sched: &SchedulerConfig,
+) -> Option<usize> {
+    let window = cfg.family.sliding_window.as_ref()?.window;
+    let bs = block_size.max(1);
+    let chunk = sched.prefill_chunk.max(sched.mixed_prefill_chunk);
+    let per_slot = window.saturating_sub(1).div_ceil(bs) + 2;
+    let bound = sched.batch.max(1) * per_slot + chunk.div_ceil(bs);
+    Some(bound.min(full_blocks))
+}
+
+/// Builds one backend per device, the KV pools sized for the default scheduler settings
+/// ([`build_backends_for`]).
 pub fn build_backends(
     model: &Model,
     devices: &[Device],
     rc: &RuntimeConfig,
+) -> Result<Vec<Box<dyn Backend>>, DeviceError> {
+    build_backends_for(model, devices, rc, Some(&SchedulerConfig::default()))
+}
+
+/// Builds one backend per device. With `sched`, on the CPU, a model with sliding-window layers
+/// keeps their KV in a window pool sized for it ([`window_pool_blocks`]); without (a caller
+/// that drives the backend itself, with one block table), and on CUDA, every layer keeps its
+/// KV whole.
+pub fn build_backends_for(
+    model: &Model,
+    devices: &[Device],
+    rc: &RuntimeConfig,
+    sched: Option<&SchedulerConfig>,
 ) -> Result<Vec<Box<dyn Backend>>, DeviceError> {
     let mut cfg = model.config.clone();
     cfg.context = cfg.context.min(rc.ctx_size.max(1));
@@ -120,11 +160,12 @@ pub fn build_backends(
                 let weights = cpu_weights
                     .clone()
                     .ok_or_else(|| DeviceError::Parse("cpu".into()))?;
-                out.push(Box::new(CpuBackend::with_weights(
+                out.push(Box::new(CpuBackend::with_layout(
                     cfg.clone(),
                     weights,
                     rc.block_size,
                     blocks,
+                    sched.and_then(|s| window_pool_blocks(&cfg, rc.block_size, blocks, s)),
                     Arc::new(pool),
                 )));
             }

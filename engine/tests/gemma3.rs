@@ -212,3 +212,96 @@ async fn a_served_chat_streams_with_usage() {
     assert!(!text.is_empty());
     s.stop().await;
 }
+
+/// KV bytes a sequence holds at 4,096 positions (f16, blocks of 16): every layer whole, 18
+/// layers × 1 KV head × 256 dims × keys and values × 2 bytes = 18 KiB a position; with the 15
+/// local layers keeping their 512-position window only, the 3 global layers' 3 KiB a position
+/// plus the window's 512 positions × 15 KiB.
+#[test]
+fn the_local_layers_hold_only_their_window() {
+    let Some(m) = model() else { return };
+    let whole = slotlight_engine::backend::kv_bytes_per_sequence(&m.config, 16, 4096, false);
+    let held = slotlight_engine::backend::kv_bytes_per_sequence(&m.config, 16, 4096, true);
+    assert_eq!(whole, 4096 * 18 * 1024);
+    assert_eq!(held, 4096 * 3 * 1024 + 512 * 15 * 1024);
+    eprintln!(
+        "KV at 4,096 positions: {whole} bytes whole ({} a position), {held} windowed ({} a position)",
+        whole / 4096,
+        held / 4096
+    );
+}
+
+/// Past the 512-position window, through the scheduler with the local layers windowed: the
+/// same greedy tokens as every layer kept whole, and a second turn that resumes beyond the
+/// window reuses all of its prefix and still gives the tokens of a cold run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn windowed_kv_past_the_window_gives_the_same_greedy_tokens() {
+    use slotlight_engine::runtime::{self, RuntimeConfig};
+    use slotlight_engine::sampling::SamplingParams;
+    use slotlight_engine::scheduler::{EngineHandle, Event, GenerateRequest, SchedulerConfig};
+    let Some(m) = model() else { return };
+    let engine = || {
+        let sched = SchedulerConfig {
+            batch: 2,
+            prefill_chunk: 256,
+            max_sessions: 4,
+            ..SchedulerConfig::default()
+        };
+        let rc = RuntimeConfig {
+            threads: Some(2),
+            ctx_size: 1024,
+            kv_tokens: 2048,
+            block_size: 16,
+        };
+        let devices = runtime::parse_devices("cpu").expect("cpu");
+        let b = runtime::build_backends_for(m, &devices, &rc, Some(&sched)).expect("backend");
+        assert!(b[0].windowed_kv().is_some(), "{}", b[0].describe());
+        EngineHandle::start(b, std::sync::Arc::clone(&m.tokenizer), sched)
+    };
+    let run = |e: &EngineHandle, prompt: Vec<u32>, n: usize, session: Option<&str>| {
+        let req = GenerateRequest {
+            sampling: SamplingParams::greedy(),
+            ignore_eos: true,
+            session: session.map(str::to_owned),
+            ..GenerateRequest::new("g", prompt, n)
+        };
+        let mut rx = e.submit(req).expect("submit");
+        async move {
+            loop {
+                match rx.recv().await.expect("events until the completion") {
+                    Event::Done(c) => return *c,
+                    _ => continue,
+                }
+            }
+        }
+    };
+    let text = "The lighthouse keeper wrote in his log every evening: the weather, the ships that \
+                passed, the birds that rested on the rail, and what the sea had brought ashore. ";
+    let base = m.tokenizer.encode(text, false).expect("encode");
+    let mut prompt = vec![2];
+    prompt.extend(base.iter().copied().cycle().take(600));
+    let warm = engine();
+    let first = run(&warm, prompt.clone(), 12, Some("s")).await;
+    let whole: Vec<u32> = greedy(m, &prompt, 12).iter().map(|(t, _)| *t).collect();
+    assert_eq!(
+        first.tokens, whole,
+        "windowed and whole KV differ past the window"
+    );
+    let mut next = prompt.clone();
+    next.extend(&first.tokens);
+    next.extend(
+        m.tokenizer
+            .encode(" The next morning", false)
+            .expect("encode"),
+    );
+    let second = run(&warm, next.clone(), 12, Some("s")).await;
+    let cold = run(&engine(), next.clone(), 12, None).await;
+    assert_eq!(second.tokens, cold.tokens);
+    let reachable = (prompt.len() + first.tokens.len() - 1) / 16 * 16;
+    assert!(reachable > 512);
+    assert_eq!(second.timings.cached_tokens, reachable);
+    assert_eq!(
+        second.timings.resume.map(|r| r.outcome.as_str()),
+        Some("full")
+    );
+}

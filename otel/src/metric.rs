@@ -90,11 +90,19 @@ pub mod engine {
         REQUESTS_RUNNING = "slotlight_engine_requests_running", "gauge", "{request}";
         /// Gauge (engine), per `slot_group`: batch slots of the group (`--batch`), the most requests it runs at once.
         BATCH_SLOTS = "slotlight_engine_batch_slots", "gauge", "{slot}";
-        /// Gauge (engine), per `slot_group`: KV cache blocks in all.
+        /// Gauge (engine), per `slot_group`: KV cache blocks in all (of the full pool: every layer's KV, or only the global layers' when the sliding-window layers have a window pool of their own).
         KV_BLOCKS = "slotlight_engine_kv_blocks", "gauge", "{block}";
-        /// Gauge (engine), per `slot_group`: KV cache blocks held by running requests (neither free nor evictable prefix cache).
+        /// Gauge (engine), per `slot_group`: KV cache blocks held by running requests (neither free nor evictable prefix cache), of the full pool.
         KV_BLOCKS_USED = "slotlight_engine_kv_blocks_used", "gauge", "{block}";
-        /// Gauge (engine), per `slot_group`: KV cache usage, blocks used over blocks in all, from 0 to 1; 0 when idle (vLLM `vllm:kv_cache_usage_perc`, formerly `vllm:gpu_cache_usage_perc`).
+        /// Gauge (engine), per `slot_group`: blocks of the window pool, where the sliding-window (local) layers keep only the KV their window still sees; 0 without one (every layer whole).
+        KV_WINDOW_BLOCKS = "slotlight_engine_kv_window_blocks", "gauge", "{block}";
+        /// Gauge (engine), per `slot_group`: window-pool blocks held by running requests (neither free nor evictable prefix cache).
+        KV_WINDOW_BLOCKS_USED = "slotlight_engine_kv_window_blocks_used", "gauge", "{block}";
+        /// Gauge (engine), per `slot_group`: bytes of KV cache storage, both pools.
+        KV_BYTES = "slotlight_engine_kv_bytes", "gauge", "By";
+        /// Gauge (engine), per `slot_group`: bytes of the KV blocks held by running requests, both pools.
+        KV_BYTES_USED = "slotlight_engine_kv_bytes_used", "gauge", "By";
+        /// Gauge (engine), per `slot_group`: KV cache usage, bytes held over bytes in all (both pools; with one pool, blocks used over blocks in all), from 0 to 1; 0 when idle (vLLM `vllm:kv_cache_usage_perc`, formerly `vllm:gpu_cache_usage_perc`).
         KV_CACHE_USAGE = "slotlight_engine_kv_cache_usage_ratio", "gauge", "1";
         /// Counter (engine), per `slot_group`: cached prefix blocks evicted to make room.
         KV_EVICTED_BLOCKS = "slotlight_engine_kv_evicted_blocks_total", "counter", "{block}";

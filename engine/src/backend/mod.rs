@@ -1,6 +1,8 @@
 //! Compute backends. Each runs the model's forward pass over a batch of sequence chunks and
 //! owns the KV cache storage on its device; which blocks belong to which sequence is decided
-//! by the host-side [`crate::kv_cache::BlockManager`], the same for every backend.
+//! by the host-side [`crate::kv_cache::KvPools`], the same for every backend. A backend whose
+//! [`Backend::windowed_kv`] says so keeps the sliding-window layers' KV in a pool of its own,
+//! holding only their window; the others keep every layer's KV whole.
 
 pub mod cpu;
 #[cfg(feature = "cuda")]
@@ -60,6 +62,45 @@ pub enum BackendError {
     Device(String),
 }
 
+/// The window pool of a backend whose local (sliding-window) layers keep only their window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct WindowedKv {
+    /// Positions a local layer sees (`q - p < window`).
+    pub window: usize,
+    /// Blocks in the window pool.
+    pub blocks: usize,
+    /// Bytes of one window-pool block (the local layers' keys and values).
+    pub block_bytes: usize,
+}
+
+/// Bytes of one block of `block_size` positions of f16 keys and values over `layers` layers.
+pub fn kv_block_bytes(cfg: &ModelConfig, layers: usize, block_size: usize) -> usize {
+    layers * 2 * cfg.kv_dim() * std::mem::size_of::<u16>() * block_size
+}
+
+/// Bytes of f16 KV a sequence of `positions` positions holds, in blocks of `block_size`:
+/// with `windowed`, the global layers hold every block and the local (sliding-window) layers
+/// only the blocks from the one their window starts in
+/// ([`crate::kv_cache::pools::first_kept`]) on; without, every layer holds every block.
+pub fn kv_bytes_per_sequence(
+    cfg: &ModelConfig,
+    block_size: usize,
+    positions: usize,
+    windowed: bool,
+) -> usize {
+    let bs = block_size.max(1);
+    let blocks = positions.div_ceil(bs);
+    let Some(sw) = cfg.family.sliding_window.as_ref().filter(|_| windowed) else {
+        return blocks * kv_block_bytes(cfg, cfg.layers, bs);
+    };
+    let locals = (0..cfg.layers)
+        .filter(|&l| cfg.family.window(l).is_some())
+        .count();
+    let first = crate::kv_cache::pools::first_kept(positions, sw.window, bs);
+    blocks * kv_block_bytes(cfg, cfg.layers - locals, bs)
+        + blocks.saturating_sub(first) * kv_block_bytes(cfg, locals, bs)
+}
+
 /// A device that can run the model.
 pub trait Backend: Send {
     /// Runs one forward step; appends `vocab`-wide logit rows to `logits` in chunk order.
@@ -72,7 +113,7 @@ pub trait Backend: Send {
     fn config(&self) -> &ModelConfig;
     /// Positions per KV block.
     fn block_size(&self) -> usize;
-    /// Number of KV blocks the device holds.
+    /// Number of KV blocks the device holds (in the full pool, with a window pool beside it).
     fn num_blocks(&self) -> usize;
     /// A one-line description (device, kernels, threads).
     fn describe(&self) -> String;
@@ -81,4 +122,30 @@ pub trait Backend: Send {
     fn isa_name(&self) -> &'static str;
     /// Bytes of weights one decode step reads.
     fn weight_bytes_per_step(&self) -> usize;
+    /// Bytes of one block of the (full) KV pool. By default every layer's f16 keys and values.
+    fn kv_block_bytes(&self) -> usize {
+        kv_block_bytes(self.config(), self.config().layers, self.block_size())
+    }
+    /// The window pool, when the local layers keep only their window's KV; `None` (the
+    /// default) keeps every layer's KV whole in the full pool.
+    fn windowed_kv(&self) -> Option<WindowedKv> {
+        None
+    }
+    /// Like [`Backend::forward`], with each chunk's window-pool block table
+    /// (`windows[i]` for `chunks[i]`, indexed like its full table; entries the window has
+    /// passed are [`crate::kv_cache::RELEASED`]). Only for a backend with
+    /// [`Backend::windowed_kv`]; the default, for the others, takes no tables.
+    fn forward_windowed(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        windows: &[&[u32]],
+        logits: &mut Vec<f32>,
+    ) -> Result<StepStats, BackendError> {
+        if !windows.is_empty() {
+            return Err(BackendError::Invalid(
+                "window block tables for a backend that keeps every layer whole".into(),
+            ));
+        }
+        self.forward(chunks, logits)
+    }
 }

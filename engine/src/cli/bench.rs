@@ -103,7 +103,9 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
         kv_tokens: a.model.ctx_size,
         block_size: 16,
     };
-    let mut backend = runtime::build_backends(&model, &devices[..1], &rc)?
+    // Driven here with one block table: every layer whole (the scheduler runs below keep
+    // the local layers' window only).
+    let mut backend = runtime::build_backends_for(&model, &devices[..1], &rc, None)?
         .into_iter()
         .next()
         .ok_or_else(|| anyhow::anyhow!("no backend"))?;
@@ -331,10 +333,23 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
                 "rss_mib": rss,
                 "peak_rss_mib": peak,
                 "context": ctx,
+                "kv_bytes_per_sequence": kv_per_sequence(&model, ctx),
             })
         );
     }
     Ok(())
+}
+
+/// KV bytes one sequence holds at the context length and at 4,096 positions, with the
+/// sliding-window layers keeping only their window (as the CPU scheduler runs them) and with
+/// every layer whole, in 16-position blocks.
+fn kv_per_sequence(model: &Model, ctx: usize) -> serde_json::Value {
+    let at = |n: usize| {
+        let held = crate::backend::kv_bytes_per_sequence(&model.config, 16, n, true);
+        let whole = crate::backend::kv_bytes_per_sequence(&model.config, 16, n, false);
+        json!({"positions": n, "windowed": held, "whole": whole})
+    };
+    json!([at(ctx), at(4096)])
 }
 
 /// Tensors per stored type (GGML names): every tensor of a GGUF file, as llama.cpp's loader

@@ -134,7 +134,11 @@ pub fn start_engine(
         block_size: 16,
     };
     let mut backends = tracing::info_span!(target: OPS_TARGET, span::STARTUP_KV_CACHE)
-        .in_scope(|| runtime::build_backends(model, &devices, &rc))?;
+        .in_scope(|| runtime::build_backends_for(model, &devices, &rc, Some(&sched)))?;
+    for (group, b) in backends.iter().enumerate() {
+        let layout = kv_layout_line(b.as_ref());
+        tracing::info!(group, kv = %layout, "Startup.KvPools");
+    }
     tracing::info_span!(target: OPS_TARGET, span::STARTUP_WARMUP).in_scope(|| {
         for (group, b) in backends.iter_mut().enumerate() {
             if let Err(e) = warm_up(b.as_mut()) {
@@ -162,7 +166,46 @@ fn warm_up(backend: &mut dyn crate::backend::Backend) -> Result<(), crate::backe
         no_logits: false,
     };
     let mut logits = Vec::new();
-    backend.forward(&[chunk], &mut logits).map(|_| ())
+    // A backend with a window pool takes block 0 of it too.
+    let windows: &[&[u32]] = if backend.windowed_kv().is_some() {
+        &[&[0]]
+    } else {
+        &[]
+    };
+    backend
+        .forward_windowed(&[chunk], windows, &mut logits)
+        .map(|_| ())
+}
+
+/// The KV pools of a backend in words: blocks, positions and bytes of each, and what a
+/// sequence of the model's context length holds.
+pub fn kv_layout_line(backend: &dyn crate::backend::Backend) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
+    let (cfg, bs) = (backend.config(), backend.block_size());
+    let mut line = format!(
+        "full pool {} blocks × {bs} positions ({:.1} MiB)",
+        backend.num_blocks(),
+        mib(backend.num_blocks() * backend.kv_block_bytes())
+    );
+    let window = backend.windowed_kv();
+    if let Some(w) = window {
+        line.push_str(&format!(
+            ", window pool {} blocks for the last {} positions ({:.1} MiB)",
+            w.blocks,
+            w.window,
+            mib(w.blocks * w.block_bytes)
+        ));
+    }
+    let ctx = cfg.context;
+    let held = crate::backend::kv_bytes_per_sequence(cfg, bs, ctx, window.is_some());
+    let whole = crate::backend::kv_bytes_per_sequence(cfg, bs, ctx, false);
+    line.push_str(&format!(
+        "; a {ctx}-position sequence holds {:.1} MiB of KV ({:.1} MiB with every layer whole)",
+        mib(held),
+        mib(whole)
+    ));
+    line
 }
 
 /// Parses the command line and runs it.

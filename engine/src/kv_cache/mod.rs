@@ -6,9 +6,20 @@
 //! this is what makes warm resume cheap). When the last owner releases a registered block it is
 //! kept, evictable, in least-recently-used order; unregistered blocks return to the free list.
 //! Only full blocks are ever shared, so a sequence never writes into a shared block.
+//!
+//! A model with sliding-window layers keeps their KV in a second pool whose blocks a sequence
+//! gives back once its window has passed them ([`pools`]).
+
+pub mod pools;
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
+
+pub use pools::{KvPools, SeqKv};
+
+/// A table entry whose block the sequence no longer holds: a sliding-window layer's block its
+/// window has passed (given back to its pool). Never read: a local layer reads only its window.
+pub const RELEASED: u32 = u32::MAX;
 
 /// Blocks owned by one sequence, in position order.
 #[derive(Debug, Default, Clone)]
@@ -20,9 +31,14 @@ pub struct SeqBlocks {
 }
 
 impl SeqBlocks {
-    /// Number of blocks held.
+    /// Number of table entries (blocks held, and any [`RELEASED`] before them).
     pub fn len(&self) -> usize {
         self.table.len()
+    }
+
+    /// Number of blocks actually held (entries not [`RELEASED`]).
+    pub fn held(&self) -> usize {
+        self.table.iter().filter(|&&b| b != RELEASED).count()
     }
 
     /// Whether no blocks are held.
@@ -124,34 +140,65 @@ impl BlockManager {
         Some(b)
     }
 
-    /// Finds the longest cached prefix of `tokens` made of full blocks, leaving at least one
-    /// token to compute, and takes a reference on each block found. Returns the sequence's
-    /// blocks and the number of cached positions.
-    pub fn match_prefix(&mut self, tokens: &[u32]) -> (SeqBlocks, usize) {
-        let mut seq = SeqBlocks::default();
+    /// The registered block holding `chunk` under prefix hash `hash`, if cached.
+    fn find(&self, hash: u64, chunk: &[u32]) -> Option<u32> {
+        let &b = self.by_hash.get(&hash)?;
+        let m = &self.meta[b as usize];
+        m.key.as_ref().is_some_and(|(_, t)| t == chunk).then_some(b)
+    }
+
+    /// Takes a reference on cached block `b` (no longer evictable).
+    fn acquire(&mut self, b: u32) {
+        let m = &mut self.meta[b as usize];
+        if let Some(tick) = m.lru.take() {
+            self.evictable.remove(&tick);
+        }
+        m.refs += 1;
+    }
+
+    /// The cached blocks of the longest prefix of `tokens` made of full blocks, leaving at
+    /// least one token to compute, with their prefix hashes; takes no reference.
+    fn lookup(&self, tokens: &[u32]) -> Vec<(u64, u32)> {
         let bs = self.block_size;
         let max_blocks = tokens.len().saturating_sub(1) / bs;
+        let mut found = Vec::new();
         let mut parent = 0u64;
         for i in 0..max_blocks {
             let chunk = &tokens[i * bs..(i + 1) * bs];
             let hash = chain_hash(parent, chunk);
-            let Some(&b) = self.by_hash.get(&hash) else {
+            let Some(b) = self.find(hash, chunk) else {
                 break;
             };
-            let m = &mut self.meta[b as usize];
-            if m.key.as_ref().is_none_or(|(_, t)| t != chunk) {
-                break;
-            }
-            if let Some(tick) = m.lru.take() {
-                self.evictable.remove(&tick);
-            }
-            m.refs += 1;
-            seq.table.push(b);
-            seq.hashes.push(hash);
+            found.push((hash, b));
             parent = hash;
         }
-        let cached = seq.table.len() * bs;
+        found
+    }
+
+    /// Finds the longest cached prefix of `tokens` made of full blocks, leaving at least one
+    /// token to compute, and takes a reference on each block found. Returns the sequence's
+    /// blocks and the number of cached positions.
+    pub fn match_prefix(&mut self, tokens: &[u32]) -> (SeqBlocks, usize) {
+        let found = self.lookup(tokens);
+        let seq = self.take_found(&found, 0);
+        let cached = seq.table.len() * self.block_size;
         (seq, cached)
+    }
+
+    /// A sequence's table over the blocks `found` (in prefix order), holding those from
+    /// `first` on (a reference taken on each) and [`RELEASED`] before.
+    fn take_found(&mut self, found: &[(u64, u32)], first: usize) -> SeqBlocks {
+        let mut seq = SeqBlocks::default();
+        for (i, &(hash, b)) in found.iter().enumerate() {
+            if i < first {
+                seq.table.push(RELEASED);
+            } else {
+                self.acquire(b);
+                seq.table.push(b);
+            }
+            seq.hashes.push(hash);
+        }
+        seq
     }
 
     /// Grows `seq` to hold `positions` positions.
@@ -182,7 +229,10 @@ impl BlockManager {
             let chunk = &tokens[i * bs..(i + 1) * bs];
             let hash = chain_hash(parent, chunk);
             let b = seq.table[i];
-            if !self.by_hash.contains_key(&hash) && self.meta[b as usize].key.is_none() {
+            if b != RELEASED
+                && !self.by_hash.contains_key(&hash)
+                && self.meta[b as usize].key.is_none()
+            {
                 self.by_hash.insert(hash, b);
                 self.meta[b as usize].key = Some((hash, chunk.to_vec()));
             }
@@ -193,21 +243,52 @@ impl BlockManager {
     /// Releases every block of `seq`: registered blocks become evictable (most recent last),
     /// others free.
     pub fn release(&mut self, seq: &mut SeqBlocks) {
-        for b in seq.table.drain(..) {
-            let m = &mut self.meta[b as usize];
-            debug_assert!(m.refs > 0, "double release of block {b}");
-            m.refs = m.refs.saturating_sub(1);
-            if m.refs == 0 {
-                if m.key.is_some() {
-                    self.tick += 1;
-                    m.lru = Some(self.tick);
-                    self.evictable.insert(self.tick, b);
-                } else {
-                    self.free.push(b);
-                }
-            }
+        for b in std::mem::take(&mut seq.table) {
+            self.release_one(b);
         }
         seq.hashes.clear();
+    }
+
+    /// Releases the blocks of `seq` before table entry `first`, leaving [`RELEASED`] in their
+    /// place (the entries keep their positions; the prefix hashes stay, for later blocks).
+    pub fn release_before(&mut self, seq: &mut SeqBlocks, first: usize) {
+        let first = first.min(seq.table.len());
+        for i in 0..first {
+            let b = std::mem::replace(&mut seq.table[i], RELEASED);
+            self.release_one(b);
+        }
+    }
+
+    /// Reclaims cached block `b` now, if it is evictable (tests of what follows eviction).
+    #[cfg(test)]
+    pub(crate) fn forget(&mut self, b: u32) {
+        let m = &mut self.meta[b as usize];
+        let Some(tick) = m.lru.take() else {
+            return;
+        };
+        self.evictable.remove(&tick);
+        if let Some((hash, _)) = m.key.take() {
+            self.by_hash.remove(&hash);
+        }
+        self.free.push(b);
+    }
+
+    fn release_one(&mut self, b: u32) {
+        if b == RELEASED {
+            return;
+        }
+        let m = &mut self.meta[b as usize];
+        debug_assert!(m.refs > 0, "double release of block {b}");
+        m.refs = m.refs.saturating_sub(1);
+        if m.refs == 0 {
+            if m.key.is_some() {
+                self.tick += 1;
+                m.lru = Some(self.tick);
+                self.evictable.insert(self.tick, b);
+            } else {
+                self.free.push(b);
+            }
+        }
     }
 }
 

@@ -267,7 +267,17 @@ mod tests {
     fn scrape() -> Scrape {
         let g = GroupMetrics::new(0, 4);
         g.enter_queue(2);
-        g.publish(1, 0, 64, 3, 0);
+        // A full pool of 64 blocks of 256 bytes (3 held) and a window pool of 16 blocks of
+        // 1 KiB (4 held).
+        let kv = crate::metrics::group::KvUsage {
+            blocks: 64,
+            blocks_used: 3,
+            window_blocks: 16,
+            window_blocks_used: 4,
+            total_bytes: 64 * 256 + 16 * 1024,
+            used_bytes: 3 * 256 + 4 * 1024,
+        };
+        g.publish(1, 0, &kv, 0);
         g.count_token();
         g.observe_step(Duration::from_millis(3), 1);
         let r = RequestMetrics::default();
@@ -303,6 +313,12 @@ mod tests {
             "# TYPE slotlight_engine_generation_tokens_total counter\n",
             "slotlight_engine_requests_refused_total{error_type=\"overloaded\"} 1\n",
             "slotlight_engine_step_batch_size_bucket{slot_group=\"0\",le=\"1\"} 1\n",
+            "slotlight_engine_kv_blocks{slot_group=\"0\"} 64\n",
+            "slotlight_engine_kv_blocks_used{slot_group=\"0\"} 3\n",
+            "slotlight_engine_kv_window_blocks{slot_group=\"0\"} 16\n",
+            "slotlight_engine_kv_window_blocks_used{slot_group=\"0\"} 4\n",
+            "slotlight_engine_kv_bytes{slot_group=\"0\"} 32768\n",
+            "slotlight_engine_kv_bytes_used{slot_group=\"0\"} 4864\n",
         ] {
             assert!(text.contains(line), "{line:?} missing from:\n{text}");
         }
@@ -313,8 +329,10 @@ mod tests {
             )),
             "{text}"
         );
+        // Usage counts bytes over both pools: 4,864 of 32,768.
         assert!(
-            text.contains("slotlight_engine_kv_cache_usage_ratio{slot_group=\"0\"} 0.046875\n")
+            text.contains("slotlight_engine_kv_cache_usage_ratio{slot_group=\"0\"} 0.1484375\n"),
+            "{text}"
         );
     }
 

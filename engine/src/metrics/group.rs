@@ -47,6 +47,10 @@ pub struct GroupMetrics {
     running_slot: AtomicU64,
     kv_blocks: AtomicU64,
     kv_blocks_used: AtomicU64,
+    kv_window_blocks: AtomicU64,
+    kv_window_blocks_used: AtomicU64,
+    kv_bytes: AtomicU64,
+    kv_bytes_used: AtomicU64,
     kv_evicted: AtomicU64,
     preemptions: AtomicU64,
     prefix_queried: AtomicU64,
@@ -65,12 +69,33 @@ pub struct GroupMetrics {
 pub type GroupValue = fn(&GroupSnapshot) -> u64;
 
 /// The per-group gauges both exporters (`/metrics` and OTLP) publish as they are.
-pub const GROUP_GAUGES: [(&str, GroupValue); 4] = [
+pub const GROUP_GAUGES: [(&str, GroupValue); 8] = [
     (engine::REQUESTS_WAITING, |g| g.waiting),
     (engine::BATCH_SLOTS, |g| g.batch_slots as u64),
     (engine::KV_BLOCKS, |g| g.kv_blocks),
     (engine::KV_BLOCKS_USED, |g| g.kv_blocks_used),
+    (engine::KV_WINDOW_BLOCKS, |g| g.kv_window_blocks),
+    (engine::KV_WINDOW_BLOCKS_USED, |g| g.kv_window_blocks_used),
+    (engine::KV_BYTES, |g| g.kv_bytes),
+    (engine::KV_BYTES_USED, |g| g.kv_bytes_used),
 ];
+
+/// What a group's KV pools hold, as the step loop publishes it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KvUsage {
+    /// Blocks of the full pool (every layer's KV, or the global layers' with a window pool).
+    pub blocks: usize,
+    /// Of those, held by running requests (neither free nor evictable).
+    pub blocks_used: usize,
+    /// Blocks of the window pool, the local layers' (0 without one).
+    pub window_blocks: usize,
+    /// Of those, held by running requests.
+    pub window_blocks_used: usize,
+    /// Bytes of both pools.
+    pub total_bytes: usize,
+    /// Bytes of the blocks held by running requests.
+    pub used_bytes: usize,
+}
 
 /// The per-group counters both exporters publish.
 pub const GROUP_COUNTERS: [(&str, GroupValue); 7] = [
@@ -100,6 +125,14 @@ pub struct GroupSnapshot {
     pub kv_blocks: u64,
     /// KV blocks held by running requests.
     pub kv_blocks_used: u64,
+    /// Window-pool blocks (the local layers' KV; 0 without a window pool).
+    pub kv_window_blocks: u64,
+    /// Window-pool blocks held by running requests.
+    pub kv_window_blocks_used: u64,
+    /// Bytes of KV storage, both pools.
+    pub kv_bytes: u64,
+    /// Bytes of the KV blocks held by running requests, both pools.
+    pub kv_bytes_used: u64,
     /// Cached prefix blocks evicted.
     pub kv_evicted: u64,
     /// Requests preempted (sent back to the queue to free KV blocks) so far.
@@ -123,13 +156,14 @@ pub struct GroupSnapshot {
 }
 
 impl GroupSnapshot {
-    /// KV usage: blocks used over blocks in all (0 without blocks).
-    #[allow(clippy::cast_precision_loss)] // block counts are far below 2^53
+    /// KV usage: bytes held over bytes in all, both pools (with one pool, blocks used over
+    /// blocks in all); 0 without KV storage.
+    #[allow(clippy::cast_precision_loss)] // byte counts are far below 2^53
     pub fn kv_usage(&self) -> f64 {
-        if self.kv_blocks == 0 {
+        if self.kv_bytes == 0 {
             0.0
         } else {
-            self.kv_blocks_used as f64 / self.kv_blocks as f64
+            self.kv_bytes_used as f64 / self.kv_bytes as f64
         }
     }
 }
@@ -153,6 +187,10 @@ impl GroupMetrics {
             running_slot: AtomicU64::new(0),
             kv_blocks: AtomicU64::new(0),
             kv_blocks_used: AtomicU64::new(0),
+            kv_window_blocks: AtomicU64::new(0),
+            kv_window_blocks_used: AtomicU64::new(0),
+            kv_bytes: AtomicU64::new(0),
+            kv_bytes_used: AtomicU64::new(0),
             kv_evicted: AtomicU64::new(0),
             preemptions: AtomicU64::new(0),
             prefix_queried: AtomicU64::new(0),
@@ -189,20 +227,17 @@ impl GroupMetrics {
     }
 
     /// Publishes what runs now and the KV cache's state (the step loop, once per iteration).
-    pub fn publish(
-        &self,
-        solo: usize,
-        slot: usize,
-        kv_blocks: usize,
-        kv_used: usize,
-        evicted: u64,
-    ) {
-        let set = |a: &AtomicU64, v: u64| a.store(v, Ordering::Relaxed);
-        set(&self.running_solo, solo as u64);
-        set(&self.running_slot, slot as u64);
-        set(&self.kv_blocks, kv_blocks as u64);
-        set(&self.kv_blocks_used, kv_used as u64);
-        set(&self.kv_evicted, evicted);
+    pub fn publish(&self, solo: usize, slot: usize, kv: &KvUsage, evicted: u64) {
+        let set = |a: &AtomicU64, v: usize| a.store(v as u64, Ordering::Relaxed);
+        set(&self.running_solo, solo);
+        set(&self.running_slot, slot);
+        set(&self.kv_blocks, kv.blocks);
+        set(&self.kv_blocks_used, kv.blocks_used);
+        set(&self.kv_window_blocks, kv.window_blocks);
+        set(&self.kv_window_blocks_used, kv.window_blocks_used);
+        set(&self.kv_bytes, kv.total_bytes);
+        set(&self.kv_bytes_used, kv.used_bytes);
+        self.kv_evicted.store(evicted, Ordering::Relaxed);
     }
 
     /// A request is preempted.
@@ -257,6 +292,10 @@ impl GroupMetrics {
             running_slot: load(&self.running_slot),
             kv_blocks: load(&self.kv_blocks),
             kv_blocks_used: load(&self.kv_blocks_used),
+            kv_window_blocks: load(&self.kv_window_blocks),
+            kv_window_blocks_used: load(&self.kv_window_blocks_used),
+            kv_bytes: load(&self.kv_bytes),
+            kv_bytes_used: load(&self.kv_bytes_used),
             kv_evicted: load(&self.kv_evicted),
             preemptions: load(&self.preemptions),
             prefix_queried: load(&self.prefix_queried),

@@ -29,8 +29,9 @@ use super::{
 };
 use crate::backend::{Backend, BackendError, SeqChunk};
 use crate::constraint::SeqConstraint;
-use crate::kv_cache::BlockManager;
+use crate::kv_cache::KvPools;
 use crate::metrics::GroupMetrics;
+use crate::metrics::group::KvUsage;
 use crate::sampling::Sampler;
 use crate::timing::{LegEnd, PathKind, PrefillEnd, PrefillReason, RequestTimings};
 use crate::tokenizer::Tokenizer;
@@ -44,10 +45,20 @@ pub struct GroupStats {
     pub active: usize,
     /// Requests waiting.
     pub queued: usize,
-    /// KV blocks in all.
+    /// KV blocks in all (of the full pool: every layer's KV, or the global layers' when the
+    /// local layers have a window pool).
     pub kv_blocks: usize,
     /// KV blocks free or evictable.
     pub kv_blocks_available: usize,
+    /// Positions a local layer sees, when the local layers keep only their window's KV in a
+    /// pool of their own.
+    pub kv_window: Option<usize>,
+    /// Blocks of that window pool (0 without one).
+    pub kv_window_blocks: usize,
+    /// Of those, free or evictable.
+    pub kv_window_blocks_available: usize,
+    /// Bytes of KV storage, both pools.
+    pub kv_bytes: usize,
     /// Cached prefix blocks evicted so far.
     pub kv_evictions: u64,
     /// Forward steps taken.
@@ -61,7 +72,9 @@ struct Loop<'t> {
     backend: Box<dyn Backend>,
     tok: &'t Tokenizer,
     cfg: SchedulerConfig,
-    blocks: BlockManager,
+    blocks: KvPools,
+    /// Bytes of one block of the full pool and of the window pool.
+    block_bytes: (usize, usize),
     slots: Slots,
     queue: VecDeque<Seq<'t>>,
     active: Vec<Seq<'t>>,
@@ -129,9 +142,23 @@ pub(super) fn run(
         metrics,
     } = shared;
     let tok: &Tokenizer = &tokenizer;
-    let blocks = BlockManager::new(backend.num_blocks(), backend.block_size());
+    let windowed = backend.windowed_kv();
+    let blocks = match windowed {
+        Some(w) => KvPools::windowed(
+            backend.num_blocks(),
+            backend.block_size(),
+            w.window,
+            w.blocks,
+        ),
+        None => KvPools::whole(backend.num_blocks(), backend.block_size()),
+    };
+    let block_bytes = (
+        backend.kv_block_bytes(),
+        windowed.map_or(0, |w| w.block_bytes),
+    );
     let mut lp = Loop {
         group,
+        block_bytes,
         slots: Slots::new(cfg.batch),
         backend,
         tok,
@@ -238,9 +265,13 @@ impl<'t> Loop<'t> {
         GroupStats {
             active: self.active.len(),
             queued: self.queue.len(),
-            kv_blocks: self.blocks.total(),
+            kv_blocks: self.blocks.full().total(),
             kv_blocks_available: self.blocks.available(),
-            kv_evictions: self.blocks.evictions(),
+            kv_window: self.blocks.window(),
+            kv_window_blocks: self.blocks.window_pool().map_or(0, |w| w.total()),
+            kv_window_blocks_available: self.blocks.window_pool().map_or(0, |w| w.available()),
+            kv_bytes: self.kv_usage().total_bytes,
+            kv_evictions: self.blocks.full().evictions(),
             ..self.stats.clone()
         }
     }
@@ -410,14 +441,32 @@ impl<'t> Loop<'t> {
             .iter()
             .filter(|s| s.placement.is_some_and(|p| p.path == PathKind::Slot))
             .count();
-        let total = self.blocks.total();
         self.metrics.publish(
             self.active.len() - slot,
             slot,
-            total,
-            total.saturating_sub(self.blocks.available()),
-            self.blocks.evictions(),
+            &self.kv_usage(),
+            self.blocks.full().evictions(),
         );
+    }
+
+    /// What the KV pools hold now: blocks in each pool and bytes, in all and held by running
+    /// requests (neither free nor evictable).
+    fn kv_usage(&self) -> KvUsage {
+        let full = self.blocks.full();
+        let (full_total, full_used) = (full.total(), full.total() - full.available());
+        let (window_total, window_used) = self
+            .blocks
+            .window_pool()
+            .map_or((0, 0), |w| (w.total(), w.total() - w.available()));
+        let (fb, wb) = self.block_bytes;
+        KvUsage {
+            blocks: full_total,
+            blocks_used: full_used,
+            window_blocks: window_total,
+            window_blocks_used: window_used,
+            total_bytes: full_total * fb + window_total * wb,
+            used_bytes: full_used * fb + window_used * wb,
+        }
     }
 
     fn admit(&mut self) {
@@ -438,6 +487,13 @@ impl<'t> Loop<'t> {
             let need = self.blocks.blocks_for(front.tokens.len() + 1);
             if need > self.blocks.available() && !self.active.is_empty() {
                 break; // wait for blocks to free up
+            }
+            // And for room in the window pool for its first chunk's window.
+            if let (Some(pool), Some(window)) = (self.blocks.window_pool(), self.blocks.window()) {
+                let first = (window + self.cfg.prefill_chunk).min(front.tokens.len() + 1);
+                if pool.blocks_for(first) + 1 > pool.available() && !self.active.is_empty() {
+                    break;
+                }
             }
             let Some(mut seq) = self.queue.pop_front() else {
                 break;
@@ -567,18 +623,23 @@ impl<'t> Loop<'t> {
         true
     }
 
-    /// One step: room for every decode, the plan, the forward pass, then each chunk's
-    /// bookkeeping and sampling; finished requests end.
+    /// One step: room for every decode, the plan (with the window pool's blocks for each
+    /// chunk), the forward pass, then each chunk's bookkeeping and sampling; finished requests
+    /// end.
     fn step(&mut self) -> Result<(), BackendError> {
         if self.active.is_empty() {
             return Ok(());
         }
         self.reserve_decode_room();
         self.settle_paths();
+        let mut plan = self.plan_step();
+        while !self.reserve_windows(&plan) {
+            plan = self.plan_step();
+        }
+        self.settle_paths();
         if self.active.is_empty() {
             return Ok(());
         }
-        let plan = self.plan_step();
         let ran = self.forward(&plan)?;
         self.stats.steps += 1;
         self.metrics.observe_step(ran.device, plan.len());
@@ -632,6 +693,35 @@ impl<'t> Loop<'t> {
         }
     }
 
+    /// Gives each chunk of `plan` its window-pool blocks (after giving back what the window
+    /// has passed). When the pool is full, the newest request is preempted (or, alone, the
+    /// chunk's request ends) and this returns false: the plan must be made again. True when
+    /// every chunk has its blocks (always without a window pool, and always with one sized by
+    /// [`crate::runtime::window_pool_blocks`] for this loop's settings).
+    fn reserve_windows(&mut self, plan: &[Chunk]) -> bool {
+        for c in plan {
+            let mut kv = std::mem::take(&mut self.active[c.seq].blocks);
+            let reserved = self
+                .blocks
+                .reserve_window(&mut kv, c.start, c.start + c.len);
+            self.active[c.seq].blocks = kv;
+            let Err(out_of_blocks) = reserved else {
+                continue;
+            };
+            if self.active.len() == 1 {
+                let s = self.active.swap_remove(c.seq);
+                let e = EngineError::KvCacheExhausted(out_of_blocks);
+                self.finish(s, FinishReason::Error(e));
+            } else {
+                // The newest request waits, this one if it is the newest: the oldest always
+                // goes on.
+                self.preempt_newest_except(u64::MAX);
+            }
+            return false;
+        }
+        true
+    }
+
     /// The step's chunks: every decode first, then prefill chunks in admission order within
     /// the token budget (smaller while others decode, to keep their token rate steady).
     fn plan_step(&self) -> Vec<Chunk> {
@@ -678,7 +768,7 @@ impl<'t> Loop<'t> {
         for c in plan {
             wants_mask[c.seq] = c.samples;
         }
-        let mut views: Vec<(&[u32], &[u32])> = Vec::with_capacity(self.active.len());
+        let mut views: Vec<(&[u32], &[u32], &[u32])> = Vec::with_capacity(self.active.len());
         let mut jobs: Vec<&mut SeqConstraint> = Vec::new();
         for (i, s) in self.active.iter_mut().enumerate() {
             let Seq {
@@ -687,7 +777,11 @@ impl<'t> Loop<'t> {
                 constraint,
                 ..
             } = s;
-            views.push((tokens.as_slice(), blocks.table.as_slice()));
+            views.push((
+                tokens.as_slice(),
+                blocks.full.table.as_slice(),
+                blocks.window.table.as_slice(),
+            ));
             if wants_mask[i]
                 && let Some(c) = constraint.as_mut()
             {
@@ -704,10 +798,17 @@ impl<'t> Loop<'t> {
                 no_logits: !c.samples,
             })
             .collect();
+        // Without a window pool, no tables: the backend keeps every layer whole.
+        let windows: Vec<&[u32]> = if self.blocks.window().is_some() {
+            plan.iter().map(|c| views[c.seq].2).collect()
+        } else {
+            Vec::new()
+        };
         self.logits.clear();
         let started = Instant::now();
         let stats = if jobs.is_empty() {
-            self.backend.forward(&chunks, &mut self.logits)
+            self.backend
+                .forward_windowed(&chunks, &windows, &mut self.logits)
         } else {
             let backend = &mut self.backend;
             let logits = &mut self.logits;
@@ -717,7 +818,7 @@ impl<'t> Loop<'t> {
                         c.prepare();
                     }
                 });
-                let r = backend.forward(&chunks, logits);
+                let r = backend.forward_windowed(&chunks, &windows, logits);
                 // A mask that panicked is left unset and recomputed (and reported) at sampling.
                 let _ = masks.join();
                 r
@@ -731,7 +832,8 @@ impl<'t> Loop<'t> {
     }
 
     /// A chunk ran: its positions are computed, its step is on the request's clocks (and on
-    /// its prefill's, when prefilling), and its full blocks join the prefix cache.
+    /// its prefill's, when prefilling), its full blocks join the prefix cache, and the window
+    /// pool's blocks its window has now passed go back.
     fn record_chunk(&mut self, c: &Chunk, batch: usize, ran: &Ran) {
         let s = &mut self.active[c.seq];
         let is_prefill = s.phase == Phase::Prefill;
@@ -746,6 +848,7 @@ impl<'t> Loop<'t> {
         let computed = s.computed;
         self.blocks
             .register_full(&mut s.blocks, &s.tokens, computed);
+        self.blocks.slide(&mut s.blocks, computed);
     }
 
     /// Samples the next token of a chunk's sequence from logits row `row`, emits it (ending

@@ -23,6 +23,9 @@ pub enum ResumeOutcome {
     /// The history changed: the prompt departs from the last turn at `diverged_at`.
     Diverged,
     /// Blocks of the reusable prefix had been reclaimed by other traffic (`evicted_tokens`).
+    /// With sliding-window layers kept windowed, these include the window-pool blocks a
+    /// resume needs (the window before the reuse point), given back as the window passed them
+    /// and reclaimed since: the prefix cache then reuses a shorter prefix, or none.
     Evicted,
     /// The session's KV lives in another slot group than the one serving this turn.
     OtherGroup,
@@ -95,7 +98,9 @@ impl Prior {
 ///
 /// The prefix cache reuses whole blocks only and always leaves the prompt's last token to be
 /// computed, so "everything that could be reused" is the common prefix rounded down to whole
-/// blocks within `prompt_len - 1`.
+/// blocks within `prompt_len - 1`. `cached` is what the prefix cache really gave, which with
+/// sliding-window layers is never more than the local layers can resume from
+/// ([`crate::kv_cache::pools`]).
 pub fn decide(
     session: bool,
     prior: Option<&Prior>,

@@ -7,7 +7,7 @@ use tokio::sync::mpsc;
 use super::resume::Prior;
 use super::{Event, GenerateRequest, Placement};
 use crate::constraint::SeqConstraint;
-use crate::kv_cache::SeqBlocks;
+use crate::kv_cache::SeqKv;
 use crate::sampling::Sampler;
 use crate::stop::StopMatcher;
 use crate::timing::{PrefillEnd, PrefillReason, PrefillRecord, RequestTimings};
@@ -69,7 +69,8 @@ pub struct Seq<'t> {
     pub tokens: Vec<u32>,
     /// Positions whose keys and values are in the cache.
     pub computed: usize,
-    pub blocks: SeqBlocks,
+    /// Its KV blocks, in the full pool and (with one) the window pool.
+    pub blocks: SeqKv,
     pub sampler: Sampler,
     pub decoder: StreamDecoder<'t>,
     pub stop: StopMatcher,

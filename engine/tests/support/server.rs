@@ -88,19 +88,21 @@ impl TestServer {
             kv_tokens: o.kv_tokens,
             block_size: 16,
         };
-        let backends = runtime::build_backends(model, &devices, &rc).expect("backends");
+        let sched = SchedulerConfig {
+            batch: o.batch,
+            max_queue: o.max_queue,
+            prefill_chunk: 256,
+            mixed_prefill_chunk: 32,
+            return_to_solo: true,
+            max_sessions: 64,
+        };
+        let backends =
+            runtime::build_backends_for(model, &devices, &rc, Some(&sched)).expect("backends");
         let context = o.ctx_size.min(model.config.context);
         let engine = Arc::new(EngineHandle::start(
             backends,
             Arc::clone(&model.tokenizer),
-            SchedulerConfig {
-                batch: o.batch,
-                max_queue: o.max_queue,
-                prefill_chunk: 256,
-                mixed_prefill_chunk: 32,
-                return_to_solo: true,
-                max_sessions: 64,
-            },
+            sched,
         ));
         let spans = MemoryExporter::default();
         let telemetry = if o.telemetry {

@@ -24,7 +24,7 @@ use self::matmul::{Input, Weight, matmul, matmul_many};
 use self::pool::ComputePool;
 use self::quant::QActs;
 use self::weights::CpuWeights;
-use super::{Backend, BackendError, SeqChunk, StepStats};
+use super::{Backend, BackendError, SeqChunk, StepStats, WindowedKv};
 use crate::model::config::{Activation, ModelConfig, RopeStyle};
 use crate::model::llama::LlamaWeights;
 use crate::model::ops::{ForwardPlan, Op, RopeTable, Sublayer};
@@ -92,7 +92,12 @@ thread_local! {
 pub struct CpuBackend {
     cfg: ModelConfig,
     weights: Arc<CpuWeights>,
+    /// The full pool: every layer's KV, or only the global layers' with a window pool.
     kv: KvStore,
+    /// The window pool: the local layers' KV, holding only their window.
+    kv_window: Option<KvStore>,
+    /// Per layer: whether its KV lives in the window pool, and its index in its pool.
+    layer_kv: Vec<(bool, usize)>,
     inv_freq: Vec<f32>,
     /// The local layers' inverse frequencies, when they differ from `inv_freq`.
     inv_freq_local: Option<Vec<f32>>,
@@ -138,20 +143,47 @@ impl CpuBackend {
         kv_blocks: usize,
         pool: Arc<ComputePool>,
     ) -> Self {
+        Self::with_layout(cfg, weights, block_size, kv_blocks, None, pool)
+    }
+
+    /// Like [`CpuBackend::with_weights`]; with `window_blocks`, a model with sliding-window
+    /// layers keeps their KV in a window pool of that many blocks (each sequence holding only
+    /// its window), and the full pool holds only the global layers'. A model without such
+    /// layers keeps every layer whole either way.
+    pub fn with_layout(
+        cfg: ModelConfig,
+        weights: Arc<CpuWeights>,
+        block_size: usize,
+        kv_blocks: usize,
+        window_blocks: Option<usize>,
+        pool: Arc<ComputePool>,
+    ) -> Self {
         let inv_freq = cfg.rope_inv_freq(weights.model.rope_freqs.as_deref());
         let inv_freq_local = cfg.rope_inv_freq_local();
-        let kv = KvStore::new(
-            cfg.layers,
-            cfg.kv_heads,
-            cfg.head_dim,
-            block_size,
-            kv_blocks,
-        );
+        let windowed = window_blocks.filter(|_| cfg.family.sliding_window.is_some());
+        let (mut globals, mut locals) = (0, 0);
+        let layer_kv: Vec<(bool, usize)> = (0..cfg.layers)
+            .map(|l| {
+                if windowed.is_some() && cfg.family.window(l).is_some() {
+                    locals += 1;
+                    (true, locals - 1)
+                } else {
+                    globals += 1;
+                    (false, globals - 1)
+                }
+            })
+            .collect();
+        let store =
+            |layers, blocks| KvStore::new(layers, cfg.kv_heads, cfg.head_dim, block_size, blocks);
+        let kv = store(globals, kv_blocks);
+        let kv_window = windowed.map(|b| store(locals, b));
         Self {
             plan: ForwardPlan::new(&cfg),
             cfg,
             weights,
             kv,
+            kv_window,
+            layer_kv,
             inv_freq,
             inv_freq_local,
             isa: isa::detect(),
@@ -166,9 +198,13 @@ impl CpuBackend {
         self
     }
 
-    /// The KV storage's size in bytes.
+    /// The KV storage's size in bytes (both pools).
     pub fn kv_bytes(&self) -> usize {
-        self.kv.bytes_per_token() * self.kv.block_size() * self.kv.blocks()
+        [Some(&self.kv), self.kv_window.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(|kv| kv.bytes_per_token() * kv.block_size() * kv.blocks())
+            .sum()
     }
 
     /// The ISA the kernels run.
@@ -222,7 +258,7 @@ impl CpuBackend {
         pool: &ComputePool,
         isa: Isa,
         kv: &KvStore,
-        chunks: &[SeqChunk<'_>],
+        tables: &[&[u32]],
         s: &mut Scratch,
         heads: impl Fn(usize) -> Heads + Sync,
         nkv: usize,
@@ -243,7 +279,7 @@ impl CpuBackend {
             ATTN_SCRATCH.with_borrow_mut(|scratch| match item {
                 AttnItem::Run { seq, t0, t1 } => {
                     let rows = Rows {
-                        blocks: chunks[seq].blocks,
+                        blocks: tables[seq],
                         positions: &positions[t0..t1],
                         q: &q[t0 * qd..t1 * qd],
                         stride: qd,
@@ -253,7 +289,7 @@ impl CpuBackend {
                 }
                 AttnItem::Chunk { seq, t, c, slot } => {
                     let rows = Rows {
-                        blocks: chunks[seq].blocks,
+                        blocks: tables[seq],
                         positions: &positions[t..=t],
                         q: &q[t * qd..(t + 1) * qd],
                         stride: qd,
@@ -293,7 +329,63 @@ impl CpuBackend {
         }
     }
 
-    fn run(&mut self, chunks: &[SeqChunk<'_>], logits: &mut Vec<f32>) -> Result<(), BackendError> {
+    /// Checks each chunk's window-pool table: one per chunk, holding (in range) every block
+    /// its rows' windows reach.
+    fn check_windows(
+        &self,
+        chunks: &[SeqChunk<'_>],
+        windows: &[&[u32]],
+    ) -> Result<(), BackendError> {
+        let Some(kvw) = &self.kv_window else {
+            return if windows.is_empty() {
+                Ok(())
+            } else {
+                Err(BackendError::Invalid(
+                    "window block tables without a window pool".into(),
+                ))
+            };
+        };
+        let window = self
+            .cfg
+            .family
+            .sliding_window
+            .as_ref()
+            .map_or(1, |w| w.window);
+        if windows.len() != chunks.len() {
+            return Err(BackendError::Invalid(format!(
+                "{} window block tables for {} chunks",
+                windows.len(),
+                chunks.len()
+            )));
+        }
+        let bs = kvw.block_size();
+        for (c, table) in chunks.iter().zip(windows) {
+            let end = c.start_pos + c.tokens.len();
+            let first = (c.start_pos + 1).saturating_sub(window) / bs;
+            let reach = end.div_ceil(bs);
+            let held = table.get(first..reach).ok_or_else(|| {
+                BackendError::Invalid(format!(
+                    "window block table of {} blocks for positions {}..{end}",
+                    table.len(),
+                    c.start_pos
+                ))
+            })?;
+            if let Some(&b) = held.iter().find(|&&b| b as usize >= kvw.blocks()) {
+                return Err(BackendError::Invalid(format!(
+                    "window block {b} out of range (or not held)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn run(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        windows: &[&[u32]],
+        logits: &mut Vec<f32>,
+    ) -> Result<(), BackendError> {
+        self.check_windows(chunks, windows)?;
         let cfg = &self.cfg;
         let w = &*self.weights;
         let lw = &*w.model;
@@ -307,7 +399,7 @@ impl CpuBackend {
         let total: usize = chunks.iter().map(|c| c.tokens.len()).sum();
         s.positions.clear();
         s.attn_items.clear();
-        let mut slots: Vec<(usize, &[u32])> = Vec::with_capacity(total);
+        let mut slots: Vec<(usize, usize)> = Vec::with_capacity(total);
         for (ci, c) in chunks.iter().enumerate() {
             let end = c.start_pos + c.tokens.len();
             if c.tokens.is_empty() || end > cfg.context || end > c.blocks.len() * bs {
@@ -330,7 +422,7 @@ impl CpuBackend {
             let first = s.positions.len();
             for i in 0..c.tokens.len() {
                 s.positions.push(c.start_pos + i);
-                slots.push((c.start_pos + i, c.blocks));
+                slots.push((c.start_pos + i, ci));
             }
             if c.tokens.len() == 1 {
                 // A decode row: its cache chunks are separate items, merged afterwards.
@@ -378,7 +470,8 @@ impl CpuBackend {
             ops::rope_table(&s.positions, f, &mut s.rope_local);
         }
         let neox = cfg.rope_style == RopeStyle::Neox;
-        let kv = &mut self.kv;
+        let full_tables: Vec<&[u32]> = chunks.iter().map(|c| c.blocks).collect();
+        let (kv_full, mut kv_window) = (&mut self.kv, self.kv_window.as_mut());
         let missing = |l: usize, what: &str| {
             BackendError::Invalid(format!("layer {l} has no {what} weights"))
         };
@@ -389,6 +482,12 @@ impl CpuBackend {
             .zip(&plan.layers)
             .enumerate()
         {
+            // A local layer's KV is in the window pool when there is one.
+            let (in_window, layer) = self.layer_kv[l];
+            let (kv, tables): (&mut KvStore, &[&[u32]]) = match kv_window.as_deref_mut() {
+                Some(kvw) if in_window => (kvw, windows),
+                _ => (&mut *kv_full, &full_tables),
+            };
             for op in layer_ops {
                 match *op {
                     Op::AttnNorm => {
@@ -434,12 +533,12 @@ impl CpuBackend {
                         ops::rope(&mut s.k, nkv, hd, table, neox);
                     }
                     Op::StoreKv => {
-                        for (ti, &(pos, blocks)) in slots.iter().enumerate() {
-                            let block = blocks[pos / bs] as usize;
+                        for (ti, &(pos, ci)) in slots.iter().enumerate() {
+                            let block = tables[ci][pos / bs] as usize;
                             kv.write(
                                 block,
                                 pos % bs,
-                                l,
+                                layer,
                                 &s.k[ti * kvd..(ti + 1) * kvd],
                                 &s.v[ti * kvd..(ti + 1) * kvd],
                             );
@@ -448,14 +547,14 @@ impl CpuBackend {
                     Op::Attention(a) => {
                         ops::scale(&mut s.q, a.scale);
                         let heads = |kv_head| Heads {
-                            layer: l,
+                            layer,
                             kv_head,
                             group: nh / nkv,
                             head_dim: hd,
                             window: a.window,
                             softcap: a.softcap,
                         };
-                        Self::attention(&pool, isa, kv, chunks, s, heads, nkv, qd);
+                        Self::attention(&pool, isa, kv, tables, s, heads, nkv, qd);
                     }
                     Op::OutProj => {
                         let ws = [&blk.wo];
@@ -547,10 +646,32 @@ impl Backend for CpuBackend {
         chunks: &[SeqChunk<'_>],
         logits: &mut Vec<f32>,
     ) -> Result<StepStats, BackendError> {
+        self.forward_windowed(chunks, &[], logits)
+    }
+
+    fn forward_windowed(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        windows: &[&[u32]],
+        logits: &mut Vec<f32>,
+    ) -> Result<StepStats, BackendError> {
         let started = Instant::now();
-        self.run(chunks, logits)?;
+        self.run(chunks, windows, logits)?;
         Ok(StepStats {
             device_time: started.elapsed(),
+        })
+    }
+
+    fn kv_block_bytes(&self) -> usize {
+        self.kv.bytes_per_token() * self.kv.block_size()
+    }
+
+    fn windowed_kv(&self) -> Option<WindowedKv> {
+        let kvw = self.kv_window.as_ref()?;
+        Some(WindowedKv {
+            window: self.cfg.family.sliding_window.as_ref()?.window,
+            blocks: kvw.blocks(),
+            block_bytes: kvw.bytes_per_token() * kvw.block_size(),
         })
     }
 
@@ -575,8 +696,14 @@ impl Backend for CpuBackend {
     }
 
     fn describe(&self) -> String {
+        let window = self.windowed_kv().map_or(String::new(), |w| {
+            format!(
+                " + window pool {} blocks for the last {} positions",
+                w.blocks, w.window
+            )
+        });
         format!(
-            "cpu ({} kernels, {} threads, KV {} blocks × {} positions, {:.0} MiB)",
+            "cpu ({} kernels, {} threads, KV {} blocks × {} positions{window}, {:.0} MiB)",
             self.isa.name(),
             self.pool.threads(),
             self.kv.blocks(),

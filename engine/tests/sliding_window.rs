@@ -1,0 +1,244 @@
+//! Sliding-window KV (issue 21, item 3): the local layers of the tiny Gemma 3 (window set to 16
+//! positions, blocks of 4) keep only their window, in a window pool too small for a whole
+//! conversation; greedy tokens are bit-identical to a cold run and to every layer kept whole,
+//! and `cached_tokens` and the resume outcome say what was really reused, below and beyond
+//! the window.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use slotlight_engine::backend::Backend;
+use slotlight_engine::backend::cpu::CpuBackend;
+use slotlight_engine::backend::cpu::pool::ComputePool;
+use slotlight_engine::backend::cpu::weights::CpuWeights;
+use slotlight_engine::model::loader::Model;
+use slotlight_engine::runtime::window_pool_blocks;
+use slotlight_engine::sampling::SamplingParams;
+use slotlight_engine::scheduler::resume::ResumeOutcome;
+use slotlight_engine::scheduler::{
+    Completion, EngineHandle, Event, GenerateRequest, SchedulerConfig,
+};
+
+const WINDOW: usize = 16;
+const BLOCK: usize = 4;
+const FULL_BLOCKS: usize = 128;
+
+/// The tiny Gemma 3 (one local layer, one global) with a 16-position window.
+fn model() -> Model {
+    let path = support::fixtures().join("tiny").join("gemma3.F32.gguf");
+    let mut m = Model::load(&path).expect("tiny gemma3");
+    let sw = m
+        .config
+        .family
+        .sliding_window
+        .as_mut()
+        .expect("gemma3 has local layers");
+    sw.window = WINDOW;
+    m
+}
+
+fn sched() -> SchedulerConfig {
+    SchedulerConfig {
+        batch: 1,
+        max_queue: 16,
+        prefill_chunk: 8,
+        mixed_prefill_chunk: 4,
+        return_to_solo: true,
+        max_sessions: 16,
+    }
+}
+
+/// A CPU backend, its local layers windowed (the pool sized for [`sched`]) or whole.
+fn backend(m: &Model, windowed: bool) -> CpuBackend {
+    let weights = Arc::new(CpuWeights::new(Arc::clone(&m.weights)));
+    let window = windowed
+        .then(|| window_pool_blocks(&m.config, BLOCK, FULL_BLOCKS, &sched()))
+        .flatten();
+    CpuBackend::with_layout(
+        m.config.clone(),
+        weights,
+        BLOCK,
+        FULL_BLOCKS,
+        window,
+        Arc::new(ComputePool::new(2)),
+    )
+}
+
+fn engine(m: &Model, windowed: bool) -> EngineHandle {
+    EngineHandle::start(
+        vec![Box::new(backend(m, windowed))],
+        Arc::clone(&m.tokenizer),
+        sched(),
+    )
+}
+
+async fn run(e: &EngineHandle, prompt: &[u32], n: usize, session: Option<&str>) -> Completion {
+    let req = GenerateRequest {
+        sampling: SamplingParams::greedy(),
+        ignore_eos: true,
+        session: session.map(str::to_owned),
+        ..GenerateRequest::new("r", prompt.to_vec(), n)
+    };
+    let mut rx = e.submit(req).expect("submit");
+    loop {
+        let ev = tokio::time::timeout(Duration::from_secs(120), rx.recv())
+            .await
+            .expect("the request finishes")
+            .expect("events until the completion");
+        if let Event::Done(c) = ev {
+            assert!(
+                c.finish_reason.error_type().is_none(),
+                "{:?}",
+                c.finish_reason
+            );
+            return *c;
+        }
+    }
+}
+
+/// Tokens of a user's turn: printable ids, different for every turn.
+fn user_turn(turn: usize, len: usize) -> Vec<u32> {
+    (0..len)
+        .map(|i| u32::try_from(10 + (turn * 7 + i * 3) % 200).expect("small"))
+        .collect()
+}
+
+#[test]
+fn the_window_pool_is_smaller_than_a_sequence() {
+    let m = model();
+    let b = backend(&m, true);
+    let w = b.windowed_kv().expect("a window pool");
+    assert_eq!(w.window, WINDOW);
+    // One slot: its window (ceil(15 / 4) + 2 = 6 blocks) and one prefill chunk (2 blocks).
+    assert_eq!(w.blocks, 8);
+    // The local layer's half of the KV lives there; the full pool keeps the global layer's.
+    assert_eq!(w.block_bytes, b.kv_block_bytes());
+    assert!(backend(&m, false).windowed_kv().is_none());
+    assert_eq!(
+        backend(&m, false).kv_block_bytes(),
+        2 * b.kv_block_bytes(),
+        "every layer whole"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_past_the_window_resumes_exactly() {
+    let m = model();
+    let warm = engine(&m, true);
+    let whole = engine(&m, false);
+    let mut history: Vec<u32> = Vec::new();
+    // (user tokens, reply tokens): the first turn ends within the window, the others go on to
+    // about 150 positions, nine times the window, through a window pool of 32 positions.
+    let turns = [(6, 5), (9, 12), (20, 30), (13, 40)];
+    let mut remembered = 0;
+    for (t, &(user, reply)) in turns.iter().enumerate() {
+        history.extend(user_turn(t, user));
+        let prompt = history.clone();
+        let got = run(&warm, &prompt, reply, Some("s")).await;
+        let kept = run(&whole, &prompt, reply, Some("s")).await;
+        let cold = run(&engine(&m, true), &prompt, reply, None).await;
+        let cold_whole = run(&engine(&m, false), &prompt, reply, None).await;
+        assert_eq!(got.tokens, cold.tokens, "turn {t}: warm and cold differ");
+        assert_eq!(
+            got.tokens, kept.tokens,
+            "turn {t}: windowed and whole differ"
+        );
+        assert_eq!(cold.tokens, cold_whole.tokens, "turn {t}: cold runs differ");
+        assert_eq!(cold.timings.cached_tokens, 0);
+        // What the last turn left computed, to whole blocks, within the prompt less its last
+        // token: all of it is reused, below the window (turn 1: 8 positions) and beyond it.
+        let reachable = remembered.min(prompt.len() - 1) / BLOCK * BLOCK;
+        assert_eq!(got.timings.cached_tokens, reachable, "turn {t}");
+        assert_eq!(kept.timings.cached_tokens, reachable, "turn {t}");
+        let resume = got.timings.resume.expect("a session's turn");
+        let want = if t == 0 {
+            ResumeOutcome::First
+        } else {
+            ResumeOutcome::Full
+        };
+        assert_eq!((t, resume.outcome), (t, want));
+        assert_eq!(resume.cached_tokens, reachable);
+        if t == 1 {
+            assert!(
+                reachable > 0 && reachable < WINDOW,
+                "a reuse within the window"
+            );
+        }
+        if t >= 2 {
+            assert!(reachable > WINDOW, "a reuse beyond the window");
+        }
+        history.extend(&got.tokens);
+        remembered = history.len() - 1;
+    }
+    assert!(history.len() > 8 * WINDOW);
+    // Idle: nothing held in either pool; the window pool and bytes are published.
+    let g = warm.group_metrics()[0].snapshot();
+    assert_eq!((g.kv_blocks_used, g.kv_window_blocks_used), (0, 0));
+    assert_eq!((g.kv_blocks, g.kv_window_blocks), (128, 8));
+    let b = backend(&m, true);
+    let wb = b.windowed_kv().map_or(0, |w| w.block_bytes);
+    assert_eq!(g.kv_bytes, (128 * b.kv_block_bytes() + 8 * wb) as u64);
+    let h = whole.group_metrics()[0].snapshot();
+    assert_eq!((h.kv_blocks, h.kv_window_blocks), (128, 0));
+    assert_eq!(
+        h.kv_bytes,
+        (128 * backend(&m, false).kv_block_bytes()) as u64
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaimed_window_is_recomputed_and_reported() {
+    let m = model();
+    let warm = engine(&m, true);
+    let whole = engine(&m, false);
+    let first = user_turn(0, 30);
+    let a = run(&warm, &first, 20, Some("s")).await;
+    let b = run(&whole, &first, 20, Some("s")).await;
+    assert_eq!(a.tokens, b.tokens);
+    // Other traffic, long enough to reclaim every window-pool block (8 of them) but leaving
+    // the full pool (128) its cached prefix.
+    let other = user_turn(5, 60);
+    run(&warm, &other, 10, None).await;
+    run(&whole, &other, 10, None).await;
+    let mut next = first.clone();
+    next.extend(&a.tokens);
+    next.extend(user_turn(1, 10));
+    let got = run(&warm, &next, 15, Some("s")).await;
+    let kept = run(&whole, &next, 15, Some("s")).await;
+    let cold = run(&engine(&m, true), &next, 15, None).await;
+    assert_eq!(got.tokens, cold.tokens, "recomputed exactly");
+    assert_eq!(kept.tokens, cold.tokens);
+    let reachable = (first.len() + a.tokens.len() - 1) / BLOCK * BLOCK;
+    // Kept whole, the prefix is all there; windowed, the blocks the first recomputed row
+    // would read were reclaimed, so nothing of it could be resumed, and that is what is said.
+    assert_eq!(kept.timings.cached_tokens, reachable);
+    let w = got.timings.resume.expect("a session's turn");
+    assert_eq!(got.timings.cached_tokens, 0);
+    assert_eq!(w.outcome, ResumeOutcome::Evicted);
+    assert_eq!(w.evicted_tokens, Some(reachable));
+    assert_eq!(w.cached_tokens, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_pool_too_small_for_the_batch_preempts_and_recomputes_exactly() {
+    let m = model();
+    // The window pool is sized for one slot (8 blocks); two requests decode at once.
+    let two = EngineHandle::start(
+        vec![Box::new(backend(&m, true))],
+        Arc::clone(&m.tokenizer),
+        SchedulerConfig {
+            batch: 2,
+            ..sched()
+        },
+    );
+    let (p, q) = (user_turn(3, 40), user_turn(4, 36));
+    let (a, b) = tokio::join!(run(&two, &p, 40, None), run(&two, &q, 40, None));
+    let solo = engine(&m, false);
+    assert_eq!(a.tokens, run(&solo, &p, 40, None).await.tokens);
+    assert_eq!(b.tokens, run(&solo, &q, 40, None).await.tokens);
+    let g = two.group_metrics()[0].snapshot();
+    assert!(g.preemptions > 0, "the window pool ran out");
+    assert_eq!(g.kv_window_blocks_used, 0);
+}
