@@ -1216,9 +1216,10 @@ mod tests {
     const QWEN3_LIKE: &str = r#"{%- if messages[0].role == 'system' %}
     {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
 {%- endif %}
-{%- set ns = namespace(last_query=messages|length - 1) %}
+{%- set ns = namespace(searching=true, last_query=messages|length - 1) %}
 {%- for m in messages[::-1] %}
-    {%- if m.role == 'user' and ns.last_query == messages|length - 1 %}
+    {%- if ns.searching and m.role == 'user' %}
+        {%- set ns.searching = false %}
         {%- set ns.last_query = messages|length - 1 - loop.index0 %}
     {%- endif %}
 {%- endfor %}
