@@ -1151,7 +1151,10 @@ async fn thinking_templates_split_reasoning_and_take_template_kwargs() {
     assert_eq!(code, 200, "{v}");
     let msg = &v["choices"][0]["message"];
     let reasoning = raw.trim();
-    assert!(!reasoning.is_empty(), "the tiny model wrote only blanks: {raw:?}");
+    assert!(
+        !reasoning.is_empty(),
+        "the tiny model wrote only blanks: {raw:?}"
+    );
     assert_eq!(msg["reasoning_content"], reasoning, "{v}");
     assert_eq!(msg["content"], "", "{v}");
     assert_eq!(v["usage"]["completion_tokens"], 12, "{v}");
@@ -1193,7 +1196,9 @@ async fn thinking_templates_split_reasoning_and_take_template_kwargs() {
     let closed = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
     let raw = raw_completion(&s, closed, 12).await;
     let (code, v) = s
-        .chat(ask(json!({"chat_template_kwargs": {"enable_thinking": false}})))
+        .chat(ask(
+            json!({"chat_template_kwargs": {"enable_thinking": false}}),
+        ))
         .await;
     assert_eq!(code, 200, "{v}");
     let msg = &v["choices"][0]["message"];
@@ -1204,7 +1209,10 @@ async fn thinking_templates_split_reasoning_and_take_template_kwargs() {
         json!({"reasoning_tokens": 0}),
         "{v}"
     );
-    assert!(v["usage"]["prompt_tokens"].as_u64() > Some(opened_tokens), "{v}");
+    assert!(
+        v["usage"]["prompt_tokens"].as_u64() > Some(opened_tokens),
+        "{v}"
+    );
     // A constraint cannot start inside an opened block; with thinking off it applies.
     let json_reply = json!({"response_format": {"type": "json_object"}, "max_tokens": 40});
     let (code, v) = s.chat(ask(json_reply.clone())).await;
@@ -1250,11 +1258,19 @@ async fn thinking_templates_split_reasoning_and_take_template_kwargs() {
     let (code, v) = s
         .chat(json!({"messages": history(json!(7)), "max_tokens": 1}))
         .await;
-    assert_eq!((code, param_of(&v)), (400, "messages[1].reasoning_content"), "{v}");
+    assert_eq!(
+        (code, param_of(&v)),
+        (400, "messages[1].reasoning_content"),
+        "{v}"
+    );
     let (code, v) = s
         .chat(json!({"messages": [{"role": "user", "content": "x", "reasoning_content": "r"}], "max_tokens": 1}))
         .await;
-    assert_eq!((code, param_of(&v)), (400, "messages[0].reasoning_content"), "{v}");
+    assert_eq!(
+        (code, param_of(&v)),
+        (400, "messages[0].reasoning_content"),
+        "{v}"
+    );
     // The request span counts the reasoning tokens.
     let roots = root_spans(&s, 4).await;
     assert!(
@@ -1273,7 +1289,12 @@ async fn thinking_templates_split_reasoning_and_take_template_kwargs() {
         .chat(json!({"messages": user("hi"), "max_tokens": 4, "chat_template_kwargs": {"enable_thinking": false}}))
         .await;
     assert_eq!(code, 200, "{v}");
-    assert!(v["choices"][0]["message"].get("reasoning_content").is_none(), "{v}");
+    assert!(
+        v["choices"][0]["message"]
+            .get("reasoning_content")
+            .is_none(),
+        "{v}"
+    );
     assert!(v["usage"].get("completion_tokens_details").is_none(), "{v}");
     let roots = root_spans(&s, 1).await;
     assert!(attr_of(&roots[0], attr::GEN_AI_USAGE_REASONING_OUTPUT_TOKENS).is_none());

@@ -802,13 +802,24 @@ mod tests {
     #[tokio::test]
     async fn reasoning_is_split_off_the_reply_and_counted() {
         let texts = [
-            "<th", "ink>\n", "Two", " and two.", "\n</", "think", ">\n\n", "Four", ".",
+            "<th",
+            "ink>\n",
+            "Two",
+            " and two.",
+            "\n</",
+            "think",
+            ">\n\n",
+            "Four",
+            ".",
         ];
         let d = drive(&texts, Some(ReasoningStart::MayOpen), None).await;
         assert_eq!(d.reasoning, "Two and two.");
         assert_eq!(d.content, "Four.");
         for (r, c) in &d.deltas {
-            assert!(!r.contains(['<', '>']) && !c.contains(['<', '>']), "{r:?} {c:?}");
+            assert!(
+                !r.contains(['<', '>']) && !c.contains(['<', '>']),
+                "{r:?} {c:?}"
+            );
         }
         // `<th` to `>\n\n`: seven tokens hold the block and its tags.
         assert_eq!(d.outcome.reasoning_tokens(), Some(7));

@@ -273,10 +273,7 @@ mod tests {
 
     /// Streams `tokens` one by one; returns the concatenated reasoning and content, every
     /// delta, and the reasoning-token count.
-    fn streamed(
-        start: ReasoningStart,
-        tokens: &[&str],
-    ) -> (String, String, Vec<Split>, usize) {
+    fn streamed(start: ReasoningStart, tokens: &[&str]) -> (String, String, Vec<Split>, usize) {
         let mut s = ReasoningSplitter::new(start);
         let mut deltas = Vec::new();
         for t in tokens {
@@ -294,14 +291,24 @@ mod tests {
         use ReasoningStart::*;
         let cases: &[(ReasoningStart, &str, &str, &str)] = &[
             // (start, reply, reasoning, content)
-            (MayOpen, "<think>\nLet me see.\n</think>\n\nIt is 4.", "Let me see.", "It is 4."),
+            (
+                MayOpen,
+                "<think>\nLet me see.\n</think>\n\nIt is 4.",
+                "Let me see.",
+                "It is 4.",
+            ),
             (MayOpen, "  \n<think>a b</think>c ", "a b", "c "),
             (MayOpen, "No thinking here.", "", "No thinking here."),
             (MayOpen, " Hi <think>x</think>", "", " Hi <think>x</think>"),
             (MayOpen, "<thin", "", "<thin"),
             (MayOpen, "<think></think>\n\nAnswer", "", "Answer"),
             (MayOpen, "", "", ""),
-            (Open, "step one\nstep two\n</think>\n\nDone", "step one\nstep two", "Done"),
+            (
+                Open,
+                "step one\nstep two\n</think>\n\nDone",
+                "step one\nstep two",
+                "Done",
+            ),
             (Open, "\n  cut by length  ", "cut by length", ""),
             (Open, "unterminated </thi", "unterminated </thi", ""),
             (Open, "</think>", "", ""),
@@ -355,7 +362,9 @@ mod tests {
     fn reasoning_is_released_as_it_streams() {
         let (_, _, deltas, count) = streamed(
             ReasoningStart::MayOpen,
-            &["<", "think", ">\n", "Let", " me", "\n</", "think", ">", "\n\n", "Four", "."],
+            &[
+                "<", "think", ">\n", "Let", " me", "\n</", "think", ">", "\n\n", "Four", ".",
+            ],
         );
         let r: Vec<&str> = deltas.iter().map(|d| d.reasoning.as_str()).collect();
         let c: Vec<&str> = deltas.iter().map(|d| d.content.as_str()).collect();
@@ -374,7 +383,10 @@ mod tests {
         let (r, c, _, n) = streamed(ReasoningStart::Open, &["a", "</think>\n\nX", "Y"]);
         assert_eq!((r.as_str(), c.as_str(), n), ("a", "XY", 2));
         // Whitespace before the model's own `<think>` is not reasoning.
-        let (_, _, _, n) = streamed(ReasoningStart::MayOpen, &["\n", "<think>", "a", "</think>", "b"]);
+        let (_, _, _, n) = streamed(
+            ReasoningStart::MayOpen,
+            &["\n", "<think>", "a", "</think>", "b"],
+        );
         assert_eq!(n, 3);
         // No block: no reasoning tokens.
         let (_, c, _, n) = streamed(ReasoningStart::MayOpen, &["<thi", "s is", " text"]);

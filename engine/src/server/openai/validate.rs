@@ -395,11 +395,12 @@ impl ValidRequest {
                 ),
             ));
         }
-        let constrained = opts
-            .grammar
-            .as_ref()
-            .map(|g| g.param)
-            .or_else(|| tools.as_ref().filter(|t| t.enforced()).map(|_| "tool_choice"));
+        let constrained = opts.grammar.as_ref().map(|g| g.param).or_else(|| {
+            tools
+                .as_ref()
+                .filter(|t| t.enforced())
+                .map(|_| "tool_choice")
+        });
         let reasoning = reasoning_start(st.prompts.template_source(), &text, constrained)?;
         Ok(Self {
             endpoint: Endpoint::Chat,
