@@ -1213,6 +1213,26 @@ async fn thinking_templates_split_reasoning_and_take_template_kwargs() {
         v["usage"]["prompt_tokens"].as_u64() > Some(opened_tokens),
         "{v}"
     );
+    // `/tokenize` renders the same prompt with the same kwargs.
+    let t = s
+        .post(
+            "/tokenize",
+            json!({"messages": user("hi"), "chat_template_kwargs": {"enable_thinking": false}}),
+        )
+        .await;
+    let t: Value = t.json().await.expect("json");
+    assert_eq!(t["count"], v["usage"]["prompt_tokens"], "{t}");
+    // With `n` = 2, the reasoning tokens of both choices add up.
+    let (code, v) = s.chat(ask(json!({"n": 2}))).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 24, "{v}");
+    assert_eq!(
+        v["usage"]["completion_tokens_details"]["reasoning_tokens"], 24,
+        "{v}"
+    );
+    for c in v["choices"].as_array().expect("choices") {
+        assert!(c["message"]["reasoning_content"].is_string(), "{v}");
+    }
     // A constraint cannot start inside an opened block; with thinking off it applies.
     let json_reply = json!({"response_format": {"type": "json_object"}, "max_tokens": 40});
     let (code, v) = s.chat(ask(json_reply.clone())).await;

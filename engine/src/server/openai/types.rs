@@ -62,7 +62,7 @@ pub const REFUSED: &[(&str, &str)] = &[
     ("prediction", "predicted outputs are not supported"),
     (
         "reasoning_effort",
-        "the model does not reason; `reasoning_effort` is not supported",
+        "`reasoning_effort` is not supported; thinking templates are switched through `chat_template_kwargs` (e.g. `{\"enable_thinking\": false}`)",
     ),
     ("verbosity", "`verbosity` is not supported"),
     ("web_search_options", "web search is not supported"),
