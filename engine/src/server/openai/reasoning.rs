@@ -313,6 +313,7 @@ mod tests {
             (Open, "unterminated </thi", "unterminated </thi", ""),
             (Open, "</think>", "", ""),
             (Closed, "<think>x</think>y", "", "<think>x</think>y"),
+            (MayOpen, "<think> é🙂 </think>\u{3000}中", "é🙂", "中"),
         ];
         for (start, reply, reasoning, content) in cases {
             assert_eq!(
@@ -332,6 +333,7 @@ mod tests {
             (MayOpen, "plain <th answer"),
             (Open, "  r1\n\n r2 </think>\n content </think>"),
             (Open, "no end < /think> <"),
+            (MayOpen, "<think>\u{3000}é🙂 x\n</think>\n中 文"),
         ];
         for (start, reply) in replies {
             let expected = whole(start, reply);

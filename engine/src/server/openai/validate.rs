@@ -395,12 +395,18 @@ impl ValidRequest {
                 ),
             ));
         }
-        let constrained = opts.grammar.as_ref().map(|g| g.param).or_else(|| {
-            tools
-                .as_ref()
-                .filter(|t| t.enforced())
-                .map(|_| "tool_choice")
-        });
+        // The field that asked for a constraint: a grammar's own, else the enforced tools'
+        // (`tool_choice` when given, else `tools`: the generic format's `auto` is enforced).
+        let tools_param = if req.tool_choice.is_some() {
+            "tool_choice"
+        } else {
+            "tools"
+        };
+        let constrained = opts
+            .grammar
+            .as_ref()
+            .map(|g| g.param)
+            .or_else(|| tools.as_ref().filter(|t| t.enforced()).map(|_| tools_param));
         let reasoning = reasoning_start(st.prompts.template_source(), &text, constrained)?;
         Ok(Self {
             endpoint: Endpoint::Chat,
@@ -798,4 +804,41 @@ pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, 
         out.push(msg);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const THINKING: &str = "{{ '<think>' }}";
+
+    #[test]
+    fn constraints_and_reasoning_blocks() {
+        let opened = "<|im_start|>assistant\n<think>\n";
+        let free = "<|im_start|>assistant\n";
+        // No constraint: where the reply starts is the prompt's say.
+        assert_eq!(
+            reasoning_start(THINKING, opened, None).expect("ok"),
+            Some(ReasoningStart::Open)
+        );
+        assert_eq!(
+            reasoning_start(THINKING, free, None).expect("ok"),
+            Some(ReasoningStart::MayOpen)
+        );
+        // A constraint inside a block the prompt opened is refused, naming its field.
+        let e = reasoning_start(THINKING, opened, Some("response_format")).expect_err("refused");
+        assert_eq!(e.param.as_deref(), Some("response_format"));
+        assert_eq!(e.code, Some("unsupported_parameter"));
+        assert!(e.message.contains("chat_template_kwargs"), "{}", e.message);
+        // Where the model would open the block itself, the constraint leaves no room for it.
+        assert_eq!(
+            reasoning_start(THINKING, free, Some("tools")).expect("ok"),
+            Some(ReasoningStart::Closed)
+        );
+        // Templates without `<think>` are never parsed, constrained or not.
+        assert_eq!(
+            reasoning_start("{{ x }}", opened, Some("grammar")).expect("ok"),
+            None
+        );
+    }
 }
