@@ -1320,3 +1320,62 @@ async fn thinking_templates_split_reasoning_and_take_template_kwargs() {
     assert!(attr_of(&roots[0], attr::GEN_AI_USAGE_REASONING_OUTPUT_TOKENS).is_none());
     s.stop().await;
 }
+
+/// The tiny model with one more token, `</think>` (a user-defined token, kept in decoded
+/// text, as Qwen 3's is), as its last id (99), and the thinking template.
+fn model_with_think_close() -> Model {
+    let tiny = TinyLlama {
+        context: 4096,
+        vocab: 100,
+        ..TinyLlama::default()
+    };
+    let mut b = tiny.gguf();
+    let mut tokens: Vec<String> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        .iter()
+        .map(|t| (*t).to_string())
+        .collect();
+    tokens.extend((b'!'..=b'~').map(|c| char::from(c).to_string()));
+    tokens.extend(["Ġ".to_string(), "Ċ".to_string(), "</think>".to_string()]);
+    let refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    let mut types = vec![3, 3, 3];
+    types.extend(std::iter::repeat_n(1, 96));
+    types.push(4);
+    b.kv_str_array("tokenizer.ggml.tokens", &refs);
+    b.kv_i32_array("tokenizer.ggml.token_type", &types);
+    b.kv_str("tokenizer.chat_template", THINKING_TEMPLATE);
+    Model::load(&b.write_temp().1).expect("tiny model")
+}
+
+/// A reply that closes the block the prompt opened: its `</think>` token ends the reasoning
+/// (empty, so left out) and counts as a reasoning token; what follows is content, whole and
+/// streamed alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closing_think_token_ends_the_reasoning() {
+    let m = model_with_think_close();
+    let s = server(&m).await;
+    // The bias makes `</think>` every token of the reply.
+    let body = json!({"messages": user("hi"), "max_tokens": 4, "ignore_eos": true, "logit_bias": {"99": 100}});
+    let (code, v) = s.chat(body.clone()).await;
+    assert_eq!(code, 200, "{v}");
+    let msg = &v["choices"][0]["message"];
+    assert!(msg.get("reasoning_content").is_none(), "{v}");
+    assert_eq!(msg["content"], "</think>".repeat(3), "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 4, "{v}");
+    assert_eq!(
+        v["usage"]["completion_tokens_details"]["reasoning_tokens"], 1,
+        "{v}"
+    );
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let (chunks, done) = s.stream("/v1/chat/completions", streamed).await;
+    assert!(done);
+    let mut content = String::new();
+    for c in &chunks {
+        if let Some(d) = c["choices"].get(0).map(|ch| &ch["delta"]) {
+            assert!(d.get("reasoning_content").is_none(), "{c}");
+            content.push_str(d["content"].as_str().unwrap_or(""));
+        }
+    }
+    assert_eq!(content, "</think>".repeat(3));
+    s.stop().await;
+}
