@@ -127,6 +127,10 @@ pub struct ChatMessage {
     /// A tool message's `tool_call_id`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// An earlier assistant reply's reasoning, as a client echoes it back (thinking templates
+    /// such as Qwen 3's read `message.reasoning_content`). Absent when there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
@@ -138,9 +142,20 @@ impl ChatMessage {
             name: None,
             tool_calls: None,
             tool_call_id: None,
+            reasoning_content: None,
         }
     }
 }
+
+/// The variables [`ChatTemplate::render_with`] sets itself: extra variables of these names
+/// would be overridden, so callers taking extras from a client refuse them.
+pub const STANDARD_VARIABLES: &[&str] = &[
+    "messages",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+    "tools",
+];
 
 /// Marks an error raised by the template itself through `raise_exception`.
 #[derive(Debug)]
@@ -1191,6 +1206,97 @@ mod tests {
         assert_eq!(
             t.render_with(&[], true, &extra).expect("renders"),
             "False True"
+        );
+    }
+
+    /// A Qwen 3-style thinking template, reduced to what matters here: ChatML turns, the
+    /// reasoning of assistant turns after the last user query rendered in a `<think>` block
+    /// (from `reasoning_content`, or split out of the content), and `enable_thinking: false`
+    /// closing an empty block in the generation prompt.
+    const QWEN3_LIKE: &str = r#"{%- if messages[0].role == 'system' %}
+    {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- set ns = namespace(searching=true, last_query=messages|length - 1) %}
+{%- for m in messages[::-1] %}
+    {%- if ns.searching and m.role == 'user' %}
+        {%- set ns.searching = false %}
+        {%- set ns.last_query = messages|length - 1 - loop.index0 %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- set content = message.content if message.content is string else '' %}
+    {%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>\n' }}
+    {%- elif message.role == 'assistant' %}
+        {%- set reasoning = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning = message.reasoning_content %}
+        {%- elif '</think>' in content %}
+            {%- set reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+            {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query and (loop.last or reasoning) %}
+            {{- '<|im_start|>assistant\n<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+        {%- else %}
+            {{- '<|im_start|>assistant\n' + content }}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}"#;
+
+    #[test]
+    fn qwen3_style_template_reads_enable_thinking_and_reasoning_content() {
+        let t = ChatTemplate::new(QWEN3_LIKE, None, Some("<|im_end|>".into())).expect("compiles");
+        let question = msgs(&[("system", "Be brief."), ("user", "2+2?")]);
+        let head = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n";
+        // Thinking on (the default): the model opens its own block.
+        assert_eq!(
+            t.render(&question, true).expect("renders"),
+            format!("{head}<|im_start|>assistant\n")
+        );
+        let mut kwargs = serde_json::Map::new();
+        kwargs.insert("enable_thinking".into(), serde_json::Value::Bool(true));
+        assert_eq!(
+            t.render_with(&question, true, &kwargs).expect("renders"),
+            format!("{head}<|im_start|>assistant\n")
+        );
+        // `enable_thinking: false` closes an empty block in the generation prompt.
+        kwargs.insert("enable_thinking".into(), serde_json::Value::Bool(false));
+        assert_eq!(
+            t.render_with(&question, true, &kwargs).expect("renders"),
+            format!("{head}<|im_start|>assistant\n<think>\n\n</think>\n\n")
+        );
+        // An assistant turn after the last query keeps its echoed `reasoning_content`; an
+        // earlier one is rendered without it.
+        let mut answered = question.clone();
+        let mut reply = ChatMessage::new("assistant", "\n4");
+        reply.reasoning_content = Some("\nadd them\n".into());
+        answered.push(reply.clone());
+        assert_eq!(
+            t.render(&answered, false).expect("renders"),
+            format!("{head}<|im_start|>assistant\n<think>\nadd them\n</think>\n\n4<|im_end|>\n")
+        );
+        answered.push(ChatMessage::new("user", "3+3?"));
+        assert_eq!(
+            t.render(&answered, false).expect("renders"),
+            format!(
+                "{head}<|im_start|>assistant\n\n4<|im_end|>\n<|im_start|>user\n3+3?<|im_end|>\n"
+            )
+        );
+        // Reasoning left inline in the content is split out the same way.
+        let inline = [
+            ChatMessage::new("user", "q"),
+            ChatMessage::new("assistant", "<think>\nr\n</think>\n\na"),
+        ];
+        assert_eq!(
+            t.render(&inline, false).expect("renders"),
+            "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\nr\n</think>\n\na<|im_end|>\n"
         );
     }
 

@@ -56,18 +56,21 @@ impl PromptBuilder {
 
     /// Renders and encodes a conversation ending with a generation prompt.
     pub fn chat(&self, messages: &[ChatMessage]) -> Result<(String, Vec<u32>), PromptError> {
-        self.chat_with(messages, None, true)
+        self.chat_with(messages, None, &serde_json::Map::new(), true)
     }
 
     /// Renders and encodes a conversation, offering `tools` (OpenAI tool objects) to the
-    /// template as its `tools` variable, with or without a generation prompt.
+    /// template as its `tools` variable and `kwargs` as extra variables (HF's
+    /// `chat_template_kwargs`, e.g. `enable_thinking`), with or without a generation prompt.
+    /// `tools` wins over a `kwargs` entry of the same name.
     pub fn chat_with(
         &self,
         messages: &[ChatMessage],
         tools: Option<&serde_json::Value>,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<(String, Vec<u32>), PromptError> {
-        let mut extra = serde_json::Map::new();
+        let mut extra = kwargs.clone();
         if let Some(t) = tools {
             extra.insert("tools".into(), t.clone());
         }

@@ -1100,3 +1100,282 @@ async fn echo_returns_the_prompt_first_and_json_requests_say_so_on_their_span() 
     );
     s.stop().await;
 }
+
+/// A thinking template: ChatML turns, an assistant's echoed `reasoning_content` rendered in a
+/// `<think>` block, and a generation prompt that opens `<think>` unless `enable_thinking` is
+/// false, when it closes an empty block (Qwen 3's way of turning thinking off).
+const THINKING_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}{% if message.reasoning_content %}{{ '<think>\n' + message.reasoning_content + '\n</think>\n\n' }}{% endif %}{{ message['content'] + '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{% else %}{{ '<think>\n' }}{% endif %}{% endif %}";
+
+/// `logit_bias` that bans the newline token (`Ċ`, the last of the tiny vocabulary).
+fn no_newline() -> Value {
+    json!({"98": -100})
+}
+
+/// The text a raw completion of `prompt` generates (seeded, `max_tokens` tokens, newlines
+/// banned: the tiny model otherwise repeats them after `<think>\n`): what the chat with the
+/// same rendered prompt and options generates too.
+async fn raw_completion(s: &TestServer, prompt: &str, max_tokens: usize) -> String {
+    let r = s
+        .post(
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": max_tokens, "seed": 5, "ignore_eos": true, "logit_bias": no_newline()}),
+        )
+        .await;
+    let v: Value = r.json().await.expect("json");
+    v["choices"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a completion: {v}"))
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thinking_templates_split_reasoning_and_take_template_kwargs() {
+    let mut m = model();
+    m.chat_template = Some(std::sync::Arc::new(
+        slotlight_engine::chat_template::ChatTemplate::new(THINKING_TEMPLATE, None, None)
+            .expect("template compiles"),
+    ));
+    let s = server(&m).await;
+    let ask = |extra: Value| {
+        let mut body = json!({"messages": user("hi"), "max_tokens": 12, "seed": 5, "ignore_eos": true, "logit_bias": no_newline()});
+        if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+            b.extend(e.clone());
+        }
+        body
+    };
+    // The prompt opens `<think>`: the whole reply (cut by length) is reasoning, and every
+    // generated token counts as a reasoning token.
+    let opened = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n";
+    let raw = raw_completion(&s, opened, 12).await;
+    let (code, v) = s.chat(ask(json!({}))).await;
+    assert_eq!(code, 200, "{v}");
+    let msg = &v["choices"][0]["message"];
+    let reasoning = raw.trim();
+    assert!(
+        !reasoning.is_empty(),
+        "the tiny model wrote only blanks: {raw:?}"
+    );
+    assert_eq!(msg["reasoning_content"], reasoning, "{v}");
+    assert_eq!(msg["content"], "", "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 12, "{v}");
+    assert_eq!(
+        v["usage"]["completion_tokens_details"],
+        json!({"reasoning_tokens": 12}),
+        "{v}"
+    );
+    let opened_tokens = v["usage"]["prompt_tokens"].as_u64().expect("prompt_tokens");
+    // Streamed: the same reasoning, in `delta.reasoning_content`, and no content.
+    let (chunks, done) = s
+        .stream(
+            "/v1/chat/completions",
+            ask(json!({"stream": true, "stream_options": {"include_usage": true}})),
+        )
+        .await;
+    assert!(done);
+    let mut streamed = String::new();
+    for c in &chunks {
+        let Some(d) = c["choices"].get(0).map(|ch| &ch["delta"]) else {
+            continue;
+        };
+        if let Some(r) = d["reasoning_content"].as_str() {
+            streamed.push_str(r);
+        }
+        assert!(
+            d["content"].is_null() || d["content"] == "",
+            "content while reasoning: {c}"
+        );
+    }
+    assert_eq!(streamed, reasoning);
+    let last = chunks.last().expect("a usage chunk");
+    assert_eq!(
+        last["usage"]["completion_tokens_details"]["reasoning_tokens"], 12,
+        "{last}"
+    );
+    // `chat_template_kwargs` reaches the template: `enable_thinking: false` closes the block,
+    // so the reply is all content, exactly as generated.
+    let closed = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    let raw = raw_completion(&s, closed, 12).await;
+    let (code, v) = s
+        .chat(ask(
+            json!({"chat_template_kwargs": {"enable_thinking": false}}),
+        ))
+        .await;
+    assert_eq!(code, 200, "{v}");
+    let msg = &v["choices"][0]["message"];
+    assert_eq!(msg["content"], raw.as_str(), "{v}");
+    assert!(msg.get("reasoning_content").is_none(), "{v}");
+    assert_eq!(
+        v["usage"]["completion_tokens_details"],
+        json!({"reasoning_tokens": 0}),
+        "{v}"
+    );
+    assert!(
+        v["usage"]["prompt_tokens"].as_u64() > Some(opened_tokens),
+        "{v}"
+    );
+    // `/tokenize` renders the same prompt with the same kwargs.
+    let t = s
+        .post(
+            "/tokenize",
+            json!({"messages": user("hi"), "chat_template_kwargs": {"enable_thinking": false}}),
+        )
+        .await;
+    let t: Value = t.json().await.expect("json");
+    assert_eq!(t["count"], v["usage"]["prompt_tokens"], "{t}");
+    // With `n` = 2, the reasoning tokens of both choices add up.
+    let (code, v) = s.chat(ask(json!({"n": 2}))).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 24, "{v}");
+    assert_eq!(
+        v["usage"]["completion_tokens_details"]["reasoning_tokens"], 24,
+        "{v}"
+    );
+    for c in v["choices"].as_array().expect("choices") {
+        assert!(c["message"]["reasoning_content"].is_string(), "{v}");
+    }
+    // A constraint cannot start inside an opened block; with thinking off it applies.
+    let json_reply = json!({"response_format": {"type": "json_object"}, "max_tokens": 40});
+    let (code, v) = s.chat(ask(json_reply.clone())).await;
+    assert_eq!((code, param_of(&v)), (400, "response_format"), "{v}");
+    let mut off = json_reply;
+    off["chat_template_kwargs"] = json!({"enable_thinking": false});
+    let (code, v) = s.chat(ask(off)).await;
+    assert_eq!(code, 200, "{v}");
+    // Bad kwargs are 400s naming them.
+    for (kwargs, param) in [
+        (json!("enable_thinking"), "chat_template_kwargs"),
+        (json!([1]), "chat_template_kwargs"),
+        (json!({"messages": []}), "chat_template_kwargs.messages"),
+        (
+            json!({"add_generation_prompt": false}),
+            "chat_template_kwargs.add_generation_prompt",
+        ),
+        (json!({"tools": []}), "chat_template_kwargs.tools"),
+    ] {
+        let (code, v) = s.chat(ask(json!({"chat_template_kwargs": kwargs}))).await;
+        assert_eq!((code, param_of(&v)), (400, param), "{v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    }
+    // An assistant's echoed reasoning reaches the template; on a user message it is refused.
+    let history = |reasoning: Value| {
+        json!([
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "yes", "reasoning_content": reasoning},
+            {"role": "user", "content": "ok"}
+        ])
+    };
+    let (code, with) = s
+        .chat(json!({"messages": history(json!("because")), "max_tokens": 1}))
+        .await;
+    assert_eq!(code, 200, "{with}");
+    let (_, without) = s
+        .chat(json!({"messages": history(json!("")), "max_tokens": 1}))
+        .await;
+    assert!(
+        with["usage"]["prompt_tokens"].as_u64() > without["usage"]["prompt_tokens"].as_u64(),
+        "{with} {without}"
+    );
+    let (code, v) = s
+        .chat(json!({"messages": history(json!(7)), "max_tokens": 1}))
+        .await;
+    assert_eq!(
+        (code, param_of(&v)),
+        (400, "messages[1].reasoning_content"),
+        "{v}"
+    );
+    let (code, v) = s
+        .chat(json!({"messages": [{"role": "user", "content": "x", "reasoning_content": "r"}], "max_tokens": 1}))
+        .await;
+    assert_eq!(
+        (code, param_of(&v)),
+        (400, "messages[0].reasoning_content"),
+        "{v}"
+    );
+    // The request span counts the reasoning tokens.
+    let roots = root_spans(&s, 4).await;
+    assert!(
+        roots.iter().any(|r| matches!(
+            attr_of(r, attr::GEN_AI_USAGE_REASONING_OUTPUT_TOKENS),
+            Some(OtelValue::I64(12))
+        )),
+        "no request span with 12 reasoning tokens"
+    );
+    s.stop().await;
+
+    // A template without `<think>`: nothing of it on the wire.
+    let plain = model();
+    let s = server(&plain).await;
+    let (code, v) = s
+        .chat(json!({"messages": user("hi"), "max_tokens": 4, "chat_template_kwargs": {"enable_thinking": false}}))
+        .await;
+    assert_eq!(code, 200, "{v}");
+    assert!(
+        v["choices"][0]["message"]
+            .get("reasoning_content")
+            .is_none(),
+        "{v}"
+    );
+    assert!(v["usage"].get("completion_tokens_details").is_none(), "{v}");
+    let roots = root_spans(&s, 1).await;
+    assert!(attr_of(&roots[0], attr::GEN_AI_USAGE_REASONING_OUTPUT_TOKENS).is_none());
+    s.stop().await;
+}
+
+/// The tiny model with one more token, `</think>` (a user-defined token, kept in decoded
+/// text, as Qwen 3's is), as its last id (99), and the thinking template.
+fn model_with_think_close() -> Model {
+    let tiny = TinyLlama {
+        context: 4096,
+        vocab: 100,
+        ..TinyLlama::default()
+    };
+    let mut b = tiny.gguf();
+    let mut tokens: Vec<String> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        .iter()
+        .map(|t| (*t).to_string())
+        .collect();
+    tokens.extend((b'!'..=b'~').map(|c| char::from(c).to_string()));
+    tokens.extend(["Ġ".to_string(), "Ċ".to_string(), "</think>".to_string()]);
+    let refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    let mut types = vec![3, 3, 3];
+    types.extend(std::iter::repeat_n(1, 96));
+    types.push(4);
+    b.kv_str_array("tokenizer.ggml.tokens", &refs);
+    b.kv_i32_array("tokenizer.ggml.token_type", &types);
+    b.kv_str("tokenizer.chat_template", THINKING_TEMPLATE);
+    Model::load(&b.write_temp().1).expect("tiny model")
+}
+
+/// A reply that closes the block the prompt opened: its `</think>` token ends the reasoning
+/// (empty, so left out) and counts as a reasoning token; what follows is content, whole and
+/// streamed alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closing_think_token_ends_the_reasoning() {
+    let m = model_with_think_close();
+    let s = server(&m).await;
+    // The bias makes `</think>` every token of the reply.
+    let body = json!({"messages": user("hi"), "max_tokens": 4, "ignore_eos": true, "logit_bias": {"99": 100}});
+    let (code, v) = s.chat(body.clone()).await;
+    assert_eq!(code, 200, "{v}");
+    let msg = &v["choices"][0]["message"];
+    assert!(msg.get("reasoning_content").is_none(), "{v}");
+    assert_eq!(msg["content"], "</think>".repeat(3), "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 4, "{v}");
+    assert_eq!(
+        v["usage"]["completion_tokens_details"]["reasoning_tokens"], 1,
+        "{v}"
+    );
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let (chunks, done) = s.stream("/v1/chat/completions", streamed).await;
+    assert!(done);
+    let mut content = String::new();
+    for c in &chunks {
+        if let Some(d) = c["choices"].get(0).map(|ch| &ch["delta"]) {
+            assert!(d.get("reasoning_content").is_none(), "{c}");
+            content.push_str(d["content"].as_str().unwrap_or(""));
+        }
+    }
+    assert_eq!(content, "</think>".repeat(3));
+    s.stop().await;
+}

@@ -63,6 +63,8 @@ crate::contract! {
     GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens", "int", "{token}";
     /// Request span: prompt tokens served from the KV cache (`usage.prompt_tokens_details.cached_tokens`).
     GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens", "int", "{token}";
+    /// Request span: generated tokens inside the reasoning block (`<think>` to `</think>`, both tags included), over all choices (`usage.completion_tokens_details.reasoning_tokens`). Only on chats whose template is a thinking template.
+    GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = "gen_ai.usage.reasoning.output_tokens", "int", "{token}";
 
     /// Request span: the conversation (session), from the request's `x-session-id` header or its `user` field. Also on every child span, which the sidecar keys by it.
     GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id", "string", "";

@@ -148,6 +148,8 @@ pub struct RequestSpan {
     pub input_tokens: Option<i64>,
     /// `gen_ai.usage.output_tokens`.
     pub output_tokens: Option<i64>,
+    /// `gen_ai.usage.reasoning.output_tokens` (chats with a thinking template only).
+    pub reasoning_tokens: Option<i64>,
     /// `gen_ai.usage.cache_read.input_tokens`.
     pub cached_tokens: Option<i64>,
     /// `slotlight.usage.prefilled_tokens`.
@@ -507,6 +509,7 @@ fn convert_span(
                 .unwrap_or_default(),
             input_tokens: int(f.get(F::InputTokens)),
             output_tokens: int(f.get(F::OutputTokens)),
+            reasoning_tokens: int(f.get(F::ReasoningTokens)),
             cached_tokens: int(f.get(F::CacheRead)),
             prefilled_tokens: int(f.get(F::PrefilledTokens)),
             queue_ms: dbl(f.get(F::QueueMs)),
@@ -625,6 +628,7 @@ enum F {
     FinishReasons,
     InputTokens,
     OutputTokens,
+    ReasoningTokens,
     CacheRead,
     PrefilledTokens,
     QueueMs,
@@ -682,6 +686,10 @@ const KEYS: [(&str, F); N_FIELDS] = [
     (attr::GEN_AI_RESPONSE_FINISH_REASONS, F::FinishReasons),
     (attr::GEN_AI_USAGE_INPUT_TOKENS, F::InputTokens),
     (attr::GEN_AI_USAGE_OUTPUT_TOKENS, F::OutputTokens),
+    (
+        attr::GEN_AI_USAGE_REASONING_OUTPUT_TOKENS,
+        F::ReasoningTokens,
+    ),
     (attr::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, F::CacheRead),
     (attr::USAGE_PREFILLED_TOKENS, F::PrefilledTokens),
     (attr::USAGE_QUEUE_MS, F::QueueMs),
@@ -1007,6 +1015,10 @@ mod tests {
                         }),
                     ),
                     kv(attr::GEN_AI_USAGE_OUTPUT_TOKENS, PValue::IntValue(7)),
+                    kv(
+                        attr::GEN_AI_USAGE_REASONING_OUTPUT_TOKENS,
+                        PValue::IntValue(5),
+                    ),
                 ],
             )],
         );
@@ -1017,6 +1029,7 @@ mod tests {
         assert_eq!(r.ttft_ms, Some(12.5));
         assert_eq!(r.finish_reasons, vec!["stop".to_string()]);
         assert_eq!(r.output_tokens, Some(7));
+        assert_eq!(r.reasoning_tokens, Some(5));
     }
 
     #[test]

@@ -46,25 +46,30 @@ impl GgufBuilder {
     pub fn new() -> Self {
         Self::default()
     }
+    /// Sets key `k` (GGUF type `ty`, encoded value `v`), replacing an earlier value of it: a
+    /// test can change one key of a model [`TinyLlama::gguf`] wrote.
+    fn set(&mut self, k: &str, ty: u32, v: Vec<u8>) -> &mut Self {
+        match self.kvs.iter_mut().find(|(key, _, _)| key == k) {
+            Some(kv) => *kv = (k.into(), ty, v),
+            None => self.kvs.push((k.into(), ty, v)),
+        }
+        self
+    }
     /// A string value.
     pub fn kv_str(&mut self, k: &str, v: &str) -> &mut Self {
-        self.kvs.push((k.into(), 8, gguf_str(v)));
-        self
+        self.set(k, 8, gguf_str(v))
     }
     /// A u32 value.
     pub fn kv_u32(&mut self, k: &str, v: u32) -> &mut Self {
-        self.kvs.push((k.into(), 4, v.to_le_bytes().to_vec()));
-        self
+        self.set(k, 4, v.to_le_bytes().to_vec())
     }
     /// An f32 value.
     pub fn kv_f32(&mut self, k: &str, v: f32) -> &mut Self {
-        self.kvs.push((k.into(), 6, v.to_le_bytes().to_vec()));
-        self
+        self.set(k, 6, v.to_le_bytes().to_vec())
     }
     /// A bool value.
     pub fn kv_bool(&mut self, k: &str, v: bool) -> &mut Self {
-        self.kvs.push((k.into(), 7, vec![u8::from(v)]));
-        self
+        self.set(k, 7, vec![u8::from(v)])
     }
     /// An array of strings.
     pub fn kv_str_array(&mut self, k: &str, v: &[&str]) -> &mut Self {
@@ -73,8 +78,7 @@ impl GgufBuilder {
         for s in v {
             b.extend_from_slice(&gguf_str(s));
         }
-        self.kvs.push((k.into(), 9, b));
-        self
+        self.set(k, 9, b)
     }
     /// An array of i32.
     pub fn kv_i32_array(&mut self, k: &str, v: &[i32]) -> &mut Self {
@@ -83,8 +87,7 @@ impl GgufBuilder {
         for x in v {
             b.extend_from_slice(&x.to_le_bytes());
         }
-        self.kvs.push((k.into(), 9, b));
-        self
+        self.set(k, 9, b)
     }
     /// An F32 tensor; `shape` is outermost first.
     pub fn tensor_f32(&mut self, name: &str, shape: &[usize], data: &[f32]) -> &mut Self {

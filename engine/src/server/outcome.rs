@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use slotlight_otel::attr::value;
 
 use super::error::ApiError;
-use super::usage::{LegUsage, LlamaCppTimings, PromptDetails, Usage};
+use super::usage::{CompletionDetails, LegUsage, LlamaCppTimings, PromptDetails, Usage};
 use crate::scheduler::{Completion, EngineError, FinishReason};
 use crate::timing::{LegRecord, UsageTimings};
 
@@ -221,6 +221,21 @@ impl RequestOutcome {
         }
     }
 
+    /// Records the reasoning tokens counted over the choices (`None`: the replies were not
+    /// parsed for reasoning), in `usage.completion_tokens_details`.
+    pub fn set_reasoning_tokens(&mut self, tokens: Option<usize>) {
+        self.usage.completion_tokens_details =
+            tokens.map(|reasoning_tokens| CompletionDetails { reasoning_tokens });
+    }
+
+    /// Reasoning tokens over the choices, when the replies were parsed for reasoning.
+    pub fn reasoning_tokens(&self) -> Option<usize> {
+        self.usage
+            .completion_tokens_details
+            .as_ref()
+            .map(|d| d.reasoning_tokens)
+    }
+
     /// Whether a choice ran more than one leg (it moved).
     pub fn moved(&self) -> bool {
         self.legs.iter().any(|l| l.record.index > 0)
@@ -311,6 +326,7 @@ fn usage(at: &Instants, done: &[Completion], legs: &[ChoiceLeg]) -> Usage {
         completion_tokens,
         total_tokens: prompt_tokens + completion_tokens,
         prompt_tokens_details: PromptDetails { cached_tokens },
+        completion_tokens_details: None,
         timings: merged_timings(at, done),
         legs: legs
             .iter()

@@ -16,6 +16,7 @@ use tracing::Instrument as _;
 
 use super::AppState;
 use super::error::ApiError;
+use super::openai::reasoning::{ReasoningSplitter, ReasoningStart};
 use super::openai::tools::{ParsedCall, Shaper, ToolSetup};
 use super::openai::validate::ValidRequest;
 use super::outcome::RequestOutcome;
@@ -36,6 +37,8 @@ pub enum Out {
         choice: usize,
         /// Content to show now.
         text: String,
+        /// Reasoning to show now (`delta.reasoning_content`; empty without).
+        reasoning: String,
         /// Tokens generated so far, over all choices.
         generated: usize,
         /// Log-probabilities of the tokens this delta covers (when asked for).
@@ -56,6 +59,8 @@ pub struct ChoiceEnd {
     pub finish_reason: &'static str,
     /// Content not yet sent.
     pub text: String,
+    /// Reasoning not yet sent.
+    pub reasoning: String,
     /// The tool calls found in the reply.
     pub tool_calls: Vec<ParsedCall>,
     /// Log-probabilities of tokens not yet sent.
@@ -126,16 +131,25 @@ pub fn launch(
     let progress = st.cfg.progress_interval;
     let flag = Arc::clone(&cancel);
     let tools = req.tools.clone();
+    let reasoning = req.reasoning;
     let metrics = Arc::clone(&st.metrics);
     // The task's log lines carry the request's trace and span ids, and its warnings become
     // events on the request span.
     let span = crate::telemetry::request_span(trace.context(), &info.id);
-    tokio::spawn(run(trace, rxs, tx, flag, progress, info, tools, metrics).instrument(span));
+    tokio::spawn(
+        run(
+            trace, rxs, tx, flag, progress, info, tools, reasoning, metrics,
+        )
+        .instrument(span),
+    );
     Ok((out, cancel))
 }
 
 /// One choice in progress, as the request task sees it.
 struct ChoiceState {
+    /// Splits reasoning off the text first (thinking templates only).
+    reasoning: Option<ReasoningSplitter>,
+    /// Then shapes the content (tool calls).
     shaper: Shaper,
     logprobs: Vec<TokenLogprobs>,
     generated: usize,
@@ -176,12 +190,14 @@ async fn run(
     progress: Duration,
     info: RequestInfo,
     tools: Option<ToolSetup>,
+    reasoning: Option<ReasoningStart>,
     metrics: Arc<RequestMetrics>,
 ) {
     let prompt_tokens = info.prompt_tokens;
     let n = rxs.len();
     let mut choices: Vec<ChoiceState> = (0..n)
         .map(|_| ChoiceState {
+            reasoning: reasoning.map(ReasoningSplitter::new),
             shaper: Shaper::new(tools.as_ref()),
             logprobs: Vec::new(),
             generated: 0,
@@ -207,6 +223,8 @@ async fn run(
     tick.tick().await;
     let mut finished = 0;
     let mut tool_calls = 0;
+    // Reasoning tokens over the choices (`None` without reasoning parsing).
+    let mut reasoning_tokens = reasoning.map(|_| 0usize);
     let mut reasons: Vec<&'static str> = vec![slotlight_otel::attr::value::FINISH_ERROR; n];
     while finished < n {
         tokio::select! {
@@ -237,18 +255,46 @@ async fn run(
                         if let Some(lp) = logprobs {
                             c.logprobs.push(*lp);
                         }
-                        let shown = c.shaper.push(&text);
-                        let lps = if shown.is_empty() { Vec::new() } else { std::mem::take(&mut c.logprobs) };
+                        let (thought, content) = match c.reasoning.as_mut() {
+                            Some(r) => {
+                                let s = r.push_token(&text);
+                                (s.reasoning, s.content)
+                            }
+                            None => (String::new(), text),
+                        };
+                        let shown = c.shaper.push(&content);
+                        let lps = if shown.is_empty() && thought.is_empty() {
+                            Vec::new()
+                        } else {
+                            std::mem::take(&mut c.logprobs)
+                        };
                         let generated = choices.iter().map(|c| c.generated).sum();
                         let gone = tx
-                            .send(Out::Delta { choice: i, text: shown, generated, logprobs: lps })
+                            .send(Out::Delta {
+                                choice: i,
+                                text: shown,
+                                reasoning: thought,
+                                generated,
+                                logprobs: lps,
+                            })
                             .is_err();
                         cancel.fetch_or(gone, Ordering::Relaxed);
                     }
                     Event::Done(c) => {
                         let state = &mut choices[i];
                         let shaper = std::mem::replace(&mut state.shaper, Shaper::new(None));
-                        let (text, calls) = shaper.finish(&c.tail_text);
+                        // Reasoning comes off first; tool calls are parsed in the content.
+                        let (thought, tail) = match state.reasoning.take() {
+                            Some(r) => {
+                                let (s, n) = r.finish(&c.tail_text);
+                                if let Some(total) = reasoning_tokens.as_mut() {
+                                    *total += n;
+                                }
+                                (s.reasoning, s.content)
+                            }
+                            None => (String::new(), c.tail_text.clone()),
+                        };
+                        let (text, calls) = shaper.finish(&tail);
                         let reason = match (&c.finish_reason, calls.is_empty()) {
                             (FinishReason::Stop, false) => {
                                 slotlight_otel::attr::value::FINISH_TOOL_CALLS
@@ -261,6 +307,7 @@ async fn run(
                             choice: i,
                             finish_reason: reason,
                             text,
+                            reasoning: thought,
                             tool_calls: calls,
                             logprobs: std::mem::take(&mut state.logprobs),
                         })));
@@ -281,7 +328,8 @@ async fn run(
             None => c.lost(i, &info, prompt_tokens),
         })
         .collect();
-    let outcome = RequestOutcome::of(info.received, &done, reasons, tool_calls);
+    let mut outcome = RequestOutcome::of(info.received, &done, reasons, tool_calls);
+    outcome.set_reasoning_tokens(reasoning_tokens);
     record::finished(&metrics, &info, &trace.trace_id(), &outcome);
     trace.finish(&outcome);
     let _ = tx.send(Out::Done(Box::new(outcome)));
@@ -428,6 +476,7 @@ mod tests {
             cancel,
             Duration::ZERO,
             info(received),
+            None,
             None,
             Arc::clone(&metrics),
         )
@@ -589,6 +638,7 @@ mod tests {
             Duration::ZERO,
             two,
             None,
+            None,
             Arc::clone(&metrics),
         )
         .await;
@@ -628,5 +678,207 @@ mod tests {
         let durations: Vec<_> = series.duration.iter().map(|(e, h)| (*e, h.count)).collect();
         assert_eq!(durations, vec![(Some("cancelled"), 1)]);
         assert_eq!(series.ttft.count, 0);
+    }
+    /// What the request task sent for one choice whose tokens have the texts `texts`.
+    struct Driven {
+        reasoning: String,
+        content: String,
+        deltas: Vec<(String, String)>,
+        calls: Vec<ParsedCall>,
+        finish_reason: &'static str,
+        outcome: RequestOutcome,
+        span: SpanData,
+    }
+
+    async fn drive(
+        texts: &[&str],
+        reasoning: Option<ReasoningStart>,
+        tools: Option<ToolSetup>,
+    ) -> Driven {
+        let mem = Memory::default();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(SimpleSpanProcessor::new(mem.clone()))
+            .build();
+        let telemetry = Telemetry::with_provider(provider, "t".into());
+        let received = Instant::now();
+        let trace = RequestTrace::start(
+            &telemetry,
+            TimeAnchor::now(),
+            info(received),
+            &Context::new(),
+            false,
+            &ServerAddress::default(),
+        );
+        let placement = Placement {
+            path: PathKind::Solo,
+            group: 0,
+            slot: None,
+        };
+        let at = |ms| received + Duration::from_millis(ms);
+        let (events, rx) = mpsc::unbounded_channel();
+        let send = |ev| events.send(ev).expect("send");
+        send(Event::Admitted {
+            at: at(1),
+            placement,
+        });
+        let mut t = RequestTimings::new(received, 5);
+        t.mark_admitted(at(1));
+        t.start_leg(PathKind::Solo, 0, None, at(1));
+        for (k, text) in texts.iter().enumerate() {
+            let k64 = u64::try_from(k).expect("small");
+            t.add_step(Duration::from_millis(1), 1, k == 0);
+            t.mark_token(at(2 + k64));
+            send(Event::Token {
+                id: 7,
+                text: (*text).to_string(),
+                at: at(2 + k64),
+                generated: k + 1,
+                step_device: Duration::from_millis(1),
+                from_prefill: k == 0,
+                placement,
+                logprobs: None,
+            });
+        }
+        t.mark_finished(at(100));
+        send(Event::Done(Box::new(Completion {
+            finish_reason: FinishReason::Stop,
+            tokens: vec![7; texts.len()],
+            tail_text: String::new(),
+            timings: t,
+            group: 0,
+            choice: 0,
+            mask: None,
+        })));
+        drop(events);
+        let (tx, mut out) = mpsc::unbounded_channel();
+        run(
+            trace,
+            vec![rx],
+            tx,
+            Arc::new(AtomicBool::new(false)),
+            Duration::ZERO,
+            info(received),
+            tools,
+            reasoning,
+            Arc::new(RequestMetrics::default()),
+        )
+        .await;
+        let (mut reasoning, mut content, mut deltas) = (String::new(), String::new(), Vec::new());
+        let mut end = None;
+        let outcome = loop {
+            match out.recv().await {
+                Some(Out::Delta {
+                    text, reasoning: r, ..
+                }) => {
+                    reasoning.push_str(&r);
+                    content.push_str(&text);
+                    deltas.push((r, text));
+                }
+                Some(Out::ChoiceDone(e)) => {
+                    reasoning.push_str(&e.reasoning);
+                    content.push_str(&e.text);
+                    deltas.push((e.reasoning.clone(), e.text.clone()));
+                    end = Some(e);
+                }
+                Some(Out::Done(o)) => break *o,
+                None => panic!("an outcome"),
+            }
+        };
+        let end = end.expect("the choice ended");
+        Driven {
+            reasoning,
+            content,
+            deltas,
+            calls: end.tool_calls.clone(),
+            finish_reason: end.finish_reason,
+            outcome,
+            span: request_span(&mem),
+        }
+    }
+
+    /// A thinking template's reply through the request task: the reasoning comes apart from
+    /// the content, tags split across tokens never show in a delta, and the reasoning tokens
+    /// (tags included) reach `usage` and the request span.
+    #[tokio::test]
+    async fn reasoning_is_split_off_the_reply_and_counted() {
+        let texts = [
+            "<th",
+            "ink>\n",
+            "Two",
+            " and two.",
+            "\n</",
+            "think",
+            ">\n\n",
+            "Four",
+            ".",
+        ];
+        let d = drive(&texts, Some(ReasoningStart::MayOpen), None).await;
+        assert_eq!(d.reasoning, "Two and two.");
+        assert_eq!(d.content, "Four.");
+        for (r, c) in &d.deltas {
+            assert!(
+                !r.contains(['<', '>']) && !c.contains(['<', '>']),
+                "{r:?} {c:?}"
+            );
+        }
+        // `<th` to `>\n\n`: seven tokens hold the block and its tags.
+        assert_eq!(d.outcome.reasoning_tokens(), Some(7));
+        let usage = serde_json::to_value(&d.outcome.usage).expect("json");
+        assert_eq!(
+            usage["completion_tokens_details"],
+            serde_json::json!({"reasoning_tokens": 7})
+        );
+        assert_eq!(
+            attr_of(&d.span, attr::GEN_AI_USAGE_REASONING_OUTPUT_TOKENS).as_deref(),
+            Some("7")
+        );
+        // The same tokens without reasoning parsing (a template without `<think>`): the text
+        // as it came, and no reasoning count anywhere.
+        let plain = drive(&texts, None, None).await;
+        assert_eq!(plain.reasoning, "");
+        assert_eq!(plain.content, texts.concat());
+        assert_eq!(plain.outcome.reasoning_tokens(), None);
+        let usage = serde_json::to_value(&plain.outcome.usage).expect("json");
+        assert!(usage.get("completion_tokens_details").is_none(), "{usage}");
+        assert_eq!(
+            attr_of(&plain.span, attr::GEN_AI_USAGE_REASONING_OUTPUT_TOKENS),
+            None
+        );
+    }
+
+    /// Tool calls are parsed in the content only: a `<tool_call>` inside the reasoning is
+    /// reasoning text, the one after `</think>` is a call.
+    #[tokio::test]
+    async fn tool_calls_are_parsed_after_the_reasoning() {
+        use crate::server::openai::tools::{Tool, ToolChoice, ToolFormat};
+        let tools = ToolSetup {
+            format: ToolFormat::Hermes,
+            choice: ToolChoice::Auto,
+            tools: vec![Tool {
+                name: "f".into(),
+                description: None,
+                parameters: serde_json::json!({"type": "object", "properties": {}}),
+            }],
+            parallel: true,
+        };
+        let texts = [
+            "call <tool_call>",
+            " maybe",
+            "</think>",
+            "\n\n",
+            "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>",
+        ];
+        let d = drive(&texts, Some(ReasoningStart::Open), Some(tools)).await;
+        assert_eq!(d.reasoning, "call <tool_call> maybe");
+        assert_eq!(d.content, "");
+        assert_eq!(
+            d.calls,
+            vec![ParsedCall {
+                name: "f".into(),
+                arguments: "{}".into()
+            }]
+        );
+        assert_eq!(d.finish_reason, "tool_calls");
+        assert_eq!(d.outcome.reasoning_tokens(), Some(3));
     }
 }

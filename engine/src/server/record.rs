@@ -178,6 +178,7 @@ fn log_finished(info: &RequestInfo, trace_id: &str, o: &RequestOutcome) {
         diverged_at = usage.diverged_at,
         evicted_tokens = usage.evicted_tokens,
         completion_tokens = usage.completion_tokens,
+        reasoning_tokens = o.reasoning_tokens(),
         queue_ms = u.queue_ms,
         prefill_ms = u.prefill_ms,
         ttft_ms = u.ttft_ms,

@@ -647,6 +647,9 @@ impl RequestTrace {
         if self.info.tools.is_some() {
             attrs.push(kv_i(attr::TOOLS_CALLS, o.tool_calls));
         }
+        if let Some(n) = o.reasoning_tokens() {
+            attrs.push(kv_i(attr::GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, n));
+        }
         if self.trace_content {
             let texts: Vec<String> = self
                 .choices

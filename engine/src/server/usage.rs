@@ -17,6 +17,10 @@ pub struct Usage {
     pub total_tokens: usize,
     /// Details of the prompt.
     pub prompt_tokens_details: PromptDetails,
+    /// Details of the completion: present only for chats with a thinking template (whose
+    /// replies are parsed for reasoning), absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<CompletionDetails>,
     /// The request's own timings.
     #[serde(flatten)]
     pub timings: UsageTimings,
@@ -63,6 +67,14 @@ pub struct LegUsage {
 pub struct PromptDetails {
     /// Prompt tokens served from the KV cache (for the first choice; the others fork from it).
     pub cached_tokens: usize,
+}
+
+/// `usage.completion_tokens_details`, in OpenAI's shape.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct CompletionDetails {
+    /// Generated tokens inside the reasoning block, its `<think>` and `</think>` tags
+    /// included, over all choices.
+    pub reasoning_tokens: usize,
 }
 
 /// llama.cpp's `timings` object, with llama.cpp's definitions (see [`super::outcome`]); a

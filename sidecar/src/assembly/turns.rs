@@ -171,6 +171,9 @@ pub struct TurnRecord {
     pub evicted_tokens: Option<i64>,
     /// `gen_ai.usage.output_tokens`.
     pub completion_tokens: Option<i64>,
+    /// `gen_ai.usage.reasoning.output_tokens`: generated tokens inside the reasoning block.
+    /// Null unless the model's template is a thinking template.
+    pub reasoning_tokens: Option<i64>,
     /// `slotlight.usage.queue_ms`.
     pub queue_ms: Option<f64>,
     /// `slotlight.usage.prefill_ms`.
@@ -260,6 +263,7 @@ impl TurnRecord {
             diverged_at: req.resume_diverged_at,
             evicted_tokens: req.resume_evicted_tokens,
             completion_tokens: req.output_tokens,
+            reasoning_tokens: req.reasoning_tokens,
             queue_ms: req.queue_ms,
             prefill_ms: req.prefill_ms,
             ttft_ms: req.ttft_ms,
@@ -421,6 +425,7 @@ mod tests {
             prefill_ms: Some(50.0),
             e2e_ms: Some(123.456),
             legs: Some(2),
+            reasoning_tokens: Some(9),
             ..Default::default()
         };
         let t = TurnRecord::build(
@@ -436,6 +441,7 @@ mod tests {
         assert_eq!(t.legs[0].index, 0);
         let json = serde_json::to_value(&t).expect("json");
         assert_eq!(json["e2e_ms"], serde_json::json!(123.456));
+        assert_eq!(json["reasoning_tokens"], 9);
         assert!(json.get("trace_id_bytes").is_none());
     }
 

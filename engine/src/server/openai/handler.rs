@@ -159,6 +159,7 @@ struct Shape {
 #[derive(Default)]
 struct Collected {
     text: String,
+    reasoning: String,
     logprobs: Vec<TokenLogprobs>,
     end: Option<ChoiceEnd>,
 }
@@ -176,17 +177,20 @@ impl Shape {
                 Out::Delta {
                     choice,
                     text,
+                    reasoning,
                     logprobs,
                     ..
                 } => {
                     if let Some(c) = choices.get_mut(choice) {
                         c.text.push_str(&text);
+                        c.reasoning.push_str(&reasoning);
                         c.logprobs.extend(logprobs);
                     }
                 }
                 Out::ChoiceDone(e) => {
                     if let Some(c) = choices.get_mut(e.choice) {
                         c.text.push_str(&e.text);
+                        c.reasoning.push_str(&e.reasoning);
                         c.logprobs.extend(e.logprobs.iter().cloned());
                         c.end = Some(*e);
                     }
@@ -228,6 +232,8 @@ impl Shape {
                                 role: "assistant",
                                 content: (calls.is_empty() || !c.text.is_empty())
                                     .then(|| c.text.clone()),
+                                reasoning_content: (!c.reasoning.is_empty())
+                                    .then(|| c.reasoning.clone()),
                                 tool_calls: calls,
                             },
                             logprobs: self
@@ -384,6 +390,7 @@ impl Streaming {
                         delta: Delta {
                             role: Some("assistant"),
                             content: Some(String::new()),
+                            reasoning_content: None,
                             tool_calls: Vec::new(),
                         },
                         logprobs: None,
@@ -410,11 +417,13 @@ impl Streaming {
         }
     }
 
-    /// A chunk of content (and its tokens' log-probabilities) for one choice.
+    /// A chunk of content and reasoning (and their tokens' log-probabilities) for one choice.
+    /// A chunk of reasoning alone carries no `content`.
     fn content(
         &mut self,
         index: usize,
         text: String,
+        reasoning: String,
         logprobs: &[TokenLogprobs],
         finish: Option<&'static str>,
     ) -> Chunk {
@@ -423,7 +432,9 @@ impl Streaming {
                 index,
                 delta: Delta {
                     role: None,
-                    content: (!text.is_empty() || finish.is_none()).then_some(text),
+                    content: (!text.is_empty() || (finish.is_none() && reasoning.is_empty()))
+                        .then_some(text),
+                    reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
                     tool_calls: Vec::new(),
                 },
                 logprobs: (self.shape.logprobs && !logprobs.is_empty())
@@ -455,13 +466,14 @@ impl Streaming {
             Out::Delta {
                 choice,
                 text,
+                reasoning,
                 generated,
                 logprobs,
             } => {
-                if text.is_empty() && !self.shape.continuous {
+                if text.is_empty() && reasoning.is_empty() && !self.shape.continuous {
                     return Vec::new();
                 }
-                let mut c = self.content(choice, text, &logprobs, None);
+                let mut c = self.content(choice, text, reasoning, &logprobs, None);
                 if self.shape.continuous {
                     let usage = ChunkUsage::Partial {
                         prompt_tokens: self.shape.prompt_len,
@@ -478,10 +490,16 @@ impl Streaming {
             Out::ChoiceDone(e) => {
                 let mut v = Vec::new();
                 let mut logprobs = e.logprobs.clone();
-                if !e.text.is_empty() {
+                if !e.text.is_empty() || !e.reasoning.is_empty() {
                     v.push(
-                        self.content(e.choice, e.text.clone(), &logprobs, None)
-                            .json(),
+                        self.content(
+                            e.choice,
+                            e.text.clone(),
+                            e.reasoning.clone(),
+                            &logprobs,
+                            None,
+                        )
+                        .json(),
                     );
                     logprobs.clear();
                 }
@@ -501,6 +519,7 @@ impl Streaming {
                             delta: Delta {
                                 role: None,
                                 content: None,
+                                reasoning_content: None,
                                 tool_calls: calls,
                             },
                             logprobs: None,
@@ -509,8 +528,13 @@ impl Streaming {
                         .json(),
                     );
                 }
-                let finish =
-                    self.content(e.choice, String::new(), &logprobs, Some(e.finish_reason));
+                let finish = self.content(
+                    e.choice,
+                    String::new(),
+                    String::new(),
+                    &logprobs,
+                    Some(e.finish_reason),
+                );
                 self.remaining = self.remaining.saturating_sub(1);
                 if self.remaining == 0 {
                     self.held = Some(finish);

@@ -2,9 +2,10 @@
 //!
 //! Chat and completions share one path ([`handler`]): wire types ([`types`]) → validated request
 //! ([`validate`]) → the per-request pipeline → typed responses ([`response`]); tool calls live in
-//! [`tools`].
+//! [`tools`], reasoning output in [`reasoning`].
 
 pub mod handler;
+pub mod reasoning;
 pub mod response;
 pub mod tokenize;
 pub mod tools;

@@ -62,6 +62,9 @@ pub struct AssistantMessage {
     pub role: &'static str,
     /// The text (null when the reply is only tool calls).
     pub content: Option<String>,
+    /// The reply's reasoning (thinking templates; absent when there is none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// Tool calls.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
@@ -261,6 +264,9 @@ pub struct Delta {
     /// New content.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// New reasoning (thinking templates, while the reply is inside its reasoning block).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// Tool calls, each whole in one chunk.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCallDelta>,

@@ -59,7 +59,13 @@ pub async fn tokenize(State(st): State<SharedState>, body: Body) -> Result<Respo
         let add_generation_prompt = take_bool(&mut map, "add_generation_prompt")?.unwrap_or(true);
         // The rest must be what a chat request would accept about its prompt.
         let mut chat = serde_json::Map::new();
-        for key in ["messages", "tools", "tool_choice", "parallel_tool_calls"] {
+        for key in [
+            "messages",
+            "tools",
+            "tool_choice",
+            "parallel_tool_calls",
+            "chat_template_kwargs",
+        ] {
             if let Some(v) = map.remove(key) {
                 chat.insert(key.into(), v);
             }

@@ -62,7 +62,7 @@ pub const REFUSED: &[(&str, &str)] = &[
     ("prediction", "predicted outputs are not supported"),
     (
         "reasoning_effort",
-        "the model does not reason; `reasoning_effort` is not supported",
+        "`reasoning_effort` is not supported; thinking templates are switched through `chat_template_kwargs` (e.g. `{\"enable_thinking\": false}`)",
     ),
     ("verbosity", "`verbosity` is not supported"),
     ("web_search_options", "web search is not supported"),
@@ -255,6 +255,8 @@ pub struct WireMessage {
     pub tool_calls: Option<Vec<WireToolCall>>,
     /// A tool message's call id.
     pub tool_call_id: Option<String>,
+    /// An assistant's reasoning from an earlier reply, echoed back (an empty string is none).
+    pub reasoning_content: Option<String>,
 }
 
 impl WireMessage {
@@ -273,15 +275,12 @@ impl WireMessage {
             name: b.take("name")?,
             tool_calls: b.take("tool_calls")?,
             tool_call_id: b.take("tool_call_id")?,
+            reasoning_content: b
+                .take::<String>("reasoning_content")?
+                .filter(|r| !r.is_empty()),
         };
         // Fields a client echoes back from an earlier response; empty ones carry nothing.
-        for key in [
-            "refusal",
-            "audio",
-            "function_call",
-            "annotations",
-            "reasoning_content",
-        ] {
+        for key in ["refusal", "audio", "function_call", "annotations"] {
             b.refuse_unless(
                 key,
                 |v| v.as_array().is_some_and(Vec::is_empty) || v.as_str() == Some(""),
@@ -615,6 +614,10 @@ pub struct ChatRequest {
     pub logprobs: bool,
     /// How many alternatives per token (0–20; needs `logprobs`).
     pub top_logprobs: Option<i64>,
+    /// Extra variables for the chat template (HF's `chat_template_kwargs`, e.g.
+    /// `{"enable_thinking": false}`), checked: an object whose keys are not variables the
+    /// server sets itself.
+    pub chat_template_kwargs: Map<String, Value>,
 }
 
 impl ChatRequest {
@@ -660,6 +663,10 @@ impl ChatRequest {
             None => None,
             Some(v) => Some(parse_tool_choice(v)?),
         };
+        let chat_template_kwargs = match b.take_value("chat_template_kwargs") {
+            None => Map::new(),
+            Some(v) => parse_template_kwargs(v)?,
+        };
         let r = Self {
             messages,
             common: Common::parse(&mut b)?,
@@ -668,10 +675,40 @@ impl ChatRequest {
             parallel_tool_calls: b.take("parallel_tool_calls")?,
             logprobs: b.take("logprobs")?.unwrap_or(false),
             top_logprobs: b.take("top_logprobs")?,
+            chat_template_kwargs,
         };
         b.finish()?;
         Ok(r)
     }
+}
+
+/// `chat_template_kwargs`: a JSON object of extra template variables. A key naming a variable
+/// the server sets itself (`messages`, `tools`, `add_generation_prompt`, `bos_token`,
+/// `eos_token`) is refused rather than silently overridden.
+fn parse_template_kwargs(v: Value) -> Result<Map<String, Value>, ApiError> {
+    const PARAM: &str = "chat_template_kwargs";
+    let map = match v {
+        Value::Object(map) => map,
+        other => {
+            return Err(ApiError::invalid_param(
+                PARAM,
+                format!("`{PARAM}` must be a JSON object, not {}", kind_of(&other)),
+            ));
+        }
+    };
+    if let Some(k) = map
+        .keys()
+        .find(|k| crate::chat_template::STANDARD_VARIABLES.contains(&k.as_str()))
+    {
+        let p = format!("{PARAM}.{k}");
+        return Err(ApiError::invalid_param(
+            &p,
+            format!(
+                "`{p}`: `{k}` is set by the server from the request itself and cannot be given as a template variable"
+            ),
+        ));
+    }
+    Ok(map)
 }
 
 fn parse_tool(v: Value, i: usize) -> Result<WireTool, ApiError> {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use super::reasoning::ReasoningStart;
 use super::tools::{self, Tool, ToolChoice, ToolFormat, ToolSetup};
 use super::types::{
     ChatRequest, Common, CompletionRequest, Content, Limits, Prompt, ResponseFormat, StringOrList,
@@ -314,6 +315,9 @@ pub struct ValidRequest {
     pub tools: Option<ToolSetup>,
     /// The compiled constraint, when the request has a grammar or enforced tool calls.
     pub constraint: Option<Constraint>,
+    /// Where the reply starts with respect to a reasoning block (chat with a thinking
+    /// template); `None`: no reasoning parsing.
+    pub reasoning: Option<ReasoningStart>,
 }
 
 fn top_logprobs(param: &str, v: i64) -> Result<usize, ApiError> {
@@ -391,6 +395,19 @@ impl ValidRequest {
                 ),
             ));
         }
+        // The field that asked for a constraint: a grammar's own, else the enforced tools'
+        // (`tool_choice` when given, else `tools`: the generic format's `auto` is enforced).
+        let tools_param = if req.tool_choice.is_some() {
+            "tool_choice"
+        } else {
+            "tools"
+        };
+        let constrained = opts
+            .grammar
+            .as_ref()
+            .map(|g| g.param)
+            .or_else(|| tools.as_ref().filter(|t| t.enforced()).map(|_| tools_param));
+        let reasoning = reasoning_start(st.prompts.template_source(), &text, constrained)?;
         Ok(Self {
             endpoint: Endpoint::Chat,
             request_model: req.common.model.clone().unwrap_or_else(|| model.clone()),
@@ -402,6 +419,7 @@ impl ValidRequest {
             echo: false,
             tools,
             constraint: None,
+            reasoning,
         })
     }
 
@@ -478,6 +496,7 @@ impl ValidRequest {
             echo: req.echo,
             tools: None,
             constraint: None,
+            reasoning: None,
         })
     }
 
@@ -534,6 +553,33 @@ impl ValidRequest {
     }
 }
 
+/// Where the reply of a chat starts with respect to reasoning ([`ReasoningStart::detect`]).
+/// A constraint (`constrained` names the field asking for it) shapes the reply from its first
+/// token: with a prompt that opened a reasoning block it would force the constrained text
+/// inside the block, so that is refused; where the model would open the block itself, the
+/// constraint leaves it no room, and the whole reply is content.
+fn reasoning_start(
+    template: &str,
+    prompt: &str,
+    constrained: Option<&'static str>,
+) -> Result<Option<ReasoningStart>, ApiError> {
+    let start = ReasoningStart::detect(template, prompt);
+    match (start, constrained) {
+        (Some(ReasoningStart::Open), Some(param)) => {
+            let mut e = ApiError::invalid_param(
+                param,
+                format!(
+                    "`{param}` constrains the reply from its first token, but this model's chat template opens a reasoning block (`<think>`) in the prompt; turn reasoning off through `chat_template_kwargs` (e.g. `{{\"enable_thinking\": false}}`) where the template supports it, or drop the constraint"
+                ),
+            );
+            e.code = Some("unsupported_parameter");
+            Err(e)
+        }
+        (Some(ReasoningStart::MayOpen), Some(_)) => Ok(Some(ReasoningStart::Closed)),
+        (start, _) => Ok(start),
+    }
+}
+
 /// The prompt of a chat: messages checked, tools set up in the model's format, the template
 /// rendered (with a generation prompt when asked) and the text encoded. `/tokenize` uses the
 /// same function, so its counts equal a chat request's `prompt_tokens`.
@@ -554,7 +600,12 @@ pub fn chat_prompt(
     let template_tools = tools.as_ref().and_then(ToolSetup::template_tools);
     let (text, prompt) = st
         .prompts
-        .chat_with(&messages, template_tools.as_ref(), add_generation_prompt)
+        .chat_with(
+            &messages,
+            template_tools.as_ref(),
+            &req.chat_template_kwargs,
+            add_generation_prompt,
+        )
         .map_err(|e| {
             let mut a = ApiError::invalid_param("messages", e.to_string());
             a.code = Some("invalid_messages");
@@ -691,6 +742,15 @@ pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, 
         };
         let mut msg = ChatMessage::new(role, content);
         msg.name = m.name.clone();
+        if let Some(r) = &m.reasoning_content {
+            if m.role != "assistant" {
+                return Err(ApiError::invalid_param(
+                    &format!("messages[{i}].reasoning_content"),
+                    "only assistant messages carry reasoning_content",
+                ));
+            }
+            msg.reasoning_content = Some(r.clone());
+        }
         if let Some(calls) = &m.tool_calls {
             if m.role != "assistant" {
                 return Err(ApiError::invalid_param(
@@ -744,4 +804,41 @@ pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, 
         out.push(msg);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const THINKING: &str = "{{ '<think>' }}";
+
+    #[test]
+    fn constraints_and_reasoning_blocks() {
+        let opened = "<|im_start|>assistant\n<think>\n";
+        let free = "<|im_start|>assistant\n";
+        // No constraint: where the reply starts is the prompt's say.
+        assert_eq!(
+            reasoning_start(THINKING, opened, None).expect("ok"),
+            Some(ReasoningStart::Open)
+        );
+        assert_eq!(
+            reasoning_start(THINKING, free, None).expect("ok"),
+            Some(ReasoningStart::MayOpen)
+        );
+        // A constraint inside a block the prompt opened is refused, naming its field.
+        let e = reasoning_start(THINKING, opened, Some("response_format")).expect_err("refused");
+        assert_eq!(e.param.as_deref(), Some("response_format"));
+        assert_eq!(e.code, Some("unsupported_parameter"));
+        assert!(e.message.contains("chat_template_kwargs"), "{}", e.message);
+        // Where the model would open the block itself, the constraint leaves no room for it.
+        assert_eq!(
+            reasoning_start(THINKING, free, Some("tools")).expect("ok"),
+            Some(ReasoningStart::Closed)
+        );
+        // Templates without `<think>` are never parsed, constrained or not.
+        assert_eq!(
+            reasoning_start("{{ x }}", opened, Some("grammar")).expect("ok"),
+            None
+        );
+    }
 }
