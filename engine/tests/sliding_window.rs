@@ -224,21 +224,31 @@ async fn a_reclaimed_window_is_recomputed_and_reported() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_window_pool_too_small_for_the_batch_preempts_and_recomputes_exactly() {
     let m = model();
-    // The window pool is sized for one slot (8 blocks); two requests decode at once.
-    let two = EngineHandle::start(
-        vec![Box::new(backend(&m, true))],
-        Arc::clone(&m.tokenizer),
-        SchedulerConfig {
-            batch: 2,
-            ..sched()
-        },
-    );
+    // The window pool is sized for one slot (8 blocks); two requests decode at once. Two
+    // submits are two commands, and on a loaded machine the loop may finish the first before
+    // the second arrives: such a run shows no preemption and proves nothing, so it is run
+    // again on a fresh engine (at most 5 times).
     let (p, q) = (user_turn(3, 40), user_turn(4, 36));
-    let (a, b) = tokio::join!(run(&two, &p, 40, None), run(&two, &q, 40, None));
+    let mut attempts = 0;
+    let (a, b, g) = loop {
+        attempts += 1;
+        let two = EngineHandle::start(
+            vec![Box::new(backend(&m, true))],
+            Arc::clone(&m.tokenizer),
+            SchedulerConfig {
+                batch: 2,
+                ..sched()
+            },
+        );
+        let (a, b) = tokio::join!(run(&two, &p, 40, None), run(&two, &q, 40, None));
+        let g = two.group_metrics()[0].snapshot();
+        if g.preemptions > 0 || attempts == 5 {
+            break (a, b, g);
+        }
+    };
     let solo = engine(&m, false);
     assert_eq!(a.tokens, run(&solo, &p, 40, None).await.tokens);
     assert_eq!(b.tokens, run(&solo, &q, 40, None).await.tokens);
-    let g = two.group_metrics()[0].snapshot();
     assert!(g.preemptions > 0, "the window pool ran out");
     assert_eq!(g.kv_window_blocks_used, 0);
 }
