@@ -77,9 +77,7 @@ unsafe fn codes<const F: u8>(rec: *const u8) -> ([__m256i; 4], [__m256i; 4]) {
                 };
                 _mm256_and_si256(moved, bit)
             };
-            for p in 0..4 {
-                #[allow(clippy::cast_possible_wrap)] // p < 4
-                let at = 2 * p as i32;
+            for (p, at) in [0, 2, 4, 6].into_iter().enumerate() {
                 lo[p] = _mm256_or_si256(lo[p], take(at));
                 hi[p] = _mm256_or_si256(hi[p], take(at + 1));
             }
