@@ -200,6 +200,12 @@ fn block_update(
 ) {
     match isa {
         #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni if bs == 16 && matches!(hd, 32 | 64 | 128 | 256) => {
+            // SAFETY: `Isa::Avx512Vnni` is only returned after detecting AVX-512 F and VL
+            // beside AVX2 and FMA; sizes as checked.
+            unsafe { avx512::block_update(q, kt, v, hd, from, valid, states) }
+        }
+        #[cfg(target_arch = "x86_64")]
         _ if isa.avx2() && bs == 16 && matches!(hd, 32 | 64 | 128 | 256) => {
             // SAFETY: `isa.avx2()` implies AVX2 and FMA; sizes as checked.
             unsafe { avx2::block_update(q, kt, v, hd, from, valid, states) }
@@ -514,6 +520,172 @@ mod avx2 {
     }
 }
 
+/// [`avx2::block_update`] on 512-bit vectors: a block's 16 scores are one vector, and a
+/// head's accumulators half as many. Every lane sees the same operations in the same order as
+/// there (the scores summed over the head in order, the same exponential, the weights summed
+/// as eight pairs and then eight lanes), so the results are bit for bit those of the AVX2 path.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use crate::backend::cpu::simd::{hmax, hsum};
+    use std::arch::x86_64::*;
+
+    /// See [`super::block_update`], for 16-position blocks and head sizes 32, 64, 128 or 256.
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    pub unsafe fn block_update(
+        q: &[f32],
+        kt: &[f32],
+        v: &[f32],
+        hd: usize,
+        from: usize,
+        valid: usize,
+        states: &mut [f32],
+    ) {
+        let group = q.len() / hd;
+        let mut h = 0;
+        // SAFETY (all calls): the caller checked the sizes.
+        unsafe {
+            while h < group {
+                let n = (group - h).min(4);
+                let qh = &q[h * hd..(h + n) * hd];
+                let st = &mut states[h * (hd + 2)..(h + n) * (hd + 2)];
+                match (n, hd) {
+                    (1, 32) => heads::<1, 2>(qh, kt, v, from, valid, st),
+                    (2, 32) => heads::<2, 2>(qh, kt, v, from, valid, st),
+                    (3, 32) => heads::<3, 2>(qh, kt, v, from, valid, st),
+                    (_, 32) => heads::<4, 2>(qh, kt, v, from, valid, st),
+                    (1, 64) => heads::<1, 4>(qh, kt, v, from, valid, st),
+                    (2, 64) => heads::<2, 4>(qh, kt, v, from, valid, st),
+                    (3, 64) => heads::<3, 4>(qh, kt, v, from, valid, st),
+                    (_, 64) => heads::<4, 4>(qh, kt, v, from, valid, st),
+                    (1, 128) => heads::<1, 8>(qh, kt, v, from, valid, st),
+                    (2, 128) => heads::<2, 8>(qh, kt, v, from, valid, st),
+                    (3, 128) => heads::<3, 8>(qh, kt, v, from, valid, st),
+                    (_, 128) => heads::<4, 8>(qh, kt, v, from, valid, st),
+                    (1, _) => heads::<1, 16>(qh, kt, v, from, valid, st),
+                    (2, _) => heads::<2, 16>(qh, kt, v, from, valid, st),
+                    (3, _) => heads::<3, 16>(qh, kt, v, from, valid, st),
+                    (_, _) => heads::<4, 16>(qh, kt, v, from, valid, st),
+                }
+                h += n;
+            }
+        }
+    }
+
+    /// `e^x`, lane by lane the operations of [`crate::backend::cpu::simd::exp`].
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    #[inline]
+    fn exp(x: __m512) -> __m512 {
+        let zero_below = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(-87.0));
+        let inf_above = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(88.0));
+        let x = _mm512_min_ps(
+            _mm512_max_ps(x, _mm512_set1_ps(-87.0)),
+            _mm512_set1_ps(88.0),
+        );
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm512_set1_ps(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            0.166_666_65,
+            0.5,
+        ] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+        }
+        let p = _mm512_fmadd_ps(
+            _mm512_mul_ps(p, r),
+            r,
+            _mm512_add_ps(r, _mm512_set1_ps(1.0)),
+        );
+        let ni = _mm512_cvtps_epi32(n);
+        let half = _mm512_srai_epi32::<1>(ni);
+        let pow = |k: __m512i| {
+            _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
+                k,
+                _mm512_set1_epi32(127),
+            )))
+        };
+        let e = _mm512_mul_ps(_mm512_mul_ps(p, pow(half)), pow(_mm512_sub_epi32(ni, half)));
+        let e = _mm512_mask_blend_ps(inf_above, e, _mm512_set1_ps(f32::INFINITY));
+        _mm512_maskz_mov_ps(!zero_below, e)
+    }
+
+    /// The low and the high eight lanes.
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    #[inline]
+    fn halves(v: __m512) -> (__m256, __m256) {
+        (
+            _mm512_castps512_ps256(v),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
+        )
+    }
+
+    /// `G` query heads of `16·V` values against positions `from..valid` of one 16-position
+    /// block (see [`super::avx2`]'s `heads`).
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    unsafe fn heads<const G: usize, const V: usize>(
+        q: &[f32],
+        kt: &[f32],
+        v: &[f32],
+        from: usize,
+        valid: usize,
+        states: &mut [f32],
+    ) {
+        let hd = 16 * V;
+        let mut sc = [_mm512_setzero_ps(); G];
+        // SAFETY (whole body): q holds G·hd floats, kt hd·16, v 16·hd, states G·(hd + 2).
+        unsafe {
+            for d in 0..hd {
+                let k = _mm512_loadu_ps(kt.as_ptr().add(d * 16));
+                for g in 0..G {
+                    let x = _mm512_set1_ps(*q.as_ptr().add(g * hd + d));
+                    sc[g] = _mm512_fmadd_ps(x, k, sc[g]);
+                }
+            }
+            // Positions from..valid of the block's 16 (both at most 16).
+            #[allow(clippy::cast_possible_truncation)]
+            let keep: __mmask16 = ((1u32 << valid) - 1) as u16 & !(((1u32 << from) - 1) as u16);
+            let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+            for g in 0..G {
+                let st = states.as_mut_ptr().add(g * (hd + 2));
+                let s = _mm512_mask_blend_ps(keep, ninf, sc[g]);
+                let (s0, s1) = halves(s);
+                let bm = hmax(_mm256_max_ps(s0, s1));
+                let mut acc: [__m512; V] =
+                    std::array::from_fn(|i| _mm512_loadu_ps(st.add(2 + 16 * i)));
+                if bm > *st {
+                    let c = (*st - bm).exp();
+                    *st.add(1) *= c;
+                    let cv = _mm512_set1_ps(c);
+                    for a in &mut acc {
+                        *a = _mm512_mul_ps(*a, cv);
+                    }
+                    *st = bm;
+                }
+                let pe = exp(_mm512_sub_ps(s, _mm512_set1_ps(*st)));
+                let (p0, p1) = halves(pe);
+                *st.add(1) += hsum(_mm256_add_ps(p0, p1));
+                let mut p = [0f32; 16];
+                _mm512_storeu_ps(p.as_mut_ptr(), pe);
+                for (j, pj) in p.iter().enumerate().take(valid).skip(from) {
+                    let w = _mm512_set1_ps(*pj);
+                    let row = v.as_ptr().add(j * hd);
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        *a = _mm512_fmadd_ps(w, _mm512_loadu_ps(row.add(16 * i)), *a);
+                    }
+                }
+                for (i, a) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(st.add(2 + 16 * i), *a);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -613,6 +785,8 @@ mod tests {
             let q = rng.vec(n * qd, 0.3);
             let blocks: Vec<u32> = (0..u32::try_from(n.div_ceil(bs)).expect("blocks")).collect();
             let positions: Vec<usize> = (0..n).collect();
+            // Every SIMD path (256- and 512-bit) gives the same bits.
+            let mut simd: Option<(Isa, Vec<u32>)> = None;
             for isa in Isa::available() {
                 let mut s = Scratch::default();
                 let mut prefill = vec![0f32; n * qd];
@@ -638,6 +812,16 @@ mod tests {
                         unsafe {
                             attend(isa, &kv, h, rows, prefill.as_mut_ptr().add(r0 * qd), &mut s)
                         };
+                    }
+                }
+                if isa.avx2() {
+                    let bits: Vec<u32> = prefill.iter().map(|x| x.to_bits()).collect();
+                    match &simd {
+                        Some((first, want)) => assert!(
+                            *want == bits,
+                            "{isa:?} and {first:?} differ (bs{bs} hd{hd} n{n})"
+                        ),
+                        None => simd = Some((isa, bits)),
                     }
                 }
                 for &pos in &[0, 1, n / 2, n - 1] {

@@ -13,7 +13,8 @@ pub enum Isa {
     /// [`Isa::Avx2`] with AVX-512 VNNI and VL: the same `vpdpbusd` on 256-bit vectors in the
     /// EVEX encoding, whose 32 registers hold a tile's codes and accumulators and whose
     /// embedded broadcasts feed the activations straight from memory: preferred over AVX-VNNI
-    /// where both exist (measured on Zen 5: the prefill kernels 25–35% faster).
+    /// where both exist (measured on Zen 5: the prefill kernels 25–35% faster). Attention's
+    /// block update runs on 512-bit vectors here (AVX-512 F), bit for bit as on AVX2.
     Avx512Vnni,
     /// Portable Rust, no SIMD assumptions: the correctness reference.
     Scalar,
@@ -59,7 +60,7 @@ fn runs(isa: Isa) -> bool {
         Isa::Scalar => true,
         Isa::Avx2 => avx2,
         Isa::AvxVnni => avx2 && has!("avxvnni"),
-        Isa::Avx512Vnni => avx2 && has!("avx512vnni") && has!("avx512vl"),
+        Isa::Avx512Vnni => avx2 && has!("avx512f") && has!("avx512vnni") && has!("avx512vl"),
     }
 }
 
