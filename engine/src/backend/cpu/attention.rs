@@ -641,18 +641,18 @@ mod avx512 {
         unsafe {
             for d in 0..hd {
                 let k = _mm512_loadu_ps(kt.as_ptr().add(d * 16));
-                for g in 0..G {
+                for (g, s) in sc.iter_mut().enumerate() {
                     let x = _mm512_set1_ps(*q.as_ptr().add(g * hd + d));
-                    sc[g] = _mm512_fmadd_ps(x, k, sc[g]);
+                    *s = _mm512_fmadd_ps(x, k, *s);
                 }
             }
             // Positions from..valid of the block's 16 (both at most 16).
             #[allow(clippy::cast_possible_truncation)]
             let keep: __mmask16 = ((1u32 << valid) - 1) as u16 & !(((1u32 << from) - 1) as u16);
             let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
-            for g in 0..G {
+            for (g, &scores) in sc.iter().enumerate() {
                 let st = states.as_mut_ptr().add(g * (hd + 2));
-                let s = _mm512_mask_blend_ps(keep, ninf, sc[g]);
+                let s = _mm512_mask_blend_ps(keep, ninf, scores);
                 let (s0, s1) = halves(s);
                 let bm = hmax(_mm256_max_ps(s0, s1));
                 let mut acc: [__m512; V] =
