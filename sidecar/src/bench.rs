@@ -485,6 +485,33 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
             println!("  {l}");
         }
     }
+    if let Some(path) = &args.dump_metrics {
+        dump_metrics(sc.views, path).await?;
+    }
+    Ok(())
+}
+
+/// Writes `/metrics` in both formats: `path` (Prometheus text) and `path.openmetrics`.
+async fn dump_metrics(views: SocketAddr, path: &std::path::Path) -> Result<(), BenchError> {
+    let client = reqwest::Client::new();
+    let mut om = path.as_os_str().to_owned();
+    om.push(".openmetrics");
+    for (accept, out) in [
+        ("text/plain", path.to_path_buf()),
+        ("application/openmetrics-text; version=1.0.0", om.into()),
+    ] {
+        let text = client
+            .get(format!("http://{views}/metrics"))
+            .header("accept", accept)
+            .send()
+            .await
+            .map_err(setup("metrics"))?
+            .text()
+            .await
+            .map_err(setup("metrics"))?;
+        std::fs::write(&out, text).map_err(setup("writing the metrics dump"))?;
+        println!("metrics ({accept}) written to {}", out.display());
+    }
     Ok(())
 }
 

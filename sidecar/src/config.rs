@@ -175,6 +175,11 @@ pub struct BenchArgs {
     /// Print the sidecar's own counters from `/metrics` at the end.
     #[arg(long)]
     pub show_counters: bool,
+
+    /// At the end, write the whole `/metrics` answer to this file (Prometheus text 0.0.4) and
+    /// to the same path with `.openmetrics` appended (OpenMetrics 1.0), to compare expositions.
+    #[arg(long, value_name = "PATH")]
+    pub dump_metrics: Option<std::path::PathBuf>,
 }
 
 #[cfg(test)]
