@@ -537,7 +537,7 @@ mod tests {
         assert!(n > 0);
         assert_eq!(a.len(), b.len());
         assert_ne!(a, b);
-        let mut batch = crate::spans::SpanBatch::default();
+        let mut batch = crate::spanmetrics::SpanBatch::default();
         let conv = crate::spans::convert(&b, &mut batch).expect("still valid protobuf");
         assert_eq!(conv.rejected_total(), 0);
         assert!(conv.spans[0].request_id.starts_with("bench-c00000002-"));
@@ -569,7 +569,7 @@ mod breakdown {
                 let (b, k) = w.get(i, cycle);
                 n += k;
                 let t = Instant::now();
-                let mut batch = crate::spans::SpanBatch::default();
+                let mut batch = crate::spanmetrics::SpanBatch::default();
                 let c = crate::spans::convert(&b, &mut batch).expect("decodes");
                 t_read += t.elapsed().as_secs_f64();
                 let t = Instant::now();

@@ -2,7 +2,7 @@
 //!
 //! A leaf of the crate: the receivers, the assembly, the views and the metrics import it; it
 //! imports only the shared vocabulary ([`crate::vocab`]), the wire reader ([`crate::otlp`]) and
-//! the histogram type ([`crate::histogram`]).
+//! the spanmetrics batch it fills ([`crate::spanmetrics`]).
 //!
 //! [`convert`] reads an encoded OTLP export request once, with the zero-copy reader in
 //! [`crate::otlp`], keeps the engine's spans as [`EngineSpan`]s
@@ -17,8 +17,8 @@ use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use prost::Message;
 use slotlight_otel::{attr, span as names};
 
-use crate::histogram::Histogram;
 use crate::otlp::{self, Value, WireError};
+use crate::spanmetrics::SpanBatch;
 pub use crate::vocab::{Path, SlotKey, TraceId, hex};
 
 /// One validated span of the engine.
@@ -394,7 +394,12 @@ fn span<'a>(
             _ => {}
         }
     }
-    stats.observe(ctx.service, &head, kind);
+    stats.observe(
+        (ctx.service, head.name, kind, head.status),
+        head.start,
+        head.end,
+        head.trace_id,
+    );
     if !ctx.engine || !is_engine_span_name(head.name) {
         out.ignored += 1;
         return Ok(());
@@ -742,85 +747,6 @@ impl Default for Fields<'_> {
 impl<'a> Fields<'a> {
     fn get(&self, f: F) -> Option<Value<'a>> {
         self.0[f as usize]
-    }
-}
-
-/// One spanmetrics series being collected (calls and duration histogram).
-#[derive(Debug, Clone)]
-pub struct SpanSeries(pub Histogram);
-
-impl Default for SpanSeries {
-    fn default() -> Self {
-        SpanSeries(Histogram::new(
-            slotlight_otel::metric::buckets::SPAN_DURATION_MS,
-        ))
-    }
-}
-
-impl SpanSeries {
-    /// Adds one span of `ms` milliseconds, ending at `end_ns`.
-    pub fn observe(&mut self, ms: f64, trace_id: Option<TraceId>, end_ns: u64) {
-        self.0.observe(ms, trace_id, end_ns);
-    }
-}
-
-/// Labels of one spanmetrics series: service, span name, kind, status code.
-pub type SpanKey<'a> = (&'a str, &'a str, i32, i32);
-
-/// One export request's contribution to the spanmetrics series, keyed by borrowed labels;
-/// merged into [`crate::metrics::Metrics`] once per request. A request has a handful of
-/// distinct label sets, so they are found by a short scan (the previous span's first),
-/// with a hash index only for requests that carry many.
-#[derive(Debug, Default)]
-pub struct SpanBatch<'a> {
-    /// The series, in first-seen order.
-    pub series: Vec<(SpanKey<'a>, SpanSeries)>,
-    index: std::collections::HashMap<SpanKey<'a>, usize>,
-    last: usize,
-}
-
-impl<'a> SpanBatch<'a> {
-    const SCAN: usize = 16;
-
-    fn observe(&mut self, service: &'a str, head: &SpanHead<'a>, kind: i32) {
-        #[allow(clippy::cast_precision_loss)] // span durations fit f64
-        let ms = head.end.saturating_sub(head.start) as f64 / 1e6;
-        let key = (service, head.name, kind, head.status);
-        let i = if self.series.get(self.last).is_some_and(|(k, _)| *k == key) {
-            self.last
-        } else if self.series.len() <= Self::SCAN {
-            match self.series.iter().position(|(k, _)| *k == key) {
-                Some(i) => i,
-                None => self.push(key),
-            }
-        } else {
-            match self.index.get(&key) {
-                Some(&i) => i,
-                None => self.push(key),
-            }
-        };
-        self.last = i;
-        self.series[i]
-            .1
-            .observe(ms, head.trace_id.try_into().ok(), head.end);
-    }
-
-    fn push(&mut self, key: SpanKey<'a>) -> usize {
-        let i = self.series.len();
-        self.series.push((key, Default::default()));
-        if self.series.len() > Self::SCAN {
-            if self.index.is_empty() {
-                self.index = self
-                    .series
-                    .iter()
-                    .enumerate()
-                    .map(|(i, (k, _))| (*k, i))
-                    .collect();
-            } else {
-                self.index.insert(key, i);
-            }
-        }
-        i
     }
 }
 
