@@ -286,13 +286,13 @@ async fn probe(
     let mut exp = RawExporter::new(channel(grpc)?, false);
     let mut lat = Vec::new();
     let mut n = first;
-    let start = crate::unix_now_ns();
+    let start = crate::otlp::unix_now_ns();
     let mut req = synth::Request::new("probe", 42, start);
     req.first_token_ns = Some(start);
     let leg = req.leg(0, Some(0), start, 0);
     while !stop.load(Ordering::Relaxed) {
         n += 1;
-        let now = crate::unix_now_ns();
+        let now = crate::otlp::unix_now_ns();
         let span = req.decode(&leg, now - 1_000_000, now, 1, n);
         let body = Bytes::from(synth::export(&instance, vec![span]).encode_to_vec());
         let t0 = Instant::now();
@@ -325,7 +325,7 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
         args.connections,
         args.batch_spans
     );
-    let base = crate::unix_now_ns();
+    let base = crate::otlp::unix_now_ns();
     let mut workloads: Vec<Workload> = (0..args.connections.max(1))
         .map(|c| Workload::new(&format!("bench-engine-{c}"), &args, base))
         .collect();

@@ -172,13 +172,13 @@ pub fn fixed64(w: Wire<'_>) -> Result<u64, WireError> {
 /// An `AnyValue`, borrowed.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Value<'a> {
-    /// `string_value`.
+    /// Text (`string_value`), borrowed from the request body.
     Str(&'a str),
-    /// `bool_value`.
+    /// A flag (`bool_value`).
     Bool(bool),
-    /// `int_value`.
+    /// A signed integer (`int_value`): counts, indices, nanosecond timestamps.
     Int(i64),
-    /// `double_value`.
+    /// A float (`double_value`): durations in ms, rates, ratios.
     Double(f64),
     /// `array_value`: the encoded `ArrayValue`.
     Array(&'a [u8]),
