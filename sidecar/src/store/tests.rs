@@ -134,7 +134,7 @@ fn filters_select_by_session_status_time_and_instance() {
     // Ends are start + 10: [since, until) on the end.
     let window = TurnQuery {
         since: Some(210),
-        until: Some(410),
+        until: Some(411),
         ..q(100)
     };
     assert_eq!(ids(&db.query(&window).expect("window")), ["x", "b1", "b2"]);
