@@ -25,7 +25,9 @@ mod tests {
     #[test]
     fn openmetrics_only_when_asked_for() {
         assert_eq!(
-            negotiate(Some("application/openmetrics-text;version=1.0.0,text/plain;q=0.5")),
+            negotiate(Some(
+                "application/openmetrics-text;version=1.0.0,text/plain;q=0.5"
+            )),
             (true, OPENMETRICS_TEXT)
         );
         assert_eq!(negotiate(Some("text/plain")), (false, PROMETHEUS_TEXT));

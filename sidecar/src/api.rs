@@ -25,9 +25,9 @@ use tokio_stream::wrappers::BroadcastStream;
 
 use crate::assembly::Published;
 use crate::assembly::turns::{TurnQuery, TurnRecord, TurnStatus};
-use crate::store::{Cursor, TurnDb};
 use crate::error::ViewError;
 use crate::metrics::{Metrics, negotiate};
+use crate::store::{Cursor, TurnDb};
 
 /// The live page (self-contained: no external script, style or font).
 pub const PAGE: &str = include_str!("page/index.html");
@@ -210,10 +210,11 @@ impl TurnsParams {
             .cursor
             .as_deref()
             .map(|c| {
-                c.parse::<Cursor>().map_err(|message| ViewError::InvalidQuery {
-                    param: Some("cursor"),
-                    message,
-                })
+                c.parse::<Cursor>()
+                    .map_err(|message| ViewError::InvalidQuery {
+                        param: Some("cursor"),
+                        message,
+                    })
             })
             .transpose()?;
         Ok(TurnQuery {

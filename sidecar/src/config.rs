@@ -256,7 +256,10 @@ mod tests {
         assert_eq!(cli.serve.turns_max, 5);
         let d = Cli::parse_from(["slotlight-sidecar"]).serve;
         assert_eq!(d.turns_retention, Duration::from_secs(7 * 86_400));
-        assert_eq!(d.turns_db, None, "absent: the XDG default, resolved at start");
+        assert_eq!(
+            d.turns_db, None,
+            "absent: the XDG default, resolved at start"
+        );
         assert_eq!(Config::ephemeral().turns_db.as_deref(), Some(":memory:"));
         assert_eq!(parse_age("90"), Ok(Duration::from_secs(90)));
         assert_eq!(parse_age("2m"), Ok(Duration::from_secs(120)));

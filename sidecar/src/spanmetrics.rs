@@ -115,6 +115,9 @@ mod tests {
         b.observe(("svc", "t", 0, 0), 5, 1, &[1, 2]);
         let (_, last) = b.series.last().expect("a series");
         assert_eq!(last.spans[0].ms, 0.0, "an end before the start is 0 ms");
-        assert_eq!(last.spans[0].trace_id, None, "a short trace id has no exemplar");
+        assert_eq!(
+            last.spans[0].trace_id, None,
+            "a short trace id has no exemplar"
+        );
     }
 }

@@ -48,13 +48,10 @@ impl SpanTotals {
             } else {
                 key
             };
-            let totals = self
-                .series
-                .entry(key)
-                .or_insert_with(|| SpanSeriesTotals {
-                    calls: 0,
-                    duration: histogram::new(bounds),
-                });
+            let totals = self.series.entry(key).or_insert_with(|| SpanSeriesTotals {
+                calls: 0,
+                duration: histogram::new(bounds),
+            });
             // Each bucket keeps the latest span's trace as its exemplar: only the last span of
             // each bucket in this request needs to carry one.
             let bucket = |ms: f64| bounds.iter().position(|b| ms <= *b).unwrap_or(bounds.len());

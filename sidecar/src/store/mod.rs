@@ -117,7 +117,11 @@ impl TurnsDb {
 /// `$XDG_STATE_HOME/slotlight/turns.db`, else `$HOME/.local/state/slotlight/turns.db` (the
 /// XDG base directory rule: a relative `XDG_STATE_HOME` is ignored).
 pub fn default_path() -> Option<PathBuf> {
-    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     let state = env("XDG_STATE_HOME")
         .filter(|p| p.is_absolute())
         .or_else(|| env("HOME").map(|h| h.join(".local").join("state")))?;
@@ -140,7 +144,8 @@ fn open_rw(path: &Path) -> Result<Connection, StoreError> {
         })?;
     }
     let c = Connection::open(path).map_err(sqlite(path))?;
-    c.busy_timeout(Duration::from_secs(5)).map_err(sqlite(path))?;
+    c.busy_timeout(Duration::from_secs(5))
+        .map_err(sqlite(path))?;
     c.pragma_update(None, "journal_mode", "WAL")
         .map_err(sqlite(path))?;
     c.pragma_update(None, "synchronous", "NORMAL")
@@ -231,7 +236,8 @@ pub fn open(path: &Path, retention: Retention) -> Result<OpenStore, StoreError> 
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(sqlite(path))?;
-    r.busy_timeout(Duration::from_secs(5)).map_err(sqlite(path))?;
+    r.busy_timeout(Duration::from_secs(5))
+        .map_err(sqlite(path))?;
     let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE);
     let shown: Arc<Path> = Arc::from(path);
     let thread_path = shown.clone();
@@ -250,12 +256,7 @@ pub fn open(path: &Path, retention: Retention) -> Result<OpenStore, StoreError> 
 }
 
 /// Commits what arrives, a transaction per batch, until the channel closes.
-fn write_loop(
-    mut c: Connection,
-    path: &Path,
-    rx: Receiver<Arc<TurnRecord>>,
-    retention: Retention,
-) {
+fn write_loop(mut c: Connection, path: &Path, rx: Receiver<Arc<TurnRecord>>, retention: Retention) {
     let mut batch = Vec::with_capacity(BATCH);
     let mut last_retention: Option<Instant> = None;
     while let Ok(first) = rx.recv() {

@@ -121,7 +121,11 @@ pub fn run(c: &Connection, q: &TurnQuery) -> Result<TurnPage, QueryError> {
     );
     let mut st = c.prepare_cached(&sql)?;
     let rows = st.query_map(rusqlite::params_from_iter(args), |r| {
-        Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?))
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, i64>(1)?,
+            r.get::<_, String>(2)?,
+        ))
     })?;
     let mut found = Vec::new();
     for row in rows {

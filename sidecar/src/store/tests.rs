@@ -92,7 +92,10 @@ fn a_turn_is_written_once_and_reads_back_byte_for_byte() {
     let dir = Scratch::new("once");
     let mut c = rw(&dir.db());
     let t = turn("a", Some("s"), 100, None);
-    assert_eq!(write_batch(&mut c, &[t.clone(), t.clone()], 1).expect("write"), 1);
+    assert_eq!(
+        write_batch(&mut c, &[t.clone(), t.clone()], 1).expect("write"),
+        1
+    );
     assert_eq!(write_batch(&mut c, &[t.clone()], 2).expect("rewrite"), 0);
     let db = read(&dir.db());
     assert_eq!(db.len().expect("len"), 1);
@@ -120,12 +123,20 @@ fn filters_select_by_session_status_time_and_instance() {
     write_batch(&mut c, &batch, 1).expect("write");
     let db = read(&dir.db());
     let all = db.query(&q(100)).expect("all");
-    assert_eq!(ids(&all), ["b3", "x", "b1", "b2", "a1"], "completion order, newest first");
+    assert_eq!(
+        ids(&all),
+        ["b3", "x", "b1", "b2", "a1"],
+        "completion order, newest first"
+    );
     let session = TurnQuery {
         session_id: Some("b".into()),
         ..q(100)
     };
-    assert_eq!(ids(&db.query(&session).expect("b")), ["b1", "b2", "b3"], "by start");
+    assert_eq!(
+        ids(&db.query(&session).expect("b")),
+        ["b1", "b2", "b3"],
+        "by start"
+    );
     let cancelled = TurnQuery {
         status: Some(TurnStatus::Cancelled),
         ..q(100)
@@ -257,14 +268,23 @@ fn retention_keeps_the_newest_and_the_recent() {
         max_age: Duration::from_secs(3600),
         max_rows: 100,
     };
-    assert_eq!(apply_retention(&c, keep_all, 10_000_000_000).expect("none"), 0);
+    assert_eq!(
+        apply_retention(&c, keep_all, 10_000_000_000).expect("none"),
+        0
+    );
     let by_count = Retention {
         max_age: Duration::from_secs(3600),
         max_rows: 6,
     };
-    assert_eq!(apply_retention(&c, by_count, 10_000_000_000).expect("count"), 4);
+    assert_eq!(
+        apply_retention(&c, by_count, 10_000_000_000).expect("count"),
+        4
+    );
     let db = read(&dir.db());
-    assert_eq!(ids(&db.query(&q(100)).expect("q")), ["t9", "t8", "t7", "t6", "t5", "t4"]);
+    assert_eq!(
+        ids(&db.query(&q(100)).expect("q")),
+        ["t9", "t8", "t7", "t6", "t5", "t4"]
+    );
     // At 10 s, an age of 3.5 s keeps what was stored at 7, 8 and 9 s.
     let by_age = Retention {
         max_age: Duration::from_millis(3500),
