@@ -102,7 +102,7 @@ mod tests {
         let mut b = SpanBatch::default();
         // More label sets than the scan covers, so the hash index is used too.
         for round in 0..2u64 {
-            for i in 0..(SpanBatch::SCAN as i32 + 4) {
+            for i in 0..i32::try_from(SpanBatch::SCAN + 4).expect("small") {
                 b.observe(("svc", "s", i, 0), 0, (round + 1) * 1_000_000, &[7; 16]);
             }
         }

@@ -96,7 +96,10 @@ fn a_turn_is_written_once_and_reads_back_byte_for_byte() {
         write_batch(&mut c, &[t.clone(), t.clone()], 1).expect("write"),
         1
     );
-    assert_eq!(write_batch(&mut c, &[t.clone()], 2).expect("rewrite"), 0);
+    assert_eq!(
+        write_batch(&mut c, std::slice::from_ref(&t), 2).expect("rewrite"),
+        0
+    );
     let db = read(&dir.db());
     assert_eq!(db.len().expect("len"), 1);
     let page = db.query(&q(10)).expect("query");
