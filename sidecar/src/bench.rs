@@ -119,7 +119,7 @@ impl Drop for ChildSidecar {
     }
 }
 
-fn start_child(args: &BenchArgs) -> Result<ChildSidecar, BenchError> {
+fn start_child(args: &BenchArgs, turns_db: &str) -> Result<ChildSidecar, BenchError> {
     let exe = std::env::current_exe().map_err(setup("current_exe"))?;
     let mut cmd = match args.pin_cpu {
         Some(cpu) if Command::new("taskset").arg("-V").output().is_ok() => {
@@ -138,6 +138,8 @@ fn start_child(args: &BenchArgs) -> Result<ChildSidecar, BenchError> {
         "127.0.0.1:0",
         "--worker-threads",
         &args.sidecar_threads.max(1).to_string(),
+        "--turns-db",
+        turns_db,
     ])
     .env("RUST_LOG", "warn")
     .env_remove("SLOTLIGHT_SIDECAR_TOKEN")
@@ -311,12 +313,41 @@ async fn probe(
     Ok((lat, n))
 }
 
+/// A scratch directory for the child's turn store, removed when the benchmark ends.
+struct ScratchDir(std::path::PathBuf);
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Rows in the turn store at `path` (read-only), or why they could not be counted.
+fn stored_turns(path: &str) -> Result<i64, rusqlite::Error> {
+    let c =
+        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    c.query_row("SELECT count(*) FROM turns", [], |r| r.get(0))
+}
+
 /// Runs the benchmark and prints its figures.
 pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
-    let sc = start_child(&args)?;
+    let (turns_db, _scratch) = match &args.turns_db {
+        Some(p) => (p.clone(), None),
+        None => {
+            let dir = std::env::temp_dir().join(format!(
+                "slotlight-bench-{}-{}",
+                std::process::id(),
+                crate::otlp::unix_now_ns()
+            ));
+            std::fs::create_dir_all(&dir).map_err(setup("creating the scratch directory"))?;
+            let db = dir.join("turns.db").display().to_string();
+            (db, Some(ScratchDir(dir)))
+        }
+    };
+    let sc = start_child(&args, &turns_db)?;
     let pid = sc.child.id();
     println!(
-        "slotlight-sidecar bench: child pid {pid}, {} worker thread(s){}, {} s of load, {} connection(s), {}-span exports",
+        "slotlight-sidecar bench: child pid {pid}, {} worker thread(s){}, {} s of load, {} connection(s), {}-span exports, --turns-db {turns_db}",
         args.sidecar_threads,
         args.pin_cpu
             .map(|c| format!(", pinned to CPU {c}"))
@@ -488,6 +519,15 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
     if let Some(path) = &args.dump_metrics {
         dump_metrics(sc.views, path).await?;
     }
+    if turns_db != ":memory:" {
+        // The writer commits within milliseconds; give it a moment after the last export.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        match stored_turns(&turns_db) {
+            Ok(n) => println!("  turns stored: {n}"),
+            Err(e) => println!("  turns stored: unknown ({e})"),
+        }
+    }
+    drop(sc);
     Ok(())
 }
 

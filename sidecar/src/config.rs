@@ -214,6 +214,11 @@ pub struct BenchArgs {
     #[arg(long)]
     pub show_counters: bool,
 
+    /// The sidecar under test's `--turns-db`: `:memory:`, or a file (default: a fresh file in
+    /// the system's temporary directory, removed at the end).
+    #[arg(long, value_name = "PATH")]
+    pub turns_db: Option<String>,
+
     /// At the end, write the whole `/metrics` answer to this file (Prometheus text 0.0.4) and
     /// to the same path with `.openmetrics` appended (OpenMetrics 1.0), to compare expositions.
     #[arg(long, value_name = "PATH")]
