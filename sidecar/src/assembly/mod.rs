@@ -721,10 +721,14 @@ pub async fn run(
             let _ = published.turn_events.send(t.clone());
             if let Some(w) = &store
                 && !w.offer(t.clone())
-                && !warned_store
             {
-                warned_store = true;
-                tracing::warn!("TurnStore.Behind: the store is not keeping up; dropping turns");
+                metrics.count_turn_not_stored();
+                if !warned_store {
+                    warned_store = true;
+                    tracing::warn!(
+                        "TurnStore.Behind: the store is not keeping up; turns not stored are counted in slotlight_sidecar_turns_not_stored_total"
+                    );
+                }
             }
             if let Some(log) = &turn_log
                 && !log.offer(t)

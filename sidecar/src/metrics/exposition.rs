@@ -49,6 +49,8 @@ pub struct OwnCounts {
     pub forwarded: u64,
     /// Export requests not forwarded.
     pub forward_dropped: u64,
+    /// Turn records the store's writer was too far behind to take.
+    pub turns_not_stored: u64,
 }
 
 /// The gauges read from the latest slot snapshot.
@@ -313,6 +315,7 @@ fn encode_own(o: &OwnCounts, enc: &mut DescriptorEncoder<'_>) -> std::fmt::Resul
         (metric::SIDECAR_METRIC_POINTS_RECEIVED, o.metric_points),
         (metric::SIDECAR_FORWARDED, o.forwarded),
         (metric::SIDECAR_FORWARD_DROPPED, o.forward_dropped),
+        (metric::SIDECAR_TURNS_NOT_STORED, o.turns_not_stored),
     ] {
         counter(&mut family(enc, name, MetricType::Counter)?, &none, v)?;
     }

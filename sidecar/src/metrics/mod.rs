@@ -80,6 +80,7 @@ pub struct Metrics {
     metric_points: AtomicU64,
     forwarded: AtomicU64,
     forward_dropped: AtomicU64,
+    turns_not_stored: AtomicU64,
     spans: Arc<Mutex<SpanTotals>>,
     requests: Arc<Mutex<RequestMetrics>>,
 }
@@ -99,6 +100,7 @@ impl Metrics {
             metric_points: AtomicU64::new(0),
             forwarded: AtomicU64::new(0),
             forward_dropped: AtomicU64::new(0),
+            turns_not_stored: AtomicU64::new(0),
             spans: Arc::new(Mutex::new(SpanTotals::new(max_span_series))),
             requests: Arc::new(Mutex::new(RequestMetrics::default())),
         }
@@ -162,6 +164,11 @@ impl Metrics {
         self.forward_dropped.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a turn record the turn store's writer was too far behind to take.
+    pub fn count_turn_not_stored(&self) {
+        self.turns_not_stored.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Spans received so far (all producers).
     pub fn spans_received(&self) -> u64 {
         self.spans_received.load(Ordering::Relaxed)
@@ -198,6 +205,7 @@ impl Metrics {
             metric_points: load(&self.metric_points),
             forwarded: load(&self.forwarded),
             forward_dropped: load(&self.forward_dropped),
+            turns_not_stored: load(&self.turns_not_stored),
         };
         exposition::render(
             Scrape {

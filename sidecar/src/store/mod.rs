@@ -26,9 +26,10 @@ use rusqlite::{Connection, OpenFlags, params};
 use crate::assembly::turns::{TurnQuery, TurnRecord};
 pub use query::{Cursor, TurnPage};
 
-/// Records waiting for the writer; more are dropped (with a warning) rather than stall the
-/// assembly.
-const QUEUE: usize = 65_536;
+/// Records waiting for the writer; more are not stored (counted in
+/// `slotlight_sidecar_turns_not_stored_total`) rather than stall the assembly. A record is
+/// about 1 KiB, so a full queue holds some 16 MiB.
+const QUEUE: usize = 16_384;
 /// Most records committed in one transaction.
 const BATCH: usize = 4096;
 /// How often the retention runs while records arrive.
