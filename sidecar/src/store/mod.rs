@@ -7,7 +7,8 @@
 //! ever returns committed rows: a turn it has returned survives a `kill -9` of the sidecar
 //! (a committed WAL transaction is in the operating system's hands; only a power loss before
 //! the next checkpoint could lose it, which `synchronous = NORMAL` accepts). A turn is written
-//! once: the row is keyed by (trace id, request id), and a repeat is ignored.
+//! once: the row is keyed by (engine instance, trace id, request id), as the assembly keys
+//! requests, and a repeat is ignored.
 //!
 //! `:memory:` keeps no file: the views read the in-memory ring instead (see
 //! [`crate::assembly::turns::TurnStore`]).

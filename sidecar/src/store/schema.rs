@@ -18,19 +18,20 @@ CREATE TABLE IF NOT EXISTS turns (
     end_time_unix_nano   INTEGER NOT NULL,
     stored_unix_nano     INTEGER NOT NULL,
     record               TEXT    NOT NULL,
-    UNIQUE (trace_id, request_id)
+    UNIQUE (instance, trace_id, request_id)
 );
 CREATE INDEX IF NOT EXISTS turns_by_session ON turns (session_id, start_time_unix_nano, seq);
 CREATE INDEX IF NOT EXISTS turns_by_end ON turns (end_time_unix_nano);
 CREATE INDEX IF NOT EXISTS turns_by_stored ON turns (stored_unix_nano);
 ";
 
-/// Writes one turn once: a second write of the same (trace, request) changes nothing.
+/// Writes one turn once: a second write of the same (instance, trace, request) changes
+/// nothing.
 pub const INSERT: &str = "
 INSERT INTO turns (trace_id, request_id, instance, session_id, status,
                    start_time_unix_nano, end_time_unix_nano, stored_unix_nano, record)
 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
-ON CONFLICT (trace_id, request_id) DO NOTHING
+ON CONFLICT (instance, trace_id, request_id) DO NOTHING
 ";
 
 /// Retention by age: rows stored before `?1` (Unix ns).

@@ -113,6 +113,21 @@ fn a_turn_is_written_once_and_reads_back_byte_for_byte() {
 }
 
 #[test]
+fn the_same_request_id_from_two_instances_is_two_turns() {
+    let dir = Scratch::new("instances");
+    let mut c = rw(&dir.db());
+    let a = turn("a", None, 100, None);
+    let mut b = (*a).clone();
+    b.instance = Arc::from("j");
+    let b = Arc::new(b);
+    assert_eq!(
+        write_batch(&mut c, &[a.clone(), b.clone(), a, b], 1).expect("write"),
+        2
+    );
+    assert_eq!(read(&dir.db()).len().expect("len"), 2);
+}
+
+#[test]
 fn filters_select_by_session_status_time_and_instance() {
     let dir = Scratch::new("filters");
     let mut c = rw(&dir.db());
