@@ -126,9 +126,9 @@ pub struct TurnRecord {
     pub instance: Arc<str>,
     /// `service.version` of the engine.
     pub service_version: Option<Arc<str>>,
-    /// `slotlight.request.id`.
+    /// The engine's request id (also the response id) (`slotlight.request.id`).
     pub request_id: Arc<str>,
-    /// `slotlight.session.id`.
+    /// The conversation the request belongs to, when the client named one (`slotlight.session.id`).
     pub session_id: Option<Arc<str>>,
     /// Trace id (hex).
     pub trace_id: String,
@@ -137,29 +137,29 @@ pub struct TurnRecord {
     pub trace_id_bytes: TraceId,
     /// `gen_ai.response.model`, else `gen_ai.request.model`, else the span name's model.
     pub model: Option<String>,
-    /// `gen_ai.request.model`.
+    /// The model the client asked for (`gen_ai.request.model`).
     pub request_model: Option<String>,
-    /// `gen_ai.response.model`.
+    /// The model that answered (`gen_ai.response.model`).
     pub response_model: Option<String>,
-    /// `gen_ai.operation.name`.
+    /// What was asked: `chat` or `text_completion` (`gen_ai.operation.name`).
     pub operation: Option<String>,
-    /// `gen_ai.provider.name`.
+    /// Who served it (`gen_ai.provider.name`).
     pub provider: Option<String>,
     /// The first of `gen_ai.response.finish_reasons`, else `error.type`.
     pub finish_reason: Option<String>,
     /// How the request ended: `ok`, `cancelled`, `refused` or `error`.
     pub status: TurnStatus,
-    /// `error.type`.
+    /// What went wrong, a stable label such as `overloaded` (null on success) (`error.type`).
     pub error_type: Option<String>,
     /// Request span start, Unix ns.
     pub start_time_unix_nano: i64,
     /// Request span end, Unix ns.
     pub end_time_unix_nano: i64,
-    /// `gen_ai.usage.input_tokens`.
+    /// Prompt tokens, as in the response's `usage` (`gen_ai.usage.input_tokens`).
     pub prompt_tokens: Option<i64>,
-    /// `gen_ai.usage.cache_read.input_tokens`.
+    /// Prompt tokens reused from the KV cache (`gen_ai.usage.cache_read.input_tokens`).
     pub cached_tokens: Option<i64>,
-    /// `slotlight.usage.prefilled_tokens`.
+    /// Prompt tokens computed by the prefill (`slotlight.usage.prefilled_tokens`).
     pub prefilled_tokens: Option<i64>,
     /// `slotlight.resume`: whether the turn reused its conversation's KV and, if not, why
     /// (`first`, `full`, `diverged`, `evicted`, `other_group`; without a session `none` or
@@ -174,35 +174,35 @@ pub struct TurnRecord {
     /// `slotlight.resume.evicted_tokens`: reusable tokens whose KV blocks had been reclaimed.
     /// Null unless `resume` is `evicted`.
     pub evicted_tokens: Option<i64>,
-    /// `gen_ai.usage.output_tokens`.
+    /// Generated tokens, as in the response's `usage` (`gen_ai.usage.output_tokens`).
     pub completion_tokens: Option<i64>,
-    /// `slotlight.usage.queue_ms`.
+    /// Time waiting for admission, ms (`slotlight.usage.queue_ms`).
     pub queue_ms: Option<f64>,
-    /// `slotlight.usage.prefill_ms`.
+    /// Time in the prefill, ms (`slotlight.usage.prefill_ms`).
     pub prefill_ms: Option<f64>,
-    /// `slotlight.usage.ttft_ms`.
+    /// Arrival to first token, ms (`slotlight.usage.ttft_ms`).
     pub ttft_ms: Option<f64>,
-    /// `slotlight.usage.decode_ms`.
+    /// Time decoding after the first token, ms (`slotlight.usage.decode_ms`).
     pub decode_ms: Option<f64>,
-    /// `slotlight.usage.generation_ms`.
+    /// First token to last, ms (`slotlight.usage.generation_ms`).
     pub generation_ms: Option<f64>,
     /// `slotlight.usage.e2e_ms`.
     pub e2e_ms: Option<f64>,
     /// Same as `e2e_ms`.
     pub total_ms: Option<f64>,
-    /// `slotlight.usage.decode_tps`.
+    /// Decode rate after the first token, tokens/s (`slotlight.usage.decode_tps`).
     pub decode_tps: Option<f64>,
     /// `prefilled_tokens / (prefill_ms / 1000)` when both are known and `prefill_ms > 0`.
     pub prefill_tps: Option<f64>,
     /// The request's legs, by choice, then index.
     pub legs: Vec<TurnLeg>,
-    /// `slotlight.request.legs`.
+    /// How many legs the engine says the request had (`slotlight.request.legs`).
     pub legs_expected: Option<i64>,
     /// False when the record was written before all expected legs arrived.
     pub legs_complete: bool,
     /// `slotlight.request.moved`, else whether the legs ran on more than one path or slot.
     pub moved: bool,
-    /// `slotlight.slot.group`.
+    /// The device group that served it (`slotlight.slot.group`).
     pub slot_group: Option<i64>,
 }
 
