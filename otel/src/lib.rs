@@ -10,6 +10,7 @@
 #![warn(missing_docs)]
 
 pub mod attr;
+pub mod exposition;
 pub mod metric;
 pub mod span;
 

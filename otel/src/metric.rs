@@ -72,6 +72,8 @@ crate::contract! {
     SIDECAR_FORWARDED = "slotlight_sidecar_forwarded_total", "counter", "{request}";
     /// Counter (sidecar): export requests not forwarded (queue full or upstream failure).
     SIDECAR_FORWARD_DROPPED = "slotlight_sidecar_forward_dropped_total", "counter", "{request}";
+    /// Counter (sidecar): turn records the turn store (`--turns-db`) did not take because its writer was behind (its queue full); they reached `/v1/turns/stream` and the stdout log but are not in `/v1/turns`.
+    SIDECAR_TURNS_NOT_STORED = "slotlight_sidecar_turns_not_stored_total", "counter", "{turn}";
 }
 
 /// The engine's own metrics, served by the engine on `GET /metrics` (and exported over OTLP

@@ -24,9 +24,10 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::BroadcastStream;
 
 use crate::assembly::Published;
-use crate::assembly::turns::TurnQuery;
+use crate::assembly::turns::{TurnQuery, TurnRecord, TurnStatus};
 use crate::error::ViewError;
 use crate::metrics::{Metrics, negotiate};
+use crate::store::{Cursor, TurnDb};
 
 /// The live page (self-contained: no external script, style or font).
 pub const PAGE: &str = include_str!("page/index.html");
@@ -42,6 +43,8 @@ const DEFAULT_TURNS: usize = 100;
 pub struct ApiState {
     /// The assembly's publications.
     pub published: Published,
+    /// The turn store `/v1/turns` reads (`None` with `--turns-db :memory:`: the ring).
+    pub store: Option<TurnDb>,
     /// Every metric the sidecar serves on `/metrics`.
     pub metrics: Arc<Metrics>,
     /// `--token`.
@@ -117,7 +120,7 @@ fn to_json(view: &impl serde::Serialize) -> Result<String, String> {
 
 async fn slots(State(st): State<ApiState>) -> Response {
     let snap = st.published.slots.borrow().clone();
-    match to_json(&snap.view(crate::unix_now_ns())) {
+    match to_json(&snap.view(crate::otlp::unix_now_ns())) {
         Ok(body) => json_response(body),
         Err(e) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
     }
@@ -139,7 +142,7 @@ async fn slots_stream(
             }
         }
         let snap = rx.borrow_and_update().clone();
-        let event = match to_json(&snap.view(crate::unix_now_ns())) {
+        let event = match to_json(&snap.view(crate::otlp::unix_now_ns())) {
             Ok(json) => Event::default().event("slots").data(json),
             Err(e) => Event::default().event("error").data(e),
         };
@@ -158,13 +161,22 @@ pub struct TurnsParams {
     pub request_id: Option<String>,
     /// Only this engine instance.
     pub instance: Option<String>,
+    /// Only turns that ended this way: `ok`, `cancelled`, `refused` or `error`.
+    pub status: Option<String>,
+    /// Only turns that ended at or after this instant (Unix ns).
+    pub since: Option<i64>,
+    /// Only turns that ended before this instant (Unix ns).
+    pub until: Option<i64>,
+    /// The page after this one: a previous answer's `next_cursor`.
+    pub cursor: Option<String>,
     /// At most this many (default 100): the newest ones.
     pub limit: Option<usize>,
 }
 
 impl TurnsParams {
-    /// The validated query: a query string that does not parse, or a filter present with an
-    /// empty value (which no turn has), is a [`ViewError::InvalidQuery`].
+    /// The validated query: a query string that does not parse, a filter present with an
+    /// empty value (which no turn has), an unknown `status` or a `cursor` that no answer gave
+    /// is a [`ViewError::InvalidQuery`].
     fn query(parsed: Result<Query<Self>, QueryRejection>) -> Result<TurnQuery, ViewError> {
         let Query(p) = parsed.map_err(|r| ViewError::InvalidQuery {
             param: None,
@@ -174,6 +186,8 @@ impl TurnsParams {
             ("session_id", &p.session_id),
             ("request_id", &p.request_id),
             ("instance", &p.instance),
+            ("status", &p.status),
+            ("cursor", &p.cursor),
         ] {
             if v.as_deref().is_some_and(str::is_empty) {
                 return Err(ViewError::InvalidQuery {
@@ -182,32 +196,91 @@ impl TurnsParams {
                 });
             }
         }
+        let status = p
+            .status
+            .as_deref()
+            .map(|s| {
+                TurnStatus::parse(s).ok_or_else(|| ViewError::InvalidQuery {
+                    param: Some("status"),
+                    message: format!("status {s:?} is not one of ok, cancelled, refused, error"),
+                })
+            })
+            .transpose()?;
+        let cursor = p
+            .cursor
+            .as_deref()
+            .map(|c| {
+                c.parse::<Cursor>()
+                    .map_err(|message| ViewError::InvalidQuery {
+                        param: Some("cursor"),
+                        message,
+                    })
+            })
+            .transpose()?;
         Ok(TurnQuery {
             session_id: p.session_id,
             request_id: p.request_id,
             instance: p.instance,
+            status,
+            since: p.since,
+            until: p.until,
+            cursor,
             limit: p.limit.unwrap_or(DEFAULT_TURNS),
         })
     }
 }
 
-/// `GET /v1/turns`: `{"count", "turns": [record, ...]}` from the ring of the last `--turns`
-/// finished requests (default 10000), filtered by `session_id`, `request_id` and `instance`.
+/// The `/v1/turns` answer: `turns` are records (from the ring) or stored JSON (from the
+/// store), the same shape either way.
+#[derive(serde::Serialize)]
+struct TurnsBody<T> {
+    count: usize,
+    turns: Vec<T>,
+    /// The `cursor=` of the next page; null when this page is the last.
+    next_cursor: Option<String>,
+}
+
+/// `GET /v1/turns`: `{"count", "turns": [record, ...], "next_cursor"}`, filtered by
+/// `session_id`, `request_id`, `instance`, `status`, `since` and `until`, from the turn store
+/// (`--turns-db`), or with `:memory:` from the ring of the last `--turns` finished requests.
 ///
 /// Without `session_id`: the newest `limit` (default 100) records, newest first. With
 /// `session_id=S`: that session's turns in the order its conversation ran, oldest first by
 /// request start, each with its outcome (`status`, `finish_reason`, `resume`); the latest
-/// `limit` of them, and only those still in the ring, so the listing never exceeds the ring's
-/// bound and a long session's oldest turns may be gone. An unknown session is an empty list
-/// (200). A malformed query, or an empty filter value, is a 400 [`ViewError`].
+/// `limit` of them. When more match, `next_cursor` is set: pass it as `cursor=` (with the
+/// same filters) for the next, older page. An unknown session is an empty list (200). A
+/// malformed query, or an empty filter value, is a 400 [`ViewError`]; a store that cannot be
+/// read is a 500 one.
 async fn turns(
     State(st): State<ApiState>,
     params: Result<Query<TurnsParams>, QueryRejection>,
 ) -> Result<Response, ViewError> {
     let q = TurnsParams::query(params)?;
-    let list = st.published.turns.query(&q);
-    let body = serde_json::json!({ "count": list.len(), "turns": list });
-    Ok(json_response(body.to_string()))
+    let body = match st.store {
+        Some(db) => {
+            let page = tokio::task::spawn_blocking(move || db.query(&q))
+                .await
+                .map_err(|e| ViewError::Store(format!("the turn store query stopped: {e}")))?
+                .map_err(|e| {
+                    tracing::error!(error = %e, "TurnStore.ReadFailed");
+                    ViewError::Store(e.to_string())
+                })?;
+            to_json(&TurnsBody {
+                count: page.turns.len(),
+                turns: page.turns,
+                next_cursor: page.next_cursor.map(|c| c.to_string()),
+            })
+        }
+        None => {
+            let (list, next) = st.published.turns.page(&q);
+            to_json(&TurnsBody::<Arc<TurnRecord>> {
+                count: list.len(),
+                turns: list,
+                next_cursor: next.map(|c| c.to_string()),
+            })
+        }
+    };
+    Ok(json_response(body.map_err(ViewError::Store)?))
 }
 
 /// `GET /v1/turns/stream`: each new record matching the filters (as `/v1/turns`), as SSE

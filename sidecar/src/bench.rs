@@ -119,7 +119,7 @@ impl Drop for ChildSidecar {
     }
 }
 
-fn start_child(args: &BenchArgs) -> Result<ChildSidecar, BenchError> {
+fn start_child(args: &BenchArgs, turns_db: &str) -> Result<ChildSidecar, BenchError> {
     let exe = std::env::current_exe().map_err(setup("current_exe"))?;
     let mut cmd = match args.pin_cpu {
         Some(cpu) if Command::new("taskset").arg("-V").output().is_ok() => {
@@ -138,6 +138,8 @@ fn start_child(args: &BenchArgs) -> Result<ChildSidecar, BenchError> {
         "127.0.0.1:0",
         "--worker-threads",
         &args.sidecar_threads.max(1).to_string(),
+        "--turns-db",
+        turns_db,
     ])
     .env("RUST_LOG", "warn")
     .env_remove("SLOTLIGHT_SIDECAR_TOKEN")
@@ -286,13 +288,13 @@ async fn probe(
     let mut exp = RawExporter::new(channel(grpc)?, false);
     let mut lat = Vec::new();
     let mut n = first;
-    let start = crate::unix_now_ns();
+    let start = crate::otlp::unix_now_ns();
     let mut req = synth::Request::new("probe", 42, start);
     req.first_token_ns = Some(start);
     let leg = req.leg(0, Some(0), start, 0);
     while !stop.load(Ordering::Relaxed) {
         n += 1;
-        let now = crate::unix_now_ns();
+        let now = crate::otlp::unix_now_ns();
         let span = req.decode(&leg, now - 1_000_000, now, 1, n);
         let body = Bytes::from(synth::export(&instance, vec![span]).encode_to_vec());
         let t0 = Instant::now();
@@ -311,12 +313,41 @@ async fn probe(
     Ok((lat, n))
 }
 
+/// A scratch directory for the child's turn store, removed when the benchmark ends.
+struct ScratchDir(std::path::PathBuf);
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Rows in the turn store at `path` (read-only), or why they could not be counted.
+fn stored_turns(path: &str) -> Result<i64, rusqlite::Error> {
+    let c =
+        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    c.query_row("SELECT count(*) FROM turns", [], |r| r.get(0))
+}
+
 /// Runs the benchmark and prints its figures.
 pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
-    let sc = start_child(&args)?;
+    let (turns_db, _scratch) = match &args.turns_db {
+        Some(p) => (p.clone(), None),
+        None => {
+            let dir = std::env::temp_dir().join(format!(
+                "slotlight-bench-{}-{}",
+                std::process::id(),
+                crate::otlp::unix_now_ns()
+            ));
+            std::fs::create_dir_all(&dir).map_err(setup("creating the scratch directory"))?;
+            let db = dir.join("turns.db").display().to_string();
+            (db, Some(ScratchDir(dir)))
+        }
+    };
+    let sc = start_child(&args, &turns_db)?;
     let pid = sc.child.id();
     println!(
-        "slotlight-sidecar bench: child pid {pid}, {} worker thread(s){}, {} s of load, {} connection(s), {}-span exports",
+        "slotlight-sidecar bench: child pid {pid}, {} worker thread(s){}, {} s of load, {} connection(s), {}-span exports, --turns-db {turns_db}",
         args.sidecar_threads,
         args.pin_cpu
             .map(|c| format!(", pinned to CPU {c}"))
@@ -325,7 +356,7 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
         args.connections,
         args.batch_spans
     );
-    let base = crate::unix_now_ns();
+    let base = crate::otlp::unix_now_ns();
     let mut workloads: Vec<Workload> = (0..args.connections.max(1))
         .map(|c| Workload::new(&format!("bench-engine-{c}"), &args, base))
         .collect();
@@ -485,6 +516,42 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
             println!("  {l}");
         }
     }
+    if let Some(path) = &args.dump_metrics {
+        dump_metrics(sc.views, path).await?;
+    }
+    if turns_db != ":memory:" {
+        // The writer commits within milliseconds; give it a moment after the last export.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        match stored_turns(&turns_db) {
+            Ok(n) => println!("  turns stored: {n}"),
+            Err(e) => println!("  turns stored: unknown ({e})"),
+        }
+    }
+    drop(sc);
+    Ok(())
+}
+
+/// Writes `/metrics` in both formats: `path` (Prometheus text) and `path.openmetrics`.
+async fn dump_metrics(views: SocketAddr, path: &std::path::Path) -> Result<(), BenchError> {
+    let client = reqwest::Client::new();
+    let mut om = path.as_os_str().to_owned();
+    om.push(".openmetrics");
+    for (accept, out) in [
+        ("text/plain", path.to_path_buf()),
+        ("application/openmetrics-text; version=1.0.0", om.into()),
+    ] {
+        let text = client
+            .get(format!("http://{views}/metrics"))
+            .header("accept", accept)
+            .send()
+            .await
+            .map_err(setup("metrics"))?
+            .text()
+            .await
+            .map_err(setup("metrics"))?;
+        std::fs::write(&out, text).map_err(setup("writing the metrics dump"))?;
+        println!("metrics ({accept}) written to {}", out.display());
+    }
     Ok(())
 }
 
@@ -510,7 +577,7 @@ mod tests {
         assert!(n > 0);
         assert_eq!(a.len(), b.len());
         assert_ne!(a, b);
-        let mut batch = crate::spans::SpanBatch::default();
+        let mut batch = crate::spanmetrics::SpanBatch::default();
         let conv = crate::spans::convert(&b, &mut batch).expect("still valid protobuf");
         assert_eq!(conv.rejected_total(), 0);
         assert!(conv.spans[0].request_id.starts_with("bench-c00000002-"));
@@ -542,7 +609,7 @@ mod breakdown {
                 let (b, k) = w.get(i, cycle);
                 n += k;
                 let t = Instant::now();
-                let mut batch = crate::spans::SpanBatch::default();
+                let mut batch = crate::spanmetrics::SpanBatch::default();
                 let c = crate::spans::convert(&b, &mut batch).expect("decodes");
                 t_read += t.elapsed().as_secs_f64();
                 let t = Instant::now();

@@ -20,7 +20,7 @@ pub struct Cli {
     pub serve: Config,
 }
 
-/// Subcommands.
+/// What the binary does instead of serving, when a subcommand is given.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Measure OTLP/gRPC ingest speed, memory and view latency against a child sidecar.
@@ -74,9 +74,24 @@ pub struct Config {
     #[arg(long, default_value_t = 262_144)]
     pub ingest_queue_spans: usize,
 
-    /// Finished-request records kept for `/v1/turns` (a ring buffer).
+    /// Finished-request records kept in memory (a ring buffer): what `/v1/turns` lists with
+    /// `--turns-db :memory:`.
     #[arg(long, default_value_t = 10_000)]
     pub turns: usize,
+
+    /// SQLite file that keeps every turn record across restarts, read by `/v1/turns`
+    /// (default `$XDG_STATE_HOME/slotlight/turns.db`, else `~/.local/state/slotlight/turns.db`).
+    /// `:memory:` keeps no file: `/v1/turns` lists the in-memory ring (`--turns`).
+    #[arg(long, value_name = "PATH")]
+    pub turns_db: Option<String>,
+
+    /// Stored turns older than this are deleted (`30d`, `12h`, `90m`, `45s`, or seconds).
+    #[arg(long, default_value = "7d", value_parser = parse_age, value_name = "AGE")]
+    pub turns_retention: Duration,
+
+    /// At most this many turns are stored; the oldest beyond it are deleted.
+    #[arg(long, default_value_t = 1_000_000, value_name = "COUNT")]
+    pub turns_max: u64,
 
     /// Requests (traces) being assembled at once; beyond this the oldest is evicted.
     #[arg(long, default_value_t = 20_000)]
@@ -121,6 +136,7 @@ impl Config {
         cfg.otlp_http = any;
         cfg.listen = any;
         cfg.no_turn_log = true;
+        cfg.turns_db = Some(":memory:".into()); // never the user's state directory
         cfg.token = None; // not from the environment: tests set it when they mean to
         cfg
     }
@@ -134,6 +150,28 @@ impl Config {
     pub fn publish_interval(&self) -> Duration {
         Duration::from_millis(self.publish_interval_ms.max(1))
     }
+}
+
+/// An age such as `30d`, `12h`, `90m`, `45s` or `3600` (seconds), for `--turns-retention`.
+pub fn parse_age(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (digits, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not an age such as 30d, 12h, 90m or 45s"))?;
+    let unit_s = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{s:?}: the unit must be s, m, h or d")),
+    };
+    n.checked_mul(unit_s)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("{s:?} is too long"))
 }
 
 /// `slotlight-sidecar bench`.
@@ -175,6 +213,16 @@ pub struct BenchArgs {
     /// Print the sidecar's own counters from `/metrics` at the end.
     #[arg(long)]
     pub show_counters: bool,
+
+    /// The sidecar under test's `--turns-db`: `:memory:`, or a file (default: a fresh file in
+    /// the system's temporary directory, removed at the end).
+    #[arg(long, value_name = "PATH")]
+    pub turns_db: Option<String>,
+
+    /// At the end, write the whole `/metrics` answer to this file (Prometheus text 0.0.4) and
+    /// to the same path with `.openmetrics` appended (OpenMetrics 1.0), to compare expositions.
+    #[arg(long, value_name = "PATH")]
+    pub dump_metrics: Option<std::path::PathBuf>,
 }
 
 #[cfg(test)]
@@ -195,6 +243,34 @@ mod tests {
         assert!(cli.serve.listen.ip().is_loopback());
         assert_eq!(cli.serve.max_body_bytes, 16 << 20);
         assert_eq!(cli.serve.turns, 10_000);
+    }
+
+    #[test]
+    fn turn_store_flags_parse() {
+        let cli = Cli::parse_from([
+            "slotlight-sidecar",
+            "--turns-db",
+            "/tmp/x.db",
+            "--turns-retention",
+            "12h",
+            "--turns-max",
+            "5",
+        ]);
+        assert_eq!(cli.serve.turns_db.as_deref(), Some("/tmp/x.db"));
+        assert_eq!(cli.serve.turns_retention, Duration::from_secs(12 * 3600));
+        assert_eq!(cli.serve.turns_max, 5);
+        let d = Cli::parse_from(["slotlight-sidecar"]).serve;
+        assert_eq!(d.turns_retention, Duration::from_secs(7 * 86_400));
+        assert_eq!(
+            d.turns_db, None,
+            "absent: the XDG default, resolved at start"
+        );
+        assert_eq!(Config::ephemeral().turns_db.as_deref(), Some(":memory:"));
+        assert_eq!(parse_age("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_age("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_age("2w").is_err());
+        assert!(parse_age("h").is_err());
+        assert!(parse_age("99999999999999999999d").is_err());
     }
 
     #[test]

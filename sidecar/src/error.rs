@@ -94,6 +94,10 @@ pub enum ViewError {
         /// What is wrong.
         message: String,
     },
+    /// The turn store could not answer (a damaged or unreadable file; the log has the
+    /// SQLite error). Retrying may help once the file is repaired. HTTP 500.
+    #[error("{0}")]
+    Store(String),
 }
 
 impl ViewError {
@@ -101,6 +105,7 @@ impl ViewError {
     pub fn label(&self) -> &'static str {
         match self {
             ViewError::InvalidQuery { .. } => "invalid_query",
+            ViewError::Store(_) => "store_unavailable",
         }
     }
 
@@ -108,6 +113,7 @@ impl ViewError {
     pub fn http_status(&self) -> StatusCode {
         match self {
             ViewError::InvalidQuery { .. } => StatusCode::BAD_REQUEST,
+            ViewError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -115,6 +121,7 @@ impl ViewError {
     pub fn param(&self) -> Option<&'static str> {
         match self {
             ViewError::InvalidQuery { param, .. } => *param,
+            ViewError::Store(_) => None,
         }
     }
 }
@@ -158,6 +165,9 @@ pub enum StartError {
         /// What is wrong with it.
         why: String,
     },
+    /// `--turns-db` could not be opened or created.
+    #[error("--turns-db: {0}")]
+    TurnStore(#[from] crate::store::StoreError),
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! OTLP/HTTP ─┘   validate, count)   └─> ingest queue ─> assembly task (owns every map)
 //!                                                          │ watch: slot snapshot
 //!                                                          │ broadcast + ring: turn records
+//!                                                          │ writer thread: SQLite (--turns-db)
 //!                                                          v
 //!                                    views: /v1/slots, /v1/turns, /metrics, / (live page)
 //! ```
@@ -25,14 +26,15 @@ pub mod bench;
 pub mod config;
 pub mod error;
 pub mod forward;
-pub mod histogram;
 pub mod metrics;
 pub mod net;
 pub mod otlp;
 pub mod raw;
 pub mod receiver;
 pub mod server;
+pub mod spanmetrics;
 pub mod spans;
+pub mod store;
 pub mod synth;
 pub mod vocab;
 

@@ -172,13 +172,13 @@ pub fn fixed64(w: Wire<'_>) -> Result<u64, WireError> {
 /// An `AnyValue`, borrowed.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Value<'a> {
-    /// `string_value`.
+    /// Text (`string_value`), borrowed from the request body.
     Str(&'a str),
-    /// `bool_value`.
+    /// A flag (`bool_value`).
     Bool(bool),
-    /// `int_value`.
+    /// A signed integer (`int_value`): counts, indices, nanosecond timestamps.
     Int(i64),
-    /// `double_value`.
+    /// A float (`double_value`): durations in ms, rates, ratios.
     Double(f64),
     /// `array_value`: the encoded `ArrayValue`.
     Array(&'a [u8]),
@@ -321,7 +321,7 @@ mod tests {
         // The fuzzer's find: prost decodes it, so the sidecar's reader must accept it too.
         let found = b"service.instan\x00e.idf\x94";
         assert!(ExportTraceServiceRequest::decode(&found[..]).is_ok());
-        let mut stats = crate::spans::SpanBatch::default();
+        let mut stats = crate::spanmetrics::SpanBatch::default();
         assert!(crate::spans::convert(found, &mut stats).is_ok());
         // What prost refuses, the reader refuses: a stray end, a group left open, a mismatch.
         for bad in [&[0x4c][..], &[0x4b, 0x08, 0x01][..], &[0x4b, 0x54][..]] {
@@ -405,14 +405,14 @@ mod tests {
             if round % 3 == 0 {
                 buf.truncate(usize::try_from(rand() % len).expect("index"));
             }
-            let mut batch = crate::spans::SpanBatch::default();
+            let mut batch = crate::spanmetrics::SpanBatch::default();
             let _ = crate::spans::convert(&buf, &mut batch);
         }
         for n in 0..500usize {
             let junk: Vec<u8> = (0..n)
                 .map(|_| u8::try_from(rand() & 0xff).expect("byte"))
                 .collect();
-            let mut batch = crate::spans::SpanBatch::default();
+            let mut batch = crate::spanmetrics::SpanBatch::default();
             let _ = crate::spans::convert(&junk, &mut batch);
         }
     }

@@ -18,6 +18,7 @@ use crate::metrics::Metrics;
 use crate::net::AllowList;
 use crate::receiver::grpc::{GrpcMetricsReceiver, GrpcReceiver};
 use crate::receiver::{Ingest, http};
+use crate::store::{self, Retention, TurnsDb};
 
 /// A running sidecar.
 #[derive(Debug)]
@@ -34,6 +35,8 @@ pub struct Sidecar {
     pub metrics: Arc<Metrics>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    /// The turn store's writer thread; it ends once the assembly is gone.
+    store_thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Sidecar {
@@ -56,7 +59,8 @@ impl Sidecar {
         )
     }
 
-    /// Stops accepting, ends streams, lets the assembly drain, and waits (briefly) for tasks.
+    /// Stops accepting, ends streams, lets the assembly drain, waits (briefly) for tasks, then
+    /// for the turn store to commit what it was handed.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         for t in self.tasks {
@@ -66,6 +70,15 @@ impl Sidecar {
                 .is_err()
             {
                 abort.abort();
+            }
+        }
+        if let Some(t) = self.store_thread {
+            let joined = tokio::task::spawn_blocking(move || t.join());
+            if tokio::time::timeout(Duration::from_secs(10), joined)
+                .await
+                .is_err()
+            {
+                tracing::warn!("TurnStore.SlowShutdown: the writer did not finish in 10 s");
             }
         }
     }
@@ -110,6 +123,18 @@ pub async fn start(cfg: Config) -> Result<Sidecar, StartError> {
     let otlp_http = local(&http_l, "otlp-http", cfg.otlp_http)?;
     let listen = local(&views_l, "listen", cfg.listen)?;
 
+    let (store, store_writer, store_thread) = match TurnsDb::from_flag(cfg.turns_db.as_deref()) {
+        TurnsDb::Memory => (None, None, None),
+        TurnsDb::File(path) => {
+            let retention = Retention {
+                max_age: cfg.turns_retention,
+                max_rows: cfg.turns_max,
+            };
+            let open = store::open(&path, retention)?;
+            tracing::info!(path = %path.display(), "TurnStore.Open");
+            (Some(open.db), Some(open.writer), Some(open.thread))
+        }
+    };
     let assembly = Assembly::new(AssemblyConfig::from_config(&cfg), cfg.turns);
     let published = assembly.published.clone();
     let (tx, rx) = mpsc::channel(4096);
@@ -131,6 +156,7 @@ pub async fn start(cfg: Config) -> Result<Sidecar, StartError> {
             assembly,
             metrics.clone(),
             turn_log,
+            store_writer,
             cfg.publish_interval(),
         )),
     );
@@ -192,6 +218,7 @@ pub async fn start(cfg: Config) -> Result<Sidecar, StartError> {
     // Views.
     let api = api::router(ApiState {
         published: published.clone(),
+        store,
         metrics: metrics.clone(),
         token: cfg
             .token
@@ -222,5 +249,6 @@ pub async fn start(cfg: Config) -> Result<Sidecar, StartError> {
         metrics,
         shutdown,
         tasks,
+        store_thread,
     })
 }

@@ -2,7 +2,7 @@
 //!
 //! A leaf of the crate: the receivers, the assembly, the views and the metrics import it; it
 //! imports only the shared vocabulary ([`crate::vocab`]), the wire reader ([`crate::otlp`]) and
-//! the histogram type ([`crate::histogram`]).
+//! the spanmetrics batch it fills ([`crate::spanmetrics`]).
 //!
 //! [`convert`] reads an encoded OTLP export request once, with the zero-copy reader in
 //! [`crate::otlp`], keeps the engine's spans as [`EngineSpan`]s
@@ -17,8 +17,8 @@ use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use prost::Message;
 use slotlight_otel::{attr, span as names};
 
-use crate::histogram::Histogram;
 use crate::otlp::{self, Value, WireError};
+use crate::spanmetrics::SpanBatch;
 pub use crate::vocab::{Path, SlotKey, TraceId, hex};
 
 /// One validated span of the engine.
@@ -36,7 +36,7 @@ pub struct EngineSpan {
     pub end_ns: i64,
     /// The span's status is an error.
     pub error: bool,
-    /// `slotlight.request.id`.
+    /// The engine's request id, which keys the request's spans (`slotlight.request.id`).
     pub request_id: Box<str>,
     /// `gen_ai.conversation.id` (the session).
     pub session_id: Option<Box<str>>,
@@ -51,7 +51,7 @@ pub enum Body {
     Request(Box<RequestSpan>),
     /// `slotlight.queue`: arrival (start) to admission (end).
     Queue(QueueSpan),
-    /// `slotlight.prefill`.
+    /// `slotlight.prefill`: the prompt's forward pass (its token counts and device time).
     Prefill(PrefillSpan),
     /// `slotlight.leg`, exported when the leg ends.
     Leg(Box<LegSpan>),
@@ -59,27 +59,27 @@ pub enum Body {
     Decode(DecodeSpan),
 }
 
-/// `slotlight.queue`.
+/// `slotlight.queue`: the wait from arrival to admission, and where the request went.
 #[derive(Debug, Clone)]
 pub struct QueueSpan {
     /// Where the request was admitted.
     pub key: SlotKey,
 }
 
-/// `slotlight.prefill`.
+/// `slotlight.prefill`: how much of the prompt was computed and how long the device took.
 #[derive(Debug, Clone, Default)]
 pub struct PrefillSpan {
-    /// `slotlight.prefill.prompt_tokens`.
+    /// Tokens in the prompt (`slotlight.prefill.prompt_tokens`).
     pub prompt_tokens: Option<i64>,
-    /// `slotlight.prefill.cached_tokens`.
+    /// Prompt tokens whose KV came from the cache (`slotlight.prefill.cached_tokens`).
     pub cached_tokens: Option<i64>,
-    /// `slotlight.prefill.computed_tokens`.
+    /// Prompt tokens run through the model (`slotlight.prefill.computed_tokens`).
     pub computed_tokens: Option<i64>,
-    /// `slotlight.prefill.device_ms`.
+    /// Time the device spent on the prefill, ms (`slotlight.prefill.device_ms`).
     pub device_ms: Option<f64>,
 }
 
-/// `slotlight.leg`.
+/// `slotlight.leg`: one stretch of a request on one path and slot, exported when it ends.
 #[derive(Debug, Clone)]
 pub struct LegSpan {
     /// The leg's path and slot.
@@ -90,17 +90,17 @@ pub struct LegSpan {
     pub choice: i64,
     /// `slotlight.leg.start_time_unix_nano` (the span start when absent).
     pub leg_start_ns: i64,
-    /// `slotlight.leg.tokens_carried`.
+    /// Tokens generated in earlier legs, carried into this one (`slotlight.leg.tokens_carried`).
     pub tokens_carried: Option<i64>,
-    /// `slotlight.leg.tokens_generated`.
+    /// Tokens generated during this leg (`slotlight.leg.tokens_generated`).
     pub tokens_generated: Option<i64>,
-    /// `slotlight.leg.batch_size.max`.
+    /// The largest batch a step of this leg ran in (`slotlight.leg.batch_size.max`).
     pub batch_size_max: Option<i64>,
-    /// `slotlight.leg.batch_size.mean`.
+    /// The mean batch of the leg's steps (`slotlight.leg.batch_size.mean`).
     pub batch_size_mean: Option<f64>,
-    /// `slotlight.leg.device_ms`.
+    /// Time in forward steps during the leg, ms (`slotlight.leg.device_ms`).
     pub device_ms: Option<f64>,
-    /// `slotlight.leg.end_reason`.
+    /// Why the leg ended: the request finished, moved, or was preempted (`slotlight.leg.end_reason`).
     pub end_reason: Option<String>,
 }
 
@@ -115,15 +115,17 @@ pub struct DecodeSpan {
     pub leg_start_ns: i64,
     /// `slotlight.leg.tokens_carried` (0 when absent).
     pub tokens_carried: i64,
-    /// `slotlight.decode.window_tokens`.
+    /// Tokens generated within this window, for the window's own rate (`slotlight.decode.window_tokens`).
     pub window_tokens: Option<i64>,
     /// `slotlight.decode.tokens_generated`: the request's total so far, over all legs.
     pub tokens_generated: i64,
-    /// `slotlight.decode.last_token_time_unix_nano`.
+    /// When the window's last token was sampled, Unix ns (`slotlight.decode.last_token_time_unix_nano`).
     pub last_token_ns: i64,
-    /// `slotlight.request.start_time_unix_nano`.
+    /// When the request arrived, Unix ns: the row's elapsed time counts from it
+    /// (`slotlight.request.start_time_unix_nano`).
     pub request_start_ns: i64,
-    /// `slotlight.request.first_token_time_unix_nano`.
+    /// When the request's first token was sampled, Unix ns: the row's rate counts from it
+    /// (`slotlight.request.first_token_time_unix_nano`).
     pub first_token_ns: Option<i64>,
 }
 
@@ -132,62 +134,63 @@ pub struct DecodeSpan {
 pub struct RequestSpan {
     /// The span name (`chat {model}`).
     pub name: String,
-    /// `gen_ai.operation.name`.
+    /// What was asked: `chat` or `text_completion` (`gen_ai.operation.name`).
     pub operation: Option<String>,
-    /// `gen_ai.provider.name`.
+    /// Who served it, a metric label (`gen_ai.provider.name`).
     pub provider: Option<String>,
-    /// `slotlight.request.status`.
+    /// How the request ended: `ok`, `cancelled`, `refused`, `error` (`slotlight.request.status`).
     pub status: Option<String>,
-    /// `gen_ai.request.model`.
+    /// The model the client asked for (`gen_ai.request.model`).
     pub request_model: Option<String>,
-    /// `gen_ai.response.model`.
+    /// The model that answered (`gen_ai.response.model`).
     pub response_model: Option<String>,
-    /// `gen_ai.response.finish_reasons`.
+    /// Why each choice stopped, in choice order (`gen_ai.response.finish_reasons`).
     pub finish_reasons: Vec<String>,
-    /// `gen_ai.usage.input_tokens`.
+    /// Prompt tokens, as in the response's `usage` (`gen_ai.usage.input_tokens`).
     pub input_tokens: Option<i64>,
-    /// `gen_ai.usage.output_tokens`.
+    /// Generated tokens, as in the response's `usage` (`gen_ai.usage.output_tokens`).
     pub output_tokens: Option<i64>,
-    /// `gen_ai.usage.reasoning.output_tokens` (chats with a thinking template only).
+    /// Generated tokens inside the reasoning block (`gen_ai.usage.reasoning.output_tokens`;
+    /// chats with a thinking template only).
     pub reasoning_tokens: Option<i64>,
-    /// `gen_ai.usage.cache_read.input_tokens`.
+    /// Prompt tokens reused from the KV cache (`gen_ai.usage.cache_read.input_tokens`).
     pub cached_tokens: Option<i64>,
-    /// `slotlight.usage.prefilled_tokens`.
+    /// Prompt tokens computed by the prefill (`slotlight.usage.prefilled_tokens`).
     pub prefilled_tokens: Option<i64>,
-    /// `slotlight.usage.queue_ms`.
+    /// Time waiting for admission, ms (`slotlight.usage.queue_ms`).
     pub queue_ms: Option<f64>,
-    /// `slotlight.usage.prefill_ms`.
+    /// Time in the prefill, ms (`slotlight.usage.prefill_ms`).
     pub prefill_ms: Option<f64>,
-    /// `slotlight.usage.ttft_ms`.
+    /// Arrival to first token, ms (`slotlight.usage.ttft_ms`).
     pub ttft_ms: Option<f64>,
-    /// `slotlight.usage.decode_ms`.
+    /// Time decoding after the first token, ms (`slotlight.usage.decode_ms`).
     pub decode_ms: Option<f64>,
-    /// `slotlight.usage.generation_ms`.
+    /// First token to last, ms: the base of the time per output token (`slotlight.usage.generation_ms`).
     pub generation_ms: Option<f64>,
-    /// `slotlight.usage.decode_tps`.
+    /// Decode rate after the first token, tokens/s (`slotlight.usage.decode_tps`).
     pub decode_tps: Option<f64>,
-    /// `slotlight.usage.e2e_ms`.
+    /// Arrival to the end of the answer, ms (`slotlight.usage.e2e_ms`).
     pub e2e_ms: Option<f64>,
-    /// `slotlight.request.start_time_unix_nano`.
+    /// When the request arrived, Unix ns (`slotlight.request.start_time_unix_nano`).
     pub request_start_ns: Option<i64>,
-    /// `slotlight.request.first_token_time_unix_nano`.
+    /// When the first token was sampled, Unix ns (`slotlight.request.first_token_time_unix_nano`).
     pub first_token_ns: Option<i64>,
-    /// `slotlight.request.legs`.
+    /// How many leg spans to wait for before the turn record is complete (`slotlight.request.legs`).
     pub legs: Option<i64>,
-    /// `slotlight.request.moved`.
+    /// Whether the request ran on more than one path or slot (`slotlight.request.moved`).
     pub moved: Option<bool>,
-    /// `slotlight.slot.group`.
+    /// The device group that served it (`slotlight.slot.group`).
     pub slot_group: Option<i64>,
     /// `slotlight.resume`: whether the turn reused its conversation's KV and, if not, why.
     /// Absent for a request never admitted (and from an engine that does not send it).
     pub resume: Option<String>,
-    /// `slotlight.resume.reusable_tokens`.
+    /// Tokens the session's last turn could have given (`slotlight.resume.reusable_tokens`).
     pub resume_reusable_tokens: Option<i64>,
-    /// `slotlight.resume.diverged_at`.
+    /// The token where the prompt departs from the last turn (`slotlight.resume.diverged_at`).
     pub resume_diverged_at: Option<i64>,
-    /// `slotlight.resume.evicted_tokens`.
+    /// Reusable tokens whose KV had been reclaimed (`slotlight.resume.evicted_tokens`).
     pub resume_evicted_tokens: Option<i64>,
-    /// `error.type`.
+    /// What went wrong, a stable label such as `overloaded` or `cancelled` (`error.type`).
     pub error_type: Option<String>,
     /// `slotlight.trace.sampling_ratio`: the share of traces the engine keeps.
     pub sampling_ratio: Option<f64>,
@@ -396,7 +399,12 @@ fn span<'a>(
             _ => {}
         }
     }
-    stats.observe(ctx.service, &head, kind);
+    stats.observe(
+        (ctx.service, head.name, kind, head.status),
+        head.start,
+        head.end,
+        head.trace_id,
+    );
     if !ctx.engine || !is_engine_span_name(head.name) {
         out.ignored += 1;
         return Ok(());
@@ -750,85 +758,6 @@ impl Default for Fields<'_> {
 impl<'a> Fields<'a> {
     fn get(&self, f: F) -> Option<Value<'a>> {
         self.0[f as usize]
-    }
-}
-
-/// One spanmetrics series being collected (calls and duration histogram).
-#[derive(Debug, Clone)]
-pub struct SpanSeries(pub Histogram);
-
-impl Default for SpanSeries {
-    fn default() -> Self {
-        SpanSeries(Histogram::new(
-            slotlight_otel::metric::buckets::SPAN_DURATION_MS,
-        ))
-    }
-}
-
-impl SpanSeries {
-    /// Adds one span of `ms` milliseconds, ending at `end_ns`.
-    pub fn observe(&mut self, ms: f64, trace_id: Option<TraceId>, end_ns: u64) {
-        self.0.observe(ms, trace_id, end_ns);
-    }
-}
-
-/// Labels of one spanmetrics series: service, span name, kind, status code.
-pub type SpanKey<'a> = (&'a str, &'a str, i32, i32);
-
-/// One export request's contribution to the spanmetrics series, keyed by borrowed labels;
-/// merged into [`crate::metrics::Metrics`] once per request. A request has a handful of
-/// distinct label sets, so they are found by a short scan (the previous span's first),
-/// with a hash index only for requests that carry many.
-#[derive(Debug, Default)]
-pub struct SpanBatch<'a> {
-    /// The series, in first-seen order.
-    pub series: Vec<(SpanKey<'a>, SpanSeries)>,
-    index: std::collections::HashMap<SpanKey<'a>, usize>,
-    last: usize,
-}
-
-impl<'a> SpanBatch<'a> {
-    const SCAN: usize = 16;
-
-    fn observe(&mut self, service: &'a str, head: &SpanHead<'a>, kind: i32) {
-        #[allow(clippy::cast_precision_loss)] // span durations fit f64
-        let ms = head.end.saturating_sub(head.start) as f64 / 1e6;
-        let key = (service, head.name, kind, head.status);
-        let i = if self.series.get(self.last).is_some_and(|(k, _)| *k == key) {
-            self.last
-        } else if self.series.len() <= Self::SCAN {
-            match self.series.iter().position(|(k, _)| *k == key) {
-                Some(i) => i,
-                None => self.push(key),
-            }
-        } else {
-            match self.index.get(&key) {
-                Some(&i) => i,
-                None => self.push(key),
-            }
-        };
-        self.last = i;
-        self.series[i]
-            .1
-            .observe(ms, head.trace_id.try_into().ok(), head.end);
-    }
-
-    fn push(&mut self, key: SpanKey<'a>) -> usize {
-        let i = self.series.len();
-        self.series.push((key, Default::default()));
-        if self.series.len() > Self::SCAN {
-            if self.index.is_empty() {
-                self.index = self
-                    .series
-                    .iter()
-                    .enumerate()
-                    .map(|(i, (k, _))| (*k, i))
-                    .collect();
-            } else {
-                self.index.insert(key, i);
-            }
-        }
-        i
     }
 }
 

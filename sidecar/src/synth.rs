@@ -92,7 +92,7 @@ pub fn resource_spans(service: &str, instance: Option<&str>, spans: Vec<Span>) -
 /// Ids shared by the spans of one request.
 #[derive(Debug, Clone)]
 pub struct Request {
-    /// `slotlight.request.id`.
+    /// The engine's request id (also the response id) (`slotlight.request.id`).
     pub request_id: String,
     /// `gen_ai.conversation.id` (the session).
     pub session_id: Option<String>,
@@ -100,7 +100,7 @@ pub struct Request {
     pub trace_id: [u8; 16],
     /// The request span's id.
     pub root_span_id: [u8; 8],
-    /// `slotlight.request.start_time_unix_nano`.
+    /// When the request arrived, Unix ns (`slotlight.request.start_time_unix_nano`).
     pub start_ns: i64,
     /// `slotlight.request.first_token_time_unix_nano`, once known.
     pub first_token_ns: Option<i64>,
@@ -192,7 +192,7 @@ impl Request {
         s
     }
 
-    /// `slotlight.prefill`.
+    /// The prompt's forward pass (`slotlight.prefill`).
     pub fn prefill(&mut self, start: i64, end: i64, prompt: i64, cached: i64) -> Span {
         let mut s = self.base(names::PREFILL, start, end, None);
         s.attributes.extend([
@@ -345,13 +345,13 @@ impl Request {
 /// A leg in progress.
 #[derive(Debug, Clone)]
 pub struct Leg {
-    /// `slotlight.leg.index`.
+    /// Which leg of its choice this is, from 0 (`slotlight.leg.index`).
     pub index: i64,
     /// Solo or slot.
     pub place: Place,
-    /// `slotlight.leg.start_time_unix_nano`.
+    /// When the leg started, Unix ns (`slotlight.leg.start_time_unix_nano`).
     pub start_ns: i64,
-    /// `slotlight.leg.tokens_carried`.
+    /// Tokens generated in earlier legs, carried into this one (`slotlight.leg.tokens_carried`).
     pub tokens_carried: i64,
     /// The leg span's id (decode windows are its children).
     pub span_id: [u8; 8],

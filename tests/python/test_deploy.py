@@ -348,7 +348,8 @@ class Sidecar:
         self.err = self.err_path.open("w")
         self.proc = subprocess.Popen(
             [str(sidecar_bin()), "--otlp-grpc", "127.0.0.1:0", "--otlp-http", "127.0.0.1:0",
-             "--listen", "127.0.0.1:0", "--publish-interval-ms", "20", "--no-turn-log"],
+             "--listen", "127.0.0.1:0", "--publish-interval-ms", "20", "--no-turn-log",
+             "--turns-db", str(tmp / "turns.db")],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.err)
         line = None
         for _ in range(1200):  # bounded: start-up, not speed

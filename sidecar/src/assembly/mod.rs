@@ -3,7 +3,8 @@
 //! Receivers send validated batches ([`Batch`]) over a bounded channel; [`run`] applies them
 //! to an [`Assembler`] and publishes what the views read: a [`SlotsSnapshot`] over a `watch`
 //! channel (at most every `--publish-interval-ms`), and each finished request's
-//! [`TurnRecord`] into the ring, the broadcast channel, the metrics and the stdout log.
+//! [`TurnRecord`] into the ring, the broadcast channel, the metrics, the turn store's writer
+//! (`--turns-db`) and the stdout log.
 //!
 //! [`Assembler`] itself is synchronous and takes the clock as an argument (`now_ns`), so the
 //! tests drive it deterministically.
@@ -19,6 +20,7 @@ use tokio::sync::{OwnedSemaphorePermit, broadcast, mpsc, watch};
 
 use crate::metrics::{EvictReason, Metrics};
 use crate::spans::{Body, DecodeSpan, EngineSpan, SlotKey};
+use crate::store::TurnWriter;
 use slots::{InstanceSnapshot, Occupant, Row, RowState, SlotsSnapshot};
 use turns::{TurnLeg, TurnRecord, TurnStore};
 
@@ -622,16 +624,12 @@ impl TurnLog {
                 let stdout = std::io::stdout();
                 let mut w = std::io::BufWriter::new(stdout.lock());
                 while let Ok(t) = rx.recv() {
-                    let mut line = serde_json::to_vec(&*t).unwrap_or_default();
-                    line.push(b'\n');
-                    if w.write_all(&line).is_err() {
+                    if !write_line(&mut w, &t) {
                         return;
                     }
                     // Flush whenever the queue is drained, so lines appear promptly.
                     while let Ok(t) = rx.try_recv() {
-                        let mut line = serde_json::to_vec(&*t).unwrap_or_default();
-                        line.push(b'\n');
-                        if w.write_all(&line).is_err() {
+                        if !write_line(&mut w, &t) {
                             return;
                         }
                     }
@@ -649,12 +647,28 @@ impl TurnLog {
     }
 }
 
+/// Writes one turn as a JSON line; false when stdout is gone. A record that does not
+/// serialize is reported (with its request id) and skipped, never written as an empty line.
+fn write_line(w: &mut impl std::io::Write, t: &TurnRecord) -> bool {
+    match serde_json::to_vec(t) {
+        Ok(mut line) => {
+            line.push(b'\n');
+            w.write_all(&line).is_ok()
+        }
+        Err(e) => {
+            tracing::error!(error = %e, request_id = %t.request_id, "TurnLog.Unserializable");
+            true
+        }
+    }
+}
+
 /// The assembly task: applies batches until the channel closes.
 pub async fn run(
     mut rx: mpsc::Receiver<Batch>,
     assembly: Assembly,
     metrics: Arc<Metrics>,
     turn_log: Option<TurnLog>,
+    store: Option<TurnWriter>,
     publish_interval: Duration,
 ) {
     let Assembly {
@@ -666,6 +680,7 @@ pub async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut out = Outputs::default();
     let mut warned_log = false;
+    let mut warned_store = false;
     // Leading-edge throttle: a change is published at once when the last publication is older
     // than the interval (an idle sidecar shows a window within milliseconds), otherwise at the
     // next tick (a busy one publishes at most once per interval).
@@ -704,6 +719,17 @@ pub async fn run(
             let t = Arc::new(t);
             published.turns.push(t.clone());
             let _ = published.turn_events.send(t.clone());
+            if let Some(w) = &store
+                && !w.offer(t.clone())
+            {
+                metrics.count_turn_not_stored();
+                if !warned_store {
+                    warned_store = true;
+                    tracing::warn!(
+                        "TurnStore.Behind: the store is not keeping up; turns not stored are counted in slotlight_sidecar_turns_not_stored_total"
+                    );
+                }
+            }
             if let Some(log) = &turn_log
                 && !log.offer(t)
                 && !warned_log

@@ -33,11 +33,11 @@ pub enum RowState {
 pub struct Occupant {
     /// Prefill or decoding.
     pub state: RowState,
-    /// `slotlight.request.id`.
+    /// The engine's request id (also the response id) (`slotlight.request.id`).
     pub request_id: Arc<str>,
     /// The request's trace.
     pub trace_id: TraceId,
-    /// `slotlight.session.id`.
+    /// The conversation the request belongs to, when the client named one (`slotlight.session.id`).
     pub session_id: Option<Arc<str>>,
     /// When this occupancy began (admission or leg start): of two requests claiming one row,
     /// the later one holds it.
@@ -218,9 +218,9 @@ pub struct RowView<'a> {
 /// One engine instance in a snapshot.
 #[derive(Debug, Clone)]
 pub struct InstanceSnapshot {
-    /// `service.instance.id`.
+    /// The engine process, as its resource names it (`service.instance.id`).
     pub instance: Arc<str>,
-    /// `service.version`.
+    /// The engine's version (`service.version`).
     pub service_version: Option<Arc<str>>,
     /// When the sidecar last heard from it.
     pub last_seen_ns: i64,
@@ -251,9 +251,9 @@ pub struct SlotsView<'a> {
 /// One instance as JSON.
 #[derive(Debug, Serialize)]
 pub struct InstanceView<'a> {
-    /// `service.instance.id`.
+    /// The engine process, as its resource names it (`service.instance.id`).
     pub instance: &'a str,
-    /// `service.version`.
+    /// The engine's version (`service.version`).
     pub service_version: Option<&'a str>,
     /// Seconds since the sidecar last heard from it.
     pub last_seen_s: f64,

@@ -10,6 +10,7 @@ use std::sync::{Arc, RwLock};
 use serde::Serialize;
 
 use crate::spans::{EngineSpan, LegSpan, RequestSpan};
+use crate::store::Cursor;
 use crate::vocab::{Path, TraceId, hex};
 
 /// One leg of a finished request.
@@ -81,6 +82,19 @@ pub enum TurnStatus {
 }
 
 impl TurnStatus {
+    /// Every status, in the order of the wire values' documentation.
+    pub const ALL: [TurnStatus; 4] = [
+        TurnStatus::Ok,
+        TurnStatus::Cancelled,
+        TurnStatus::Refused,
+        TurnStatus::Error,
+    ];
+
+    /// The status with wire value `s`, if any.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
     /// The wire value.
     pub fn as_str(self) -> &'static str {
         use slotlight_otel::attr::value;
@@ -96,16 +110,7 @@ impl TurnStatus {
     /// one from the span's status and `error.type`.
     fn of(req: &RequestSpan, span_error: bool) -> Self {
         use slotlight_otel::attr::value;
-        let parsed = req.status.as_deref().and_then(|s| {
-            [
-                TurnStatus::Ok,
-                TurnStatus::Cancelled,
-                TurnStatus::Refused,
-                TurnStatus::Error,
-            ]
-            .into_iter()
-            .find(|t| t.as_str() == s)
-        });
+        let parsed = req.status.as_deref().and_then(TurnStatus::parse);
         parsed.unwrap_or(match (span_error, req.error_type.as_deref()) {
             (false, None) => TurnStatus::Ok,
             (_, Some(value::ERROR_CANCELLED)) => TurnStatus::Cancelled,
@@ -121,9 +126,9 @@ pub struct TurnRecord {
     pub instance: Arc<str>,
     /// `service.version` of the engine.
     pub service_version: Option<Arc<str>>,
-    /// `slotlight.request.id`.
+    /// The engine's request id (also the response id) (`slotlight.request.id`).
     pub request_id: Arc<str>,
-    /// `slotlight.session.id`.
+    /// The conversation the request belongs to, when the client named one (`slotlight.session.id`).
     pub session_id: Option<Arc<str>>,
     /// Trace id (hex).
     pub trace_id: String,
@@ -132,29 +137,29 @@ pub struct TurnRecord {
     pub trace_id_bytes: TraceId,
     /// `gen_ai.response.model`, else `gen_ai.request.model`, else the span name's model.
     pub model: Option<String>,
-    /// `gen_ai.request.model`.
+    /// The model the client asked for (`gen_ai.request.model`).
     pub request_model: Option<String>,
-    /// `gen_ai.response.model`.
+    /// The model that answered (`gen_ai.response.model`).
     pub response_model: Option<String>,
-    /// `gen_ai.operation.name`.
+    /// What was asked: `chat` or `text_completion` (`gen_ai.operation.name`).
     pub operation: Option<String>,
-    /// `gen_ai.provider.name`.
+    /// Who served it (`gen_ai.provider.name`).
     pub provider: Option<String>,
     /// The first of `gen_ai.response.finish_reasons`, else `error.type`.
     pub finish_reason: Option<String>,
     /// How the request ended: `ok`, `cancelled`, `refused` or `error`.
     pub status: TurnStatus,
-    /// `error.type`.
+    /// What went wrong, a stable label such as `overloaded` (null on success) (`error.type`).
     pub error_type: Option<String>,
     /// Request span start, Unix ns.
     pub start_time_unix_nano: i64,
     /// Request span end, Unix ns.
     pub end_time_unix_nano: i64,
-    /// `gen_ai.usage.input_tokens`.
+    /// Prompt tokens, as in the response's `usage` (`gen_ai.usage.input_tokens`).
     pub prompt_tokens: Option<i64>,
-    /// `gen_ai.usage.cache_read.input_tokens`.
+    /// Prompt tokens reused from the KV cache (`gen_ai.usage.cache_read.input_tokens`).
     pub cached_tokens: Option<i64>,
-    /// `slotlight.usage.prefilled_tokens`.
+    /// Prompt tokens computed by the prefill (`slotlight.usage.prefilled_tokens`).
     pub prefilled_tokens: Option<i64>,
     /// `slotlight.resume`: whether the turn reused its conversation's KV and, if not, why
     /// (`first`, `full`, `diverged`, `evicted`, `other_group`; without a session `none` or
@@ -169,38 +174,38 @@ pub struct TurnRecord {
     /// `slotlight.resume.evicted_tokens`: reusable tokens whose KV blocks had been reclaimed.
     /// Null unless `resume` is `evicted`.
     pub evicted_tokens: Option<i64>,
-    /// `gen_ai.usage.output_tokens`.
+    /// Generated tokens, as in the response's `usage` (`gen_ai.usage.output_tokens`).
     pub completion_tokens: Option<i64>,
-    /// `gen_ai.usage.reasoning.output_tokens`: generated tokens inside the reasoning block.
-    /// Null unless the model's template is a thinking template.
+    /// Generated tokens inside the reasoning block (`gen_ai.usage.reasoning.output_tokens`);
+    /// null unless the model's template is a thinking template.
     pub reasoning_tokens: Option<i64>,
-    /// `slotlight.usage.queue_ms`.
+    /// Time waiting for admission, ms (`slotlight.usage.queue_ms`).
     pub queue_ms: Option<f64>,
-    /// `slotlight.usage.prefill_ms`.
+    /// Time in the prefill, ms (`slotlight.usage.prefill_ms`).
     pub prefill_ms: Option<f64>,
-    /// `slotlight.usage.ttft_ms`.
+    /// Arrival to first token, ms (`slotlight.usage.ttft_ms`).
     pub ttft_ms: Option<f64>,
-    /// `slotlight.usage.decode_ms`.
+    /// Time decoding after the first token, ms (`slotlight.usage.decode_ms`).
     pub decode_ms: Option<f64>,
-    /// `slotlight.usage.generation_ms`.
+    /// First token to last, ms (`slotlight.usage.generation_ms`).
     pub generation_ms: Option<f64>,
     /// `slotlight.usage.e2e_ms`.
     pub e2e_ms: Option<f64>,
     /// Same as `e2e_ms`.
     pub total_ms: Option<f64>,
-    /// `slotlight.usage.decode_tps`.
+    /// Decode rate after the first token, tokens/s (`slotlight.usage.decode_tps`).
     pub decode_tps: Option<f64>,
     /// `prefilled_tokens / (prefill_ms / 1000)` when both are known and `prefill_ms > 0`.
     pub prefill_tps: Option<f64>,
     /// The request's legs, by choice, then index.
     pub legs: Vec<TurnLeg>,
-    /// `slotlight.request.legs`.
+    /// How many legs the engine says the request had (`slotlight.request.legs`).
     pub legs_expected: Option<i64>,
     /// False when the record was written before all expected legs arrived.
     pub legs_complete: bool,
     /// `slotlight.request.moved`, else whether the legs ran on more than one path or slot.
     pub moved: bool,
-    /// `slotlight.slot.group`.
+    /// The device group that served it (`slotlight.slot.group`).
     pub slot_group: Option<i64>,
 }
 
@@ -292,6 +297,14 @@ pub struct TurnQuery {
     pub request_id: Option<String>,
     /// Only this engine instance.
     pub instance: Option<String>,
+    /// Only turns that ended this way.
+    pub status: Option<TurnStatus>,
+    /// Only turns that ended at or after this instant (Unix ns).
+    pub since: Option<i64>,
+    /// Only turns that ended before this instant (Unix ns).
+    pub until: Option<i64>,
+    /// Only turns past this point of the listing (a previous page's `next_cursor`).
+    pub cursor: Option<Cursor>,
     /// At most this many: the newest ones.
     pub limit: usize,
 }
@@ -303,7 +316,7 @@ impl TurnQuery {
         self.session_id.is_some()
     }
 
-    /// True when `t` passes the filters.
+    /// True when `t` passes the filters (the cursor is a position, not a filter).
     pub fn matches(&self, t: &TurnRecord) -> bool {
         self.session_id
             .as_deref()
@@ -313,21 +326,45 @@ impl TurnQuery {
                 .as_deref()
                 .is_none_or(|r| &*t.request_id == r)
             && self.instance.as_deref().is_none_or(|i| &*t.instance == i)
+            && self.status.is_none_or(|s| t.status == s)
+            && self.since.is_none_or(|n| t.end_time_unix_nano >= n)
+            && self.until.is_none_or(|n| t.end_time_unix_nano < n)
+    }
+
+    /// True when the turn at `(seq, start_ns)` lies past the cursor in this listing's order.
+    fn after_cursor(&self, seq: i64, start_ns: i64) -> bool {
+        self.cursor.is_none_or(|c| {
+            if self.oldest_first() {
+                (start_ns, seq) < (c.start_ns, c.seq)
+            } else {
+                seq < c.seq
+            }
+        })
     }
 }
 
-/// The bounded ring of recent turn records. Only the assembly task writes it.
+/// The bounded ring of recent turn records (`--turns-db :memory:`). Only the assembly task
+/// writes it. Each record gets a completion number, so that pages can follow one another.
 #[derive(Debug)]
 pub struct TurnStore {
-    ring: RwLock<VecDeque<Arc<TurnRecord>>>,
+    ring: RwLock<Ring>,
     capacity: usize,
+}
+
+#[derive(Debug, Default)]
+struct Ring {
+    records: VecDeque<(i64, Arc<TurnRecord>)>,
+    next_seq: i64,
 }
 
 impl TurnStore {
     /// A ring holding at most `capacity` records.
     pub fn new(capacity: usize) -> Self {
         TurnStore {
-            ring: RwLock::new(VecDeque::with_capacity(capacity.min(1 << 16))),
+            ring: RwLock::new(Ring {
+                records: VecDeque::with_capacity(capacity.min(1 << 16)),
+                next_seq: 1,
+            }),
             capacity: capacity.max(1),
         }
     }
@@ -335,10 +372,12 @@ impl TurnStore {
     /// Adds a record, dropping the oldest when full.
     pub fn push(&self, t: Arc<TurnRecord>) {
         let mut ring = self.ring.write().unwrap_or_else(|p| p.into_inner());
-        if ring.len() >= self.capacity {
-            ring.pop_front();
+        if ring.records.len() >= self.capacity {
+            ring.records.pop_front();
         }
-        ring.push_back(t);
+        let seq = ring.next_seq;
+        ring.next_seq += 1;
+        ring.records.push_back((seq, t));
     }
 
     /// Records matching `q`, at most `q.limit` of them, and only those the ring still holds
@@ -348,30 +387,51 @@ impl TurnStore {
     /// a session ([`TurnQuery::oldest_first`]): the session's latest `q.limit` turns by request
     /// start, oldest first; turns that started at the same instant keep completion order.
     pub fn query(&self, q: &TurnQuery) -> Vec<Arc<TurnRecord>> {
+        self.page(q).0
+    }
+
+    /// [`Self::query`], with the cursor of the next page when there may be one.
+    pub fn page(&self, q: &TurnQuery) -> (Vec<Arc<TurnRecord>>, Option<Cursor>) {
         let ring = self.ring.read().unwrap_or_else(|p| p.into_inner());
-        if !q.oldest_first() {
-            return ring
+        let wanted = |(seq, t): &&(i64, Arc<TurnRecord>)| {
+            q.matches(t) && q.after_cursor(*seq, t.start_time_unix_nano)
+        };
+        let mut hits: Vec<(i64, Arc<TurnRecord>)> = if q.oldest_first() {
+            // Bounded by the ring's capacity; completion order can differ from start order
+            // when turns of one session overlap, so select after sorting (newest first).
+            let mut all: Vec<_> = ring.records.iter().filter(wanted).cloned().collect();
+            drop(ring);
+            all.sort_by_key(|(seq, t)| std::cmp::Reverse((t.start_time_unix_nano, *seq)));
+            all.truncate(q.limit.saturating_add(1));
+            all
+        } else {
+            ring.records
                 .iter()
                 .rev()
-                .filter(|t| q.matches(t))
-                .take(q.limit)
+                .filter(wanted)
+                .take(q.limit.saturating_add(1))
                 .cloned()
-                .collect();
+                .collect()
+        };
+        let more = hits.len() > q.limit;
+        hits.truncate(q.limit);
+        let next = hits.last().filter(|_| more).map(|(seq, t)| Cursor {
+            seq: *seq,
+            start_ns: t.start_time_unix_nano,
+        });
+        if q.oldest_first() {
+            hits.reverse();
         }
-        // Bounded by the ring's capacity; completion order can differ from start order when
-        // turns of one session overlap, so select after sorting.
-        let mut hits: Vec<Arc<TurnRecord>> =
-            ring.iter().filter(|t| q.matches(t)).cloned().collect();
-        drop(ring);
-        hits.sort_by_key(|t| t.start_time_unix_nano); // stable
-        let older = hits.len().saturating_sub(q.limit);
-        hits.drain(..older);
-        hits
+        (hits.into_iter().map(|(_, t)| t).collect(), next)
     }
 
     /// Records held.
     pub fn len(&self) -> usize {
-        self.ring.read().unwrap_or_else(|p| p.into_inner()).len()
+        self.ring
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .records
+            .len()
     }
 
     /// True when empty.

@@ -35,7 +35,8 @@ use crate::forward::Forwarder;
 pub use crate::forward::Signal;
 use crate::metrics::Metrics;
 use crate::net::AllowList;
-use crate::spans::{SpanBatch, convert};
+use crate::spanmetrics::SpanBatch;
+use crate::spans::convert;
 
 /// The data points of a metrics export request.
 pub fn metric_points(req: &ExportMetricsServiceRequest) -> u64 {

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.request
@@ -73,12 +74,20 @@ class SidecarProcess:
     """A sidecar child process on loopback port 0; stopped (by its own PID) on close()."""
 
     def __init__(self, *extra: str):
+        # The turn store goes to a scratch directory unless the test names one: never the
+        # user's state directory.
+        self._scratch = None
+        store = []
+        if "--turns-db" not in extra:
+            self._scratch = tempfile.TemporaryDirectory(prefix="slotlight-sidecar-")
+            store = ["--turns-db", str(Path(self._scratch.name) / "turns.db")]
         args = [
             str(sidecar_binary()),
             "--otlp-grpc", "127.0.0.1:0",
             "--otlp-http", "127.0.0.1:0",
             "--listen", "127.0.0.1:0",
             "--publish-interval-ms", "20",
+            *store,
             *extra,
         ]
         self.proc = subprocess.Popen(
@@ -118,6 +127,9 @@ class SidecarProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
 
     def url(self, path: str) -> str:
         return f"http://{self.views}{path}"

@@ -1,0 +1,373 @@
+//! The turn store against real SQLite files: idempotent writes, filters, cursors, retention,
+//! and what survives reopening.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::assembly::turns::{TurnQuery, TurnStatus};
+use crate::spans::{Body, EngineSpan, RequestSpan};
+
+/// A scratch directory under the system's temporary directory, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        let p = std::env::temp_dir().join(format!(
+            "slotlight-store-{name}-{}-{}",
+            std::process::id(),
+            crate::otlp::unix_now_ns()
+        ));
+        std::fs::create_dir_all(&p).expect("scratch dir");
+        Scratch(p)
+    }
+
+    fn db(&self) -> PathBuf {
+        self.0.join("nested").join("turns.db")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A finished turn `id` of `session`, started at `start_ns`, ended 10 ns later.
+fn turn(id: &str, session: Option<&str>, start_ns: i64, status: Option<&str>) -> Arc<TurnRecord> {
+    let req = RequestSpan {
+        name: "chat m".into(),
+        status: status.map(str::to_string),
+        e2e_ms: Some(1.5),
+        ..Default::default()
+    };
+    let mut trace = [0u8; 16];
+    trace[..id.len().min(16)].copy_from_slice(&id.as_bytes()[..id.len().min(16)]);
+    let root = EngineSpan {
+        instance: Arc::from("i"),
+        service_version: None,
+        trace_id: trace,
+        start_ns,
+        end_ns: start_ns + 10,
+        error: false,
+        request_id: id.into(),
+        session_id: session.map(Into::into),
+        body: Body::Request(Box::new(req.clone())),
+    };
+    Arc::new(TurnRecord::build(&root, &req, vec![]))
+}
+
+fn rw(path: &Path) -> Connection {
+    open_rw(path).expect("open")
+}
+
+fn read(path: &Path) -> TurnDb {
+    TurnDb {
+        path: Arc::from(path),
+        conn: Arc::new(Mutex::new(
+            Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY).expect("ro"),
+        )),
+    }
+}
+
+fn ids(page: &TurnPage) -> Vec<String> {
+    page.turns
+        .iter()
+        .map(|r| {
+            let v: serde_json::Value = serde_json::from_str(r.get()).expect("json");
+            v["request_id"].as_str().expect("id").to_string()
+        })
+        .collect()
+}
+
+fn q(limit: usize) -> TurnQuery {
+    TurnQuery {
+        limit,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_turn_is_written_once_and_reads_back_byte_for_byte() {
+    let dir = Scratch::new("once");
+    let mut c = rw(&dir.db());
+    let t = turn("a", Some("s"), 100, None);
+    assert_eq!(
+        write_batch(&mut c, &[t.clone(), t.clone()], 1).expect("write"),
+        1
+    );
+    assert_eq!(
+        write_batch(&mut c, std::slice::from_ref(&t), 2).expect("rewrite"),
+        0
+    );
+    let db = read(&dir.db());
+    assert_eq!(db.len().expect("len"), 1);
+    let page = db.query(&q(10)).expect("query");
+    assert_eq!(page.turns.len(), 1);
+    assert_eq!(
+        page.turns[0].get(),
+        serde_json::to_string(&*t).expect("json"),
+        "the stored item is the ring's JSON exactly"
+    );
+    assert_eq!(page.next_cursor, None);
+}
+
+#[test]
+fn the_same_request_id_from_two_instances_is_two_turns() {
+    let dir = Scratch::new("instances");
+    let mut c = rw(&dir.db());
+    let a = turn("a", None, 100, None);
+    let mut b = (*a).clone();
+    b.instance = Arc::from("j");
+    let b = Arc::new(b);
+    assert_eq!(
+        write_batch(&mut c, &[a.clone(), b.clone(), a, b], 1).expect("write"),
+        2
+    );
+    assert_eq!(read(&dir.db()).len().expect("len"), 2);
+}
+
+#[test]
+fn filters_select_by_session_status_time_and_instance() {
+    let dir = Scratch::new("filters");
+    let mut c = rw(&dir.db());
+    let batch = [
+        turn("a1", Some("a"), 100, None),
+        turn("b2", Some("b"), 300, Some("cancelled")),
+        turn("b1", Some("b"), 200, None),
+        turn("x", None, 400, Some("refused")),
+        turn("b3", Some("b"), 500, None),
+    ];
+    write_batch(&mut c, &batch, 1).expect("write");
+    let db = read(&dir.db());
+    let all = db.query(&q(100)).expect("all");
+    assert_eq!(
+        ids(&all),
+        ["b3", "x", "b1", "b2", "a1"],
+        "completion order, newest first"
+    );
+    let session = TurnQuery {
+        session_id: Some("b".into()),
+        ..q(100)
+    };
+    assert_eq!(
+        ids(&db.query(&session).expect("b")),
+        ["b1", "b2", "b3"],
+        "by start"
+    );
+    let cancelled = TurnQuery {
+        status: Some(TurnStatus::Cancelled),
+        ..q(100)
+    };
+    assert_eq!(ids(&db.query(&cancelled).expect("status")), ["b2"]);
+    // Ends are start + 10: [since, until) on the end.
+    let window = TurnQuery {
+        since: Some(210),
+        until: Some(411),
+        ..q(100)
+    };
+    assert_eq!(ids(&db.query(&window).expect("window")), ["x", "b1", "b2"]);
+    let elsewhere = TurnQuery {
+        instance: Some("j".into()),
+        ..q(100)
+    };
+    assert!(db.query(&elsewhere).expect("instance").turns.is_empty());
+    let one = TurnQuery {
+        request_id: Some("b1".into()),
+        ..q(100)
+    };
+    assert_eq!(ids(&db.query(&one).expect("request")), ["b1"]);
+}
+
+#[test]
+fn cursors_page_through_everything_once_in_both_orders() {
+    let dir = Scratch::new("cursor");
+    let mut c = rw(&dir.db());
+    // Starts out of completion order, two at the same instant.
+    let starts = [50, 10, 30, 30, 20, 70, 60];
+    let batch: Vec<_> = starts
+        .iter()
+        .enumerate()
+        .map(|(i, s)| turn(&format!("t{i}"), Some("s"), *s, None))
+        .collect();
+    write_batch(&mut c, &batch, 1).expect("write");
+    let db = read(&dir.db());
+    for session in [None, Some("s".to_string())] {
+        let mut seen = Vec::new();
+        let mut cursor = None;
+        let mut pages = 0;
+        loop {
+            let page = db
+                .query(&TurnQuery {
+                    session_id: session.clone(),
+                    cursor,
+                    ..q(3)
+                })
+                .expect("page");
+            pages += 1;
+            assert!(page.turns.len() <= 3);
+            let mut got = ids(&page);
+            if session.is_some() {
+                // Each page is oldest first; pages go back in time.
+                got.reverse();
+            }
+            seen.extend(got);
+            match page.next_cursor {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
+        }
+        assert_eq!(pages, 3, "{session:?}");
+        let expected: Vec<String> = if session.is_some() {
+            // Newest start first; the two at 30 by completion, later one first.
+            ["t5", "t6", "t0", "t3", "t2", "t4", "t1"]
+        } else {
+            ["t6", "t5", "t4", "t3", "t2", "t1", "t0"]
+        }
+        .map(String::from)
+        .to_vec();
+        assert_eq!(seen, expected, "{session:?}");
+    }
+}
+
+#[test]
+fn the_ring_pages_like_the_store() {
+    let ring = crate::assembly::turns::TurnStore::new(100);
+    let starts = [50, 10, 30, 30, 20, 70, 60];
+    for (i, s) in starts.iter().enumerate() {
+        ring.push(turn(&format!("t{i}"), Some("s"), *s, None));
+    }
+    let dir = Scratch::new("ring");
+    let mut c = rw(&dir.db());
+    for (i, s) in starts.iter().enumerate() {
+        write_batch(&mut c, &[turn(&format!("t{i}"), Some("s"), *s, None)], 1).expect("write");
+    }
+    let db = read(&dir.db());
+    for session in [None, Some("s".to_string())] {
+        let mut ring_cursor = None;
+        let mut db_cursor = None;
+        loop {
+            let rq = TurnQuery {
+                session_id: session.clone(),
+                cursor: ring_cursor,
+                ..q(2)
+            };
+            let (list, next) = ring.page(&rq);
+            let page = db
+                .query(&TurnQuery {
+                    cursor: db_cursor,
+                    ..rq
+                })
+                .expect("page");
+            let ring_ids: Vec<String> = list.iter().map(|t| t.request_id.to_string()).collect();
+            assert_eq!(ring_ids, ids(&page), "{session:?}");
+            assert_eq!(next.is_some(), page.next_cursor.is_some());
+            match (next, page.next_cursor) {
+                (Some(a), Some(b)) => {
+                    ring_cursor = Some(a);
+                    db_cursor = Some(b);
+                }
+                _ => break,
+            }
+        }
+    }
+}
+
+#[test]
+fn retention_keeps_the_newest_and_the_recent() {
+    let dir = Scratch::new("retention");
+    let mut c = rw(&dir.db());
+    for i in 0..10 {
+        let t = turn(&format!("t{i}"), None, i, None);
+        // Stored at i seconds.
+        write_batch(&mut c, &[t], i * 1_000_000_000).expect("write");
+    }
+    let keep_all = Retention {
+        max_age: Duration::from_secs(3600),
+        max_rows: 100,
+    };
+    assert_eq!(
+        apply_retention(&c, keep_all, 10_000_000_000).expect("none"),
+        0
+    );
+    let by_count = Retention {
+        max_age: Duration::from_secs(3600),
+        max_rows: 6,
+    };
+    assert_eq!(
+        apply_retention(&c, by_count, 10_000_000_000).expect("count"),
+        4
+    );
+    let db = read(&dir.db());
+    assert_eq!(
+        ids(&db.query(&q(100)).expect("q")),
+        ["t9", "t8", "t7", "t6", "t5", "t4"]
+    );
+    // At 10 s, an age of 3.5 s keeps what was stored at 7, 8 and 9 s.
+    let by_age = Retention {
+        max_age: Duration::from_millis(3500),
+        max_rows: 100,
+    };
+    assert_eq!(apply_retention(&c, by_age, 10_000_000_000).expect("age"), 3);
+    assert_eq!(ids(&db.query(&q(100)).expect("q")), ["t9", "t8", "t7"]);
+}
+
+#[test]
+fn the_writer_commits_what_it_is_offered_and_the_file_reopens() {
+    let dir = Scratch::new("writer");
+    let path = dir.db();
+    let keep = Retention {
+        max_age: Duration::from_secs(3600),
+        max_rows: 1000,
+    };
+    let store = open(&path, keep).expect("open");
+    for i in 0..50 {
+        assert!(store.writer.offer(turn(&format!("t{i}"), None, i, None)));
+    }
+    let OpenStore { db, writer, thread } = store;
+    drop(writer);
+    thread.join().expect("writer thread");
+    assert_eq!(db.len().expect("len"), 50);
+    drop(db);
+    // Reopened: the same rows, and a repeat of one of them is not doubled.
+    let again = open(&path, keep).expect("reopen");
+    assert!(again.writer.offer(turn("t7", None, 7, None)));
+    let OpenStore { db, writer, thread } = again;
+    drop(writer);
+    thread.join().expect("writer thread");
+    assert_eq!(db.len().expect("len"), 50);
+    let c = Connection::open(&path).expect("open");
+    let ok: String = c
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .expect("integrity");
+    assert_eq!(ok, "ok");
+}
+
+#[test]
+fn a_newer_schema_is_refused() {
+    let dir = Scratch::new("newer");
+    let path = dir.db();
+    drop(rw(&path));
+    let c = Connection::open(&path).expect("open");
+    c.pragma_update(None, "user_version", schema::VERSION + 1)
+        .expect("bump");
+    drop(c);
+    assert!(matches!(
+        open_rw(&path),
+        Err(StoreError::NewerSchema { found, .. }) if found == schema::VERSION + 1
+    ));
+}
+
+#[test]
+fn the_default_path_follows_xdg() {
+    // Read-only checks of the rule; the environment is not changed (tests run in parallel).
+    if let Some(p) = default_path() {
+        assert!(p.ends_with("slotlight/turns.db"), "{}", p.display());
+        assert!(p.is_absolute() || std::env::var_os("HOME").is_some());
+    }
+    assert_eq!(TurnsDb::from_flag(Some(":memory:")), TurnsDb::Memory);
+    assert_eq!(
+        TurnsDb::from_flag(Some("/x/t.db")),
+        TurnsDb::File(PathBuf::from("/x/t.db"))
+    );
+}
