@@ -5,11 +5,65 @@
 //! the request's own channel. Nothing here is shared between requests: there is no "last
 //! timing" anywhere in the engine.
 
-use crate::scheduler::resume::Resume;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use slotlight_otel::attr::value;
+
+/// What became of a request's chance to reuse KV.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResumeOutcome {
+    /// The session's first turn (or one the engine no longer remembers).
+    First,
+    /// Everything that could be reused was, to block granularity.
+    Full,
+    /// The history changed: the prompt departs from the last turn at `diverged_at`.
+    Diverged,
+    /// Blocks of the reusable prefix had been reclaimed by other traffic (`evicted_tokens`).
+    /// With sliding-window layers kept windowed, these include the window-pool blocks a
+    /// resume needs (the window before the reuse point), given back as the window passed them
+    /// and reclaimed since: the prefix cache then reuses a shorter prefix, or none.
+    Evicted,
+    /// The session's KV lives in another slot group than the one serving this turn.
+    OtherGroup,
+    /// No session, and nothing reused.
+    None,
+    /// No session; a prefix shared with some earlier request was reused.
+    Prefix,
+}
+
+impl ResumeOutcome {
+    /// The contract's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResumeOutcome::First => value::RESUME_FIRST,
+            ResumeOutcome::Full => value::RESUME_FULL,
+            ResumeOutcome::Diverged => value::RESUME_DIVERGED,
+            ResumeOutcome::Evicted => value::RESUME_EVICTED,
+            ResumeOutcome::OtherGroup => value::RESUME_OTHER_GROUP,
+            ResumeOutcome::None => value::RESUME_NONE,
+            ResumeOutcome::Prefix => value::RESUME_PREFIX,
+        }
+    }
+}
+
+/// A request's resume facts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Resume {
+    /// The outcome.
+    pub outcome: ResumeOutcome,
+    /// Tokens the request had in common with its session's last turn (absent without a
+    /// remembered turn).
+    pub reusable_tokens: Option<usize>,
+    /// Tokens found in the prefix cache.
+    pub cached_tokens: usize,
+    /// Where the prompt departs from the last turn (`diverged`, and `evicted` when the
+    /// history changed too).
+    pub diverged_at: Option<usize>,
+    /// Reusable tokens whose blocks had been reclaimed (`evicted`).
+    pub evicted_tokens: Option<usize>,
+}
 
 /// Converts monotonic instants to wall-clock time, anchored once per process.
 #[derive(Debug, Clone, Copy)]

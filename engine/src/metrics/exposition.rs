@@ -37,21 +37,8 @@ pub struct Scrape {
     pub telemetry: TelemetrySnapshot,
 }
 
-/// The `Content-Type` and format for an `Accept` header: OpenMetrics when it names
-/// `application/openmetrics-text`, else the Prometheus text format.
-pub fn negotiate(accept: Option<&str>) -> (bool, &'static str) {
-    if accept.is_some_and(|a| a.contains("application/openmetrics-text")) {
-        (
-            true,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )
-    } else {
-        (
-            false,
-            prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
-        )
-    }
-}
+/// The `Content-Type` and format for an `Accept` header, as the sidecar answers it.
+pub use slotlight_otel::exposition::negotiate;
 
 /// Renders `scrape` in OpenMetrics (with `# EOF`) or the Prometheus text format.
 pub fn render(scrape: Scrape, openmetrics: bool) -> String {

@@ -588,7 +588,7 @@ impl CpuBackend {
                         );
                         match activation {
                             Activation::Silu => ops::silu_mul(isa, &mut s.gate, &s.up),
-                            Activation::GeluTanh => ops::gelu_tanh_mul(&mut s.gate, &s.up),
+                            Activation::GeluTanh => ops::gelu_tanh_mul(isa, &mut s.gate, &s.up),
                         }
                     }
                     Op::Down => {

@@ -520,8 +520,8 @@ DEV void mv_qkv_body(const unsigned char* __restrict__ w, int nrows, int rbase, 
   }
 }
 
-/* The gate's activation: SiLU, or (gelu set) GELU with the tanh approximation, written as the
-   CPU's ops::gelu_tanh_mul. */
+/* The gate's activation: SiLU, or (gelu set) GELU with the tanh approximation (the CPU's
+   ops::gelu_tanh_mul computes the same function as x / (1 + e^(-2z))). */
 DEV float gate_act(float g, int gelu) {
   if (gelu) {
     const float t = tanhf(0.7978846f * g * (1.0f + 0.044715f * g * g));

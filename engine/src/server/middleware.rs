@@ -1,0 +1,92 @@
+//! The middleware every request passes: its arrival instant, the API key, the caller's trace
+//! context and the address it reached.
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use opentelemetry::Context;
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+
+use super::SharedState;
+use super::error::ApiError;
+use super::trace::ServerAddress;
+
+/// When the request arrived (stamped by the outermost middleware).
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival(pub Instant);
+
+/// The address the server listens on (a request extension), for `server.address` when a
+/// request has no `Host` header.
+#[derive(Debug, Clone, Copy)]
+pub struct LocalAddr(pub SocketAddr);
+
+/// `server.address` and `server.port`: the `Host` header the client sent (HTTP/1.1 requires
+/// one), else the listening address.
+pub fn server_address(headers: &HeaderMap, local: Option<SocketAddr>) -> ServerAddress {
+    let from_host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|h| h.parse::<axum::http::uri::Authority>().ok())
+        .map(|a| ServerAddress {
+            address: Some(
+                a.host()
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .to_string(),
+            ),
+            port: a.port_u16().or_else(|| local.map(|l| l.port())),
+        });
+    from_host.unwrap_or_else(|| ServerAddress {
+        address: local.map(|l| l.ip().to_string()),
+        port: local.map(|l| l.port()),
+    })
+}
+
+struct HeaderExtractor<'a>(&'a HeaderMap);
+
+impl Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(|k| k.as_str()).collect()
+    }
+}
+
+/// The caller's trace context from W3C `traceparent`/`tracestate`, or an empty context.
+pub fn parent_context(headers: &HeaderMap) -> Context {
+    TraceContextPropagator::new().extract(&HeaderExtractor(headers))
+}
+
+/// Stamps the request's [`Arrival`] (the outermost layer).
+pub(super) async fn stamp_arrival(mut req: Request, next: Next) -> Response {
+    req.extensions_mut().insert(Arrival(Instant::now()));
+    next.run(req).await
+}
+
+/// Refuses a request without the configured bearer token (401).
+pub(super) async fn authenticate(
+    State(st): State<SharedState>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if let Some(key) = &st.cfg.api_key {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        use subtle::ConstantTimeEq;
+        let ok: bool = given.as_bytes().ct_eq(key.as_bytes()).into();
+        if !ok {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}

@@ -1,0 +1,117 @@
+//! The routes: which handler answers which path, behind which middleware, and the small
+//! read-only endpoints (`/v1/models`, `/health`, `/v1/requests`, `/metrics`).
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+
+use super::SharedState;
+use super::error::ApiError;
+use super::middleware::{authenticate, stamp_arrival};
+use super::openai;
+
+async fn models(State(st): State<SharedState>) -> Response {
+    let data: Vec<_> = st
+        .cfg
+        .model_names
+        .iter()
+        .take(1)
+        .map(|id| {
+            json!({
+                "id": id,
+                "object": "model",
+                "created": st.started,
+                "owned_by": "slotlight",
+                "max_model_len": st.context,
+            })
+        })
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+async fn health(State(st): State<SharedState>) -> Response {
+    let (_, groups) = st.engine.snapshot().await;
+    let draining = st.engine.is_shutting_down();
+    let body = json!({
+        "status": if draining { "shutting_down" } else { "ok" },
+        "model": st.cfg.model_names.first(),
+        "model_info": st.cfg.model_info,
+        "instance_id": st.telemetry.instance_id,
+        "queued": st.engine.queued(),
+        "in_flight": st.engine.in_flight(),
+        "groups": groups,
+        "telemetry": st.telemetry.counts(),
+    });
+    let code = if draining {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    (code, axum::Json(body)).into_response()
+}
+
+async fn requests(State(st): State<SharedState>) -> Response {
+    let (data, groups) = st.engine.snapshot().await;
+    let sessions = st.engine.session_stats();
+    axum::Json(json!({"object": "list", "data": data, "groups": groups, "sessions": sessions}))
+        .into_response()
+}
+
+/// `GET /metrics`: every slot group's counters and gauges, the request latencies and
+/// refusals, and the exporter's health, read now; OpenMetrics when the `Accept` header asks.
+async fn metrics(State(st): State<SharedState>, headers: HeaderMap) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (openmetrics, content_type) = crate::metrics::negotiate(accept);
+    let scrape = crate::metrics::Scrape {
+        groups: st
+            .engine
+            .group_metrics()
+            .iter()
+            .map(|g| g.snapshot())
+            .collect(),
+        requests: st.metrics.snapshot(),
+        telemetry: (st.telemetry.snapshot_source())(),
+    };
+    let body = crate::metrics::render(scrape, openmetrics);
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+async fn fallback(req: Request) -> ApiError {
+    ApiError::not_found(req.uri().path())
+}
+
+/// The routes, with authentication. The generation routes' handlers refuse requests while
+/// draining and record every refusal they answer themselves. `/metrics` is behind the API key unless `--metrics-public`.
+pub fn router(st: SharedState) -> Router {
+    let public_metrics = st.cfg.metrics_public;
+    let mut api = Router::new()
+        .route("/v1/chat/completions", post(openai::handler::chat))
+        .route("/v1/completions", post(openai::handler::completions))
+        .route("/tokenize", post(openai::tokenize::tokenize))
+        .route("/detokenize", post(openai::tokenize::detokenize))
+        .route("/v1/models", get(models))
+        .route("/v1/requests", get(requests));
+    if !public_metrics {
+        api = api.route("/metrics", get(metrics));
+    }
+    let api = api.route_layer(middleware::from_fn_with_state(
+        Arc::clone(&st),
+        authenticate,
+    ));
+    let mut open = Router::new().route("/health", get(health));
+    if public_metrics {
+        open = open.route("/metrics", get(metrics));
+    }
+    Router::new()
+        .merge(api)
+        .merge(open)
+        .fallback(fallback)
+        .layer(middleware::from_fn(stamp_arrival))
+        .with_state(st)
+}
