@@ -35,7 +35,7 @@ names) is in [otel/CONTRACT.md](../otel/CONTRACT.md).
 | `SLOTLIGHT_DEVICE`, `SLOTLIGHT_THREADS` | engine | same as `--device`, `--threads` |
 | `SLOTLIGHT_HOST`, `SLOTLIGHT_PORT` | engine | same as `serve --host`, `--port` |
 | `SLOTLIGHT_API_KEY` | engine | same as `serve --api-key` |
-| `SLOTLIGHT_ISA` | engine | force lower CPU kernels: `avx2` or `scalar` (for comparisons) |
+| `SLOTLIGHT_ISA` | engine | force one CPU kernel path (for comparisons): `avx2+avx512vnni`, `avx2+avxvnni`, `avx2` or `scalar`; the default is the best this CPU runs |
 | `SLOTLIGHT_SIDECAR_TOKEN` | sidecar | same as `--token` |
 | `OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` | engine | where spans go (default `http://127.0.0.1:4317`, the sidecar) |
 | `OTEL_EXPORTER_OTLP_PROTOCOL`, `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` | engine | `grpc` (default) or `http/protobuf` |
