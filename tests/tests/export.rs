@@ -17,6 +17,10 @@ fn run(protocol: &str) {
             "127.0.0.1:0",
             "--listen",
             "127.0.0.1:0",
+            // Turns in memory: the test leaves no store behind (and the two tests, run in
+            // parallel, share none).
+            "--turns-db",
+            ":memory:",
         ]
         .map(String::from),
         "listening otlp_grpc=",
