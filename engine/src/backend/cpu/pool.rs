@@ -26,7 +26,8 @@ struct Shared {
     job: UnsafeCell<Option<Job>>,
     /// Chunks in the current section.
     chunks: AtomicUsize,
-    /// `generation << 32 | next chunk to claim`.
+    /// `generation << 32 | next chunk to claim`, or `generation << 32 | CLOSED` while the
+    /// owner sets a section up.
     word: AtomicU64,
     /// Chunks of the current section finished.
     finished: AtomicUsize,
@@ -52,6 +53,10 @@ impl std::fmt::Debug for ComputePool {
         write!(f, "ComputePool({} threads)", self.threads)
     }
 }
+
+/// The low half of [`Shared::word`] while a new section is being set up: no chunk of it can be
+/// claimed yet, and no chunk of the previous one any more.
+const CLOSED: u64 = 0xffff_ffff;
 
 /// Claims the next chunk of generation `generation`, if any.
 fn claim(s: &Shared, generation: u64) -> Option<usize> {
@@ -138,6 +143,14 @@ impl ComputePool {
         }
         let s = &*self.shared;
         assert!(chunks < 1 << 31, "too many chunks");
+        // Close the previous section first: a worker that read its word before this store and
+        // the new chunk count after the stores below would otherwise claim a chunk of the old
+        // generation with the new count, run the new job with it and count it as finished,
+        // so that this call could return while a chunk still runs (and its closure's borrows
+        // end). Once closed, such a claim fails (the word changed), and workers wait for the
+        // section to open.
+        let generation = (s.word.load(Ordering::Acquire) >> 32) + 1;
+        s.word.store(generation << 32 | CLOSED, Ordering::SeqCst);
         // SAFETY: every chunk of the previous section is finished, so no one reads `job` now;
         // the pointer stays valid until this function returns, after every chunk is finished.
         unsafe {
@@ -147,7 +160,6 @@ impl ComputePool {
         }
         s.chunks.store(chunks, Ordering::Release);
         s.finished.store(0, Ordering::Release);
-        let generation = (s.word.load(Ordering::Acquire) >> 32) + 1;
         s.word.store(generation << 32, Ordering::SeqCst);
         for (i, (t, _)) in self.workers.iter().enumerate() {
             if s.parked[i].load(Ordering::SeqCst) {
@@ -176,8 +188,9 @@ fn worker(s: &Shared, i: usize) {
     loop {
         let mut idle_since: Option<Instant> = None;
         loop {
-            let g = s.word.load(Ordering::Acquire) >> 32;
-            if g != seen {
+            let w = s.word.load(Ordering::Acquire);
+            let g = w >> 32;
+            if g != seen && w & CLOSED != CLOSED {
                 seen = g;
                 break;
             }
@@ -240,6 +253,26 @@ mod tests {
             sum.fetch_add(c + 1, Ordering::Relaxed);
         });
         assert_eq!(sum.load(Ordering::Relaxed), 10);
+    }
+
+    /// Many short sections whose chunk counts grow and shrink: every chunk of each runs once
+    /// and has finished when `run` returns (a worker's late claim of a finished section with
+    /// the next one's count ran a chunk twice and let `run` return before its last chunk
+    /// ended; engine tests crashed on it).
+    #[test]
+    fn back_to_back_sections_of_changing_size_each_run_exactly_once() {
+        let pool = ComputePool::new(2);
+        for i in 0..100_000usize {
+            let n = 2 + i % 7;
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(n, &|c| {
+                hits[c].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                "section {i} of {n} chunks"
+            );
+        }
     }
 
     #[test]
