@@ -227,10 +227,11 @@ async fn a_window_pool_too_small_for_the_batch_preempts_and_recomputes_exactly()
     // The window pool is sized for one slot (8 blocks); two requests decode at once. Two
     // submits are two commands, and on a loaded machine the loop may finish the first before
     // the second arrives: such a run shows no preemption and proves nothing, so it is run
-    // again on a fresh engine (at most 5 times).
+    // again on a fresh engine (at most 20 times; the first request decodes longer, so that
+    // the second arrives while it runs).
     let (p, q) = (user_turn(3, 40), user_turn(4, 36));
     let mut attempts = 0;
-    let (a, b, g) = loop {
+    let (a, b, g, two_last) = loop {
         attempts += 1;
         let two = EngineHandle::start(
             vec![Box::new(backend(&m, true))],
@@ -240,15 +241,28 @@ async fn a_window_pool_too_small_for_the_batch_preempts_and_recomputes_exactly()
                 ..sched()
             },
         );
-        let (a, b) = tokio::join!(run(&two, &p, 40, None), run(&two, &q, 40, None));
+        let (a, b) = tokio::join!(run(&two, &p, 80, None), run(&two, &q, 40, None));
         let g = two.group_metrics()[0].snapshot();
-        if g.preemptions > 0 || attempts == 5 {
-            break (a, b, g);
+        if g.preemptions > 0 || attempts == 20 {
+            break (a, b, g, two);
         }
     };
     let solo = engine(&m, false);
-    assert_eq!(a.tokens, run(&solo, &p, 40, None).await.tokens);
+    assert_eq!(a.tokens, run(&solo, &p, 80, None).await.tokens);
     assert_eq!(b.tokens, run(&solo, &q, 40, None).await.tokens);
     assert!(g.preemptions > 0, "the window pool ran out");
-    assert_eq!(g.kv_window_blocks_used, 0);
+    // The gauges are published by the step loop after the last reply has gone out: read them
+    // once it has (bounded wait).
+    let mut used = g.kv_window_blocks_used;
+    for _ in 0..200 {
+        if used == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        used = two_last.group_metrics()[0].snapshot().kv_window_blocks_used;
+    }
+    assert_eq!(
+        used, 0,
+        "window blocks still held after both requests ended"
+    );
 }
