@@ -467,27 +467,48 @@ async fn a_full_queue_answers_429_with_retry_after() {
     )
     .await;
     // Fill the one slot and the one queue place with long requests, streamed so they start.
+    // The tiny model is fast: `a` can finish (and `b` take the slot) before `c` is sent. Such a
+    // run proves nothing either way and is tried again; a queue without its limit answers `c`
+    // with 200 on every try and fails.
     let mut long = chat_body(200);
     long["stream"] = json!(true);
     let c = s.client.clone();
     let url = s.url("/v1/chat/completions");
-    let a = c.post(&url).json(&long).send().await.expect("a");
-    // A streamed answer starts before the step loop admits its request: wait for `a` to leave
-    // the queue, or `b` would find the one place still taken (a race under load).
-    for _ in 0..1000 {
-        if s.state.engine.queued() == 0 {
+    let mut refused = None;
+    for _ in 0..20 {
+        let a = c.post(&url).json(&long).send().await.expect("a");
+        // A streamed answer starts before the step loop admits its request: wait for `a` to
+        // leave the queue, or `b` would find the one place still taken.
+        for _ in 0..1000 {
+            if s.state.engine.queued() == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let b = c.post(&url).json(&long).send().await.expect("b");
+        assert_eq!((a.status().as_u16(), b.status().as_u16()), (200, 200));
+        let full = s.state.engine.queued() == 1 && s.state.engine.in_flight() == 2;
+        let r = c.post(&url).json(&chat_body(1)).send().await.expect("c");
+        let code = r.status().as_u16();
+        if full && code == 429 {
+            refused = Some(r);
+        }
+        drop((a, b));
+        if refused.is_some() {
             break;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        // Both streams are dropped: wait for the engine to be idle before the next try.
+        for _ in 0..1000 {
+            if s.state.engine.in_flight() == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
     }
-    let b = c.post(&url).json(&long).send().await.expect("b");
-    assert_eq!((a.status().as_u16(), b.status().as_u16()), (200, 200));
-    let r = c.post(&url).json(&chat_body(1)).send().await.expect("c");
-    assert_eq!(r.status().as_u16(), 429);
+    let r = refused.expect("a full queue never answered 429 in 20 tries");
     assert!(r.headers().get("retry-after").is_some());
     let v: Value = r.json().await.expect("json");
     assert_eq!(v["error"]["type"], "overloaded_error");
-    drop((a, b));
     s.stop().await;
 }
 
