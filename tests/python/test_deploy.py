@@ -1,7 +1,7 @@
 """Checks of deploy/ that need neither Docker nor a cluster.
 
 - every YAML (multi-document) and JSON file under deploy/ parses;
-- `promtool check config deploy/prometheus.yml` passes (a missing promtool fails the test
+- `promtool check config deploy/prometheus/prometheus.yml` passes (a missing promtool fails the test
   when SLOTLIGHT_REQUIRE_TOOLS=1, as in CI, and skips it otherwise);
 - every metric the Grafana dashboard queries appears, with the labels the queries use, in a
   real scrape of a running sidecar fed engine-shaped spans (OpenTelemetry Python SDK over
@@ -38,7 +38,9 @@ DEPLOY = REPO / "deploy"
 CONTRACT_MD = REPO / "otel" / "CONTRACT.md"
 COMPOSE = DEPLOY / "compose.yaml"
 COLLECTOR = DEPLOY / "otel-collector.yaml"
-PROMETHEUS = DEPLOY / "prometheus.yml"
+PROMETHEUS = DEPLOY / "prometheus" / "prometheus.yml"
+ALERTS = DEPLOY / "prometheus" / "alerts.yml"
+ALERT_TESTS = DEPLOY / "prometheus" / "alerts.test.yml"
 DASHBOARDS = DEPLOY / "grafana" / "dashboards"
 PROVISIONING = DEPLOY / "grafana" / "provisioning"
 K8S = DEPLOY / "k8s"
@@ -564,6 +566,59 @@ def test_promtool_accepts_the_prometheus_config():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_alert_rules_pass_promtool_and_their_unit_tests():
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        missing("promtool not found (Debian package `prometheus`)")
+    assert ALERTS.name in yaml_one(PROMETHEUS).get("rule_files", []), "Prometheus does not load the alert rules"
+    r = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run([promtool, "test", "rules", ALERT_TESTS.name], cwd=ALERT_TESTS.parent,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+
+
+def test_every_alert_the_issue_asks_for_exists_and_is_unit_tested():
+    rules = [r for g in yaml_one(ALERTS)["groups"] for r in g["rules"]]
+    alerts = {r["alert"]: r for r in rules if "alert" in r}
+    exprs = " ".join(r["expr"] for r in rules)
+    e = ENGINE_METRIC
+    need = {
+        "TTFT burn rate": lambda a, r: METRIC["TIME_TO_FIRST_TOKEN"] in exprs and a.startswith("SlotlightTTFTBudgetBurn"),
+        "TPOT burn rate": lambda a, r: METRIC["TIME_PER_OUTPUT_TOKEN"] in exprs and a.startswith("SlotlightTPOTBudgetBurn"),
+        "queue growth": lambda a, r: e["REQUESTS_WAITING"] in r["expr"],
+        "KV cache saturation": lambda a, r: e["KV_CACHE_USAGE"] in r["expr"],
+        "preemption storms": lambda a, r: e["PREEMPTIONS"] in r["expr"],
+        "span export failures": lambda a, r: e["SPAN_EXPORT_FAILURES"] in r["expr"],
+        "span drops": lambda a, r: e["SPANS_DROPPED"] in r["expr"],
+        "engine down": lambda a, r: 'job="slotlight-engine"' in r["expr"] and "up" in r["expr"],
+        "sidecar down": lambda a, r: 'job="slotlight-sidecar"' in r["expr"] and "up" in r["expr"],
+    }
+    for what, pred in need.items():
+        assert any(pred(a, r) for a, r in alerts.items()), f"no alert for {what}"
+    # Multi-window: every burn-rate alert compares a long and a short window.
+    for a, r in alerts.items():
+        if "BudgetBurn" in a:
+            assert len(re.findall(r":rate\d+[mhd]", r["expr"])) == 2, a
+        assert r["labels"]["severity"] in ("page", "ticket"), a
+        assert r.get("annotations", {}).get("summary"), f"{a}: no summary"
+    # Every alert has a unit test in which it fires.
+    tests = yaml_one(ALERT_TESTS)["tests"]
+    fired = {t["alertname"] for g in tests for t in g.get("alert_rule_test", []) if t.get("exp_alerts")}
+    quiet = {t["alertname"] for g in tests for t in g.get("alert_rule_test", []) if not t.get("exp_alerts")}
+    assert set(alerts) <= fired, f"alerts never shown firing: {sorted(set(alerts) - fired)}"
+    # And most have one in which they stay quiet (the rest are quiet for other series of a
+    # test in which they fire).
+    assert len(quiet) >= 5, quiet
+    # Metric names in the rules are the contract's.
+    names = set(METRIC.values()) | set(ENGINE_METRIC.values()) | {"up"}
+    for r in rules:
+        own = re.sub(r"\b[a-zA-Z_]\w*:[\w:]+", " ", r["expr"])  # this file's recording rules
+        for n in promql_metric_names(own):
+            base = re.sub(r"_(bucket|sum|count)$", "", n)
+            assert n in names or base in names, f"{r.get('alert') or r.get('record')}: {n} is not a contract metric"
+
+
 def test_prometheus_scrapes_the_sidecar_with_exemplars():
     prom = yaml_one(PROMETHEUS)
     svc = compose()["services"]
@@ -575,8 +630,25 @@ def test_prometheus_scrapes_the_sidecar_with_exemplars():
     args = compose_args(svc["prometheus"])
     assert "--enable-feature=exemplar-storage" in args, args
     config = flag_value(args, "--config.file")
-    mounts = {v.split(":")[1]: v.split(":")[0] for v in svc["prometheus"]["volumes"]}
-    assert (DEPLOY / mounts[config]).resolve() == PROMETHEUS.resolve()
+    assert host_path(svc["prometheus"], config) == PROMETHEUS.resolve()
+    # The rule files the config names are mounted beside it.
+    for rules in yaml_one(PROMETHEUS).get("rule_files", []):
+        inside = str(Path(config).parent / rules)
+        assert host_path(svc["prometheus"], inside) == (PROMETHEUS.parent / rules).resolve(), rules
+
+
+def host_path(service: dict, inside: str) -> Path:
+    """The file of this repository that a compose service sees at `inside` (through a file
+    mount or a mounted directory above it)."""
+    for v in service.get("volumes", []):
+        src, dst = v.split(":")[:2]
+        if not src.startswith((".", "/")):
+            continue  # a named volume
+        if inside == dst:
+            return (DEPLOY / src).resolve()
+        if inside.startswith(dst.rstrip("/") + "/"):
+            return (DEPLOY / src / inside[len(dst.rstrip("/")) + 1:]).resolve()
+    raise AssertionError(f"nothing mounted at {inside}: {service.get('volumes')}")
 
 
 def test_prometheus_scrapes_the_engine_whichever_profile_runs():
