@@ -132,10 +132,12 @@ pub mod engine {
         STEP_BATCH_SIZE = "slotlight_engine_step_batch_size", "histogram", "{request}";
         /// Counter (engine): spans handed to the OTLP collector successfully.
         SPANS_EXPORTED = "slotlight_engine_spans_exported_total", "counter", "{span}";
-        /// Counter (engine): spans lost because an export failed.
+        /// Counter (engine): spans lost, exactly: beyond the export queue's bounds (`--otlp-queue-spans`, `--otlp-queue-bytes`), refused for good by the collector (a non-retryable status), or still queued at shutdown's deadline. Spans of failed exports are retried, not dropped.
         SPANS_DROPPED = "slotlight_engine_spans_dropped_total", "counter", "{span}";
-        /// Counter (engine): failed span exports (each may lose many spans).
+        /// Counter (engine): failed span export attempts (a batch is retried with backoff until delivered, so one outage counts many).
         SPAN_EXPORT_FAILURES = "slotlight_engine_span_export_failures_total", "counter", "{export}";
+        /// Gauge (engine): spans in the export queue (queued or being sent), at most `--otlp-queue-spans`; it grows while the collector is down and empties when it is back.
+        SPAN_QUEUE_SPANS = "slotlight_engine_span_queue_spans", "gauge", "{span}";
         /// Gauge (engine): the share of request traces the engine's sampler keeps, from 0 to 1 (`OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`); 1 without a ratio sampler, 0 with telemetry off. Every engine metric counts all requests whatever this is.
         TRACE_SAMPLING_RATIO = "slotlight_engine_trace_sampling_ratio", "gauge", "1";
     }

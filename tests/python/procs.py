@@ -118,8 +118,9 @@ class EngineProcess:
                 self.proc.wait()
 
 
-def pinned_sidecar(grpc: str) -> SidecarProcess:
-    """A sidecar whose OTLP/gRPC receiver listens on a fixed address (to restart it in place)."""
+def pinned_sidecar(grpc: str, *extra: str) -> SidecarProcess:
+    """A sidecar whose OTLP/gRPC receiver listens on a fixed address (to restart it in place),
+    with `extra` flags (`--turns-db FILE` to reopen a store)."""
     real_popen = subprocess.Popen
 
     def popen(args, *a, **kw):
@@ -130,6 +131,6 @@ def pinned_sidecar(grpc: str) -> SidecarProcess:
 
     subprocess.Popen = popen
     try:
-        return SidecarProcess()
+        return SidecarProcess(*extra)
     finally:
         subprocess.Popen = real_popen

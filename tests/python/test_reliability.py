@@ -9,6 +9,9 @@ bounded in time and asserting outcomes, never speed:
 * the sidecar SIGKILLed and restarted on the same port under load;
 * an OTLP collector answering 503 (to the engine, and to the sidecar's `--forward-otlp`) or
   not listening at all;
+* the sidecar down for 10 s under load: within the export queue's bound no span is lost and
+  every turn arrives once it is back; beyond the bound the engine's drop count equals the
+  spans that never arrived;
 * the KV cache exhausted by long prompts (requests preempted, none lost, no block leaked);
 * SIGTERM under load: exit code 0 after the drain, every client answered, every finished
   request recorded.
@@ -27,6 +30,7 @@ import sys
 import threading
 import time
 import urllib.parse
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -386,8 +390,9 @@ def test_sidecar_killed_and_restarted_under_load():
         wait_until(lambda: sum(ok(r) for r in load.snapshot()) >= 4, 60, "requests before the kill")
         sc.proc.kill()
         sc.proc.wait(timeout=10)
+        killed = time.monotonic()
         before = health(eng)["telemetry"]
-        wait_until(lambda: health(eng)["telemetry"]["dropped"] > before["dropped"], 30, "spans counted as dropped")
+        wait_until(lambda: health(eng)["telemetry"]["failures"] > before["failures"], 30, "failed exports counted")
         time.sleep(2)
         sc = pinned_sidecar(grpc)
         restarted = time.monotonic()
@@ -401,13 +406,14 @@ def test_sidecar_killed_and_restarted_under_load():
         print("telemetry:", json.dumps(tel))
         assert load.stuck == 0
         assert summary["errors"] == 0 and summary["refused_429"] == 0, summary["error_samples"]
-        assert tel["failures"] > 0 and tel["dropped"] > 0, tel
+        # The spans of the outage were retried, not dropped (the queue's bound is far away).
+        assert tel["failures"] > 0 and tel["dropped"] == 0, tel
         assert tel["exported"] > after_restart["exported"], "export resumed after the restart"
-        # Requests that finished after the restart (with a margin for the exporter to
-        # reconnect) have their records in the new sidecar, also those that started before
-        # the kill and lost their earlier spans.
-        later = [r["id"] for r in results if ok(r) and r["t1"] > restarted + 1.0]
-        print("finished after the restart:", len(later), "of which started before it:", sum(ok(r) and r["t0"] < restarted < r["t1"] - 1.0 for r in results))
+        # Requests that finished after the kill (with a margin for a batch sent just before
+        # it) have their records in the new sidecar: those of the outage too, and those that
+        # started before the kill and lost their earlier spans with the old sidecar.
+        later = [r["id"] for r in results if ok(r) and r["t1"] > killed + 1.0]
+        print("finished after the kill:", len(later), "during the outage:", sum(ok(r) and killed + 1.0 < r["t1"] < restarted for r in results))
         turns = check_turns(sc, later, wait_s=30)
         assert turns["missing"] == [] and turns["doubled"] == [], turns
         assert eng.proc.poll() is None
@@ -422,27 +428,114 @@ def test_sidecar_killed_and_restarted_under_load():
 # 4. a collector that answers 503, or is not there
 
 
-def test_engine_exporting_to_a_collector_answering_503_serves_and_counts_the_loss():
+def test_engine_exporting_to_a_collector_answering_503_retries_and_counts_what_passes_its_bound():
     col = Collector503()
     eng = None
     try:
-        eng = EngineProcess("--batch", "4", otlp=col.url, protocol="http/protobuf")
+        # A queue of 10 spans: three requests make more than that.
+        eng = EngineProcess("--batch", "4", "--otlp-queue-spans", "10", otlp=col.url, protocol="http/protobuf")
         rs = [stream_chat(eng.base, chat_body(eng, f"Say hello. ({i})"), timeout=120) for i in range(3)]
         assert all(ok(r) for r in rs), rs
         tel = wait_until(
-            lambda: (t := health(eng)["telemetry"])["failures"] > 0 and t["dropped"] > 0 and t,
+            lambda: (t := health(eng)["telemetry"])["failures"] > 1 and t["dropped"] > 0 and t,
             30,
-            "export failures counted",
+            "export failures and the queue's overflow counted",
         )
         print("telemetry:", json.dumps(tel))
+        # 503 is retried (the same batch, again and again), never dropped for itself: what is
+        # lost is exactly what passed the bound, and the rest is still held.
         assert tel["exported"] == 0, tel
+        assert tel["queue_max_spans"] == 10 and tel["queued"] == 10, tel
+        assert tel["ended"] == tel["exported"] + tel["dropped"] + tel["queued"], tel
         assert col.posts and set(col.posts) == {"/v1/traces"}, col.posts
+        assert len(col.posts) > 1, "the batch was sent again"
         assert_idle(eng)
         assert_no_crash_logged(eng.log)
     finally:
         if eng:
             eng.close()
         col.close()
+
+
+def sidecar_received(sc) -> float:
+    with urllib.request.urlopen(f"http://{sc.views}/metrics", timeout=10) as r:
+        return metric_sum(r.read().decode(), METRIC["SIDECAR_SPANS_RECEIVED"])
+
+
+def test_a_10_s_sidecar_outage_under_load_loses_no_span_within_the_queue_bound(tmp_path):
+    db = str(tmp_path / "turns.db")
+    sc = SidecarProcess("--turns-db", db)
+    grpc = sc.grpc
+    eng = EngineProcess("--batch", "8", otlp=f"http://{grpc}")
+    try:
+        load = Load(eng.base, eng.model, clients=6, max_tokens=12, request_timeout=120).start()
+        wait_until(lambda: sum(ok(r) for r in load.snapshot()) >= 4, 60, "requests before the outage")
+        time.sleep(5)
+        up_t0 = time.monotonic() - 5
+        sc.close()
+        down = time.monotonic()
+        time.sleep(10)
+        back = time.monotonic()
+        during = health(eng)["telemetry"]
+        sc = pinned_sidecar(grpc, "--turns-db", db)
+        load.stop(timeout=120)
+        results = load.snapshot()
+        # Throughput with the sidecar up (5 s before) and down (the 10 s): figures, printed.
+        served = lambda a, b: sum(ok(r) and a <= r["t1"] < b for r in results)  # noqa: E731
+        print(f"requests/s with the sidecar up: {served(up_t0, down) / (down - up_t0):.1f}, "
+              f"down: {served(down, back) / (back - down):.1f}")
+        print("telemetry during the outage:", json.dumps(during))
+        assert during["queued"] > 0 and during["failures"] > 0 and during["dropped"] == 0, during
+        assert served(down, back) > 0, "requests were served while the sidecar was down"
+        tel = wait_until(lambda: (t := health(eng)["telemetry"])["queued"] == 0 and t, 60, "the export queue emptied")
+        print("telemetry after:", json.dumps(tel))
+        assert tel["dropped"] == 0 and tel["ended"] == tel["exported"], tel
+        # Every turn, before, during and after the outage, is in the store the sidecar reopened,
+        # once.
+        assert load.stuck == 0
+        ids = [r["id"] for r in results if ok(r)]
+        turns = check_turns(sc, ids, wait_s=60)
+        print("turns:", {k: (len(v) if isinstance(v, list) else v) for k, v in turns.items()})
+        assert turns["missing"] == [] and turns["doubled"] == [], turns
+        assert_idle(eng)
+        assert_no_crash_logged(eng.log, sc.stderr_lines)
+    finally:
+        eng.close()
+        sc.close()
+
+
+def test_beyond_the_export_queue_bound_the_engine_counts_exactly_the_spans_that_never_arrived():
+    sc = SidecarProcess()
+    grpc = sc.grpc
+    eng = EngineProcess("--batch", "4", "--otlp-queue-spans", "40", otlp=f"http://{grpc}")
+    try:
+        rs = [stream_chat(eng.base, chat_body(eng, f"Before ({i})"), timeout=120) for i in range(3)]
+        assert all(ok(r) for r in rs), rs
+        # Quiet before the outage: everything sent was received, nothing is in flight.
+        wait_until(lambda: health(eng)["telemetry"]["queued"] == 0, 30, "the first spans exported")
+        wait_until(lambda: sidecar_received(sc) == health(eng)["telemetry"]["exported"], 30, "the sidecar counted them")
+        first = sidecar_received(sc)
+        sc.proc.kill()
+        sc.proc.wait(timeout=10)
+        load = Load(eng.base, eng.model, clients=4, max_tokens=12, request_timeout=120).start()
+        time.sleep(10)
+        load.stop(timeout=120)
+        during = health(eng)["telemetry"]
+        print("telemetry during the outage:", json.dumps(during))
+        assert during["dropped"] > 0 and during["queued"] == 40, during
+        sc = pinned_sidecar(grpc)
+        tel = wait_until(lambda: (t := health(eng)["telemetry"])["queued"] == 0 and t, 60, "the held spans exported")
+        wait_until(lambda: first + sidecar_received(sc) >= tel["exported"], 30, "the sidecar counted them")
+        received = first + sidecar_received(sc)
+        print("telemetry after:", json.dumps(tel), "received by the sidecars:", received)
+        # Both sides counted: what the engine made is what arrived plus what it says it dropped.
+        assert tel["ended"] == tel["exported"] + tel["dropped"], tel
+        assert received == tel["exported"], (received, tel)
+        assert tel["dropped"] == tel["ended"] - received, (received, tel)
+        assert_no_crash_logged(eng.log)
+    finally:
+        eng.close()
+        sc.close()
 
 
 @pytest.mark.parametrize("upstream", ["http-503", "grpc-closed-port"])
@@ -539,7 +632,7 @@ def test_sigterm_under_load_drains_and_flushes_telemetry():
         signalled = time.monotonic()
         load.stop(timeout=drain_s + 60)
         assert load.stuck == 0, "a client hung through shutdown"
-        # Bounded: the drain, then the exporter's flush (its own timeout is 2 s).
+        # Bounded: the drain, then the export queue's last sends (at most 5 s more).
         rc = eng.proc.wait(timeout=drain_s + 15)
         print(f"exit code {rc}, {time.monotonic() - signalled:.1f} s after SIGTERM")
         assert rc == 0, "".join(eng.log[-20:])

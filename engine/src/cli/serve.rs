@@ -10,7 +10,7 @@ use crate::prompt::PromptBuilder;
 use crate::scheduler::SchedulerConfig;
 use crate::server::openai::types::Limits;
 use crate::server::{AppState, ServeConfig};
-use crate::telemetry::{LogFormat, OPS_TARGET, Telemetry, TelemetryConfig};
+use crate::telemetry::{LogFormat, OPS_TARGET, QueueLimits, Telemetry, TelemetryConfig};
 use crate::timing::TimeAnchor;
 use slotlight_otel::span;
 
@@ -79,6 +79,14 @@ pub struct ServeArgs {
     /// OTLP protocol: grpc or http/protobuf (default: `OTEL_EXPORTER_OTLP_PROTOCOL`, else grpc).
     #[arg(long)]
     pub otlp_protocol: Option<String>,
+    /// Spans the export queue holds at most (queued or being sent) while the collector is slow
+    /// or down; beyond it new spans are dropped and counted (default:
+    /// `OTEL_BSP_MAX_QUEUE_SIZE`, else 65,536).
+    #[arg(long)]
+    pub otlp_queue_spans: Option<usize>,
+    /// Estimated encoded bytes the span export queue holds at most (default 64 MiB).
+    #[arg(long)]
+    pub otlp_queue_bytes: Option<usize>,
     /// Export no spans.
     #[arg(long)]
     pub no_telemetry: bool,
@@ -113,11 +121,23 @@ pub(super) fn run(a: ServeArgs) -> anyhow::Result<()> {
             disabled: a.no_telemetry,
             endpoint: a.otlp_endpoint.clone(),
             protocol: a.otlp_protocol.clone(),
+            queue: Some(queue_limits(&a)),
         })
     };
     let ops = telemetry.as_ref().ok().and_then(Telemetry::ops_tracer);
     crate::telemetry::init_logs(a.log_format, ops);
     rt.block_on(serve(a, telemetry?))
+}
+
+/// The span export queue's bounds: the flags, else the `OTEL_BSP_*` variables, else the
+/// defaults.
+fn queue_limits(a: &ServeArgs) -> QueueLimits {
+    let env = QueueLimits::from_env();
+    QueueLimits {
+        max_spans: a.otlp_queue_spans.unwrap_or(env.max_spans).max(1),
+        max_bytes: a.otlp_queue_bytes.unwrap_or(env.max_bytes).max(1),
+        ..env
+    }
 }
 
 async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {

@@ -18,10 +18,12 @@ use super::requests::{RequestSnapshot, SeriesKey};
 pub struct TelemetrySnapshot {
     /// Spans exported.
     pub spans_exported: u64,
-    /// Spans lost to failed exports.
+    /// Spans lost (beyond the queue's bounds, refused for good, left at shutdown).
     pub spans_dropped: u64,
-    /// Failed exports.
+    /// Failed export attempts.
     pub export_failures: u64,
+    /// Spans in the export queue now.
+    pub spans_queued: u64,
     /// The share of traces the sampler keeps.
     pub sampling_ratio: f64,
 }
@@ -230,6 +232,7 @@ impl Scrape {
             family(enc, name, MetricType::Counter)?
                 .encode_counter::<NoLabelSet, u64, u64>(&v, None)?;
         }
+        family(enc, engine::SPAN_QUEUE_SPANS, MetricType::Gauge)?.encode_gauge(&t.spans_queued)?;
         family(enc, engine::TRACE_SAMPLING_RATIO, MetricType::Gauge)?
             .encode_gauge(&t.sampling_ratio)?;
         Ok(())

@@ -236,6 +236,13 @@ fn register_telemetry(meter: &Meter, telemetry: Arc<dyn Fn() -> TelemetrySnapsho
             .with_callback(move |o| o.observe(get(&t()), &[]))
             .build();
     }
+    let t = Arc::clone(&telemetry);
+    meter
+        .u64_observable_gauge(otlp_name(engine::SPAN_QUEUE_SPANS))
+        .with_unit(unit(engine::SPAN_QUEUE_SPANS))
+        .with_description(doc(engine::SPAN_QUEUE_SPANS))
+        .with_callback(move |o| o.observe(t().spans_queued, &[]))
+        .build();
     meter
         .f64_observable_gauge(otlp_name(engine::TRACE_SAMPLING_RATIO))
         .with_unit(unit(engine::TRACE_SAMPLING_RATIO))

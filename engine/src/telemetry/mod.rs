@@ -10,8 +10,9 @@
 //! `OTEL_EXPORTER_OTLP_PROTOCOL`, `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`,
 //! `OTEL_TRACES_SAMPLER`, `OTEL_SDK_DISABLED`, `OTEL_BSP_SCHEDULE_DELAY`, and for metrics
 //! `OTEL_METRICS_EXPORTER`, `OTEL_METRIC_EXPORT_INTERVAL`) and by flags, which win. Spans are exported every 200 ms by default so that live views stay live. Export runs on
-//! the batch processor's own thread and a bounded queue: a dead collector never slows serving;
-//! its failure is logged once and the spans it lost are counted.
+//! the [`queue`]'s own thread, bounded by span count and bytes: a dead collector never slows
+//! serving; failed exports are retried with backoff until the collector is back, their failure
+//! logged once, and only spans beyond the bounds are dropped, counted exactly.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,18 +22,21 @@ use opentelemetry::KeyValue;
 use opentelemetry::global::BoxedTracer;
 use opentelemetry::metrics::{Meter, MeterProvider as _};
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
-use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider, SpanData,
-    SpanExporter,
-};
+use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider, SpanExporter};
 use serde::Serialize;
 use slotlight_otel::attr;
 
 use crate::metrics::TelemetrySnapshot;
+
+pub mod queue;
+
+pub use queue::{ExportQueue, QueueLimits};
+
+/// How long shutdown keeps trying to deliver the spans still queued.
+pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -212,17 +216,25 @@ pub struct TelemetryConfig {
     pub endpoint: Option<String>,
     /// `--otlp-protocol` (`grpc` or `http/protobuf`).
     pub protocol: Option<String>,
+    /// The span export queue's bounds (`--otlp-queue-spans`, `--otlp-queue-bytes`); `None`:
+    /// the defaults and the `OTEL_BSP_*` variables.
+    pub queue: Option<QueueLimits>,
 }
 
-/// Counts of what the exporter did.
+/// Counts of what the span export queue did ([`queue`]); at every moment
+/// `ended = exported + dropped + held`.
 #[derive(Debug, Default)]
 pub struct ExportStats {
-    /// Spans handed to the collector successfully.
+    /// Spans ended and handed to the queue (sampled ones only).
+    pub ended: AtomicU64,
+    /// Spans the collector took.
     pub exported: AtomicU64,
-    /// Spans lost because an export failed.
+    /// Spans lost: beyond the queue's bounds, refused for good, or left at shutdown's deadline.
     pub dropped: AtomicU64,
-    /// Export failures.
+    /// Export attempts that failed (each batch may be tried many times).
     pub failures: AtomicU64,
+    /// Spans queued or being sent now.
+    pub held: AtomicU64,
     logged: AtomicBool,
 }
 
@@ -233,51 +245,20 @@ pub struct ExportCounts {
     pub enabled: bool,
     /// The OTLP endpoint spans are exported to, if any.
     pub endpoint: Option<String>,
+    /// Spans ended and handed to the export queue.
+    pub ended: u64,
     /// Spans exported.
     pub exported: u64,
-    /// Spans lost to failed exports.
+    /// Spans lost (beyond the queue's bounds, refused for good, or left at shutdown).
     pub dropped: u64,
-    /// Failed exports.
+    /// Failed export attempts.
     pub failures: u64,
-}
-
-/// Wraps the OTLP exporter to count exported and lost spans and log the first failure.
-#[derive(Debug)]
-struct CountingExporter<E> {
-    inner: E,
-    stats: Arc<ExportStats>,
-    endpoint: String,
-}
-
-impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
-    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
-        let n = batch.len() as u64;
-        let r = self.inner.export(batch).await;
-        match &r {
-            Ok(()) => {
-                self.stats.exported.fetch_add(n, Ordering::Relaxed);
-                if self.stats.logged.swap(false, Ordering::Relaxed) {
-                    tracing::info!(endpoint = %self.endpoint, "Telemetry.ExportRecovered");
-                }
-            }
-            Err(e) => {
-                self.stats.dropped.fetch_add(n, Ordering::Relaxed);
-                self.stats.failures.fetch_add(1, Ordering::Relaxed);
-                if !self.stats.logged.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(endpoint = %self.endpoint, error = %e, "Telemetry.ExportFailed: spans are being dropped until the collector answers (logged once)");
-                }
-            }
-        }
-        r
-    }
-
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.inner.shutdown_with_timeout(timeout)
-    }
-
-    fn set_resource(&mut self, resource: &Resource) {
-        self.inner.set_resource(resource);
-    }
+    /// Spans queued or being sent.
+    pub queued: u64,
+    /// The queue's bound in spans (0 when not exporting).
+    pub queue_max_spans: usize,
+    /// The queue's bound in estimated bytes (0 when not exporting).
+    pub queue_max_bytes: usize,
 }
 
 /// The engine's tracer and its provider.
@@ -287,6 +268,8 @@ pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
     stats: Arc<ExportStats>,
     endpoint: Option<String>,
+    /// The export queue's bounds, when exporting.
+    limits: Option<QueueLimits>,
     /// The share of request traces the sampler keeps (0 when disabled).
     sampling_ratio: f64,
     /// The OTLP metrics pipeline, with `OTEL_METRICS_EXPORTER=otlp`.
@@ -350,6 +333,7 @@ impl Telemetry {
             provider: None,
             stats: Arc::default(),
             endpoint: None,
+            limits: None,
             sampling_ratio: 0.0,
             meter_provider: None,
             instance_id: new_instance_id(),
@@ -365,6 +349,7 @@ impl Telemetry {
             provider: Some(provider),
             stats: Arc::default(),
             endpoint: None,
+            limits: None,
             sampling_ratio: 1.0,
             meter_provider: None,
             instance_id,
@@ -399,6 +384,7 @@ impl Telemetry {
             spans_exported: stats.exported.load(Ordering::Relaxed),
             spans_dropped: stats.dropped.load(Ordering::Relaxed),
             export_failures: stats.failures.load(Ordering::Relaxed),
+            spans_queued: stats.held.load(Ordering::Relaxed),
             sampling_ratio,
         })
     }
@@ -419,14 +405,18 @@ impl Telemetry {
         ExportCounts {
             enabled: self.provider.is_some(),
             endpoint: self.endpoint.clone(),
+            ended: self.stats.ended.load(Ordering::Relaxed),
             exported: self.stats.exported.load(Ordering::Relaxed),
             dropped: self.stats.dropped.load(Ordering::Relaxed),
             failures: self.stats.failures.load(Ordering::Relaxed),
+            queued: self.stats.held.load(Ordering::Relaxed),
+            queue_max_spans: self.limits.map_or(0, |l| l.max_spans),
+            queue_max_bytes: self.limits.map_or(0, |l| l.max_bytes),
         }
     }
 
     /// Flushes pending spans and metrics and shuts the exporters down (off the async
-    /// runtime's threads).
+    /// runtime's threads), waiting at most [`SHUTDOWN_WAIT`] for a collector that is down.
     pub async fn shutdown(&self) {
         let (traces, metrics) = (self.provider.clone(), self.meter_provider.clone());
         let _ = tokio::task::spawn_blocking(move || {
@@ -435,8 +425,9 @@ impl Telemetry {
                 let _ = m.shutdown();
             }
             if let Some(p) = traces {
-                let _ = p.force_flush();
-                let _ = p.shutdown();
+                // The export queue sends what it holds until the deadline, then counts the
+                // rest as dropped.
+                let _ = p.shutdown_with_timeout(SHUTDOWN_WAIT);
             }
         })
         .await;
@@ -477,6 +468,9 @@ pub enum TelemetryError {
         #[source]
         source: opentelemetry_otlp::ExporterBuildError,
     },
+    /// The span export queue's thread could not be started.
+    #[error("span export thread: {0}")]
+    Thread(#[source] std::io::Error),
 }
 
 /// An OTLP transport the engine speaks.
@@ -529,9 +523,10 @@ pub fn from_config(cfg: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
             "OTEL_EXPORTER_OTLP_ENDPOINT",
         ])
     });
+    let limits = cfg.queue.unwrap_or_else(QueueLimits::from_env);
     let telemetry = match protocol {
-        OtlpProtocol::Grpc => otlp_grpc(endpoint.as_deref()),
-        OtlpProtocol::HttpProtobuf => otlp_http(endpoint.as_deref()),
+        OtlpProtocol::Grpc => otlp_grpc(endpoint.as_deref(), limits),
+        OtlpProtocol::HttpProtobuf => otlp_http(endpoint.as_deref(), limits),
     }?;
     with_env_metrics(telemetry, cfg)
 }
@@ -613,21 +608,22 @@ pub fn otlp_metrics(
         .build())
 }
 
-/// Spans over OTLP/gRPC to `endpoint` (default `http://127.0.0.1:4317`). Must run inside a
-/// tokio runtime.
-pub fn otlp_grpc(endpoint: Option<&str>) -> Result<Telemetry, TelemetryError> {
+/// Spans over OTLP/gRPC to `endpoint` (default `http://127.0.0.1:4317`), through an export
+/// queue of `limits`. Must run inside a tokio runtime.
+pub fn otlp_grpc(endpoint: Option<&str>, limits: QueueLimits) -> Result<Telemetry, TelemetryError> {
     let endpoint = endpoint.unwrap_or("http://127.0.0.1:4317").to_string();
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_tonic()
         .with_endpoint(endpoint.clone())
-        .with_timeout(Duration::from_secs(2))
+        .with_timeout(export_timeout())
+        .with_retry_policy(retry_policy())
         .build()
         .map_err(|source| TelemetryError::Exporter {
             transport: "gRPC",
             endpoint: endpoint.clone(),
             source,
         })?;
-    Ok(exporting(exporter, endpoint))
+    exporting(exporter, endpoint, limits)
 }
 
 /// The full OTLP/HTTP URL of `signal` (`traces`, `metrics`) from a base URL, or the URL itself
@@ -643,21 +639,41 @@ fn http_url(base: &str, signal: &str) -> String {
 }
 
 /// Spans over OTLP/HTTP (protobuf) to `endpoint`, a base URL (`/v1/traces` is appended unless
-/// present; default `http://127.0.0.1:4318`).
-pub fn otlp_http(endpoint: Option<&str>) -> Result<Telemetry, TelemetryError> {
+/// present; default `http://127.0.0.1:4318`), through an export queue of `limits`.
+pub fn otlp_http(endpoint: Option<&str>, limits: QueueLimits) -> Result<Telemetry, TelemetryError> {
     let endpoint = http_url(endpoint.unwrap_or("http://127.0.0.1:4318"), "traces");
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_protocol(Protocol::HttpBinary)
         .with_endpoint(endpoint.clone())
-        .with_timeout(Duration::from_secs(2))
+        .with_timeout(export_timeout())
+        .with_retry_policy(retry_policy())
         .build()
         .map_err(|source| TelemetryError::Exporter {
             transport: "HTTP",
             endpoint: endpoint.clone(),
             source,
         })?;
-    Ok(exporting(exporter, endpoint))
+    exporting(exporter, endpoint, limits)
+}
+
+/// One export attempt's budget, its own retries included: `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`
+/// or `OTEL_EXPORTER_OTLP_TIMEOUT` (ms), else 5 s. The queue tries again after it.
+fn export_timeout() -> Duration {
+    env_first(&[
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+    ])
+    .and_then(|v| v.trim().parse::<u64>().ok())
+    .map_or(Duration::from_secs(5), Duration::from_millis)
+}
+
+/// The OTLP exporter's retries within one attempt: exponential from 100 ms to 2 s (longer
+/// when the collector's `Retry-After` or `RetryInfo` asks), until the attempt's budget is spent.
+fn retry_policy() -> opentelemetry_otlp::RetryPolicy {
+    opentelemetry_otlp::RetryPolicy::recommended()
+        .with_max_retries(16)
+        .with_max_delay(Duration::from_secs(2))
 }
 
 /// The engine's resource: `service.name` (unless `OTEL_SERVICE_NAME` or
@@ -674,46 +690,37 @@ fn resource(instance_id: &str) -> Resource {
     .build()
 }
 
-/// Telemetry exporting spans through `exporter` (counted, batched on the processor's own
-/// thread), with the sampler of `OTEL_TRACES_SAMPLER`.
-fn exporting<E: SpanExporter + 'static>(exporter: E, endpoint: String) -> Telemetry {
+/// Telemetry exporting spans through `exporter`, behind the export queue (counted, bounded,
+/// retried on its own thread), with the sampler of `OTEL_TRACES_SAMPLER`.
+fn exporting<E: SpanExporter + 'static>(
+    mut exporter: E,
+    endpoint: String,
+    limits: QueueLimits,
+) -> Result<Telemetry, TelemetryError> {
     let stats: Arc<ExportStats> = Arc::default();
-    let counting = CountingExporter {
-        inner: exporter,
-        stats: Arc::clone(&stats),
-        endpoint: endpoint.clone(),
-    };
     let instance_id = resource_attr("service.instance.id").unwrap_or_else(new_instance_id);
+    let res = resource(&instance_id);
+    // The queue owns the exporter on its thread: it gets the resource now.
+    exporter.set_resource(&res);
+    let queue = ExportQueue::start(exporter, limits, Arc::clone(&stats), endpoint.clone())
+        .map_err(TelemetryError::Thread)?;
     let (sampler, sampling_ratio) = sampler_from_env();
     let provider = SdkTracerProvider::builder()
-        .with_span_processor(
-            BatchSpanProcessor::builder(counting)
-                .with_batch_config(batch_config())
-                .build(),
-        )
+        .with_span_processor(queue)
         .with_sampler(sampler)
-        .with_resource(resource(&instance_id))
+        .with_resource(res)
         .build();
     let tracer = provider.tracer("slotlight-engine");
-    Telemetry {
+    Ok(Telemetry {
         tracer: Arc::new(BoxedTracer::new(Box::new(tracer))),
         provider: Some(provider),
         stats,
         endpoint: Some(endpoint),
+        limits: Some(limits),
         sampling_ratio,
         meter_provider: None,
         instance_id,
-    }
-}
-
-/// 200 ms between exports unless `OTEL_BSP_SCHEDULE_DELAY` says otherwise.
-fn batch_config() -> opentelemetry_sdk::trace::BatchConfig {
-    let b = BatchConfigBuilder::default().with_max_queue_size(65_536);
-    if std::env::var_os("OTEL_BSP_SCHEDULE_DELAY").is_some() {
-        b.build()
-    } else {
-        b.with_scheduled_delay(Duration::from_millis(200)).build()
-    }
+    })
 }
 
 /// A key from `OTEL_RESOURCE_ATTRIBUTES`.
@@ -765,7 +772,9 @@ mod tests {
             .build()
             .expect("runtime");
         let _g = rt.enter();
-        let e = otlp_grpc(Some("not a url")).err().expect("an error");
+        let e = otlp_grpc(Some("not a url"), QueueLimits::default())
+            .err()
+            .expect("an error");
         assert!(
             matches!(
                 &e,
