@@ -109,6 +109,17 @@ pub fn chunk_states(
     let Some(&max_pos) = rows.positions.last() else {
         return;
     };
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512Vnni
+        && bs == 16
+        && matches!(hd, 32 | 64 | 128 | 256)
+        && h.softcap.is_none()
+    {
+        // SAFETY: `Isa::Avx512Vnni` is only returned after detecting AVX-512 F beside AVX2,
+        // FMA and F16C; sizes as checked.
+        unsafe { wide_chunk_states(kv, h, rows, c, max_pos, out, s) };
+        return;
+    }
     s.kt.resize(bs * hd, 0.0);
     s.v.resize(bs * hd, 0.0);
     let first = c * CHUNK_BLOCKS;
@@ -157,6 +168,91 @@ pub fn chunk_states(
     }
 }
 
+/// [`chunk_states`] on AVX-512, [`WIDE`] blocks at a time: the group's keys and values are
+/// converted once, then each row scores all of them in one pass over the head (one broadcast
+/// of a query value serves every block) and takes their online-softmax steps in block order
+/// with its accumulators in registers. Every state sees the same operations in the same order
+/// as block by block, so the results are bit for bit those of the other SIMD paths.
+///
+/// # Safety
+/// The CPU must have AVX-512 F, AVX2, FMA and F16C; 16-position blocks and a head size of 32,
+/// 64, 128 or 256.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+unsafe fn wide_chunk_states(
+    kv: &KvStore,
+    h: Heads,
+    rows: Rows<'_>,
+    c: usize,
+    max_pos: usize,
+    out: &mut [f32],
+    s: &mut Scratch,
+) {
+    let (bs, hd, group) = (kv.block_size(), h.head_dim, h.group);
+    let sl = h.state_len();
+    let per_block = bs * hd;
+    s.kt.resize(WIDE * per_block, 0.0);
+    s.v.resize(WIDE * per_block, 0.0);
+    let first = c * CHUNK_BLOCKS;
+    let last = (first + CHUNK_BLOCKS).min(rows.blocks.len());
+    let min_visible = h.first_visible(rows.positions[0]);
+    let mut g0 = first;
+    while g0 < last && g0 * bs <= max_pos {
+        let g1 = (g0 + WIDE).min(last);
+        // The group's blocks that some row sees, converted into their slots.
+        let mut needed = [false; WIDE];
+        for bi in g0..g1 {
+            let start = bi * bs;
+            if start > max_pos || start + bs <= min_visible {
+                continue;
+            }
+            let block = rows.blocks[bi] as usize;
+            let slot = bi - g0;
+            // SAFETY: as the caller guarantees (AVX2 and F16C); the lengths match.
+            unsafe {
+                avx2::convert(
+                    kv.keys(block, h.layer, h.kv_head),
+                    &mut s.kt[slot * per_block..(slot + 1) * per_block],
+                );
+                avx2::convert(
+                    kv.values(block, h.layer, h.kv_head),
+                    &mut s.v[slot * per_block..(slot + 1) * per_block],
+                );
+            }
+            needed[slot] = true;
+        }
+        if g1 < last && g1 * bs <= max_pos {
+            // The next group's first block lies elsewhere in memory: fetch it meanwhile.
+            let next = rows.blocks[g1] as usize;
+            prefetch(kv.keys(next, h.layer, h.kv_head));
+            prefetch(kv.values(next, h.layer, h.kv_head));
+        }
+        for (r, &pos) in rows.positions.iter().enumerate() {
+            let visible = h.first_visible(pos);
+            let mut spans = [None; WIDE];
+            for (slot, sp) in spans.iter_mut().enumerate().take(g1 - g0) {
+                let start = (g0 + slot) * bs;
+                if !needed[slot] || start > pos || start + bs <= visible {
+                    continue;
+                }
+                *sp = Some((visible.saturating_sub(start), (pos + 1 - start).min(bs)));
+            }
+            if spans.iter().all(Option::is_none) {
+                continue;
+            }
+            let q0 = r * rows.stride + h.kv_head * group * hd;
+            let q = &rows.q[q0..q0 + group * hd];
+            let st = &mut out[r * group * sl..(r + 1) * group * sl];
+            // SAFETY: as the caller guarantees; the scratch holds WIDE blocks.
+            unsafe { avx512::blocks_update(q, &s.kt, &s.v, hd, &spans, st) };
+        }
+        g0 = g1;
+    }
+}
+
+/// Blocks the AVX-512 path takes at a time.
+pub const WIDE: usize = 4;
+
 /// Asks for `x`'s cache lines ahead of use.
 fn prefetch(x: &[f16]) {
     #[cfg(target_arch = "x86_64")]
@@ -199,12 +295,6 @@ fn block_update(
     states: &mut [f32],
 ) {
     match isa {
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni if bs == 16 && matches!(hd, 32 | 64 | 128 | 256) => {
-            // SAFETY: `Isa::Avx512Vnni` is only returned after detecting AVX-512 F and VL
-            // beside AVX2 and FMA; sizes as checked.
-            unsafe { avx512::block_update(q, kt, v, hd, from, valid, states) }
-        }
         #[cfg(target_arch = "x86_64")]
         _ if isa.avx2() && bs == 16 && matches!(hd, 32 | 64 | 128 | 256) => {
             // SAFETY: `isa.avx2()` implies AVX2 and FMA; sizes as checked.
@@ -445,6 +535,9 @@ mod avx2 {
     /// block: the scores of all heads share each key load; then each head's online-softmax
     /// update and weighted sum (positions outside the range score -∞ and weigh 0).
     #[target_feature(enable = "avx2,fma")]
+    // Index loops: the iterator form of the weighted sum (`enumerate().take().skip()`) was not
+    // inlined and cost a twelfth of a long prefill.
+    #[allow(clippy::needless_range_loop)]
     unsafe fn heads<const G: usize, const V: usize>(
         q: &[f32],
         kt: &[f32],
@@ -505,8 +598,8 @@ mod avx2 {
                 let mut p = [0f32; 16];
                 _mm256_storeu_ps(p.as_mut_ptr(), p0);
                 _mm256_storeu_ps(p.as_mut_ptr().add(8), p1);
-                for (j, pj) in p.iter().enumerate().take(valid).skip(from) {
-                    let w = _mm256_set1_ps(*pj);
+                for j in from..valid {
+                    let w = _mm256_set1_ps(p[j]);
                     let row = v.as_ptr().add(j * hd);
                     for (i, a) in acc.iter_mut().enumerate() {
                         *a = _mm256_fmadd_ps(w, _mm256_loadu_ps(row.add(8 * i)), *a);
@@ -526,45 +619,51 @@ mod avx2 {
 /// as eight pairs and then eight lanes), so the results are bit for bit those of the AVX2 path.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
+    use super::WIDE;
     use crate::backend::cpu::simd::{hmax, hsum};
     use std::arch::x86_64::*;
 
-    /// See [`super::block_update`], for 16-position blocks and head sizes 32, 64, 128 or 256.
+    /// The states of the query heads in `q` take the blocks of `kt` and `v` (each
+    /// `16 × hd` floats, [`super::WIDE`] of them) whose `spans` are given: positions
+    /// `from..valid` of each, in block order.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F, AVX2 and FMA; `hd` is 32, 64, 128 or 256; `kt` and `v` hold
+    /// `WIDE` blocks, `q` whole heads and `states` one state per head.
     #[target_feature(enable = "avx2,fma,avx512f")]
-    pub unsafe fn block_update(
+    pub unsafe fn blocks_update(
         q: &[f32],
         kt: &[f32],
         v: &[f32],
         hd: usize,
-        from: usize,
-        valid: usize,
+        spans: &[Option<(usize, usize)>; WIDE],
         states: &mut [f32],
     ) {
         let group = q.len() / hd;
         let mut h = 0;
-        // SAFETY (all calls): the caller checked the sizes.
+        // SAFETY (all calls): as the caller guarantees.
         unsafe {
             while h < group {
                 let n = (group - h).min(4);
                 let qh = &q[h * hd..(h + n) * hd];
                 let st = &mut states[h * (hd + 2)..(h + n) * (hd + 2)];
                 match (n, hd) {
-                    (1, 32) => heads::<1, 2>(qh, kt, v, from, valid, st),
-                    (2, 32) => heads::<2, 2>(qh, kt, v, from, valid, st),
-                    (3, 32) => heads::<3, 2>(qh, kt, v, from, valid, st),
-                    (_, 32) => heads::<4, 2>(qh, kt, v, from, valid, st),
-                    (1, 64) => heads::<1, 4>(qh, kt, v, from, valid, st),
-                    (2, 64) => heads::<2, 4>(qh, kt, v, from, valid, st),
-                    (3, 64) => heads::<3, 4>(qh, kt, v, from, valid, st),
-                    (_, 64) => heads::<4, 4>(qh, kt, v, from, valid, st),
-                    (1, 128) => heads::<1, 8>(qh, kt, v, from, valid, st),
-                    (2, 128) => heads::<2, 8>(qh, kt, v, from, valid, st),
-                    (3, 128) => heads::<3, 8>(qh, kt, v, from, valid, st),
-                    (_, 128) => heads::<4, 8>(qh, kt, v, from, valid, st),
-                    (1, _) => heads::<1, 16>(qh, kt, v, from, valid, st),
-                    (2, _) => heads::<2, 16>(qh, kt, v, from, valid, st),
-                    (3, _) => heads::<3, 16>(qh, kt, v, from, valid, st),
-                    (_, _) => heads::<4, 16>(qh, kt, v, from, valid, st),
+                    (1, 32) => heads::<1, 2>(qh, kt, v, spans, st),
+                    (2, 32) => heads::<2, 2>(qh, kt, v, spans, st),
+                    (3, 32) => heads::<3, 2>(qh, kt, v, spans, st),
+                    (_, 32) => heads::<4, 2>(qh, kt, v, spans, st),
+                    (1, 64) => heads::<1, 4>(qh, kt, v, spans, st),
+                    (2, 64) => heads::<2, 4>(qh, kt, v, spans, st),
+                    (3, 64) => heads::<3, 4>(qh, kt, v, spans, st),
+                    (_, 64) => heads::<4, 4>(qh, kt, v, spans, st),
+                    (1, 128) => heads::<1, 8>(qh, kt, v, spans, st),
+                    (2, 128) => heads::<2, 8>(qh, kt, v, spans, st),
+                    (3, 128) => heads::<3, 8>(qh, kt, v, spans, st),
+                    (_, 128) => heads::<4, 8>(qh, kt, v, spans, st),
+                    (1, _) => heads::<1, 16>(qh, kt, v, spans, st),
+                    (2, _) => heads::<2, 16>(qh, kt, v, spans, st),
+                    (3, _) => heads::<3, 16>(qh, kt, v, spans, st),
+                    (_, _) => heads::<4, 16>(qh, kt, v, spans, st),
                 }
                 h += n;
             }
@@ -624,64 +723,159 @@ mod avx512 {
         )
     }
 
-    /// `G` query heads of `16·V` values against positions `from..valid` of one 16-position
-    /// block (see [`super::avx2`]'s `heads`).
+    /// `G` query heads of `16·V` values against the given spans of [`WIDE`] 16-position blocks
+    /// (see [`super::avx2`]'s `heads`): the scores of all blocks first (each query value
+    /// broadcast once for all of them), then each block's online-softmax step and weighted sum,
+    /// in block order.
     #[target_feature(enable = "avx2,fma,avx512f")]
+    // Index loops: the iterator form of the weighted sum (`enumerate().take().skip()`) was not
+    // inlined and cost a twelfth of a long prefill.
+    #[allow(clippy::needless_range_loop)]
     unsafe fn heads<const G: usize, const V: usize>(
         q: &[f32],
         kt: &[f32],
         v: &[f32],
-        from: usize,
-        valid: usize,
+        spans: &[Option<(usize, usize)>; WIDE],
         states: &mut [f32],
     ) {
         let hd = 16 * V;
-        let mut sc = [_mm512_setzero_ps(); G];
-        // SAFETY (whole body): q holds G·hd floats, kt hd·16, v 16·hd, states G·(hd + 2).
+        let per_block = 16 * hd;
+        let mut sc = [[_mm512_setzero_ps(); G]; WIDE];
+        // SAFETY (whole body): q holds G·hd floats, kt and v WIDE·16·hd, states G·(hd + 2).
         unsafe {
             for d in 0..hd {
-                let k = _mm512_loadu_ps(kt.as_ptr().add(d * 16));
-                for (g, s) in sc.iter_mut().enumerate() {
+                let k: [__m512; WIDE] = std::array::from_fn(|b| {
+                    _mm512_loadu_ps(kt.as_ptr().add(b * per_block + d * 16))
+                });
+                for g in 0..G {
                     let x = _mm512_set1_ps(*q.as_ptr().add(g * hd + d));
-                    *s = _mm512_fmadd_ps(x, k, *s);
-                }
-            }
-            // Positions from..valid of the block's 16 (both at most 16).
-            #[allow(clippy::cast_possible_truncation)]
-            let keep: __mmask16 = ((1u32 << valid) - 1) as u16 & !(((1u32 << from) - 1) as u16);
-            let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
-            for (g, &scores) in sc.iter().enumerate() {
-                let st = states.as_mut_ptr().add(g * (hd + 2));
-                let s = _mm512_mask_blend_ps(keep, ninf, scores);
-                let (s0, s1) = halves(s);
-                let bm = hmax(_mm256_max_ps(s0, s1));
-                let mut acc: [__m512; V] =
-                    std::array::from_fn(|i| _mm512_loadu_ps(st.add(2 + 16 * i)));
-                if bm > *st {
-                    let c = (*st - bm).exp();
-                    *st.add(1) *= c;
-                    let cv = _mm512_set1_ps(c);
-                    for a in &mut acc {
-                        *a = _mm512_mul_ps(*a, cv);
-                    }
-                    *st = bm;
-                }
-                let pe = exp(_mm512_sub_ps(s, _mm512_set1_ps(*st)));
-                let (p0, p1) = halves(pe);
-                *st.add(1) += hsum(_mm256_add_ps(p0, p1));
-                let mut p = [0f32; 16];
-                _mm512_storeu_ps(p.as_mut_ptr(), pe);
-                for (j, pj) in p.iter().enumerate().take(valid).skip(from) {
-                    let w = _mm512_set1_ps(*pj);
-                    let row = v.as_ptr().add(j * hd);
-                    for (i, a) in acc.iter_mut().enumerate() {
-                        *a = _mm512_fmadd_ps(w, _mm512_loadu_ps(row.add(16 * i)), *a);
+                    for b in 0..WIDE {
+                        sc[b][g] = _mm512_fmadd_ps(x, k[b], sc[b][g]);
                     }
                 }
-                for (i, a) in acc.iter().enumerate() {
-                    _mm512_storeu_ps(st.add(2 + 16 * i), *a);
+            }
+            let keep_of = |from: usize, valid: usize| -> __mmask16 {
+                // Positions from..valid of the block's 16 (both at most 16).
+                #[allow(clippy::cast_possible_truncation)]
+                let m = ((1u32 << valid) - 1) as u16 & !(((1u32 << from) - 1) as u16);
+                m
+            };
+            if G * V <= 16 {
+                // The accumulators of every head stay in registers beside a value row, over
+                // all the blocks: each row is loaded once for all heads.
+                let mut acc: [[__m512; V]; G] = [[_mm512_setzero_ps(); V]; G];
+                for (g, a) in acc.iter_mut().enumerate() {
+                    *a = load(states.as_ptr().add(g * (hd + 2)));
+                }
+                for (b, span) in spans.iter().enumerate() {
+                    let Some((from, valid)) = *span else {
+                        continue;
+                    };
+                    let keep = keep_of(from, valid);
+                    let mut p = [[0f32; 16]; G];
+                    for g in 0..G {
+                        let st = states.as_mut_ptr().add(g * (hd + 2));
+                        softmax_step(st, sc[b][g], keep, &mut p[g], &mut acc[g]);
+                    }
+                    let vb = v.as_ptr().add(b * per_block);
+                    for j in from..valid {
+                        let row = vb.add(j * hd);
+                        let vals: [__m512; V] =
+                            std::array::from_fn(|i| _mm512_loadu_ps(row.add(16 * i)));
+                        for g in 0..G {
+                            let w = _mm512_set1_ps(p[g][j]);
+                            for (a, x) in acc[g].iter_mut().zip(&vals) {
+                                *a = _mm512_fmadd_ps(w, *x, *a);
+                            }
+                        }
+                    }
+                }
+                for (g, a) in acc.iter().enumerate() {
+                    store(states.as_mut_ptr().add(g * (hd + 2)), a);
+                }
+            } else {
+                // Large heads: one head's accumulators at a time.
+                for g in 0..G {
+                    let st = states.as_mut_ptr().add(g * (hd + 2));
+                    let mut acc: [__m512; V] = load(st);
+                    for (b, span) in spans.iter().enumerate() {
+                        let Some((from, valid)) = *span else {
+                            continue;
+                        };
+                        let mut p = [0f32; 16];
+                        softmax_step(st, sc[b][g], keep_of(from, valid), &mut p, &mut acc);
+                        let vb = v.as_ptr().add(b * per_block);
+                        for j in from..valid {
+                            let w = _mm512_set1_ps(p[j]);
+                            let row = vb.add(j * hd);
+                            for (i, a) in acc.iter_mut().enumerate() {
+                                *a = _mm512_fmadd_ps(w, _mm512_loadu_ps(row.add(16 * i)), *a);
+                            }
+                        }
+                    }
+                    store(st, &acc);
                 }
             }
+        }
+    }
+
+    /// One head's online-softmax step over a block: the state `st` (`m`, `l`) and its
+    /// accumulators `acc` take the block's scores (positions outside `keep` score -∞): the
+    /// accumulators are rescaled to the new running maximum and the weights written to `p`.
+    ///
+    /// # Safety
+    /// `st` must be valid for 2 floats.
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    #[inline]
+    unsafe fn softmax_step<const V: usize>(
+        st: *mut f32,
+        scores: __m512,
+        keep: __mmask16,
+        p: &mut [f32; 16],
+        acc: &mut [__m512; V],
+    ) {
+        // SAFETY: as the caller guarantees.
+        unsafe {
+            let s = _mm512_mask_blend_ps(keep, _mm512_set1_ps(f32::NEG_INFINITY), scores);
+            let (s0, s1) = halves(s);
+            let bm = hmax(_mm256_max_ps(s0, s1));
+            if bm > *st {
+                let c = (*st - bm).exp();
+                *st.add(1) *= c;
+                let cv = _mm512_set1_ps(c);
+                for a in acc.iter_mut() {
+                    *a = _mm512_mul_ps(*a, cv);
+                }
+                *st = bm;
+            }
+            let pe = exp(_mm512_sub_ps(s, _mm512_set1_ps(*st)));
+            let (p0, p1) = halves(pe);
+            *st.add(1) += hsum(_mm256_add_ps(p0, p1));
+            _mm512_storeu_ps(p.as_mut_ptr(), pe);
+        }
+    }
+
+    /// A head's accumulators, after its `m` and `l`.
+    ///
+    /// # Safety
+    /// `st` must be valid for `2 + 16·V` floats.
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    #[inline]
+    unsafe fn load<const V: usize>(st: *const f32) -> [__m512; V] {
+        // SAFETY: as the caller guarantees.
+        std::array::from_fn(|i| unsafe { _mm512_loadu_ps(st.add(2 + 16 * i)) })
+    }
+
+    /// Writes a head's accumulators back after its `m` and `l`.
+    ///
+    /// # Safety
+    /// `st` must be valid for `2 + 16·V` floats.
+    #[target_feature(enable = "avx2,fma,avx512f")]
+    #[inline]
+    unsafe fn store<const V: usize>(st: *mut f32, acc: &[__m512; V]) {
+        for (i, x) in acc.iter().enumerate() {
+            // SAFETY: as the caller guarantees.
+            unsafe { _mm512_storeu_ps(st.add(2 + 16 * i), *x) };
         }
     }
 }
