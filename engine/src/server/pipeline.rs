@@ -17,11 +17,11 @@ use tracing::Instrument as _;
 use super::AppState;
 use super::error::ApiError;
 use super::openai::reasoning::{ReasoningSplitter, ReasoningStart};
-use super::openai::tools::{ParsedCall, Shaper, ToolSetup};
-use super::openai::validate::ValidRequest;
+use super::openai::request::RequestMeta;
+use super::openai::tools::{ParsedCall, Shaper};
 use super::outcome::RequestOutcome;
 use super::record::{self, Refused};
-use super::trace::{RequestInfo, RequestTrace, ServerAddress};
+use super::trace::{RequestTrace, ServerAddress};
 use crate::metrics::RequestMetrics;
 use crate::sampling::TokenLogprobs;
 use crate::scheduler::{Completion, EngineError, Event, FinishReason};
@@ -97,8 +97,7 @@ impl Drop for CancelOnDrop {
 /// scheduler's refusal, with the request span already started (the handler records it).
 pub fn launch(
     st: &AppState,
-    info: RequestInfo,
-    req: &ValidRequest,
+    meta: Arc<RequestMeta>,
     parent: &Context,
     server: &ServerAddress,
 ) -> Result<(mpsc::UnboundedReceiver<Out>, Arc<AtomicBool>), Refused> {
@@ -106,42 +105,32 @@ pub fn launch(
     let trace = RequestTrace::start(
         &st.telemetry,
         st.anchor,
-        info.clone(),
+        Arc::clone(&meta),
         parent,
         st.cfg.trace_content,
         server,
     );
     let cancel = Arc::new(AtomicBool::new(false));
-    let gen_req = req.to_engine(
-        &info.id,
-        info.session.clone(),
-        info.received,
-        Arc::clone(&cancel),
-    );
-    let rxs = match st.engine.submit_choices(gen_req) {
+    let rxs = match st
+        .engine
+        .submit_choices(meta.to_engine(Arc::clone(&cancel)))
+    {
         Ok(rx) => rx,
         Err(e) => {
             return Err(Refused {
                 error: ApiError::from(e),
-                started: Some(Box::new((trace, info))),
+                started: Some(Box::new(trace)),
             });
         }
     };
     let (tx, out) = mpsc::unbounded_channel();
     let progress = st.cfg.progress_interval;
     let flag = Arc::clone(&cancel);
-    let tools = req.tools.clone();
-    let reasoning = req.reasoning;
     let metrics = Arc::clone(&st.metrics);
     // The task's log lines carry the request's trace and span ids, and its warnings become
     // events on the request span.
-    let span = crate::telemetry::request_span(trace.context(), &info.id);
-    tokio::spawn(
-        run(
-            trace, rxs, tx, flag, progress, info, tools, reasoning, metrics,
-        )
-        .instrument(span),
-    );
+    let span = crate::telemetry::request_span(trace.context(), &meta.id);
+    tokio::spawn(run(trace, rxs, tx, flag, progress, meta, metrics).instrument(span));
     Ok((out, cancel))
 }
 
@@ -163,10 +152,10 @@ struct ChoiceState {
 impl ChoiceState {
     /// The completion of a choice the step loop went away from without finishing (it
     /// panicked or was dropped): an error, with the clocks this task saw.
-    fn lost(&mut self, choice: usize, info: &RequestInfo, prompt_tokens: usize) -> Completion {
+    fn lost(&mut self, choice: usize, meta: &RequestMeta) -> Completion {
         let mut timings = std::mem::replace(
             &mut self.seen,
-            RequestTimings::new(info.received, prompt_tokens),
+            RequestTimings::new(meta.received, meta.request.prompt.len()),
         );
         timings.mark_finished(Instant::now());
         Completion {
@@ -181,28 +170,27 @@ impl ChoiceState {
     }
 }
 
-#[allow(clippy::too_many_arguments)] // one request's parts, each moved into its task
 async fn run(
     mut trace: RequestTrace,
     rxs: Vec<mpsc::UnboundedReceiver<Event>>,
     tx: mpsc::UnboundedSender<Out>,
     cancel: Arc<AtomicBool>,
     progress: Duration,
-    info: RequestInfo,
-    tools: Option<ToolSetup>,
-    reasoning: Option<ReasoningStart>,
+    meta: Arc<RequestMeta>,
     metrics: Arc<RequestMetrics>,
 ) {
-    let prompt_tokens = info.prompt_tokens;
+    let prompt_tokens = meta.request.prompt.len();
+    let tools = meta.request.tools.as_ref();
+    let reasoning: Option<ReasoningStart> = meta.request.reasoning;
     let n = rxs.len();
     let mut choices: Vec<ChoiceState> = (0..n)
         .map(|_| ChoiceState {
             reasoning: reasoning.map(ReasoningSplitter::new),
-            shaper: Shaper::new(tools.as_ref()),
+            shaper: Shaper::new(tools),
             logprobs: Vec::new(),
             generated: 0,
             done: None,
-            seen: RequestTimings::new(info.received, prompt_tokens),
+            seen: RequestTimings::new(meta.received, prompt_tokens),
             group: 0,
         })
         .collect();
@@ -235,7 +223,7 @@ async fn run(
                     // The step loop went away without finishing this choice: it still gets
                     // its span, its log line and an error answer, with what is known.
                     None if choices[i].done.is_none() => {
-                        Event::Done(Box::new(choices[i].lost(i, &info, prompt_tokens)))
+                        Event::Done(Box::new(choices[i].lost(i, &meta)))
                     }
                     None => continue,
                 };
@@ -325,12 +313,12 @@ async fn run(
         .enumerate()
         .map(|(i, mut c)| match c.done.take() {
             Some(d) => d,
-            None => c.lost(i, &info, prompt_tokens),
+            None => c.lost(i, &meta),
         })
         .collect();
-    let mut outcome = RequestOutcome::of(info.received, &done, reasons, tool_calls);
+    let mut outcome = RequestOutcome::of(meta.received, &done, reasons, tool_calls);
     outcome.set_reasoning_tokens(reasoning_tokens);
-    record::finished(&metrics, &info, &trace.trace_id(), &outcome);
+    record::finished(&metrics, &meta, &trace.trace_id(), &outcome);
     trace.finish(&outcome);
     let _ = tx.send(Out::Done(Box::new(outcome)));
 }
@@ -349,7 +337,9 @@ mod tests {
     use super::*;
     use crate::scheduler::Placement;
     use crate::server::error::ErrorKind;
-    use crate::server::trace::RequestedParams;
+    use crate::server::openai::reasoning::ReasoningStart;
+    use crate::server::openai::request::{Endpoint, ValidOptions, ValidRequest};
+    use crate::server::openai::tools::ToolSetup;
     use crate::telemetry::Telemetry;
     use crate::timing::{PathKind, TimeAnchor};
 
@@ -381,28 +371,47 @@ mod tests {
         }
     }
 
-    fn info(received: Instant) -> RequestInfo {
-        RequestInfo {
+    /// A chat request of `n` choices that arrived at `received`, with `tools` and reasoning
+    /// parsing from `reasoning`.
+    fn meta(
+        received: Instant,
+        n: usize,
+        tools: Option<ToolSetup>,
+        reasoning: Option<ReasoningStart>,
+    ) -> Arc<RequestMeta> {
+        Arc::new(RequestMeta {
             id: "chatcmpl-lost".into(),
-            operation: slotlight_otel::span::OPERATION_CHAT,
-            request_model: "m".into(),
-            response_model: "m".into(),
             session: Some("s-lost".into()),
-            max_tokens: 8,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: 0,
-            seed: None,
-            stream: false,
-            requested: RequestedParams::default(),
             received,
-            prompt_text: None,
-            prompt_tokens: 5,
-            n: 1,
-            constraint: None,
-            json_output: false,
-            tools: None,
-        }
+            request: ValidRequest {
+                endpoint: Endpoint::Chat,
+                request_model: "m".into(),
+                model: "m".into(),
+                prompt: vec![1; 5],
+                prompt_text: String::new(),
+                opts: ValidOptions {
+                    max_tokens: 8,
+                    sampling: crate::sampling::SamplingParams::default(),
+                    stop: crate::stop::StopMatcher::default(),
+                    n,
+                    stream: false,
+                    include_usage: false,
+                    continuous_usage: false,
+                    user: None,
+                    session_hint: None,
+                    ignore_eos: false,
+                    grammar: None,
+                    frequency_penalty_given: None,
+                    presence_penalty_given: None,
+                    n_given: None,
+                },
+                logprobs: None,
+                echo: false,
+                tools,
+                constraint: None,
+                reasoning,
+            },
+        })
     }
 
     /// Log output kept in memory.
@@ -443,10 +452,11 @@ mod tests {
             .build();
         let telemetry = Telemetry::with_provider(provider, "t".into());
         let received = Instant::now();
+        let one = meta(received, 1, None, None);
         let trace = RequestTrace::start(
             &telemetry,
             TimeAnchor::now(),
-            info(received),
+            Arc::clone(&one),
             &Context::new(),
             false,
             &ServerAddress::default(),
@@ -475,9 +485,7 @@ mod tests {
             tx,
             cancel,
             Duration::ZERO,
-            info(received),
-            None,
-            None,
+            one,
             Arc::clone(&metrics),
         )
         .instrument(span)
@@ -574,12 +582,11 @@ mod tests {
             .build();
         let telemetry = Telemetry::with_provider(provider, "t".into());
         let received = Instant::now();
-        let mut two = info(received);
-        two.n = 2;
+        let two = meta(received, 2, None, None);
         let trace = RequestTrace::start(
             &telemetry,
             TimeAnchor::now(),
-            two.clone(),
+            Arc::clone(&two),
             &Context::new(),
             false,
             &ServerAddress::default(),
@@ -637,8 +644,6 @@ mod tests {
             Arc::new(AtomicBool::new(false)),
             Duration::ZERO,
             two,
-            None,
-            None,
             Arc::clone(&metrics),
         )
         .await;
@@ -701,10 +706,11 @@ mod tests {
             .build();
         let telemetry = Telemetry::with_provider(provider, "t".into());
         let received = Instant::now();
+        let one = meta(received, 1, tools, reasoning);
         let trace = RequestTrace::start(
             &telemetry,
             TimeAnchor::now(),
-            info(received),
+            Arc::clone(&one),
             &Context::new(),
             false,
             &ServerAddress::default(),
@@ -757,9 +763,7 @@ mod tests {
             tx,
             Arc::new(AtomicBool::new(false)),
             Duration::ZERO,
-            info(received),
-            tools,
-            reasoning,
+            one,
             Arc::new(RequestMetrics::default()),
         )
         .await;
