@@ -141,32 +141,25 @@ struct ChoiceState {
     /// Then shapes the content (tool calls).
     shaper: Shaper,
     logprobs: Vec<TokenLogprobs>,
+    /// Tokens generated so far, as the engine counts them (its latest token event's).
     generated: usize,
     done: Option<Completion>,
-    /// What this task has seen of the choice's clocks, for the case where the engine loses it.
-    seen: RequestTimings,
-    /// The group it was admitted to.
-    group: usize,
 }
 
-impl ChoiceState {
-    /// The completion of a choice the step loop went away from without finishing (it
-    /// panicked or was dropped): an error, with the clocks this task saw.
-    fn lost(&mut self, choice: usize, meta: &RequestMeta) -> Completion {
-        let mut timings = std::mem::replace(
-            &mut self.seen,
-            RequestTimings::new(meta.received, meta.request.prompt.len()),
-        );
-        timings.mark_finished(Instant::now());
-        Completion {
-            finish_reason: FinishReason::Error(EngineError::Lost),
-            tokens: Vec::new(),
-            tail_text: String::new(),
-            timings,
-            group: self.group,
-            choice,
-            mask: None,
-        }
+/// The completion of choice `choice` of `meta` when its channel closed without one. The
+/// engine answers even for a sequence it loses (with its own clocks); this covers a channel
+/// closed without even that: an error, with no clocks but the arrival.
+fn unanswered(choice: usize, meta: &RequestMeta) -> Completion {
+    let mut timings = RequestTimings::new(meta.received, meta.request.prompt.len());
+    timings.mark_finished(Instant::now());
+    Completion {
+        finish_reason: FinishReason::Error(EngineError::Lost),
+        tokens: Vec::new(),
+        tail_text: String::new(),
+        timings,
+        group: 0,
+        choice,
+        mask: None,
     }
 }
 
@@ -179,7 +172,6 @@ async fn run(
     meta: Arc<RequestMeta>,
     metrics: Arc<RequestMetrics>,
 ) {
-    let prompt_tokens = meta.request.prompt.len();
     let tools = meta.request.tools.as_ref();
     let reasoning: Option<ReasoningStart> = meta.request.reasoning;
     let n = rxs.len();
@@ -190,8 +182,6 @@ async fn run(
             logprobs: Vec::new(),
             generated: 0,
             done: None,
-            seen: RequestTimings::new(meta.received, prompt_tokens),
-            group: 0,
         })
         .collect();
     // Each choice's events, tagged with its index, and a `None` when its channel closes.
@@ -222,24 +212,14 @@ async fn run(
                     Some(ev) => ev,
                     // The step loop went away without finishing this choice: it still gets
                     // its span, its log line and an error answer, with what is known.
-                    None if choices[i].done.is_none() => {
-                        Event::Done(Box::new(choices[i].lost(i, &meta)))
-                    }
+                    None if choices[i].done.is_none() => Event::Done(Box::new(unanswered(i, &meta))),
                     None => continue,
                 };
                 trace.on_event(i, &ev);
                 match ev {
-                    Event::Admitted { at, placement } => {
+                    Event::Token { text, logprobs, generated, .. } => {
                         let c = &mut choices[i];
-                        c.seen.mark_admitted(at);
-                        c.group = placement.group;
-                    }
-                    Event::Token { text, logprobs, at, .. } => {
-                        let c = &mut choices[i];
-                        c.generated += 1;
-                        if c.seen.admitted.is_some() {
-                            c.seen.mark_token(at);
-                        }
+                        c.generated = generated;
                         if let Some(lp) = logprobs {
                             c.logprobs.push(*lp);
                         }
@@ -311,10 +291,7 @@ async fn run(
     let done: Vec<Completion> = choices
         .into_iter()
         .enumerate()
-        .map(|(i, mut c)| match c.done.take() {
-            Some(d) => d,
-            None => c.lost(i, &meta),
-        })
+        .map(|(i, c)| c.done.unwrap_or_else(|| unanswered(i, &meta)))
         .collect();
     let mut outcome = RequestOutcome::of(meta.received, &done, reasons, tool_calls);
     outcome.set_reasoning_tokens(reasoning_tokens);
@@ -429,9 +406,11 @@ mod tests {
     }
 
     /// The step loop goes away after admitting the request (it panicked or was dropped): the
-    /// request still ends with an error answer, a request span of status `error` with what was
-    /// known, and nothing it never had written as zero. Its `Request.Failed` warning carries
-    /// the request span's trace and span ids and is an event on the request span.
+    /// sequence it let go of answers as lost, with the engine's own clocks (see
+    /// `scheduler::sequence`), and the request still ends with an error answer, a request span
+    /// of status `error` with those clocks, and nothing it never had written as zero. Its
+    /// `Request.Failed` warning carries the request span's trace and span ids and is an event
+    /// on the request span.
     #[tokio::test]
     async fn a_request_the_engine_loses_is_answered_and_recorded() {
         use tracing_subscriber::prelude::*;
@@ -468,11 +447,27 @@ mod tests {
             group: 0,
             slot: None,
         };
+        let admitted = received + Duration::from_millis(1);
         events
             .send(Event::Admitted {
-                at: received + Duration::from_millis(1),
+                at: admitted,
                 placement,
             })
+            .expect("send");
+        // What a dropped sequence sends: its own clocks, admitted and never a token.
+        let mut timings = RequestTimings::new(received, 5);
+        timings.mark_admitted(admitted);
+        timings.mark_finished(received + Duration::from_millis(2));
+        events
+            .send(Event::Done(Box::new(Completion {
+                finish_reason: FinishReason::Error(EngineError::Lost),
+                tokens: Vec::new(),
+                tail_text: String::new(),
+                timings,
+                group: 0,
+                choice: 0,
+                mask: None,
+            })))
             .expect("send");
         drop(events);
         let cancel = Arc::new(AtomicBool::new(false));
