@@ -313,7 +313,7 @@ impl GroupMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheduler::{EngineError, FinishReason};
+    use crate::finish::{EngineError, FinishReason};
 
     fn count(m: &GroupMetrics, r: &FinishReason) {
         m.count_finished(r.as_str(), r.error_type());

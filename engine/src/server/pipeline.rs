@@ -19,7 +19,7 @@ use super::error::ApiError;
 use super::openai::reasoning::{ReasoningSplitter, ReasoningStart};
 use super::openai::request::RequestMeta;
 use super::openai::tools::{ParsedCall, Shaper};
-use super::outcome::RequestOutcome;
+use super::outcome::{ApiFinishReason, RequestOutcome};
 use super::record::{self, Refused};
 use super::trace::{RequestTrace, ServerAddress};
 use crate::metrics::RequestMetrics;
@@ -56,7 +56,7 @@ pub struct ChoiceEnd {
     /// The choice.
     pub choice: usize,
     /// OpenAI finish reason (`tool_calls` when the reply is calls).
-    pub finish_reason: &'static str,
+    pub finish_reason: ApiFinishReason,
     /// Content not yet sent.
     pub text: String,
     /// Reasoning not yet sent.
@@ -203,7 +203,7 @@ async fn run(
     let mut tool_calls = 0;
     // Reasoning tokens over the choices (`None` without reasoning parsing).
     let mut reasoning_tokens = reasoning.map(|_| 0usize);
-    let mut reasons: Vec<&'static str> = vec![slotlight_otel::attr::value::FINISH_ERROR; n];
+    let mut reasons = vec![ApiFinishReason::Error; n];
     while finished < n {
         tokio::select! {
             item = events.next() => {
@@ -263,12 +263,7 @@ async fn run(
                             None => (String::new(), c.tail_text.clone()),
                         };
                         let (text, calls) = shaper.finish(&tail);
-                        let reason = match (&c.finish_reason, calls.is_empty()) {
-                            (FinishReason::Stop, false) => {
-                                slotlight_otel::attr::value::FINISH_TOOL_CALLS
-                            }
-                            (r, _) => r.as_str(),
-                        };
+                        let reason = ApiFinishReason::of(&c.finish_reason, !calls.is_empty());
                         reasons[i] = reason;
                         tool_calls += calls.len();
                         let _ = tx.send(Out::ChoiceDone(Box::new(ChoiceEnd {
@@ -496,7 +491,7 @@ mod tests {
         };
         let e = f.api_error().expect("an error answer");
         assert_eq!(e.error, ErrorKind::Internal);
-        assert_eq!(reason, Some("error"));
+        assert_eq!(reason.map(ApiFinishReason::as_str), Some("error"));
         let u = &f.usage;
         assert_eq!(u.prompt_tokens, 5);
         assert_eq!(u.timings.queue_ms, Some(1.0));
@@ -652,7 +647,10 @@ mod tests {
         // The response: its client is gone, so it gets no error; the outcome says cancelled.
         assert_eq!(outcome.status.as_str(), attr::value::STATUS_CANCELLED);
         assert!(outcome.api_error().is_none());
-        assert_eq!(outcome.api_finish_reasons, vec!["stop", "cancelled"]);
+        assert_eq!(
+            outcome.api_finish_reasons,
+            vec![ApiFinishReason::Stop, ApiFinishReason::Cancelled]
+        );
         // The request span.
         let root = request_span(&mem);
         let get = |k: &str| attr_of(&root, k);
@@ -685,7 +683,7 @@ mod tests {
         content: String,
         deltas: Vec<(String, String)>,
         calls: Vec<ParsedCall>,
-        finish_reason: &'static str,
+        finish_reason: ApiFinishReason,
         outcome: RequestOutcome,
         span: SpanData,
     }
@@ -877,7 +875,7 @@ mod tests {
                 arguments: "{}".into()
             }]
         );
-        assert_eq!(d.finish_reason, "tool_calls");
+        assert_eq!(d.finish_reason.as_str(), "tool_calls");
         assert_eq!(d.outcome.reasoning_tokens(), Some(3));
     }
 }

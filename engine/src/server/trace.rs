@@ -483,7 +483,7 @@ impl RequestTrace {
                 Value::Array(Array::String(
                     o.api_finish_reasons
                         .iter()
-                        .map(|r| StringValue::from(*r))
+                        .map(|r| StringValue::from(r.as_str()))
                         .collect(),
                 )),
             ),

@@ -26,7 +26,7 @@ use super::types::{ChatRequest, CompletionRequest};
 use super::{created, new_id, read_json, session, sse};
 use crate::sampling::TokenLogprobs;
 use crate::server::error::ApiError;
-use crate::server::outcome::RequestOutcome;
+use crate::server::outcome::{ApiFinishReason, RequestOutcome};
 use crate::server::pipeline::{CancelOnDrop, ChoiceEnd, Out, launch};
 use crate::server::record::{self, Refused};
 use crate::server::trace::ServerAddress;
@@ -194,9 +194,7 @@ impl Shape {
         let reason = |c: &Collected| {
             c.end
                 .as_ref()
-                .map_or(slotlight_otel::attr::value::FINISH_ERROR, |e| {
-                    e.finish_reason
-                })
+                .map_or(ApiFinishReason::Error, |e| e.finish_reason)
         };
         match self.endpoint() {
             Endpoint::Chat => {
@@ -408,7 +406,7 @@ impl Streaming {
         text: String,
         reasoning: String,
         logprobs: &[TokenLogprobs],
-        finish: Option<&'static str>,
+        finish: Option<ApiFinishReason>,
     ) -> Chunk {
         match self.shape.endpoint() {
             Endpoint::Chat => Chunk::Chat(self.chat_chunk(vec![ChunkChoice {

@@ -15,7 +15,7 @@ use super::types::{
     ChatRequest, Common, CompletionRequest, Content, Limits, Prompt, ResponseFormat, StringOrList,
     StructuredOutputs, WireToolChoice,
 };
-use crate::chat_template::ChatMessage;
+use crate::chat_template::{ChatMessage, Role};
 use crate::constraint::{Constraint, ConstraintKind, GrammarSpec};
 use crate::sampling::SamplingParams;
 use crate::server::AppState;
@@ -552,10 +552,7 @@ pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, 
     let mut names: HashMap<String, String> = HashMap::new();
     let mut out = Vec::with_capacity(req.messages.len());
     for (i, m) in req.messages.iter().enumerate() {
-        if !matches!(
-            m.role.as_str(),
-            "system" | "user" | "assistant" | "tool" | "developer"
-        ) {
+        let Some(role) = m.author() else {
             return Err(ApiError::invalid_param(
                 &format!("messages[{i}].role"),
                 format!(
@@ -563,7 +560,7 @@ pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, 
                     m.role
                 ),
             ));
-        }
+        };
         let content = match &m.content {
             None => String::new(),
             Some(Content::Text(s)) => s.clone(),
@@ -596,15 +593,10 @@ pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, 
                 ),
             ));
         }
-        let role = if m.role == "developer" {
-            "system"
-        } else {
-            m.role.as_str()
-        };
         let mut msg = ChatMessage::new(role, content);
         msg.name = m.name.clone();
         if let Some(r) = &m.reasoning_content {
-            if m.role != "assistant" {
+            if role != Role::Assistant {
                 return Err(ApiError::invalid_param(
                     &format!("messages[{i}].reasoning_content"),
                     "only assistant messages carry reasoning_content",
@@ -613,7 +605,7 @@ pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, 
             msg.reasoning_content = Some(r.clone());
         }
         if let Some(calls) = &m.tool_calls {
-            if m.role != "assistant" {
+            if role != Role::Assistant {
                 return Err(ApiError::invalid_param(
                     &format!("messages[{i}].tool_calls"),
                     "only assistant messages carry tool_calls",
@@ -645,7 +637,7 @@ pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, 
             }
             msg.tool_calls = Some(list);
         }
-        if m.role == "tool" {
+        if role == Role::Tool {
             let Some(id) = &m.tool_call_id else {
                 return Err(ApiError::invalid_param(
                     &format!("messages[{i}].tool_call_id"),
