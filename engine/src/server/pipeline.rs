@@ -547,6 +547,57 @@ mod tests {
                 .any(|l| l.contains("Request.Finished") && l.contains("span_id=")),
             "every line of the request's task carries its ids: {text}"
         );
+        a_channel_closed_without_an_answer_is_an_error().await;
+    }
+
+    /// A choice whose channel closes without even the engine's lost answer still gets an
+    /// error answer and an `error` request span, with no clocks but its arrival: nothing it
+    /// never had is written, not even as zero. (Run by the test above, under its log
+    /// subscriber: the two write the same warning.)
+    async fn a_channel_closed_without_an_answer_is_an_error() {
+        let mem = Memory::default();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(SimpleSpanProcessor::new(mem.clone()))
+            .build();
+        let telemetry = Telemetry::with_provider(provider, "t".into());
+        let one = meta(Instant::now(), 1, None, None);
+        let trace = RequestTrace::start(
+            &telemetry,
+            TimeAnchor::now(),
+            Arc::clone(&one),
+            &Context::new(),
+            false,
+            &ServerAddress::default(),
+        );
+        let (events, rx) = mpsc::unbounded_channel::<Event>();
+        drop(events);
+        let (tx, mut out) = mpsc::unbounded_channel();
+        run(
+            trace,
+            vec![rx],
+            tx,
+            Arc::new(AtomicBool::new(false)),
+            Duration::ZERO,
+            one,
+            Arc::new(RequestMetrics::default()),
+        )
+        .await;
+        let outcome = loop {
+            match out.recv().await {
+                Some(Out::Done(o)) => break o,
+                Some(_) => {}
+                None => panic!("an outcome"),
+            }
+        };
+        let e = outcome.api_error().expect("an error answer");
+        assert_eq!(e.error, ErrorKind::Internal);
+        assert_eq!(outcome.usage.timings.queue_ms, None);
+        let root = request_span(&mem);
+        assert_eq!(
+            attr_of(&root, attr::REQUEST_STATUS).as_deref(),
+            Some("error")
+        );
+        assert_eq!(attr_of(&root, attr::USAGE_QUEUE_MS), None);
     }
 
     /// Regression test for issue 22: with `n` = 2, one choice stops and the client leaves
