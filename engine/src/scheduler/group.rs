@@ -363,8 +363,7 @@ impl<'t> Loop<'t> {
             tail.clear();
         }
         self.load.fetch_sub(1, Ordering::Relaxed);
-        self.metrics
-            .count_finished(reason.as_str(), reason.error_type());
+        self.metrics.count_finished(&reason);
         seq.answer(reason, tail, self.group);
     }
 
