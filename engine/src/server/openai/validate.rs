@@ -1,7 +1,7 @@
-//! The checks that turn a wire request into a [`ValidRequest`](super::request::ValidRequest): every value checked against
-//! the limits, the prompt built, tools set up, and the grammar compiled, all before anything
-//! is queued. Chat and completions meet here; [`super::request`] puts the checked parts
-//! together.
+//! The checks that turn a wire request into a
+//! [`ValidRequest`](super::request::ValidRequest): every value checked against the limits,
+//! the prompt built, tools set up, and the grammar compiled, all before anything is queued.
+//! Chat and completions meet here; [`super::request`] puts the checked parts together.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -266,7 +266,8 @@ pub fn no_grammar_with_tools(
 }
 
 /// Where a chat's reply starts with respect to reasoning, given its rendered prompt `text` and
-/// the constraint it asks for ([`reasoning_start`]).
+/// the constraint it asks for: a constraint inside a reasoning block the prompt opened is
+/// refused, naming the field that asked for it.
 pub fn chat_reasoning(
     st: &AppState,
     req: &ChatRequest,
