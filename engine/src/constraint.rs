@@ -36,15 +36,55 @@ pub enum GrammarSpec {
     Lark(String),
 }
 
-impl GrammarSpec {
-    /// The kind, as the telemetry contract names it.
-    pub fn kind(&self) -> &'static str {
+/// The kind of an output constraint: what the request asked for, named as the telemetry
+/// contract names it (`slotlight.constraint.kind`) only where the attribute is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConstraintKind {
+    /// Any JSON object (`response_format` `json_object` without a schema).
+    JsonObject,
+    /// JSON valid against a schema.
+    JsonSchema,
+    /// Text matching a regular expression.
+    Regex,
+    /// One of a list of strings.
+    Choice,
+    /// A Lark grammar.
+    Grammar,
+    /// Enforced tool calls.
+    Tools,
+}
+
+impl ConstraintKind {
+    /// The contract's value of `slotlight.constraint.kind`.
+    pub fn as_str(self) -> &'static str {
         use slotlight_otel::attr::value;
         match self {
-            GrammarSpec::JsonSchema(_) => value::CONSTRAINT_JSON_SCHEMA,
-            GrammarSpec::Regex(_) => value::CONSTRAINT_REGEX,
-            GrammarSpec::Choice(_) => value::CONSTRAINT_CHOICE,
-            GrammarSpec::Lark(_) => value::CONSTRAINT_GRAMMAR,
+            ConstraintKind::JsonObject => value::CONSTRAINT_JSON_OBJECT,
+            ConstraintKind::JsonSchema => value::CONSTRAINT_JSON_SCHEMA,
+            ConstraintKind::Regex => value::CONSTRAINT_REGEX,
+            ConstraintKind::Choice => value::CONSTRAINT_CHOICE,
+            ConstraintKind::Grammar => value::CONSTRAINT_GRAMMAR,
+            ConstraintKind::Tools => value::CONSTRAINT_TOOLS,
+        }
+    }
+
+    /// Whether the constrained output is JSON (`gen_ai.output.type` `json`).
+    pub fn is_json(self) -> bool {
+        matches!(
+            self,
+            ConstraintKind::JsonObject | ConstraintKind::JsonSchema
+        )
+    }
+}
+
+impl GrammarSpec {
+    /// The kind of constraint this grammar makes.
+    pub fn kind(&self) -> ConstraintKind {
+        match self {
+            GrammarSpec::JsonSchema(_) => ConstraintKind::JsonSchema,
+            GrammarSpec::Regex(_) => ConstraintKind::Regex,
+            GrammarSpec::Choice(_) => ConstraintKind::Choice,
+            GrammarSpec::Lark(_) => ConstraintKind::Grammar,
         }
     }
 
@@ -284,7 +324,7 @@ impl Grammars {
 /// One sequence's constraint: the grammar's state and the mask for its next token.
 pub struct Constraint {
     matcher: Matcher,
-    kind: &'static str,
+    kind: ConstraintKind,
 }
 
 impl Clone for Constraint {
@@ -306,14 +346,14 @@ impl std::fmt::Debug for Constraint {
 }
 
 impl Constraint {
-    /// The kind of constraint (`json_schema`, `regex`, `choice`, `grammar`, `tools`).
-    pub fn kind(&self) -> &'static str {
+    /// The kind of constraint (JSON schema, regular expression, choice, grammar, tools).
+    pub fn kind(&self) -> ConstraintKind {
         self.kind
     }
 
     /// Names the kind for telemetry (`json_object` for a plain JSON object, `tools` for a
     /// tool call), when it differs from the grammar's own.
-    pub fn with_kind(mut self, kind: &'static str) -> Self {
+    pub fn with_kind(mut self, kind: ConstraintKind) -> Self {
         self.kind = kind;
         self
     }
@@ -481,7 +521,7 @@ mod tests {
         assert_eq!(allowed_first_bytes(&mut c, &tok), b"hw".to_vec());
         assert_eq!(follow(&mut c, &tok, "world"), "world");
         assert!(c.is_stopped());
-        assert_eq!(c.kind(), "choice");
+        assert_eq!(c.kind().as_str(), "choice");
 
         let mut c = comp
             .compile(&GrammarSpec::Regex("a[0-9]{3}b".into()))

@@ -12,7 +12,7 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use slotlight_engine::chat_template::ChatMessage;
+use slotlight_engine::chat_template::{ChatMessage, Role};
 
 #[derive(Arbitrary, Debug)]
 struct Input {
@@ -21,7 +21,7 @@ struct Input {
     generated: Vec<u32>,
 }
 
-const ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
+const ROLES: [Role; 4] = [Role::System, Role::User, Role::Assistant, Role::Tool];
 
 fuzz_target!(|input: Input| {
     let (model, prompts) = slotlight_fuzz::prompt_model();

@@ -113,11 +113,26 @@ impl TemplateError {
     }
 }
 
+/// Who wrote a message. Templates see it as its lowercase name (`message.role`), the only
+/// place it becomes a string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Instructions to the model (the API's `system` and `developer`).
+    System,
+    /// The person talking to the model.
+    User,
+    /// The model's own replies.
+    Assistant,
+    /// A tool's result, answering an assistant's call.
+    Tool,
+}
+
 /// One message of a conversation, as the OpenAI API and HF templates see it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
-    /// `system`, `user`, `assistant`, ... (passed to the template as is).
-    pub role: String,
+    /// Who wrote it.
+    pub role: Role,
     /// The message text.
     pub content: String,
     /// The author's name (OpenAI `name`), when given.
@@ -140,9 +155,9 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     /// A message with the given role and content.
-    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
         Self {
-            role: role.into(),
+            role,
             content: content.into(),
             name: None,
             tool_calls: None,
@@ -470,7 +485,10 @@ mod tests {
     fn msgs(pairs: &[(&str, &str)]) -> Vec<ChatMessage> {
         pairs
             .iter()
-            .map(|(r, c)| ChatMessage::new(*r, *c))
+            .map(|(r, c)| {
+                let role = serde_json::from_value(serde_json::Value::from(*r)).expect("a role");
+                ChatMessage::new(role, *c)
+            })
             .collect()
     }
 
@@ -641,7 +659,16 @@ mod tests {
     #[test]
     fn many_messages_fit_in_the_default_fuel() {
         let conversation: Vec<ChatMessage> = (0..5000)
-            .map(|i| ChatMessage::new(if i % 2 == 0 { "user" } else { "assistant" }, "hi"))
+            .map(|i| {
+                ChatMessage::new(
+                    if i % 2 == 0 {
+                        Role::User
+                    } else {
+                        Role::Assistant
+                    },
+                    "hi",
+                )
+            })
             .collect();
         let out = smollm().render(&conversation, true).expect("renders");
         assert_eq!(out.matches("<|im_start|>").count(), 5002);
@@ -698,10 +725,10 @@ mod tests {
         // `apply_chat_template` for these conversations.
         let t = ChatTemplate::gemma_fallback(Some("<bos>".into()), Some("<eos>".into()));
         let msgs = [
-            ChatMessage::new("system", "You are terse."),
-            ChatMessage::new("user", "  Hi there \n"),
-            ChatMessage::new("assistant", "Hello."),
-            ChatMessage::new("user", "Name a colour."),
+            ChatMessage::new(Role::System, "You are terse."),
+            ChatMessage::new(Role::User, "  Hi there \n"),
+            ChatMessage::new(Role::Assistant, "Hello."),
+            ChatMessage::new(Role::User, "Name a colour."),
         ];
         assert_eq!(
             t.render(&msgs, true).expect("renders"),
@@ -713,7 +740,10 @@ mod tests {
             t.render(&msgs[1..2], false).expect("renders"),
             "<bos><start_of_turn>user\nHi there<end_of_turn>\n"
         );
-        let bad = [ChatMessage::new("user", "a"), ChatMessage::new("user", "b")];
+        let bad = [
+            ChatMessage::new(Role::User, "a"),
+            ChatMessage::new(Role::User, "b"),
+        ];
         assert!(matches!(
             t.render(&bad, true),
             Err(TemplateError::Raised(_))
@@ -951,14 +981,14 @@ mod tests {
         // An assistant turn after the last query keeps its echoed `reasoning_content`; an
         // earlier one is rendered without it.
         let mut answered = question.clone();
-        let mut reply = ChatMessage::new("assistant", "\n4");
+        let mut reply = ChatMessage::new(Role::Assistant, "\n4");
         reply.reasoning_content = Some("\nadd them\n".into());
         answered.push(reply.clone());
         assert_eq!(
             t.render(&answered, false).expect("renders"),
             format!("{head}<|im_start|>assistant\n<think>\nadd them\n</think>\n\n4<|im_end|>\n")
         );
-        answered.push(ChatMessage::new("user", "3+3?"));
+        answered.push(ChatMessage::new(Role::User, "3+3?"));
         assert_eq!(
             t.render(&answered, false).expect("renders"),
             format!(
@@ -967,8 +997,8 @@ mod tests {
         );
         // Reasoning left inline in the content is split out the same way.
         let inline = [
-            ChatMessage::new("user", "q"),
-            ChatMessage::new("assistant", "<think>\nr\n</think>\n\na"),
+            ChatMessage::new(Role::User, "q"),
+            ChatMessage::new(Role::Assistant, "<think>\nr\n</think>\n\na"),
         ];
         assert_eq!(
             t.render(&inline, false).expect("renders"),
@@ -980,7 +1010,7 @@ mod tests {
     fn chat_message_serde() {
         let m: ChatMessage =
             serde_json::from_str(r#"{"role":"user","content":"hi"}"#).expect("parses");
-        assert_eq!(m, ChatMessage::new("user", "hi"));
+        assert_eq!(m, ChatMessage::new(Role::User, "hi"));
         let t = smollm();
         fn assert_send_sync<T: Send + Sync>(_: &T) {}
         assert_send_sync(&t);

@@ -61,7 +61,10 @@ pub(super) fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let builder = PromptBuilder::new(&model);
     let prompt = if a.chat {
         builder
-            .chat(&[ChatMessage::new("user", a.prompt.clone())])?
+            .chat(&[ChatMessage::new(
+                crate::chat_template::Role::User,
+                a.prompt.clone(),
+            )])?
             .1
     } else {
         builder.raw(&a.prompt)?

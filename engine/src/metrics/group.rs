@@ -15,6 +15,7 @@ use slotlight_otel::metric::{buckets, engine};
 
 use super::histogram::{AtomicHistogram, HistogramSnapshot};
 use super::instruments::GroupInstruments;
+use crate::finish::FinishReason;
 
 /// How a request left a step loop: `(finish_reason, error_type)`. Every label pair
 /// [`GroupMetrics`] can count, so that each is exported from the start.
@@ -262,10 +263,13 @@ impl GroupMetrics {
         add(&self.generation_tokens, 1);
     }
 
-    /// A request (one choice) finished with `finish_reason` and, when it did not run to its
-    /// end, `error_type` (the labels of [`OUTCOMES`]; the scheduler's types stay above).
-    pub fn count_finished(&self, finish_reason: &str, error_type: Option<&str>) {
-        add(&self.finished[outcome_index(finish_reason, error_type)], 1);
+    /// A request (one choice) finished with `reason`, counted under its labels in
+    /// [`OUTCOMES`] (its `finish_reason` and, when it did not run to its end, `error_type`).
+    pub fn count_finished(&self, reason: &FinishReason) {
+        add(
+            &self.finished[outcome_index(reason.as_str(), reason.error_type())],
+            1,
+        );
     }
 
     /// One forward step of `batch` requests took `duration`.
@@ -313,10 +317,10 @@ impl GroupMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheduler::{EngineError, FinishReason};
+    use crate::finish::EngineError;
 
     fn count(m: &GroupMetrics, r: &FinishReason) {
-        m.count_finished(r.as_str(), r.error_type());
+        m.count_finished(r);
     }
 
     #[test]

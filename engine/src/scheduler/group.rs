@@ -23,17 +23,13 @@ use tokio::sync::mpsc;
 use super::resume::{self, SessionMemory};
 use super::sequence::{Phase, PrefillProgress, Seq};
 use super::slots::Slots;
-use super::{
-    Command, Completion, EngineError, Event, FinishReason, InFlight, MaskStats, Placement,
-    SchedulerConfig,
-};
+use super::{Command, EngineError, Event, FinishReason, InFlight, Placement, SchedulerConfig};
 use crate::backend::{Backend, BackendError, SeqChunk};
 use crate::constraint::SeqConstraint;
 use crate::kv_cache::KvPools;
 use crate::metrics::GroupMetrics;
 use crate::metrics::group::KvUsage;
-use crate::sampling::Sampler;
-use crate::timing::{LegEnd, PathKind, PrefillEnd, PrefillReason, RequestTimings};
+use crate::timing::{LegEnd, PathKind, PrefillEnd, PrefillReason};
 use crate::tokenizer::Tokenizer;
 
 /// Cumulative counters of one group (not per-request timing: those live in each request).
@@ -211,8 +207,6 @@ impl<'t> Loop<'t> {
     fn command(&mut self, c: Command) -> bool {
         match c {
             Command::Submit(mut req, channels, prior) => {
-                // Checked once, where the request was validated: each choice takes a copy.
-                let stop = req.stop.clone();
                 let family = self.next_family;
                 self.next_family += 1;
                 let constraint = req.constraint.take();
@@ -222,30 +216,18 @@ impl<'t> Loop<'t> {
                     // Each choice its own random stream: seed + index (vLLM's rule), so
                     // choice 0 equals the same request with n = 1.
                     r.sampling.seed = seed.map(|s| s.wrapping_add(choice as u64));
-                    let timings = RequestTimings::new(r.received, r.prompt.len());
-                    let sampler = Sampler::new(r.sampling.clone(), &r.prompt);
-                    let tokens = r.prompt.clone();
-                    let decoder = self.tok.decoder_after(&tokens);
-                    self.queue.push_back(Seq {
-                        req: r,
+                    // The stop strings were checked once, where the request was validated:
+                    // each choice takes a copy of the matcher.
+                    let decoder = self.tok.decoder_after(&r.prompt);
+                    self.queue.push_back(Seq::new(
+                        r,
                         events,
-                        timings,
-                        tokens,
-                        computed: 0,
-                        blocks: Default::default(),
-                        sampler,
                         decoder,
-                        stop: stop.clone(),
-                        phase: Phase::Prefill,
-                        placement: None,
-                        prefill: None,
-                        order: 0,
-                        ever_slotted: false,
                         family,
                         choice,
-                        constraint: constraint.clone().map(SeqConstraint::new),
-                        prior: prior.clone(),
-                    });
+                        constraint.clone().map(SeqConstraint::new),
+                        prior.clone(),
+                    ));
                 }
                 false
             }
@@ -381,21 +363,8 @@ impl<'t> Loop<'t> {
             tail.clear();
         }
         self.load.fetch_sub(1, Ordering::Relaxed);
-        self.metrics
-            .count_finished(reason.as_str(), reason.error_type());
-        let completion = Completion {
-            finish_reason: reason,
-            tokens: seq.generated().to_vec(),
-            tail_text: tail,
-            timings: seq.timings.clone(),
-            group: self.group,
-            choice: seq.choice,
-            mask: seq.constraint.as_ref().map(|c| MaskStats {
-                time: c.mask_time,
-                masks: c.masks,
-            }),
-        };
-        seq.emit(Event::Done(Box::new(completion)));
+        self.metrics.count_finished(&reason);
+        seq.answer(reason, tail, self.group);
     }
 
     /// Ends every request, running and queued, with `why`.

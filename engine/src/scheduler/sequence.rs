@@ -5,12 +5,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::resume::Prior;
-use super::{Event, GenerateRequest, Placement};
+use super::{Completion, EngineError, Event, FinishReason, GenerateRequest, MaskStats, Placement};
 use crate::constraint::SeqConstraint;
 use crate::kv_cache::SeqKv;
 use crate::sampling::Sampler;
 use crate::stop::StopMatcher;
-use crate::timing::{PrefillEnd, PrefillReason, PrefillRecord, RequestTimings};
+use crate::timing::{LegEnd, PrefillEnd, PrefillReason, PrefillRecord, RequestTimings};
 use crate::tokenizer::StreamDecoder;
 
 /// What the sequence does next.
@@ -90,6 +90,87 @@ pub struct Seq<'t> {
     pub constraint: Option<SeqConstraint>,
     /// What the engine remembered of the request's session when it arrived.
     pub prior: Option<Prior>,
+    /// Whether its completion was sent. A sequence dropped before that (its step loop
+    /// panicked or went away) sends one itself, as lost, with its own clocks.
+    pub answered: bool,
+}
+
+impl<'t> Seq<'t> {
+    /// Choice `choice` of request `req` (of request family `family`), waiting to be admitted:
+    /// its events go to `events`, its text through `decoder`, and its output follows
+    /// `constraint` when it has one.
+    pub fn new(
+        req: Box<GenerateRequest>,
+        events: mpsc::UnboundedSender<Event>,
+        decoder: StreamDecoder<'t>,
+        family: u64,
+        choice: usize,
+        constraint: Option<SeqConstraint>,
+        prior: Option<Prior>,
+    ) -> Self {
+        let timings = RequestTimings::new(req.received, req.prompt.len());
+        let sampler = Sampler::new(req.sampling.clone(), &req.prompt);
+        let tokens = req.prompt.clone();
+        let stop = req.stop.clone();
+        Self {
+            req,
+            events,
+            timings,
+            tokens,
+            computed: 0,
+            blocks: SeqKv::default(),
+            sampler,
+            decoder,
+            stop,
+            phase: Phase::Prefill,
+            placement: None,
+            prefill: None,
+            order: 0,
+            ever_slotted: false,
+            family,
+            choice,
+            constraint,
+            prior,
+            answered: false,
+        }
+    }
+
+    /// Sends the sequence's completion, ending with `reason` in group `group`, with its own
+    /// clocks and `tail_text` (the text held back until the end).
+    pub fn answer(&mut self, reason: FinishReason, tail_text: String, group: usize) {
+        let completion = Completion {
+            finish_reason: reason,
+            tokens: self.generated().to_vec(),
+            tail_text,
+            timings: self.timings.clone(),
+            group,
+            choice: self.choice,
+            mask: self.constraint.as_ref().map(|c| MaskStats {
+                time: c.mask_time,
+                masks: c.masks,
+            }),
+        };
+        self.emit(Event::Done(Box::new(completion)));
+        self.answered = true;
+    }
+}
+
+impl Drop for Seq<'_> {
+    /// A sequence its step loop lets go of without finishing it (the loop panicked, or was
+    /// dropped) still answers: an error, with the clocks the engine kept for it, its open leg
+    /// ended now, so the request's span, log line and metrics say what really happened.
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        let now = Instant::now();
+        if let Some(leg) = self.timings.end_leg(now, LegEnd::Cancelled).cloned() {
+            self.emit(Event::LegEnded(leg));
+        }
+        self.timings.mark_finished(now);
+        let group = self.placement.map_or(0, |p| p.group);
+        self.answer(FinishReason::Error(EngineError::Lost), String::new(), group);
+    }
 }
 
 impl Seq<'_> {
@@ -122,5 +203,72 @@ impl Seq<'_> {
         self.timings.prefilled_tokens += rec.computed_tokens;
         self.timings.prefills.push(rec.clone());
         self.emit(Event::Prefilled(rec));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::timing::PathKind;
+    use crate::tokenizer::tests::gpt2_tokenizer;
+
+    /// A sequence its step loop drops unfinished answers as lost with the clocks the engine
+    /// kept (its admission, its leg, ended now); one that was answered sends nothing more.
+    #[test]
+    fn a_dropped_sequence_answers_with_its_own_clocks() {
+        let tok = gpt2_tokenizer(Some("smollm"));
+        let req = GenerateRequest::new("r", vec![1, 2, 3], 4);
+        let admitted = req.received;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut seq = Seq::new(
+            Box::new(req.clone()),
+            tx,
+            tok.decoder_after(&[1, 2, 3]),
+            0,
+            0,
+            None,
+            None,
+        );
+        seq.timings.mark_admitted(admitted);
+        seq.timings.start_leg(PathKind::Solo, 2, None, admitted);
+        seq.placement = Some(Placement {
+            path: PathKind::Solo,
+            group: 2,
+            slot: None,
+        });
+        drop(seq);
+        let Ok(Event::LegEnded(leg)) = rx.try_recv() else {
+            panic!("the open leg ends first");
+        };
+        assert!(leg.end.is_some());
+        let Ok(Event::Done(c)) = rx.try_recv() else {
+            panic!("a completion");
+        };
+        assert_eq!(c.finish_reason, FinishReason::Error(EngineError::Lost));
+        assert_eq!(c.timings.admitted, Some(admitted));
+        assert!(c.timings.finished.is_some_and(|f| f >= admitted));
+        assert_eq!(c.group, 2);
+        assert!(rx.try_recv().is_err(), "one completion only");
+
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut seq = Seq::new(
+            Box::new(req),
+            tx,
+            tok.decoder_after(&[1, 2, 3]),
+            0,
+            0,
+            None,
+            None,
+        );
+        seq.answer(FinishReason::Stop, String::new(), 0);
+        drop(seq);
+        let Ok(Event::Done(c)) = rx.try_recv() else {
+            panic!("a completion");
+        };
+        assert_eq!(c.finish_reason, FinishReason::Stop);
+        assert!(
+            rx.try_recv().is_err(),
+            "an answered sequence sends nothing more"
+        );
     }
 }

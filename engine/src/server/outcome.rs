@@ -41,6 +41,54 @@ impl RequestStatus {
     }
 }
 
+/// A choice's finish reason as the API answers it: the engine's, except `tool_calls` for a
+/// reply of tool calls that stopped. It becomes a string only where JSON or a span attribute
+/// is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiFinishReason {
+    /// An end-of-sequence token or a stop string (`stop`).
+    Stop,
+    /// `max_tokens` or the context was reached (`length`).
+    Length,
+    /// The reply is tool calls (`tool_calls`).
+    ToolCalls,
+    /// The client went away (`cancelled`).
+    Cancelled,
+    /// The engine failed (`error`).
+    Error,
+}
+
+impl ApiFinishReason {
+    /// The API's reason for a choice the engine ended with `engine`, whose reply held tool
+    /// calls when `tool_calls`.
+    pub fn of(engine: &FinishReason, tool_calls: bool) -> Self {
+        match engine {
+            FinishReason::Stop if tool_calls => ApiFinishReason::ToolCalls,
+            FinishReason::Stop => ApiFinishReason::Stop,
+            FinishReason::Length => ApiFinishReason::Length,
+            FinishReason::Cancelled => ApiFinishReason::Cancelled,
+            FinishReason::Error(_) => ApiFinishReason::Error,
+        }
+    }
+
+    /// The wire value (`finish_reason`, `gen_ai.response.finish_reasons`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApiFinishReason::Stop => value::FINISH_STOP,
+            ApiFinishReason::Length => value::FINISH_LENGTH,
+            ApiFinishReason::ToolCalls => value::FINISH_TOOL_CALLS,
+            ApiFinishReason::Cancelled => value::FINISH_CANCELLED,
+            ApiFinishReason::Error => value::FINISH_ERROR,
+        }
+    }
+}
+
+impl serde::Serialize for ApiFinishReason {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
 /// Why a request did not succeed: the deciding choice's end.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Failure {
@@ -131,7 +179,7 @@ pub struct RequestOutcome {
     /// Each choice's finish reason as the engine gave it, in choice order.
     pub finish_reasons: Vec<FinishReason>,
     /// Each choice's finish reason as the API answers it (`tool_calls` for a reply of calls).
-    pub api_finish_reasons: Vec<&'static str>,
+    pub api_finish_reasons: Vec<ApiFinishReason>,
     /// The merged instants.
     pub instants: Instants,
     /// Every choice's legs, choice by choice.
@@ -158,7 +206,7 @@ impl RequestOutcome {
     pub fn of(
         received: Instant,
         done: &[Completion],
-        api_finish_reasons: Vec<&'static str>,
+        api_finish_reasons: Vec<ApiFinishReason>,
         tool_calls: usize,
     ) -> Self {
         let instants = Instants::of(received, done);
@@ -379,7 +427,10 @@ mod tests {
     }
 
     fn of(t0: Instant, done: &[Completion]) -> RequestOutcome {
-        let reasons = done.iter().map(|c| c.finish_reason.as_str()).collect();
+        let reasons = done
+            .iter()
+            .map(|c| ApiFinishReason::of(&c.finish_reason, false))
+            .collect();
         RequestOutcome::of(t0, done, reasons, 0)
     }
 

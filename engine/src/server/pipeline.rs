@@ -17,11 +17,11 @@ use tracing::Instrument as _;
 use super::AppState;
 use super::error::ApiError;
 use super::openai::reasoning::{ReasoningSplitter, ReasoningStart};
-use super::openai::tools::{ParsedCall, Shaper, ToolSetup};
-use super::openai::validate::ValidRequest;
-use super::outcome::RequestOutcome;
+use super::openai::request::RequestMeta;
+use super::openai::tools::{ParsedCall, Shaper};
+use super::outcome::{ApiFinishReason, RequestOutcome};
 use super::record::{self, Refused};
-use super::trace::{RequestInfo, RequestTrace, ServerAddress};
+use super::trace::{RequestTrace, ServerAddress};
 use crate::metrics::RequestMetrics;
 use crate::sampling::TokenLogprobs;
 use crate::scheduler::{Completion, EngineError, Event, FinishReason};
@@ -56,7 +56,7 @@ pub struct ChoiceEnd {
     /// The choice.
     pub choice: usize,
     /// OpenAI finish reason (`tool_calls` when the reply is calls).
-    pub finish_reason: &'static str,
+    pub finish_reason: ApiFinishReason,
     /// Content not yet sent.
     pub text: String,
     /// Reasoning not yet sent.
@@ -97,8 +97,7 @@ impl Drop for CancelOnDrop {
 /// scheduler's refusal, with the request span already started (the handler records it).
 pub fn launch(
     st: &AppState,
-    info: RequestInfo,
-    req: &ValidRequest,
+    meta: Arc<RequestMeta>,
     parent: &Context,
     server: &ServerAddress,
 ) -> Result<(mpsc::UnboundedReceiver<Out>, Arc<AtomicBool>), Refused> {
@@ -106,42 +105,32 @@ pub fn launch(
     let trace = RequestTrace::start(
         &st.telemetry,
         st.anchor,
-        info.clone(),
+        Arc::clone(&meta),
         parent,
         st.cfg.trace_content,
         server,
     );
     let cancel = Arc::new(AtomicBool::new(false));
-    let gen_req = req.to_engine(
-        &info.id,
-        info.session.clone(),
-        info.received,
-        Arc::clone(&cancel),
-    );
-    let rxs = match st.engine.submit_choices(gen_req) {
+    let rxs = match st
+        .engine
+        .submit_choices(meta.to_engine(Arc::clone(&cancel)))
+    {
         Ok(rx) => rx,
         Err(e) => {
             return Err(Refused {
                 error: ApiError::from(e),
-                started: Some(Box::new((trace, info))),
+                started: Some(Box::new(trace)),
             });
         }
     };
     let (tx, out) = mpsc::unbounded_channel();
     let progress = st.cfg.progress_interval;
     let flag = Arc::clone(&cancel);
-    let tools = req.tools.clone();
-    let reasoning = req.reasoning;
     let metrics = Arc::clone(&st.metrics);
     // The task's log lines carry the request's trace and span ids, and its warnings become
     // events on the request span.
-    let span = crate::telemetry::request_span(trace.context(), &info.id);
-    tokio::spawn(
-        run(
-            trace, rxs, tx, flag, progress, info, tools, reasoning, metrics,
-        )
-        .instrument(span),
-    );
+    let span = crate::telemetry::request_span(trace.context(), &meta.id);
+    tokio::spawn(run(trace, rxs, tx, flag, progress, meta, metrics).instrument(span));
     Ok((out, cancel))
 }
 
@@ -152,58 +141,47 @@ struct ChoiceState {
     /// Then shapes the content (tool calls).
     shaper: Shaper,
     logprobs: Vec<TokenLogprobs>,
+    /// Tokens generated so far, as the engine counts them (its latest token event's).
     generated: usize,
     done: Option<Completion>,
-    /// What this task has seen of the choice's clocks, for the case where the engine loses it.
-    seen: RequestTimings,
-    /// The group it was admitted to.
-    group: usize,
 }
 
-impl ChoiceState {
-    /// The completion of a choice the step loop went away from without finishing (it
-    /// panicked or was dropped): an error, with the clocks this task saw.
-    fn lost(&mut self, choice: usize, info: &RequestInfo, prompt_tokens: usize) -> Completion {
-        let mut timings = std::mem::replace(
-            &mut self.seen,
-            RequestTimings::new(info.received, prompt_tokens),
-        );
-        timings.mark_finished(Instant::now());
-        Completion {
-            finish_reason: FinishReason::Error(EngineError::Lost),
-            tokens: Vec::new(),
-            tail_text: String::new(),
-            timings,
-            group: self.group,
-            choice,
-            mask: None,
-        }
+/// The completion of choice `choice` of `meta` when its channel closed without one. The
+/// engine answers even for a sequence it loses (with its own clocks); this covers a channel
+/// closed without even that: an error, with no clocks but the arrival.
+fn unanswered(choice: usize, meta: &RequestMeta) -> Completion {
+    let mut timings = RequestTimings::new(meta.received, meta.request.prompt.len());
+    timings.mark_finished(Instant::now());
+    Completion {
+        finish_reason: FinishReason::Error(EngineError::Lost),
+        tokens: Vec::new(),
+        tail_text: String::new(),
+        timings,
+        group: 0,
+        choice,
+        mask: None,
     }
 }
 
-#[allow(clippy::too_many_arguments)] // one request's parts, each moved into its task
 async fn run(
     mut trace: RequestTrace,
     rxs: Vec<mpsc::UnboundedReceiver<Event>>,
     tx: mpsc::UnboundedSender<Out>,
     cancel: Arc<AtomicBool>,
     progress: Duration,
-    info: RequestInfo,
-    tools: Option<ToolSetup>,
-    reasoning: Option<ReasoningStart>,
+    meta: Arc<RequestMeta>,
     metrics: Arc<RequestMetrics>,
 ) {
-    let prompt_tokens = info.prompt_tokens;
+    let tools = meta.request.tools.as_ref();
+    let reasoning: Option<ReasoningStart> = meta.request.reasoning;
     let n = rxs.len();
     let mut choices: Vec<ChoiceState> = (0..n)
         .map(|_| ChoiceState {
             reasoning: reasoning.map(ReasoningSplitter::new),
-            shaper: Shaper::new(tools.as_ref()),
+            shaper: Shaper::new(tools),
             logprobs: Vec::new(),
             generated: 0,
             done: None,
-            seen: RequestTimings::new(info.received, prompt_tokens),
-            group: 0,
         })
         .collect();
     // Each choice's events, tagged with its index, and a `None` when its channel closes.
@@ -225,7 +203,7 @@ async fn run(
     let mut tool_calls = 0;
     // Reasoning tokens over the choices (`None` without reasoning parsing).
     let mut reasoning_tokens = reasoning.map(|_| 0usize);
-    let mut reasons: Vec<&'static str> = vec![slotlight_otel::attr::value::FINISH_ERROR; n];
+    let mut reasons = vec![ApiFinishReason::Error; n];
     while finished < n {
         tokio::select! {
             item = events.next() => {
@@ -234,24 +212,14 @@ async fn run(
                     Some(ev) => ev,
                     // The step loop went away without finishing this choice: it still gets
                     // its span, its log line and an error answer, with what is known.
-                    None if choices[i].done.is_none() => {
-                        Event::Done(Box::new(choices[i].lost(i, &info, prompt_tokens)))
-                    }
+                    None if choices[i].done.is_none() => Event::Done(Box::new(unanswered(i, &meta))),
                     None => continue,
                 };
                 trace.on_event(i, &ev);
                 match ev {
-                    Event::Admitted { at, placement } => {
+                    Event::Token { text, logprobs, generated, .. } => {
                         let c = &mut choices[i];
-                        c.seen.mark_admitted(at);
-                        c.group = placement.group;
-                    }
-                    Event::Token { text, logprobs, at, .. } => {
-                        let c = &mut choices[i];
-                        c.generated += 1;
-                        if c.seen.admitted.is_some() {
-                            c.seen.mark_token(at);
-                        }
+                        c.generated = generated;
                         if let Some(lp) = logprobs {
                             c.logprobs.push(*lp);
                         }
@@ -295,12 +263,7 @@ async fn run(
                             None => (String::new(), c.tail_text.clone()),
                         };
                         let (text, calls) = shaper.finish(&tail);
-                        let reason = match (&c.finish_reason, calls.is_empty()) {
-                            (FinishReason::Stop, false) => {
-                                slotlight_otel::attr::value::FINISH_TOOL_CALLS
-                            }
-                            (r, _) => r.as_str(),
-                        };
+                        let reason = ApiFinishReason::of(&c.finish_reason, !calls.is_empty());
                         reasons[i] = reason;
                         tool_calls += calls.len();
                         let _ = tx.send(Out::ChoiceDone(Box::new(ChoiceEnd {
@@ -323,14 +286,11 @@ async fn run(
     let done: Vec<Completion> = choices
         .into_iter()
         .enumerate()
-        .map(|(i, mut c)| match c.done.take() {
-            Some(d) => d,
-            None => c.lost(i, &info, prompt_tokens),
-        })
+        .map(|(i, c)| c.done.unwrap_or_else(|| unanswered(i, &meta)))
         .collect();
-    let mut outcome = RequestOutcome::of(info.received, &done, reasons, tool_calls);
+    let mut outcome = RequestOutcome::of(meta.received, &done, reasons, tool_calls);
     outcome.set_reasoning_tokens(reasoning_tokens);
-    record::finished(&metrics, &info, &trace.trace_id(), &outcome);
+    record::finished(&metrics, &meta, &trace.trace_id(), &outcome);
     trace.finish(&outcome);
     let _ = tx.send(Out::Done(Box::new(outcome)));
 }
@@ -349,7 +309,9 @@ mod tests {
     use super::*;
     use crate::scheduler::Placement;
     use crate::server::error::ErrorKind;
-    use crate::server::trace::RequestedParams;
+    use crate::server::openai::reasoning::ReasoningStart;
+    use crate::server::openai::request::{Endpoint, ValidOptions, ValidRequest};
+    use crate::server::openai::tools::ToolSetup;
     use crate::telemetry::Telemetry;
     use crate::timing::{PathKind, TimeAnchor};
 
@@ -381,28 +343,47 @@ mod tests {
         }
     }
 
-    fn info(received: Instant) -> RequestInfo {
-        RequestInfo {
+    /// A chat request of `n` choices that arrived at `received`, with `tools` and reasoning
+    /// parsing from `reasoning`.
+    fn meta(
+        received: Instant,
+        n: usize,
+        tools: Option<ToolSetup>,
+        reasoning: Option<ReasoningStart>,
+    ) -> Arc<RequestMeta> {
+        Arc::new(RequestMeta {
             id: "chatcmpl-lost".into(),
-            operation: slotlight_otel::span::OPERATION_CHAT,
-            request_model: "m".into(),
-            response_model: "m".into(),
             session: Some("s-lost".into()),
-            max_tokens: 8,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: 0,
-            seed: None,
-            stream: false,
-            requested: RequestedParams::default(),
             received,
-            prompt_text: None,
-            prompt_tokens: 5,
-            n: 1,
-            constraint: None,
-            json_output: false,
-            tools: None,
-        }
+            request: ValidRequest {
+                endpoint: Endpoint::Chat,
+                request_model: "m".into(),
+                model: "m".into(),
+                prompt: vec![1; 5],
+                prompt_text: String::new(),
+                opts: ValidOptions {
+                    max_tokens: 8,
+                    sampling: crate::sampling::SamplingParams::default(),
+                    stop: crate::stop::StopMatcher::default(),
+                    n,
+                    stream: false,
+                    include_usage: false,
+                    continuous_usage: false,
+                    user: None,
+                    session_hint: None,
+                    ignore_eos: false,
+                    grammar: None,
+                    frequency_penalty_given: None,
+                    presence_penalty_given: None,
+                    n_given: None,
+                },
+                logprobs: None,
+                echo: false,
+                tools,
+                constraint: None,
+                reasoning,
+            },
+        })
     }
 
     /// Log output kept in memory.
@@ -420,9 +401,11 @@ mod tests {
     }
 
     /// The step loop goes away after admitting the request (it panicked or was dropped): the
-    /// request still ends with an error answer, a request span of status `error` with what was
-    /// known, and nothing it never had written as zero. Its `Request.Failed` warning carries
-    /// the request span's trace and span ids and is an event on the request span.
+    /// sequence it let go of answers as lost, with the engine's own clocks (see
+    /// `scheduler::sequence`), and the request still ends with an error answer, a request span
+    /// of status `error` with those clocks, and nothing it never had written as zero. Its
+    /// `Request.Failed` warning carries the request span's trace and span ids and is an event
+    /// on the request span.
     #[tokio::test]
     async fn a_request_the_engine_loses_is_answered_and_recorded() {
         use tracing_subscriber::prelude::*;
@@ -443,10 +426,11 @@ mod tests {
             .build();
         let telemetry = Telemetry::with_provider(provider, "t".into());
         let received = Instant::now();
+        let one = meta(received, 1, None, None);
         let trace = RequestTrace::start(
             &telemetry,
             TimeAnchor::now(),
-            info(received),
+            Arc::clone(&one),
             &Context::new(),
             false,
             &ServerAddress::default(),
@@ -458,11 +442,27 @@ mod tests {
             group: 0,
             slot: None,
         };
+        let admitted = received + Duration::from_millis(1);
         events
             .send(Event::Admitted {
-                at: received + Duration::from_millis(1),
+                at: admitted,
                 placement,
             })
+            .expect("send");
+        // What a dropped sequence sends: its own clocks, admitted and never a token.
+        let mut timings = RequestTimings::new(received, 5);
+        timings.mark_admitted(admitted);
+        timings.mark_finished(received + Duration::from_millis(2));
+        events
+            .send(Event::Done(Box::new(Completion {
+                finish_reason: FinishReason::Error(EngineError::Lost),
+                tokens: Vec::new(),
+                tail_text: String::new(),
+                timings,
+                group: 0,
+                choice: 0,
+                mask: None,
+            })))
             .expect("send");
         drop(events);
         let cancel = Arc::new(AtomicBool::new(false));
@@ -475,9 +475,7 @@ mod tests {
             tx,
             cancel,
             Duration::ZERO,
-            info(received),
-            None,
-            None,
+            one,
             Arc::clone(&metrics),
         )
         .instrument(span)
@@ -493,7 +491,7 @@ mod tests {
         };
         let e = f.api_error().expect("an error answer");
         assert_eq!(e.error, ErrorKind::Internal);
-        assert_eq!(reason, Some("error"));
+        assert_eq!(reason.map(ApiFinishReason::as_str), Some("error"));
         let u = &f.usage;
         assert_eq!(u.prompt_tokens, 5);
         assert_eq!(u.timings.queue_ms, Some(1.0));
@@ -549,6 +547,57 @@ mod tests {
                 .any(|l| l.contains("Request.Finished") && l.contains("span_id=")),
             "every line of the request's task carries its ids: {text}"
         );
+        a_channel_closed_without_an_answer_is_an_error().await;
+    }
+
+    /// A choice whose channel closes without even the engine's lost answer still gets an
+    /// error answer and an `error` request span, with no clocks but its arrival: nothing it
+    /// never had is written, not even as zero. (Run by the test above, under its log
+    /// subscriber: the two write the same warning.)
+    async fn a_channel_closed_without_an_answer_is_an_error() {
+        let mem = Memory::default();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(SimpleSpanProcessor::new(mem.clone()))
+            .build();
+        let telemetry = Telemetry::with_provider(provider, "t".into());
+        let one = meta(Instant::now(), 1, None, None);
+        let trace = RequestTrace::start(
+            &telemetry,
+            TimeAnchor::now(),
+            Arc::clone(&one),
+            &Context::new(),
+            false,
+            &ServerAddress::default(),
+        );
+        let (events, rx) = mpsc::unbounded_channel::<Event>();
+        drop(events);
+        let (tx, mut out) = mpsc::unbounded_channel();
+        run(
+            trace,
+            vec![rx],
+            tx,
+            Arc::new(AtomicBool::new(false)),
+            Duration::ZERO,
+            one,
+            Arc::new(RequestMetrics::default()),
+        )
+        .await;
+        let outcome = loop {
+            match out.recv().await {
+                Some(Out::Done(o)) => break o,
+                Some(_) => {}
+                None => panic!("an outcome"),
+            }
+        };
+        let e = outcome.api_error().expect("an error answer");
+        assert_eq!(e.error, ErrorKind::Internal);
+        assert_eq!(outcome.usage.timings.queue_ms, None);
+        let root = request_span(&mem);
+        assert_eq!(
+            attr_of(&root, attr::REQUEST_STATUS).as_deref(),
+            Some("error")
+        );
+        assert_eq!(attr_of(&root, attr::USAGE_QUEUE_MS), None);
     }
 
     /// Regression test for issue 22: with `n` = 2, one choice stops and the client leaves
@@ -574,12 +623,11 @@ mod tests {
             .build();
         let telemetry = Telemetry::with_provider(provider, "t".into());
         let received = Instant::now();
-        let mut two = info(received);
-        two.n = 2;
+        let two = meta(received, 2, None, None);
         let trace = RequestTrace::start(
             &telemetry,
             TimeAnchor::now(),
-            two.clone(),
+            Arc::clone(&two),
             &Context::new(),
             false,
             &ServerAddress::default(),
@@ -637,8 +685,6 @@ mod tests {
             Arc::new(AtomicBool::new(false)),
             Duration::ZERO,
             two,
-            None,
-            None,
             Arc::clone(&metrics),
         )
         .await;
@@ -652,7 +698,10 @@ mod tests {
         // The response: its client is gone, so it gets no error; the outcome says cancelled.
         assert_eq!(outcome.status.as_str(), attr::value::STATUS_CANCELLED);
         assert!(outcome.api_error().is_none());
-        assert_eq!(outcome.api_finish_reasons, vec!["stop", "cancelled"]);
+        assert_eq!(
+            outcome.api_finish_reasons,
+            vec![ApiFinishReason::Stop, ApiFinishReason::Cancelled]
+        );
         // The request span.
         let root = request_span(&mem);
         let get = |k: &str| attr_of(&root, k);
@@ -685,7 +734,7 @@ mod tests {
         content: String,
         deltas: Vec<(String, String)>,
         calls: Vec<ParsedCall>,
-        finish_reason: &'static str,
+        finish_reason: ApiFinishReason,
         outcome: RequestOutcome,
         span: SpanData,
     }
@@ -701,10 +750,11 @@ mod tests {
             .build();
         let telemetry = Telemetry::with_provider(provider, "t".into());
         let received = Instant::now();
+        let one = meta(received, 1, tools, reasoning);
         let trace = RequestTrace::start(
             &telemetry,
             TimeAnchor::now(),
-            info(received),
+            Arc::clone(&one),
             &Context::new(),
             false,
             &ServerAddress::default(),
@@ -757,9 +807,7 @@ mod tests {
             tx,
             Arc::new(AtomicBool::new(false)),
             Duration::ZERO,
-            info(received),
-            tools,
-            reasoning,
+            one,
             Arc::new(RequestMetrics::default()),
         )
         .await;
@@ -878,7 +926,7 @@ mod tests {
                 arguments: "{}".into()
             }]
         );
-        assert_eq!(d.finish_reason, "tool_calls");
+        assert_eq!(d.finish_reason.as_str(), "tool_calls");
         assert_eq!(d.outcome.reasoning_tokens(), Some(3));
     }
 }

@@ -9,9 +9,9 @@ use axum::response::{IntoResponse, Response};
 
 use super::AppState;
 use super::error::ApiError;
-use super::openai::validate::Endpoint;
+use super::openai::request::{Endpoint, RequestMeta};
 use super::outcome::{Failure, RequestOutcome};
-use super::trace::{self, Refusal, RequestInfo, RequestTrace, ServerAddress};
+use super::trace::{self, Refusal, RequestTrace, ServerAddress};
 use crate::metrics::{Observation, RequestMetrics};
 
 /// A generation request answered with an error before it reached a step loop, with what was
@@ -19,9 +19,9 @@ use crate::metrics::{Observation, RequestMetrics};
 pub struct Refused {
     /// The answer.
     pub error: ApiError,
-    /// The request span and the request's facts, when the request was refused after its span
-    /// started (by the scheduler: the queue is full, the engine is stopping).
-    pub started: Option<Box<(RequestTrace, RequestInfo)>>,
+    /// The request span (and through it the request), when the request was refused after its
+    /// span started (by the scheduler: the queue is full, the engine is stopping).
+    pub started: Option<Box<RequestTrace>>,
 }
 
 impl From<ApiError> for Refused {
@@ -47,14 +47,14 @@ pub fn refusal(
     let Refused { error, started } = refused;
     let now = Instant::now();
     match started {
-        Some(started) => {
-            let (trace, info) = *started;
+        Some(trace) => {
+            let meta = std::sync::Arc::clone(trace.meta());
             let r = Refusal {
-                id: info.id.clone(),
-                operation: info.operation,
-                response_model: info.response_model.clone(),
-                session: info.session.clone(),
-                received: info.received,
+                id: meta.id.clone(),
+                operation: meta.operation(),
+                response_model: meta.request.model.clone(),
+                session: meta.session.clone(),
+                received: meta.received,
                 refused: now,
                 error_type: error.label(),
                 message: error.message.clone(),
@@ -64,7 +64,7 @@ pub fn refusal(
                 st.metrics.as_ref(),
                 &r,
                 error.status.as_u16(),
-                Some(&info.request_model),
+                Some(&meta.request.request_model),
             );
         }
         None => {
@@ -93,20 +93,20 @@ pub fn refusal(
 
 /// Records a finished request: its `Request.Finished` log line, a `Request.Failed` warning
 /// when the engine failed it, and its latency observation.
-pub fn finished(metrics: &RequestMetrics, info: &RequestInfo, trace_id: &str, o: &RequestOutcome) {
-    log_finished(info, trace_id, o);
+pub fn finished(metrics: &RequestMetrics, meta: &RequestMeta, trace_id: &str, o: &RequestOutcome) {
+    log_finished(meta, trace_id, o);
     if let Some(Failure::Engine(e)) = &o.failure {
         // A failure of the engine (not the client's doing): a warning, which also becomes an
         // event on the request span.
         tracing::warn!(
             target: "slotlight::request",
-            request_id = %info.id,
+            request_id = %meta.id,
             error_type = e.label(),
             error = %e,
             "Request.Failed"
         );
     }
-    observe_finished(metrics, info, o);
+    observe_finished(metrics, meta, o);
 }
 
 /// Writes down a refused request: its `Request.Refused` log line, its refusal count and its
@@ -137,7 +137,7 @@ fn refused_request(
 
 /// One structured log line per finished request. A value the request never had is left out
 /// of the line, never written as zero.
-fn log_finished(info: &RequestInfo, trace_id: &str, o: &RequestOutcome) {
+fn log_finished(meta: &RequestMeta, trace_id: &str, o: &RequestOutcome) {
     let legs: Vec<serde_json::Value> = o
         .legs
         .iter()
@@ -162,10 +162,10 @@ fn log_finished(info: &RequestInfo, trace_id: &str, o: &RequestOutcome) {
     let reasons: Vec<&str> = o.finish_reasons.iter().map(|r| r.as_str()).collect();
     tracing::info!(
         target: "slotlight::request",
-        request_id = %info.id,
-        session_id = info.session.as_deref(),
+        request_id = %meta.id,
+        session_id = meta.session.as_deref(),
         trace_id = %trace_id,
-        operation = info.operation,
+        operation = meta.operation(),
         status = o.status.as_str(),
         finish_reason = reasons.join(","),
         error_type = o.error_type(),
@@ -196,7 +196,7 @@ fn log_finished(info: &RequestInfo, trace_id: &str, o: &RequestOutcome) {
 /// as its span (and so as the sidecar's histograms): time to first token and time per output
 /// token for successful requests only, the duration of every request, with the outcome's
 /// `error.type`, and the queue time of an admitted one.
-fn observe_finished(metrics: &RequestMetrics, info: &RequestInfo, o: &RequestOutcome) {
+fn observe_finished(metrics: &RequestMetrics, meta: &RequestMeta, o: &RequestOutcome) {
     let usage = &o.usage;
     let u = &usage.timings;
     let secs = |ms: Option<f64>| ms.map(|v| v / 1e3);
@@ -205,13 +205,13 @@ fn observe_finished(metrics: &RequestMetrics, info: &RequestInfo, o: &RequestOut
         .filter(|_| usage.completion_tokens > 1)
         .map(|g| g / (usage.completion_tokens - 1) as f64);
     metrics.observe(&Observation {
-        operation: info.operation,
-        request_model: Some(&info.request_model),
-        response_model: &info.response_model,
+        operation: meta.operation(),
+        request_model: Some(&meta.request.request_model),
+        response_model: &meta.request.model,
         error_type: o.error_type(),
         ttft: secs(u.ttft_ms),
         tpot,
-        duration: secs(u.e2e_ms).unwrap_or_else(|| info.received.elapsed().as_secs_f64()),
+        duration: secs(u.e2e_ms).unwrap_or_else(|| meta.received.elapsed().as_secs_f64()),
         queue: secs(u.queue_ms),
     });
 }

@@ -6,6 +6,7 @@
 //! per leg (each linked to the previous), and `slotlight.decode` windows under each leg.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use opentelemetry::global::BoxedTracer;
@@ -13,40 +14,12 @@ use opentelemetry::trace::{Link, SpanContext, SpanKind, Status, TraceContextExt,
 use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
 use slotlight_otel::{attr, span};
 
+use crate::constraint::ConstraintKind;
 use crate::scheduler::{Event, Placement};
+use crate::server::openai::request::RequestMeta;
 use crate::server::outcome::RequestOutcome;
 use crate::telemetry::Telemetry;
 use crate::timing::{LegRecord, PathKind, PrefillRecord, TimeAnchor};
-
-/// Request parameters that go on the span only when the request set them
-/// (`gen_ai.request.frequency_penalty`, `presence_penalty`, `stop_sequences`, `choice.count`).
-#[derive(Debug, Clone, Default)]
-pub struct RequestedParams {
-    /// `frequency_penalty`, as given.
-    pub frequency_penalty: Option<f32>,
-    /// `presence_penalty`, as given.
-    pub presence_penalty: Option<f32>,
-    /// `stop`, as given (empty when absent).
-    pub stop_sequences: Vec<String>,
-    /// `n`, as given.
-    pub choice_count: Option<i64>,
-}
-
-impl From<&crate::server::openai::types::Common> for RequestedParams {
-    fn from(c: &crate::server::openai::types::Common) -> Self {
-        use crate::server::openai::types::StringOrList;
-        Self {
-            frequency_penalty: c.frequency_penalty,
-            presence_penalty: c.presence_penalty,
-            stop_sequences: match &c.stop {
-                None => Vec::new(),
-                Some(StringOrList::One(s)) => vec![s.clone()],
-                Some(StringOrList::Many(v)) => v.clone(),
-            },
-            choice_count: c.n,
-        }
-    }
-}
 
 /// The server the client addressed: `server.address` and `server.port`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -68,60 +41,6 @@ impl ServerAddress {
         }
         v
     }
-}
-
-/// What the request span says about a request's tools.
-#[derive(Debug, Clone)]
-pub struct ToolsInfo {
-    /// The tools' names.
-    pub names: Vec<String>,
-    /// `tool_choice`.
-    pub choice: &'static str,
-    /// The tool-call format.
-    pub format: &'static str,
-}
-
-/// What the root span needs to know at the start.
-#[derive(Debug, Clone)]
-pub struct RequestInfo {
-    /// Request id (also the response id).
-    pub id: String,
-    /// `chat` or `text_completion`.
-    pub operation: &'static str,
-    /// The model the client asked for (`gen_ai.request.model`).
-    pub request_model: String,
-    /// The model that serves the request (`gen_ai.response.model`; names the span).
-    pub response_model: String,
-    /// The session (`gen_ai.conversation.id`), from `x-session-id` or `user`.
-    pub session: Option<String>,
-    /// The completion token limit in force (`gen_ai.request.max_tokens`).
-    pub max_tokens: usize,
-    /// Sampling temperature in force (`gen_ai.request.temperature`).
-    pub temperature: f32,
-    /// Nucleus threshold in force (`gen_ai.request.top_p`).
-    pub top_p: f32,
-    /// Top-k limit in force, 0 for none (`gen_ai.request.top_k`).
-    pub top_k: usize,
-    /// The sampling seed the request gave (`gen_ai.request.seed`), for reproducing it.
-    pub seed: Option<u64>,
-    /// Whether the reply is streamed (`gen_ai.request.stream`).
-    pub stream: bool,
-    /// Parameters recorded only when the request set them.
-    pub requested: RequestedParams,
-    /// Arrival at the HTTP layer: the request span's start.
-    pub received: Instant,
-    /// Prompt text, only with `--trace-content`.
-    pub prompt_text: Option<String>,
-    /// Prompt tokens.
-    pub prompt_tokens: usize,
-    /// Choices (`n`).
-    pub n: usize,
-    /// The kind of output constraint, when there is one.
-    pub constraint: Option<&'static str>,
-    /// Whether the output is constrained to JSON.
-    pub json_output: bool,
-    /// The request's tools, when it has some.
-    pub tools: Option<ToolsInfo>,
 }
 
 struct Window {
@@ -150,9 +69,9 @@ struct ChoiceTrace {
 
 /// The spans of one request in progress.
 pub struct RequestTrace {
-    tracer: std::sync::Arc<BoxedTracer>,
+    tracer: Arc<BoxedTracer>,
     anchor: TimeAnchor,
-    info: RequestInfo,
+    meta: Arc<RequestMeta>,
     root: Context,
     choices: Vec<ChoiceTrace>,
     first_token: Option<Instant>,
@@ -178,104 +97,110 @@ impl RequestTrace {
     pub fn start(
         telemetry: &Telemetry,
         anchor: TimeAnchor,
-        info: RequestInfo,
+        meta: Arc<RequestMeta>,
         parent: &Context,
         trace_content: bool,
         server: &ServerAddress,
     ) -> Self {
+        let req = &meta.request;
+        let opts = &req.opts;
+        let sampling = &opts.sampling;
         let mut attrs = vec![
-            KeyValue::new(attr::GEN_AI_OPERATION_NAME, info.operation),
+            KeyValue::new(attr::GEN_AI_OPERATION_NAME, meta.operation()),
             KeyValue::new(attr::GEN_AI_PROVIDER_NAME, attr::value::PROVIDER),
-            KeyValue::new(attr::GEN_AI_REQUEST_MODEL, info.request_model.clone()),
-            kv_i(attr::GEN_AI_REQUEST_MAX_TOKENS, info.max_tokens),
+            KeyValue::new(attr::GEN_AI_REQUEST_MODEL, req.request_model.clone()),
+            kv_i(attr::GEN_AI_REQUEST_MAX_TOKENS, opts.max_tokens),
             KeyValue::new(
                 attr::GEN_AI_REQUEST_TEMPERATURE,
-                f64::from(info.temperature),
+                f64::from(sampling.temperature),
             ),
-            KeyValue::new(attr::GEN_AI_REQUEST_TOP_P, f64::from(info.top_p)),
+            KeyValue::new(attr::GEN_AI_REQUEST_TOP_P, f64::from(sampling.top_p)),
             #[allow(clippy::cast_precision_loss)]
-            KeyValue::new(attr::GEN_AI_REQUEST_TOP_K, info.top_k as f64),
-            KeyValue::new(attr::GEN_AI_REQUEST_STREAM, info.stream),
-            KeyValue::new(attr::GEN_AI_RESPONSE_ID, info.id.clone()),
-            KeyValue::new(attr::REQUEST_ID, info.id.clone()),
-            kv_u(attr::REQUEST_START_TIME, anchor.unix_nanos(info.received)),
+            KeyValue::new(attr::GEN_AI_REQUEST_TOP_K, sampling.top_k as f64),
+            KeyValue::new(attr::GEN_AI_REQUEST_STREAM, opts.stream),
+            KeyValue::new(attr::GEN_AI_RESPONSE_ID, meta.id.clone()),
+            KeyValue::new(attr::REQUEST_ID, meta.id.clone()),
+            kv_u(attr::REQUEST_START_TIME, anchor.unix_nanos(meta.received)),
             KeyValue::new(attr::TRACE_SAMPLING_RATIO, telemetry.sampling_ratio()),
         ];
-        if let Some(seed) = info.seed {
+        if let Some(seed) = sampling.seed {
             attrs.push(kv_u(attr::GEN_AI_REQUEST_SEED, seed));
         }
-        let r = &info.requested;
-        if let Some(v) = r.frequency_penalty {
+        if let Some(v) = opts.frequency_penalty_given {
             attrs.push(KeyValue::new(
                 attr::GEN_AI_REQUEST_FREQUENCY_PENALTY,
                 f64::from(v),
             ));
         }
-        if let Some(v) = r.presence_penalty {
+        if let Some(v) = opts.presence_penalty_given {
             attrs.push(KeyValue::new(
                 attr::GEN_AI_REQUEST_PRESENCE_PENALTY,
                 f64::from(v),
             ));
         }
-        if !r.stop_sequences.is_empty() {
+        let stops = opts.stop.stops();
+        if !stops.is_empty() {
             attrs.push(KeyValue::new(
                 attr::GEN_AI_REQUEST_STOP_SEQUENCES,
                 Value::Array(Array::String(
-                    r.stop_sequences
-                        .iter()
-                        .map(|s| StringValue::from(s.clone()))
-                        .collect(),
+                    stops.iter().map(|s| StringValue::from(s.clone())).collect(),
                 )),
             ));
         }
-        if let Some(n) = r.choice_count {
+        if let Some(n) = opts.n_given {
             attrs.push(KeyValue::new(attr::GEN_AI_REQUEST_CHOICE_COUNT, n));
         }
-        if let Some(s) = &info.session {
+        if let Some(s) = &meta.session {
             attrs.push(KeyValue::new(attr::GEN_AI_CONVERSATION_ID, s.clone()));
         }
         attrs.extend(server.attrs());
-        if let (true, Some(p)) = (trace_content, &info.prompt_text) {
-            attrs.push(KeyValue::new(attr::CONTENT_PROMPT, p.clone()));
+        if trace_content {
+            attrs.push(KeyValue::new(attr::CONTENT_PROMPT, req.prompt_text.clone()));
         }
-        if info.json_output {
+        let kind = req.constraint_kind();
+        if kind.is_some_and(ConstraintKind::is_json) {
             attrs.push(KeyValue::new(
                 attr::GEN_AI_OUTPUT_TYPE,
                 attr::value::OUTPUT_TYPE_JSON,
             ));
         }
-        if let Some(k) = info.constraint {
-            attrs.push(KeyValue::new(attr::CONSTRAINT_KIND, k));
+        if let Some(k) = kind {
+            attrs.push(KeyValue::new(attr::CONSTRAINT_KIND, k.as_str()));
         }
-        if let Some(t) = &info.tools {
+        if let Some(t) = &req.tools {
             attrs.push(KeyValue::new(
                 attr::TOOLS_NAMES,
                 Value::Array(Array::String(
-                    t.names.iter().cloned().map(StringValue::from).collect(),
+                    t.names().into_iter().map(StringValue::from).collect(),
                 )),
             ));
-            attrs.push(KeyValue::new(attr::TOOLS_CHOICE, t.choice));
-            attrs.push(KeyValue::new(attr::TOOLS_FORMAT, t.format));
+            attrs.push(KeyValue::new(attr::TOOLS_CHOICE, t.choice.as_str()));
+            attrs.push(KeyValue::new(attr::TOOLS_FORMAT, t.format.as_str()));
         }
-        let name = span::request_span_name(info.operation, &info.response_model);
-        let tracer = std::sync::Arc::clone(&telemetry.tracer);
+        let name = span::request_span_name(meta.operation(), &req.model);
+        let tracer = Arc::clone(&telemetry.tracer);
         let root_span = tracer
             .span_builder(Cow::Owned(name))
             .with_kind(SpanKind::Server)
-            .with_start_time(anchor.system_time(info.received))
+            .with_start_time(anchor.system_time(meta.received))
             .with_attributes(attrs)
             .start_with_context(tracer.as_ref(), parent);
         let root = parent.with_span(root_span);
-        let n = info.n.max(1);
+        let n = opts.n.max(1);
         Self {
             tracer,
             anchor,
-            info,
+            meta,
             root,
             choices: (0..n).map(|_| ChoiceTrace::default()).collect(),
             first_token: None,
             trace_content,
         }
+    }
+
+    /// The request the spans are about.
+    pub fn meta(&self) -> &Arc<RequestMeta> {
+        &self.meta
     }
 
     /// The request span's context (for the request task's `tracing` span).
@@ -290,10 +215,10 @@ impl RequestTrace {
 
     fn ids(&self, choice: usize) -> Vec<KeyValue> {
         let mut v = vec![
-            KeyValue::new(attr::REQUEST_ID, self.info.id.clone()),
+            KeyValue::new(attr::REQUEST_ID, self.meta.id.clone()),
             kv_i(attr::CHOICE_INDEX, choice),
         ];
-        if let Some(s) = &self.info.session {
+        if let Some(s) = &self.meta.session {
             v.push(KeyValue::new(attr::GEN_AI_CONVERSATION_ID, s.clone()));
         }
         v
@@ -302,7 +227,7 @@ impl RequestTrace {
     fn clocks(&self) -> Vec<KeyValue> {
         let mut v = vec![kv_u(
             attr::REQUEST_START_TIME,
-            self.anchor.unix_nanos(self.info.received),
+            self.anchor.unix_nanos(self.meta.received),
         )];
         if let Some(f) = self.first_token {
             v.push(kv_u(
@@ -364,7 +289,7 @@ impl RequestTrace {
                 self.child(
                     span::QUEUE,
                     &self.root.clone(),
-                    self.info.received,
+                    self.meta.received,
                     *at,
                     attrs,
                     Vec::new(),
@@ -552,16 +477,13 @@ impl RequestTrace {
         let sp = self.root.span();
         let at = &o.instants;
         let mut attrs = vec![
-            KeyValue::new(
-                attr::GEN_AI_RESPONSE_MODEL,
-                self.info.response_model.clone(),
-            ),
+            KeyValue::new(attr::GEN_AI_RESPONSE_MODEL, self.meta.request.model.clone()),
             KeyValue::new(
                 attr::GEN_AI_RESPONSE_FINISH_REASONS,
                 Value::Array(Array::String(
                     o.api_finish_reasons
                         .iter()
-                        .map(|r| StringValue::from(*r))
+                        .map(|r| StringValue::from(r.as_str()))
                         .collect(),
                 )),
             ),
@@ -639,12 +561,12 @@ impl RequestTrace {
                 self.anchor.unix_nanos(f),
             ));
         }
-        if self.info.constraint.is_some() {
+        if self.meta.request.constraint.is_some() {
             let (mask, masks) = o.masks.unwrap_or_default();
             attrs.push(KeyValue::new(attr::CONSTRAINT_MASK_MS, ms(mask)));
             attrs.push(kv_u(attr::CONSTRAINT_MASKS, masks));
         }
-        if self.info.tools.is_some() {
+        if self.meta.request.tools.is_some() {
             attrs.push(kv_i(attr::TOOLS_CALLS, o.tool_calls));
         }
         if let Some(n) = o.reasoning_tokens() {
@@ -683,7 +605,7 @@ impl RequestTrace {
             KeyValue::new(attr::REQUEST_STATUS, attr::value::STATUS_REFUSED),
         ]);
         sp.set_status(Status::error(message.to_string()));
-        sp.end_with_timestamp(self.anchor.system_time(refused.max(self.info.received)));
+        sp.end_with_timestamp(self.anchor.system_time(refused.max(self.meta.received)));
     }
 }
 

@@ -17,20 +17,19 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
+use super::request::{Endpoint, RequestMeta, ValidRequest};
 use super::response::{
     AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChatLogprobs, ChunkChoice, ChunkUsage,
     CompletionLogprobs, Delta, TextChoice, TextCompletion, ToolCall, ToolCallDelta,
 };
 use super::types::{ChatRequest, CompletionRequest};
-use super::validate::{Endpoint, ValidRequest};
 use super::{created, new_id, read_json, session, sse};
 use crate::sampling::TokenLogprobs;
 use crate::server::error::ApiError;
-use crate::server::outcome::RequestOutcome;
+use crate::server::outcome::{ApiFinishReason, RequestOutcome};
 use crate::server::pipeline::{CancelOnDrop, ChoiceEnd, Out, launch};
 use crate::server::record::{self, Refused};
 use crate::server::trace::ServerAddress;
-use crate::server::trace::{RequestInfo, ToolsInfo};
 use crate::server::{Arrival, LocalAddr, SharedState, server_address};
 use crate::tokenizer::TokenBytes;
 
@@ -79,57 +78,20 @@ async fn generate(
             ValidRequest::completion(st, CompletionRequest::from_json(v)?).await?
         }
     };
-    let id = new_id(req.endpoint.id_prefix());
-    let kind = req
-        .constraint
-        .as_ref()
-        .map(crate::constraint::Constraint::kind);
-    let json_output = matches!(
-        kind,
-        Some(slotlight_otel::attr::value::CONSTRAINT_JSON_OBJECT)
-            | Some(slotlight_otel::attr::value::CONSTRAINT_JSON_SCHEMA)
-    );
-    let info = RequestInfo {
-        id: id.clone(),
-        operation: req.endpoint.operation(),
-        request_model: req.request_model.clone(),
-        response_model: req.model.clone(),
+    let meta = Arc::new(RequestMeta {
+        id: new_id(req.endpoint.id_prefix()),
         session: session(headers, req.opts.session_hint.as_deref()),
-        max_tokens: req.opts.max_tokens,
-        temperature: req.opts.sampling.temperature,
-        top_p: req.opts.sampling.top_p,
-        top_k: req.opts.sampling.top_k,
-        seed: req.opts.sampling.seed,
-        stream: req.opts.stream,
-        requested: req.opts.requested.clone(),
         received,
-        prompt_text: st.cfg.trace_content.then(|| req.prompt_text.clone()),
-        prompt_tokens: req.prompt.len(),
-        n: req.opts.n,
-        constraint: kind,
-        json_output,
-        tools: req.tools.as_ref().map(|t| ToolsInfo {
-            names: t.names(),
-            choice: t.choice.as_str(),
-            format: t.format.as_str(),
-        }),
-    };
+        request: req,
+    });
     let parent = crate::server::parent_context(headers);
-    let (out, cancel) = launch(st, info, &req, &parent, server)?;
+    let (out, cancel) = launch(st, Arc::clone(&meta), &parent, server)?;
     let shape = Shape {
-        endpoint: req.endpoint,
-        id,
+        meta,
         created: created(),
-        model: req.model.clone(),
-        prompt_len: req.prompt.len(),
-        n: req.opts.n,
-        logprobs: req.logprobs.is_some(),
-        echo: req.echo.then(|| req.prompt_text.clone()),
-        include_usage: req.opts.include_usage,
-        continuous: req.opts.continuous_usage,
         bytes: st.prompts.tokenizer().token_bytes(),
     };
-    if req.opts.stream {
+    if shape.req().opts.stream {
         Ok(shape.stream(out, cancel))
     } else {
         // An error after the request reached the engine is its outcome, recorded as such.
@@ -140,19 +102,40 @@ async fn generate(
     }
 }
 
-/// How a request's output is written: the response's fixed fields and its options.
+/// How a request's output is written: the request it answers (shared, read where needed),
+/// the response's creation time and the tokens' bytes (for log-probabilities).
 struct Shape {
-    endpoint: Endpoint,
-    id: String,
+    meta: Arc<RequestMeta>,
     created: u64,
-    model: String,
-    prompt_len: usize,
-    n: usize,
-    logprobs: bool,
-    echo: Option<String>,
-    include_usage: bool,
-    continuous: bool,
     bytes: Arc<TokenBytes>,
+}
+
+impl Shape {
+    fn req(&self) -> &ValidRequest {
+        &self.meta.request
+    }
+
+    fn endpoint(&self) -> Endpoint {
+        self.req().endpoint
+    }
+
+    fn n(&self) -> usize {
+        self.req().opts.n
+    }
+
+    fn logprobs(&self) -> bool {
+        self.req().logprobs.is_some()
+    }
+
+    /// The prompt text that comes back before each completion (`echo`).
+    fn echo(&self) -> Option<&str> {
+        let r = self.req();
+        r.echo.then_some(r.prompt_text.as_str())
+    }
+
+    fn continuous(&self) -> bool {
+        self.req().opts.continuous_usage
+    }
 }
 
 /// One choice collected whole.
@@ -171,7 +154,7 @@ impl Shape {
         cancel: Arc<std::sync::atomic::AtomicBool>,
     ) -> Result<Response, ApiError> {
         let mut guard = CancelOnDrop::new(cancel);
-        let mut choices: Vec<Collected> = (0..self.n).map(|_| Collected::default()).collect();
+        let mut choices: Vec<Collected> = (0..self.n()).map(|_| Collected::default()).collect();
         while let Some(o) = out.recv().await {
             match o {
                 Out::Delta {
@@ -211,11 +194,9 @@ impl Shape {
         let reason = |c: &Collected| {
             c.end
                 .as_ref()
-                .map_or(slotlight_otel::attr::value::FINISH_ERROR, |e| {
-                    e.finish_reason
-                })
+                .map_or(ApiFinishReason::Error, |e| e.finish_reason)
         };
-        match self.endpoint {
+        match self.endpoint() {
             Endpoint::Chat => {
                 let choices = choices
                     .iter()
@@ -237,17 +218,17 @@ impl Shape {
                                 tool_calls: calls,
                             },
                             logprobs: self
-                                .logprobs
+                                .logprobs()
                                 .then(|| ChatLogprobs::new(&c.logprobs, &self.bytes)),
                             finish_reason: reason(c),
                         }
                     })
                     .collect();
                 Json(ChatCompletion {
-                    id: self.id.clone(),
+                    id: self.meta.id.clone(),
                     object: "chat.completion",
                     created: self.created,
-                    model: self.model.clone(),
+                    model: self.req().model.clone(),
                     system_fingerprint: None,
                     choices,
                     usage: f.usage,
@@ -256,7 +237,7 @@ impl Shape {
                 .into_response()
             }
             Endpoint::Completions => {
-                let echo = self.echo.clone().unwrap_or_default();
+                let echo = self.echo().unwrap_or_default();
                 let start = echo.chars().count();
                 let choices = choices
                     .iter()
@@ -265,16 +246,16 @@ impl Shape {
                         index,
                         text: format!("{echo}{}", c.text),
                         logprobs: self
-                            .logprobs
+                            .logprobs()
                             .then(|| CompletionLogprobs::new(&c.logprobs, &self.bytes, start)),
                         finish_reason: Some(reason(c)),
                     })
                     .collect();
                 Json(TextCompletion {
-                    id: self.id.clone(),
+                    id: self.meta.id.clone(),
                     object: "text_completion",
                     created: self.created,
-                    model: self.model.clone(),
+                    model: self.req().model.clone(),
                     system_fingerprint: None,
                     choices,
                     usage: Some(ChunkUsage::Full(Box::new(f.usage))),
@@ -292,8 +273,8 @@ impl Shape {
     ) -> Response {
         let mut st = Streaming {
             guard: Some(CancelOnDrop::new(cancel)),
-            remaining: self.n,
-            offsets: vec![0; self.n],
+            remaining: self.n(),
+            offsets: vec![0; self.n()],
             held: None,
             shape: self,
         };
@@ -355,10 +336,10 @@ struct Streaming {
 impl Streaming {
     fn chat_chunk(&self, choices: Vec<ChunkChoice>) -> ChatChunk {
         ChatChunk {
-            id: self.shape.id.clone(),
+            id: self.shape.meta.id.clone(),
             object: "chat.completion.chunk",
             created: self.shape.created,
-            model: self.shape.model.clone(),
+            model: self.shape.req().model.clone(),
             system_fingerprint: None,
             choices,
             usage: None,
@@ -368,10 +349,10 @@ impl Streaming {
 
     fn text_chunk(&self, choices: Vec<TextChoice>) -> TextCompletion {
         TextCompletion {
-            id: self.shape.id.clone(),
+            id: self.shape.meta.id.clone(),
             object: "text_completion",
             created: self.shape.created,
-            model: self.shape.model.clone(),
+            model: self.shape.req().model.clone(),
             system_fingerprint: None,
             choices,
             usage: None,
@@ -381,8 +362,8 @@ impl Streaming {
 
     /// Chat: each choice's role chunk. Completions with `echo`: each choice's prompt.
     fn opening(&mut self) -> Vec<String> {
-        let n = self.shape.n;
-        match self.shape.endpoint {
+        let n = self.shape.n();
+        match self.shape.endpoint() {
             Endpoint::Chat => (0..n)
                 .map(|index| {
                     Chunk::Chat(self.chat_chunk(vec![ChunkChoice {
@@ -399,7 +380,7 @@ impl Streaming {
                     .json()
                 })
                 .collect(),
-            Endpoint::Completions => match self.shape.echo.clone() {
+            Endpoint::Completions => match self.shape.echo().map(str::to_string) {
                 Some(echo) => (0..n)
                     .map(|index| {
                         self.offsets[index] = echo.chars().count();
@@ -425,9 +406,9 @@ impl Streaming {
         text: String,
         reasoning: String,
         logprobs: &[TokenLogprobs],
-        finish: Option<&'static str>,
+        finish: Option<ApiFinishReason>,
     ) -> Chunk {
-        match self.shape.endpoint {
+        match self.shape.endpoint() {
             Endpoint::Chat => Chunk::Chat(self.chat_chunk(vec![ChunkChoice {
                 index,
                 delta: Delta {
@@ -437,7 +418,7 @@ impl Streaming {
                     reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
                     tool_calls: Vec::new(),
                 },
-                logprobs: (self.shape.logprobs && !logprobs.is_empty())
+                logprobs: (self.shape.logprobs() && !logprobs.is_empty())
                     .then(|| ChatLogprobs::new(logprobs, &self.shape.bytes)),
                 finish_reason: finish,
             }])),
@@ -451,7 +432,7 @@ impl Streaming {
                         index,
                         text,
                         logprobs:
-                            (self.shape.logprobs && !logprobs.is_empty()).then(|| {
+                            (self.shape.logprobs() && !logprobs.is_empty()).then(|| {
                                 CompletionLogprobs::new(logprobs, &self.shape.bytes, offset)
                             }),
                         finish_reason: finish,
@@ -470,15 +451,15 @@ impl Streaming {
                 generated,
                 logprobs,
             } => {
-                if text.is_empty() && reasoning.is_empty() && !self.shape.continuous {
+                if text.is_empty() && reasoning.is_empty() && !self.shape.continuous() {
                     return Vec::new();
                 }
                 let mut c = self.content(choice, text, reasoning, &logprobs, None);
-                if self.shape.continuous {
+                if self.shape.continuous() {
                     let usage = ChunkUsage::Partial {
-                        prompt_tokens: self.shape.prompt_len,
+                        prompt_tokens: self.shape.req().prompt.len(),
                         completion_tokens: generated,
-                        total_tokens: self.shape.prompt_len + generated,
+                        total_tokens: self.shape.req().prompt.len() + generated,
                     };
                     match &mut c {
                         Chunk::Chat(c) => c.usage = Some(usage),
@@ -503,7 +484,7 @@ impl Streaming {
                     );
                     logprobs.clear();
                 }
-                if !e.tool_calls.is_empty() && self.shape.endpoint == Endpoint::Chat {
+                if !e.tool_calls.is_empty() && self.shape.endpoint() == Endpoint::Chat {
                     let calls = e
                         .tool_calls
                         .iter()
@@ -552,12 +533,12 @@ impl Streaming {
                 }
                 let mut v = Vec::new();
                 if let Some(mut last) = self.held.take() {
-                    last.finish_extras(&f, self.shape.continuous);
+                    last.finish_extras(&f, self.shape.continuous());
                     v.push(last.json());
                 }
-                if self.shape.include_usage {
+                if self.shape.req().opts.include_usage {
                     let usage = Some(ChunkUsage::Full(Box::new(f.usage.clone())));
-                    let chunk = match self.shape.endpoint {
+                    let chunk = match self.shape.endpoint() {
                         Endpoint::Chat => {
                             let mut c = self.chat_chunk(Vec::new());
                             c.usage = usage;

@@ -1,11 +1,13 @@
 //! The OpenAI-compatible endpoints, plus `/tokenize` and `/detokenize`.
 //!
-//! Chat and completions share one path ([`handler`]): wire types ([`types`]) → validated request
-//! ([`validate`]) → the per-request pipeline → typed responses ([`response`]); tool calls live in
-//! [`tools`], reasoning output in [`reasoning`].
+//! Chat and completions share one path ([`handler`]): wire types ([`types`]) → the checks
+//! ([`validate`]) → a valid request and its facts ([`request`]) → the per-request pipeline →
+//! typed responses ([`response`]); tool calls live in [`tools`], reasoning output in
+//! [`reasoning`].
 
 pub mod handler;
 pub mod reasoning;
+pub mod request;
 pub mod response;
 pub mod tokenize;
 pub mod tools;

@@ -6,6 +6,7 @@ use serde_json::Map;
 
 use super::tools::ParsedCall;
 use crate::sampling::TokenLogprobs;
+use crate::server::outcome::ApiFinishReason;
 use crate::server::usage::{LlamaCppTimings, Usage};
 use crate::tokenizer::TokenBytes;
 
@@ -52,7 +53,7 @@ pub struct ChatChoice {
     /// Log-probabilities, when asked for.
     pub logprobs: Option<ChatLogprobs>,
     /// `stop`, `length`, `tool_calls`, …
-    pub finish_reason: &'static str,
+    pub finish_reason: ApiFinishReason,
 }
 
 /// The assistant's reply.
@@ -252,7 +253,7 @@ pub struct ChunkChoice {
     /// Log-probabilities of the tokens this chunk covers.
     pub logprobs: Option<ChatLogprobs>,
     /// Set on the choice's last chunk.
-    pub finish_reason: Option<&'static str>,
+    pub finish_reason: Option<ApiFinishReason>,
 }
 
 /// A chat delta.
@@ -315,5 +316,5 @@ pub struct TextChoice {
     /// Legacy log-probabilities, when asked for.
     pub logprobs: Option<CompletionLogprobs>,
     /// Set on the choice's last chunk.
-    pub finish_reason: Option<&'static str>,
+    pub finish_reason: Option<ApiFinishReason>,
 }

@@ -21,7 +21,7 @@
 use serde_json::{Map, Value, json};
 use slotlight_otel::attr::value;
 
-use crate::chat_template::ChatMessage;
+use crate::chat_template::{ChatMessage, Role};
 use crate::constraint::{GrammarSpec, lark_string};
 
 /// How a model writes tool calls.
@@ -168,13 +168,13 @@ impl ToolSetup {
         if self.active() {
             let text = self.generic_instructions();
             match out.first_mut() {
-                Some(m) if m.role == "system" => {
+                Some(m) if m.role == Role::System => {
                     if !m.content.is_empty() {
                         m.content.push_str("\n\n");
                     }
                     m.content.push_str(&text);
                 }
-                _ => out.insert(0, ChatMessage::new("system", text)),
+                _ => out.insert(0, ChatMessage::new(Role::System, text)),
             }
         }
         out
@@ -292,7 +292,7 @@ pub fn polyfill_history(messages: Vec<ChatMessage>) -> Vec<ChatMessage> {
     messages
         .into_iter()
         .map(|m| {
-            if m.role == "assistant"
+            if m.role == Role::Assistant
                 && let Some(calls) = &m.tool_calls
             {
                 let calls: Vec<Value> = calls
@@ -306,9 +306,9 @@ pub fn polyfill_history(messages: Vec<ChatMessage>) -> Vec<ChatMessage> {
                 if !m.content.is_empty() {
                     content = format!("{}\n{content}", m.content);
                 }
-                return ChatMessage::new("assistant", content);
+                return ChatMessage::new(Role::Assistant, content);
             }
-            if m.role == "tool" {
+            if m.role == Role::Tool {
                 let mut r = Map::new();
                 if let Some(n) = &m.name {
                     r.insert("name".into(), json!(n));
@@ -318,7 +318,7 @@ pub fn polyfill_history(messages: Vec<ChatMessage>) -> Vec<ChatMessage> {
                 }
                 r.insert("content".into(), json!(m.content));
                 let content = json!({"tool_response": Value::Object(r)}).to_string();
-                return ChatMessage::new("user", content);
+                return ChatMessage::new(Role::User, content);
             }
             m
         })
@@ -876,24 +876,24 @@ mod tests {
     #[test]
     fn generic_prompts_describe_the_tools_and_rewrite_history() {
         let s = setup(ToolFormat::Generic, ToolChoice::Auto);
-        let mut call_msg = ChatMessage::new("assistant", "");
+        let mut call_msg = ChatMessage::new(Role::Assistant, "");
         call_msg.tool_calls = Some(vec![
             json!({"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": {}}}),
         ]);
-        let mut result = ChatMessage::new("tool", "12:00");
+        let mut result = ChatMessage::new(Role::Tool, "12:00");
         result.tool_call_id = Some("call_1".into());
         result.name = Some("get_time".into());
         let out = s.prepare(vec![
-            ChatMessage::new("user", "What time is it?"),
+            ChatMessage::new(Role::User, "What time is it?"),
             call_msg,
             result,
         ]);
-        assert_eq!(out[0].role, "system");
+        assert_eq!(out[0].role, Role::System);
         assert!(out[0].content.contains("get_weather") && out[0].content.contains("tool_calls"));
-        assert_eq!(out[2].role, "assistant");
+        assert_eq!(out[2].role, Role::Assistant);
         let v: Value = serde_json::from_str(&out[2].content).expect("json");
         assert_eq!(v["tool_calls"][0]["name"], "get_time");
-        assert_eq!(out[3].role, "user");
+        assert_eq!(out[3].role, Role::User);
         let v: Value = serde_json::from_str(&out[3].content).expect("json");
         assert_eq!(v["tool_response"]["content"], "12:00");
         assert!(out.iter().all(|m| m.tool_calls.is_none()));

@@ -14,6 +14,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use super::super::error::ApiError;
+use crate::chat_template::Role;
 
 /// Limits on what a request may ask for.
 #[derive(Debug, Clone)]
@@ -260,6 +261,18 @@ pub struct WireMessage {
 }
 
 impl WireMessage {
+    /// The author of the message, when `role` names one the API knows (`developer` is the
+    /// newer name of `system`).
+    pub fn author(&self) -> Option<Role> {
+        match self.role.as_str() {
+            "system" | "developer" => Some(Role::System),
+            "user" => Some(Role::User),
+            "assistant" => Some(Role::Assistant),
+            "tool" => Some(Role::Tool),
+            _ => None,
+        }
+    }
+
     fn parse(v: Value, i: usize) -> Result<Self, ApiError> {
         let mut b = Body::new(v, &format!("messages[{i}]."))?;
         let role: Option<String> = b.take("role")?;

@@ -1,6 +1,7 @@
-//! From wire requests to a [`ValidRequest`]: every value checked against the limits, the prompt
-//! built, tools set up, and the grammar compiled, all before anything is queued. Chat and
-//! completions meet here and share the rest of the path.
+//! The checks that turn a wire request into a
+//! [`ValidRequest`](super::request::ValidRequest): every value checked against the limits,
+//! the prompt built, tools set up, and the grammar compiled, all before anything is queued.
+//! Chat and completions meet here; [`super::request`] puts the checked parts together.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -8,86 +9,17 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::reasoning::ReasoningStart;
+use super::request::{GrammarRequest, ValidOptions};
 use super::tools::{self, Tool, ToolChoice, ToolFormat, ToolSetup};
 use super::types::{
     ChatRequest, Common, CompletionRequest, Content, Limits, Prompt, ResponseFormat, StringOrList,
     StructuredOutputs, WireToolChoice,
 };
-use crate::chat_template::ChatMessage;
-use crate::constraint::{Constraint, GrammarSpec};
+use crate::chat_template::{ChatMessage, Role};
+use crate::constraint::{Constraint, ConstraintKind, GrammarSpec};
 use crate::sampling::SamplingParams;
 use crate::server::AppState;
 use crate::server::error::ApiError;
-use slotlight_otel::attr::value;
-
-/// Which endpoint a request came to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    /// `POST /v1/chat/completions`.
-    Chat,
-    /// `POST /v1/completions`.
-    Completions,
-}
-
-impl Endpoint {
-    /// The GenAI operation name.
-    pub fn operation(self) -> &'static str {
-        match self {
-            Endpoint::Chat => slotlight_otel::span::OPERATION_CHAT,
-            Endpoint::Completions => slotlight_otel::span::OPERATION_TEXT_COMPLETION,
-        }
-    }
-
-    /// The response id prefix.
-    pub fn id_prefix(self) -> &'static str {
-        match self {
-            Endpoint::Chat => "chatcmpl",
-            Endpoint::Completions => "cmpl",
-        }
-    }
-}
-
-/// A grammar the output must follow, where it came from, and what telemetry calls it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GrammarRequest {
-    /// The grammar.
-    pub spec: GrammarSpec,
-    /// The request field it came from (the `param` of a 400 when it does not compile).
-    pub param: &'static str,
-    /// `slotlight.constraint.kind`.
-    pub kind: &'static str,
-}
-
-/// Validated generation options shared by both endpoints.
-#[derive(Debug, Clone)]
-pub struct ValidOptions {
-    /// Parameters the span records only when the request set them.
-    pub requested: crate::server::trace::RequestedParams,
-    /// Completion token limit.
-    pub max_tokens: usize,
-    /// Sampling parameters, checked, with the request's seed.
-    pub sampling: SamplingParams,
-    /// The stop strings, checked here once: the engine takes the matcher as it is.
-    pub stop: crate::stop::StopMatcher,
-    /// How many choices to generate (`n`), 1 to the `max_n` limit.
-    pub n: usize,
-    /// Whether the reply is streamed as server-sent events.
-    pub stream: bool,
-    /// Final usage chunk.
-    pub include_usage: bool,
-    /// Usage on every chunk.
-    pub continuous_usage: bool,
-    /// End-user id.
-    pub user: Option<String>,
-    /// The session hint from the body (`prompt_cache_key`, else `user`, else
-    /// `safety_identifier`); the `x-session-id` header wins over it.
-    pub session_hint: Option<String>,
-    /// Ignore EOS.
-    pub ignore_eos: bool,
-    /// The output constraint from `response_format`, `structured_outputs`, `json_schema` or
-    /// `grammar`.
-    pub grammar: Option<GrammarRequest>,
-}
 
 /// Refuses `param` when it holds more than `max` items (`what` names them in the message).
 fn at_most(param: &str, what: &str, given: usize, max: usize) -> Result<(), ApiError> {
@@ -203,7 +135,6 @@ impl Common {
         check_id("safety_identifier", &self.safety_identifier)?;
         check_id("prompt_cache_key", &self.prompt_cache_key)?;
         Ok(ValidOptions {
-            requested: self.into(),
             max_tokens,
             sampling,
             stop,
@@ -220,6 +151,9 @@ impl Common {
                 .filter(|s| !s.is_empty()),
             ignore_eos: self.ignore_eos,
             grammar: self.grammar_request()?,
+            frequency_penalty_given: self.frequency_penalty,
+            presence_penalty_given: self.presence_penalty,
+            n_given: self.n,
         })
     }
 
@@ -232,13 +166,13 @@ impl Common {
             Some(ResponseFormat::JsonObject(None)) => found.push(GrammarRequest {
                 spec: object(),
                 param: "response_format",
-                kind: value::CONSTRAINT_JSON_OBJECT,
+                kind: ConstraintKind::JsonObject,
             }),
             Some(ResponseFormat::JsonObject(Some(s)) | ResponseFormat::JsonSchema(s)) => {
                 found.push(GrammarRequest {
                     spec: GrammarSpec::JsonSchema(s.clone()),
                     param: "response_format",
-                    kind: value::CONSTRAINT_JSON_SCHEMA,
+                    kind: ConstraintKind::JsonSchema,
                 });
             }
         }
@@ -246,17 +180,17 @@ impl Common {
             let (spec, kind) = match so {
                 StructuredOutputs::Json(s) => (
                     GrammarSpec::JsonSchema(s.clone()),
-                    value::CONSTRAINT_JSON_SCHEMA,
+                    ConstraintKind::JsonSchema,
                 ),
-                StructuredOutputs::JsonObject => (object(), value::CONSTRAINT_JSON_OBJECT),
+                StructuredOutputs::JsonObject => (object(), ConstraintKind::JsonObject),
                 StructuredOutputs::Regex(r) => {
-                    (GrammarSpec::Regex(r.clone()), value::CONSTRAINT_REGEX)
+                    (GrammarSpec::Regex(r.clone()), ConstraintKind::Regex)
                 }
                 StructuredOutputs::Choice(c) => {
-                    (GrammarSpec::Choice(c.clone()), value::CONSTRAINT_CHOICE)
+                    (GrammarSpec::Choice(c.clone()), ConstraintKind::Choice)
                 }
                 StructuredOutputs::Grammar(g) => {
-                    (GrammarSpec::Lark(g.clone()), value::CONSTRAINT_GRAMMAR)
+                    (GrammarSpec::Lark(g.clone()), ConstraintKind::Grammar)
                 }
             };
             found.push(GrammarRequest {
@@ -269,14 +203,14 @@ impl Common {
             found.push(GrammarRequest {
                 spec: GrammarSpec::JsonSchema(s.clone()),
                 param: "json_schema",
-                kind: value::CONSTRAINT_JSON_SCHEMA,
+                kind: ConstraintKind::JsonSchema,
             });
         }
         if let Some(g) = &self.grammar {
             found.push(GrammarRequest {
                 spec: GrammarSpec::Lark(g.clone()),
                 param: "grammar",
-                kind: value::CONSTRAINT_GRAMMAR,
+                kind: ConstraintKind::Grammar,
             });
         }
         if found.len() > 1 {
@@ -292,263 +226,191 @@ impl Common {
     }
 }
 
-/// A request ready to generate.
-#[derive(Debug, Clone)]
-pub struct ValidRequest {
-    /// Which endpoint.
-    pub endpoint: Endpoint,
-    /// The model asked for.
-    pub request_model: String,
-    /// The model served.
-    pub model: String,
-    /// Prompt token ids.
-    pub prompt: Vec<u32>,
-    /// Prompt text (rendered chat, or the completion prompt).
-    pub prompt_text: String,
-    /// The checked generation options shared by both endpoints.
-    pub opts: ValidOptions,
-    /// Log-probabilities per token with this many alternatives (`None`: off).
-    pub logprobs: Option<usize>,
-    /// Completions' `echo`: the prompt comes back before the completion.
-    pub echo: bool,
-    /// Tools (chat).
-    pub tools: Option<ToolSetup>,
-    /// The compiled constraint, when the request has a grammar or enforced tool calls.
-    pub constraint: Option<Constraint>,
-    /// Where the reply starts with respect to a reasoning block (chat with a thinking
-    /// template); `None`: no reasoning parsing.
-    pub reasoning: Option<ReasoningStart>,
-}
-
 fn top_logprobs(param: &str, v: i64) -> Result<usize, ApiError> {
     usize::try_from(v).ok().filter(|&k| k <= 20).ok_or_else(|| {
         ApiError::invalid_param(param, format!("{param} must be between 0 and 20 (got {v})"))
     })
 }
 
-impl ValidRequest {
-    /// Validates a chat request, renders its prompt and compiles its grammar: the request
-    /// comes out whole, or refused.
-    pub async fn chat(st: &Arc<AppState>, req: ChatRequest) -> Result<Self, ApiError> {
-        let mut v = Self::checked_chat(st, req)?;
-        v.constraint = v.compile(st).await?;
-        Ok(v)
+/// A chat request's `logprobs` and `top_logprobs`: how many alternatives per token, or `None`
+/// when log-probabilities are off.
+pub fn chat_logprobs(req: &ChatRequest) -> Result<Option<usize>, ApiError> {
+    match (req.logprobs, req.top_logprobs) {
+        (false, None | Some(0)) => Ok(None),
+        (false, Some(_)) => Err(ApiError::invalid_param(
+            "top_logprobs",
+            "top_logprobs needs logprobs: true",
+        )),
+        (true, k) => Ok(Some(top_logprobs("top_logprobs", k.unwrap_or(0))?)),
     }
+}
 
-    /// Validates a completion request, encodes its prompt and compiles its grammar.
-    pub async fn completion(st: &Arc<AppState>, req: CompletionRequest) -> Result<Self, ApiError> {
-        let mut v = Self::checked_completion(st, req)?;
-        v.constraint = v.compile(st).await?;
-        Ok(v)
+/// Refuses a grammar together with tools that may be called (the two would fight over the
+/// output).
+pub fn no_grammar_with_tools(
+    grammar: Option<&GrammarRequest>,
+    tools: Option<&ToolSetup>,
+) -> Result<(), ApiError> {
+    if let (Some(t), Some(g)) = (tools, grammar)
+        && t.active()
+    {
+        return Err(ApiError::invalid_param(
+            g.param,
+            format!(
+                "`{}` cannot be combined with tools (unless tool_choice is `none`)",
+                g.param
+            ),
+        ));
     }
+    Ok(())
+}
 
-    /// The engine's request for this one: `id`, the session, the arrival and the cancel flag
-    /// come from the HTTP side.
-    pub fn to_engine(
-        &self,
-        id: &str,
-        session: Option<String>,
-        received: std::time::Instant,
-        cancel: Arc<std::sync::atomic::AtomicBool>,
-    ) -> crate::scheduler::GenerateRequest {
-        let opts = &self.opts;
-        crate::scheduler::GenerateRequest {
-            id: id.to_string(),
-            prompt: self.prompt.clone(),
-            max_tokens: opts.max_tokens,
-            sampling: opts.sampling.clone(),
-            stop: opts.stop.clone(),
-            ignore_eos: opts.ignore_eos,
-            session,
-            received,
-            cancel,
-            n: opts.n,
-            logprobs: self.logprobs,
-            constraint: self.constraint.clone(),
-        }
+/// Where a chat's reply starts with respect to reasoning, given its rendered prompt `text` and
+/// the constraint it asks for: a constraint inside a reasoning block the prompt opened is
+/// refused, naming the field that asked for it.
+pub fn chat_reasoning(
+    st: &AppState,
+    req: &ChatRequest,
+    grammar: Option<&GrammarRequest>,
+    tools: Option<&ToolSetup>,
+    text: &str,
+) -> Result<Option<ReasoningStart>, ApiError> {
+    // The field that asked for a constraint: a grammar's own, else the enforced tools'
+    // (`tool_choice` when given, else `tools`: the generic format's `auto` is enforced).
+    let tools_param = if req.tool_choice.is_some() {
+        "tool_choice"
+    } else {
+        "tools"
+    };
+    let constrained = grammar
+        .map(|g| g.param)
+        .or_else(|| tools.filter(|t| t.enforced()).map(|_| tools_param));
+    reasoning_start(st.prompts.template_source(), text, constrained)
+}
+
+/// A completion's `best_of`, which must equal `n` (choices are not ranked).
+pub fn best_of(req: &CompletionRequest, n: usize) -> Result<(), ApiError> {
+    if let Some(b) = req.best_of
+        && usize::try_from(b).ok() != Some(n)
+    {
+        return Err(ApiError::invalid_param(
+            "best_of",
+            format!("best_of must equal n ({n}): choices are not ranked server-side"),
+        ));
     }
+    Ok(())
+}
 
-    /// Checks a chat request and renders its prompt.
-    fn checked_chat(st: &AppState, req: ChatRequest) -> Result<Self, ApiError> {
-        let limits = &st.cfg.limits;
-        let opts = req.common.validate(limits, st.vocab)?;
-        let model = st.check_model(req.common.model.as_deref())?;
-        let logprobs = match (req.logprobs, req.top_logprobs) {
-            (false, None | Some(0)) => None,
-            (false, Some(_)) => {
-                return Err(ApiError::invalid_param(
-                    "top_logprobs",
-                    "top_logprobs needs logprobs: true",
-                ));
-            }
-            (true, k) => Some(top_logprobs("top_logprobs", k.unwrap_or(0))?),
-        };
-        let (text, prompt, tools) = chat_prompt(st, &req, true)?;
-        if let (Some(t), Some(g)) = (&tools, &opts.grammar)
-            && t.active()
-        {
+/// A completion's `logprobs` (alternatives per token, `None`: off), refused with `echo`.
+pub fn completion_logprobs(req: &CompletionRequest) -> Result<Option<usize>, ApiError> {
+    let logprobs = req
+        .logprobs
+        .map(|k| top_logprobs("logprobs", k))
+        .transpose()?;
+    if req.echo && logprobs.is_some() {
+        return Err(ApiError::invalid_param(
+            "echo",
+            "echo with logprobs would need prompt logprobs, which are not supported",
+        ));
+    }
+    Ok(logprobs)
+}
+
+/// A completion's one prompt, as text and as token ids (a prompt of ids is checked against
+/// the vocabulary and decoded); an empty prompt is refused.
+pub fn completion_prompt(
+    st: &AppState,
+    req: &CompletionRequest,
+) -> Result<(String, Vec<u32>), ApiError> {
+    let one = |n: usize, what: &str| {
+        ApiError::invalid_param(
+            "prompt",
+            format!("{n} {what} given; one prompt per request is supported"),
+        )
+    };
+    let tok = st.prompts.tokenizer();
+    let ids_prompt = |ids: &[u32]| -> Result<(String, Vec<u32>), ApiError> {
+        if let Some(bad) = ids.iter().find(|&&t| t as usize >= st.vocab) {
             return Err(ApiError::invalid_param(
-                g.param,
-                format!(
-                    "`{}` cannot be combined with tools (unless tool_choice is `none`)",
-                    g.param
-                ),
-            ));
-        }
-        // The field that asked for a constraint: a grammar's own, else the enforced tools'
-        // (`tool_choice` when given, else `tools`: the generic format's `auto` is enforced).
-        let tools_param = if req.tool_choice.is_some() {
-            "tool_choice"
-        } else {
-            "tools"
-        };
-        let constrained = opts
-            .grammar
-            .as_ref()
-            .map(|g| g.param)
-            .or_else(|| tools.as_ref().filter(|t| t.enforced()).map(|_| tools_param));
-        let reasoning = reasoning_start(st.prompts.template_source(), &text, constrained)?;
-        Ok(Self {
-            endpoint: Endpoint::Chat,
-            request_model: req.common.model.clone().unwrap_or_else(|| model.clone()),
-            model,
-            prompt,
-            prompt_text: text,
-            opts,
-            logprobs,
-            echo: false,
-            tools,
-            constraint: None,
-            reasoning,
-        })
-    }
-
-    /// Checks a completion request and encodes its prompt.
-    fn checked_completion(st: &AppState, req: CompletionRequest) -> Result<Self, ApiError> {
-        let opts = req.common.validate(&st.cfg.limits, st.vocab)?;
-        let model = st.check_model(req.common.model.as_deref())?;
-        if let Some(b) = req.best_of
-            && usize::try_from(b).ok() != Some(opts.n)
-        {
-            return Err(ApiError::invalid_param(
-                "best_of",
-                format!(
-                    "best_of must equal n ({}): choices are not ranked server-side",
-                    opts.n
-                ),
-            ));
-        }
-        let logprobs = req
-            .logprobs
-            .map(|k| top_logprobs("logprobs", k))
-            .transpose()?;
-        if req.echo && logprobs.is_some() {
-            return Err(ApiError::invalid_param(
-                "echo",
-                "echo with logprobs would need prompt logprobs, which are not supported",
-            ));
-        }
-        let one = |n: usize, what: &str| {
-            ApiError::invalid_param(
                 "prompt",
-                format!("{n} {what} given; one prompt per request is supported"),
-            )
-        };
-        let tok = st.prompts.tokenizer();
-        let ids_prompt = |ids: &[u32]| -> Result<(String, Vec<u32>), ApiError> {
-            if let Some(bad) = ids.iter().find(|&&t| t as usize >= st.vocab) {
-                return Err(ApiError::invalid_param(
-                    "prompt",
-                    format!("token id {bad} is outside the vocabulary of {}", st.vocab),
-                ));
-            }
-            let text = tok
-                .decode_with(ids, false)
-                .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))?;
-            Ok((text, ids.to_vec()))
-        };
-        let text_prompt = |t: &str| -> Result<(String, Vec<u32>), ApiError> {
-            let ids = st
-                .prompts
-                .raw(t)
-                .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))?;
-            Ok((t.to_string(), ids))
-        };
-        let (text, prompt) = match &req.prompt {
-            Prompt::Text(t) => text_prompt(t)?,
-            Prompt::Texts(v) if v.len() == 1 => text_prompt(&v[0])?,
-            Prompt::Texts(v) => return Err(one(v.len(), "prompts")),
-            Prompt::Tokens(ids) => ids_prompt(ids)?,
-            Prompt::TokenLists(v) if v.len() == 1 => ids_prompt(&v[0])?,
-            Prompt::TokenLists(v) => return Err(one(v.len(), "token prompts")),
-        };
-        if prompt.is_empty() {
-            return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
+                format!("token id {bad} is outside the vocabulary of {}", st.vocab),
+            ));
         }
-        Ok(Self {
-            endpoint: Endpoint::Completions,
-            request_model: req.common.model.clone().unwrap_or_else(|| model.clone()),
-            model,
-            prompt,
-            prompt_text: text,
-            opts,
-            logprobs,
-            echo: req.echo,
-            tools: None,
-            constraint: None,
-            reasoning: None,
-        })
+        let text = tok
+            .decode_with(ids, false)
+            .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))?;
+        Ok((text, ids.to_vec()))
+    };
+    let text_prompt = |t: &str| -> Result<(String, Vec<u32>), ApiError> {
+        let ids = st
+            .prompts
+            .raw(t)
+            .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))?;
+        Ok((t.to_string(), ids))
+    };
+    let (text, prompt) = match &req.prompt {
+        Prompt::Text(t) => text_prompt(t)?,
+        Prompt::Texts(v) if v.len() == 1 => text_prompt(&v[0])?,
+        Prompt::Texts(v) => return Err(one(v.len(), "prompts")),
+        Prompt::Tokens(ids) => ids_prompt(ids)?,
+        Prompt::TokenLists(v) if v.len() == 1 => ids_prompt(&v[0])?,
+        Prompt::TokenLists(v) => return Err(one(v.len(), "token prompts")),
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
     }
+    Ok((text, prompt))
+}
 
-    /// Compiles the request's grammar (and checks its tool definitions), off the async
-    /// runtime. A grammar that does not compile is a 400 that says why.
-    async fn compile(&self, st: &Arc<AppState>) -> Result<Option<Constraint>, ApiError> {
-        let enforce = match (&self.opts.grammar, &self.tools) {
-            (Some(g), _) => Some((g.spec.clone(), g.param, g.kind)),
-            (None, Some(t)) if t.enforced() => {
-                t.grammar().map(|g| (g, "tools", value::CONSTRAINT_TOOLS))
-            }
-            _ => None,
-        };
-        // Tools whose calls are parsed rather than enforced still get their schemas checked.
-        let check = match (&enforce, &self.tools) {
-            (None, Some(t)) if !t.tools.is_empty() => {
-                let mut all = t.clone();
-                all.choice = ToolChoice::Required;
-                all.grammar()
-            }
-            _ => None,
-        };
-        if enforce.is_none() && check.is_none() {
-            return Ok(None);
+/// Compiles a request's grammar, or its enforced tools' (and checks the schemas of tools
+/// whose calls are parsed rather than enforced), off the async runtime. A grammar that does
+/// not compile is a 400 that says why.
+pub async fn compile(
+    st: &AppState,
+    grammar: Option<&GrammarRequest>,
+    tools: Option<&ToolSetup>,
+) -> Result<Option<Constraint>, ApiError> {
+    let enforce = match (grammar, tools) {
+        (Some(g), _) => Some((g.spec.clone(), g.param, g.kind)),
+        (None, Some(t)) if t.enforced() => t.grammar().map(|g| (g, "tools", ConstraintKind::Tools)),
+        _ => None,
+    };
+    // Tools whose calls are parsed rather than enforced still get their schemas checked.
+    let check = match (&enforce, tools) {
+        (None, Some(t)) if !t.tools.is_empty() => {
+            let mut all = t.clone();
+            all.choice = ToolChoice::Required;
+            all.grammar()
         }
-        let grammars = Arc::clone(&st.grammars);
-        let compiled = tokio::task::spawn_blocking(move || {
-            let compiler = grammars.compiler().map_err(|e| (e, "model"))?;
-            if let Some(c) = &check {
-                compiler.compile(c).map_err(|e| (e, "tools"))?;
-            }
-            enforce
-                .map(|(spec, param, kind)| {
-                    compiler
-                        .compile(&spec)
-                        .map(|c| c.with_kind(kind))
-                        .map_err(|e| (e, param))
-                })
-                .transpose()
-        })
-        .await
-        .map_err(|e| ApiError::internal(format!("grammar compilation failed: {e}")))?;
-        match compiled {
-            Ok(c) => Ok(c),
-            Err((crate::constraint::ConstraintError::Unavailable(m), _)) => {
-                Err(ApiError::internal(m))
-            }
-            Err((e, param)) => {
-                let mut a = ApiError::invalid_param(param, format!("`{param}`: {e}"));
-                a.code = Some("invalid_grammar");
-                Err(a)
-            }
+        _ => None,
+    };
+    if enforce.is_none() && check.is_none() {
+        return Ok(None);
+    }
+    let grammars = Arc::clone(&st.grammars);
+    let compiled = tokio::task::spawn_blocking(move || {
+        let compiler = grammars.compiler().map_err(|e| (e, "model"))?;
+        if let Some(c) = &check {
+            compiler.compile(c).map_err(|e| (e, "tools"))?;
+        }
+        enforce
+            .map(|(spec, param, kind)| {
+                compiler
+                    .compile(&spec)
+                    .map(|c| c.with_kind(kind))
+                    .map_err(|e| (e, param))
+            })
+            .transpose()
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("grammar compilation failed: {e}")))?;
+    match compiled {
+        Ok(c) => Ok(c),
+        Err((crate::constraint::ConstraintError::Unavailable(m), _)) => Err(ApiError::internal(m)),
+        Err((e, param)) => {
+            let mut a = ApiError::invalid_param(param, format!("`{param}`: {e}"));
+            a.code = Some("invalid_grammar");
+            Err(a)
         }
     }
 }
@@ -691,10 +553,7 @@ pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, 
     let mut names: HashMap<String, String> = HashMap::new();
     let mut out = Vec::with_capacity(req.messages.len());
     for (i, m) in req.messages.iter().enumerate() {
-        if !matches!(
-            m.role.as_str(),
-            "system" | "user" | "assistant" | "tool" | "developer"
-        ) {
+        let Some(role) = m.author() else {
             return Err(ApiError::invalid_param(
                 &format!("messages[{i}].role"),
                 format!(
@@ -702,7 +561,7 @@ pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, 
                     m.role
                 ),
             ));
-        }
+        };
         let content = match &m.content {
             None => String::new(),
             Some(Content::Text(s)) => s.clone(),
@@ -735,15 +594,10 @@ pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, 
                 ),
             ));
         }
-        let role = if m.role == "developer" {
-            "system"
-        } else {
-            m.role.as_str()
-        };
         let mut msg = ChatMessage::new(role, content);
         msg.name = m.name.clone();
         if let Some(r) = &m.reasoning_content {
-            if m.role != "assistant" {
+            if role != Role::Assistant {
                 return Err(ApiError::invalid_param(
                     &format!("messages[{i}].reasoning_content"),
                     "only assistant messages carry reasoning_content",
@@ -752,7 +606,7 @@ pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, 
             msg.reasoning_content = Some(r.clone());
         }
         if let Some(calls) = &m.tool_calls {
-            if m.role != "assistant" {
+            if role != Role::Assistant {
                 return Err(ApiError::invalid_param(
                     &format!("messages[{i}].tool_calls"),
                     "only assistant messages carry tool_calls",
@@ -784,7 +638,7 @@ pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, 
             }
             msg.tool_calls = Some(list);
         }
-        if m.role == "tool" {
+        if role == Role::Tool {
             let Some(id) = &m.tool_call_id else {
                 return Err(ApiError::invalid_param(
                     &format!("messages[{i}].tool_call_id"),
