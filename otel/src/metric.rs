@@ -74,6 +74,8 @@ crate::contract! {
     SIDECAR_FORWARD_DROPPED = "slotlight_sidecar_forward_dropped_total", "counter", "{request}";
     /// Counter (sidecar): turn records the turn store (`--turns-db`) did not take because its writer was behind (its queue full); they reached `/v1/turns/stream` and the stdout log but are not in `/v1/turns`.
     SIDECAR_TURNS_NOT_STORED = "slotlight_sidecar_turns_not_stored_total", "counter", "{turn}";
+    /// Counter (sidecar): turn records written without their request span (it never arrived: lost past the engine's export queue bound, or evicted before it came), `complete: false` with `status` `unknown`; they are in `/v1/turns` but no request metric observes them.
+    SIDECAR_TURNS_INCOMPLETE = "slotlight_sidecar_turns_incomplete_total", "counter", "{turn}";
 }
 
 /// The engine's own metrics, served by the engine on `GET /metrics` (and exported over OTLP

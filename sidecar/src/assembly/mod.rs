@@ -21,8 +21,9 @@ use tokio::sync::{OwnedSemaphorePermit, broadcast, mpsc, watch};
 use crate::metrics::{EvictReason, Metrics};
 use crate::spans::{Body, DecodeSpan, EngineSpan, SlotKey};
 use crate::store::TurnWriter;
+use crate::vocab::TraceId;
 use slots::{InstanceSnapshot, Occupant, Row, RowState, SlotsSnapshot};
-use turns::{TurnLeg, TurnRecord, TurnStore};
+use turns::{PartialTurn, TurnLeg, TurnRecord, TurnStore};
 
 /// Engine instances tracked at once.
 pub const MAX_INSTANCES: usize = 256;
@@ -101,6 +102,11 @@ struct RequestState {
     /// decode window of one of them arriving late must not bring its row back.
     legs: Vec<TurnLeg>,
     root: Option<Box<EngineSpan>>,
+    /// The trace its spans belong to, and the interval they covered (for a record without
+    /// the request span).
+    trace_id: TraceId,
+    first_start_ns: i64,
+    last_end_ns: i64,
 }
 
 impl RequestState {
@@ -245,6 +251,8 @@ impl Assembler {
             return;
         };
         st.updated_ns = now_ns;
+        st.first_start_ns = st.first_start_ns.min(s.start_ns);
+        st.last_end_ns = st.last_end_ns.max(s.end_ns);
         if st.session_id.is_none() {
             st.session_id = s.session_id.as_deref().map(Arc::from);
         }
@@ -345,6 +353,9 @@ impl Assembler {
                 admitted: false,
                 legs: Vec::new(),
                 root: None,
+                trace_id: s.trace_id,
+                first_start_ns: s.start_ns,
+                last_end_ns: s.end_ns,
             },
         );
         self.in_flight += 1;
@@ -403,6 +414,17 @@ impl Assembler {
             inst.release_row(&st, now_ns);
             inst.remember_finished(st.request_id.clone(), cap);
             self.dirty = true;
+            // Its request span never came: a record of what did, marked incomplete.
+            let seen = PartialTurn {
+                instance: instance.clone(),
+                service_version: inst.version.clone(),
+                request_id: st.request_id.clone(),
+                session_id: st.session_id.clone(),
+                trace_id: st.trace_id,
+                start_ns: st.first_start_ns,
+                end_ns: st.last_end_ns,
+            };
+            out.turns.push(TurnRecord::partial(seen, st.legs));
         }
     }
 

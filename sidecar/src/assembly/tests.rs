@@ -6,6 +6,7 @@ use crate::spans::{Path, convert_request};
 use crate::synth::{self, Usage};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use slots::RowState;
+use turns::TurnStatus;
 
 const MS: i64 = 1_000_000;
 const S: i64 = 1_000_000_000;
@@ -397,4 +398,45 @@ fn rows_and_instances_are_capped() {
         snap.instances.iter().any(|i| &*i.instance == "idle-260"),
         "newest idle instance present"
     );
+}
+
+/// Its request span lost (past the engine's export queue bound, say), a request still gets a
+/// record of what arrived, marked incomplete, with nothing it did not see.
+#[test]
+fn a_request_whose_root_span_never_arrives_gets_an_incomplete_record() {
+    let cfg = AssemblyConfig {
+        request_ttl_ns: 10 * S,
+        ..AssemblyConfig::default()
+    };
+    let mut a = Assembler::new(cfg);
+    let mut out = Outputs::default();
+    let mut r = synth::Request::new("lost-root", 7, T0);
+    r.session_id = Some("sess-9".into());
+    let admitted = T0 + 5 * MS;
+    let leg = r.leg(0, None, admitted, 0);
+    let queue = r.queue(None, admitted);
+    let leg_span = r.leg_span(&leg, T0 + S, 12, "finished");
+    a.apply(engine("e1", vec![queue, leg_span]), T0 + S, &mut out);
+    assert!(out.turns.is_empty(), "waits for its request span");
+    a.tick(T0 + 12 * S, &mut out);
+    assert_eq!(out.evicted_ttl, 1);
+    assert_eq!(out.turns.len(), 1);
+    let t = &out.turns[0];
+    assert!(!t.complete && !t.legs_complete);
+    assert_eq!(t.status, TurnStatus::Unknown);
+    assert_eq!(&*t.request_id, "lost-root");
+    assert_eq!(t.session_id.as_deref(), Some("sess-9"));
+    assert_eq!(t.legs.len(), 1);
+    assert_eq!(t.legs[0].tokens, Some(12));
+    // The interval its spans covered: arrival (the queue span's start) to the leg's end.
+    assert_eq!((t.start_time_unix_nano, t.end_time_unix_nano), (T0, T0 + S));
+    // Nothing the request span would have said is guessed.
+    assert_eq!((t.completion_tokens, t.prompt_tokens), (None, None));
+    assert_eq!((t.ttft_ms, t.e2e_ms, t.decode_tps), (None, None, None));
+    assert_eq!(t.finish_reason, None);
+    // Its late request span is not applied twice.
+    let root = r.root("m", T0 + S + MS, &Usage::default());
+    a.apply(engine("e1", vec![root]), T0 + 13 * S, &mut out);
+    assert_eq!(out.turns.len(), 1);
+    assert_eq!(out.late_spans, 1);
 }

@@ -79,15 +79,18 @@ pub enum TurnStatus {
     Refused,
     /// Accepted, then failed.
     Error,
+    /// Not known: the request span never arrived (the record is `complete: false`).
+    Unknown,
 }
 
 impl TurnStatus {
     /// Every status, in the order of the wire values' documentation.
-    pub const ALL: [TurnStatus; 4] = [
+    pub const ALL: [TurnStatus; 5] = [
         TurnStatus::Ok,
         TurnStatus::Cancelled,
         TurnStatus::Refused,
         TurnStatus::Error,
+        TurnStatus::Unknown,
     ];
 
     /// The status with wire value `s`, if any.
@@ -103,6 +106,7 @@ impl TurnStatus {
             TurnStatus::Cancelled => value::STATUS_CANCELLED,
             TurnStatus::Refused => value::STATUS_REFUSED,
             TurnStatus::Error => value::STATUS_ERROR,
+            TurnStatus::Unknown => "unknown",
         }
     }
 
@@ -207,6 +211,10 @@ pub struct TurnRecord {
     pub moved: bool,
     /// The device group that served it (`slotlight.slot.group`).
     pub slot_group: Option<i64>,
+    /// False when the request span never arrived: the record holds what did (its legs, the
+    /// trace and session, the times its spans cover), `status` is `unknown` and every number
+    /// the request span carries is null.
+    pub complete: bool,
 }
 
 impl TurnRecord {
@@ -283,8 +291,83 @@ impl TurnRecord {
             legs_complete,
             moved,
             slot_group: req.slot_group,
+            complete: true,
         }
     }
+
+    /// The record of a request whose request span never arrived, from what did: its legs,
+    /// its trace and session, and the interval its spans covered. Nothing the request span
+    /// would have said is guessed.
+    pub fn partial(seen: PartialTurn, mut legs: Vec<TurnLeg>) -> Self {
+        legs.sort_by_key(|l| (l.choice, l.index));
+        legs.dedup_by_key(|l| (l.choice, l.index));
+        let moved = legs.windows(2).any(|w| {
+            w[0].choice == w[1].choice
+                && (w[0].path, w[0].slot, w[0].group) != (w[1].path, w[1].slot, w[1].group)
+        });
+        let slot_group = legs.first().map(|l| l.group);
+        TurnRecord {
+            instance: seen.instance,
+            service_version: seen.service_version,
+            request_id: seen.request_id,
+            session_id: seen.session_id,
+            trace_id: hex(&seen.trace_id),
+            trace_id_bytes: seen.trace_id,
+            model: None,
+            request_model: None,
+            response_model: None,
+            operation: None,
+            provider: None,
+            finish_reason: None,
+            status: TurnStatus::Unknown,
+            error_type: None,
+            start_time_unix_nano: seen.start_ns,
+            end_time_unix_nano: seen.end_ns,
+            prompt_tokens: None,
+            cached_tokens: None,
+            prefilled_tokens: None,
+            resume: None,
+            reusable_tokens: None,
+            diverged_at: None,
+            evicted_tokens: None,
+            completion_tokens: None,
+            reasoning_tokens: None,
+            queue_ms: None,
+            prefill_ms: None,
+            ttft_ms: None,
+            decode_ms: None,
+            generation_ms: None,
+            e2e_ms: None,
+            total_ms: None,
+            decode_tps: None,
+            prefill_tps: None,
+            legs,
+            legs_expected: None,
+            legs_complete: false,
+            moved,
+            slot_group,
+            complete: false,
+        }
+    }
+}
+
+/// What the spans of a request without its request span said about it.
+#[derive(Debug, Clone)]
+pub struct PartialTurn {
+    /// `service.instance.id` of the engine.
+    pub instance: Arc<str>,
+    /// `service.version` of the engine.
+    pub service_version: Option<Arc<str>>,
+    /// The engine's request id.
+    pub request_id: Arc<str>,
+    /// The session its spans named.
+    pub session_id: Option<Arc<str>>,
+    /// Their trace.
+    pub trace_id: TraceId,
+    /// The earliest start of its spans, Unix ns (the queue span's: the arrival).
+    pub start_ns: i64,
+    /// The latest end of its spans, Unix ns.
+    pub end_ns: i64,
 }
 
 /// Filters of `/v1/turns`.

@@ -51,6 +51,8 @@ pub struct OwnCounts {
     pub forward_dropped: u64,
     /// Turn records the store's writer was too far behind to take.
     pub turns_not_stored: u64,
+    /// Turn records written without their request span.
+    pub turns_incomplete: u64,
 }
 
 /// The gauges read from the latest slot snapshot.
@@ -316,6 +318,7 @@ fn encode_own(o: &OwnCounts, enc: &mut DescriptorEncoder<'_>) -> std::fmt::Resul
         (metric::SIDECAR_FORWARDED, o.forwarded),
         (metric::SIDECAR_FORWARD_DROPPED, o.forward_dropped),
         (metric::SIDECAR_TURNS_NOT_STORED, o.turns_not_stored),
+        (metric::SIDECAR_TURNS_INCOMPLETE, o.turns_incomplete),
     ] {
         counter(&mut family(enc, name, MetricType::Counter)?, &none, v)?;
     }

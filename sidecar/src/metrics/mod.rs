@@ -81,6 +81,7 @@ pub struct Metrics {
     forwarded: AtomicU64,
     forward_dropped: AtomicU64,
     turns_not_stored: AtomicU64,
+    turns_incomplete: AtomicU64,
     spans: Arc<Mutex<SpanTotals>>,
     requests: Arc<Mutex<RequestMetrics>>,
 }
@@ -101,6 +102,7 @@ impl Metrics {
             forwarded: AtomicU64::new(0),
             forward_dropped: AtomicU64::new(0),
             turns_not_stored: AtomicU64::new(0),
+            turns_incomplete: AtomicU64::new(0),
             spans: Arc::new(Mutex::new(SpanTotals::new(max_span_series))),
             requests: Arc::new(Mutex::new(RequestMetrics::default())),
         }
@@ -183,8 +185,13 @@ impl Metrics {
         g.merge(batch);
     }
 
-    /// Adds a finished request to the request metrics.
+    /// Adds a finished request to the request metrics; an incomplete record (no request
+    /// span) is only counted: none of its numbers is known.
     pub fn observe_turn(&self, t: &TurnRecord) {
+        if !t.complete {
+            self.turns_incomplete.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         let mut g = self.requests.lock().unwrap_or_else(|p| p.into_inner());
         g.observe(t);
     }
@@ -206,6 +213,7 @@ impl Metrics {
             forwarded: load(&self.forwarded),
             forward_dropped: load(&self.forward_dropped),
             turns_not_stored: load(&self.turns_not_stored),
+            turns_incomplete: load(&self.turns_incomplete),
         };
         exposition::render(
             Scrape {
