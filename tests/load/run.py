@@ -121,6 +121,9 @@ class Load:
                 self.results.append(r)
             if r["status"] == 429:
                 self._stop.wait(min(1.0, float(r["retry_after"] or 1)))
+            elif r["status"] is None:
+                # No answer at all (an engine restarting): try again shortly, not in a spin.
+                self._stop.wait(0.1)
 
     def start(self):
         self.started = time.monotonic()

@@ -440,3 +440,35 @@ fn a_request_whose_root_span_never_arrives_gets_an_incomplete_record() {
     assert_eq!(out.turns.len(), 1);
     assert_eq!(out.late_spans, 1);
 }
+
+/// A sidecar started while a request runs (a restart) has seen none of its earlier spans: its
+/// next decode window alone brings it back, with its own clocks (arrival, first token, tokens
+/// so far over every leg), not the sidecar's.
+#[test]
+fn a_restarted_sidecar_shows_a_running_request_from_its_next_window_with_its_own_clocks() {
+    let mut a = asm();
+    let mut out = Outputs::default();
+    let mut r = synth::Request::new("long-one", 3, T0);
+    let admitted = T0 + 10 * MS;
+    r.first_token_ns = Some(admitted + 90 * MS);
+    // Moved into slot 2 after 4 s; the sidecar (re)starts 20 s in, while it decodes there.
+    let leg = r.leg(1, Some(2), T0 + 4 * S, 200);
+    let now = T0 + 20 * S;
+    let window = r.decode(&leg, now - 250 * MS, now - MS, 12, 1001);
+    a.apply(engine("e1", vec![window]), now, &mut out);
+    let snap = a.snapshot();
+    let v = row(&snap, "e1", Path::Slot, Some(2)).view(now);
+    assert_eq!(v.state, RowState::Decoding);
+    assert_eq!(v.request_id, Some("long-one"));
+    assert_eq!(v.tokens_generated, Some(1001));
+    assert_eq!(v.leg_index, Some(1));
+    // Elapsed from the request's arrival, rate from its first token: 1000 tokens after the
+    // first, in the 19.9 s since it.
+    let elapsed = v.elapsed_s.expect("elapsed");
+    assert!((elapsed - 20.0).abs() < 1e-6, "{elapsed}");
+    let first = (admitted + 90 * MS) as f64;
+    let want = 1000.0 / (((now - MS) as f64 - first) / 1e9);
+    let tok_s = v.tok_s.expect("rate");
+    assert!((tok_s - want).abs() < 1e-6, "{tok_s} vs {want}");
+    assert!(v.ttft_ms.is_some_and(|t| (t - 100.0).abs() < 1e-6));
+}
