@@ -81,13 +81,16 @@ pub struct RuntimeConfig {
     pub block_size: usize,
 }
 
+/// Positions per KV block, as the serving commands build their caches.
+pub const KV_BLOCK_SIZE: usize = 16;
+
 impl Default for RuntimeConfig {
     fn default() -> Self {
         Self {
             threads: None,
             ctx_size: 4096,
             kv_tokens: 8192,
-            block_size: 16,
+            block_size: KV_BLOCK_SIZE,
         }
     }
 }

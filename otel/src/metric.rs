@@ -159,6 +159,26 @@ pub mod otlp {
     }
 }
 
+/// The model-server protocol's signals under vLLM's names, which the Kubernetes inference
+/// gateway's endpoint picker reads by default: served by the engine beside its own with
+/// `--metrics-compat vllm`, each with vLLM's meaning, each labelled with `model_name`, each the
+/// same number as the `slotlight_engine_*` series it mirrors (summed over slot groups) in the
+/// same scrape.
+pub mod vllm {
+    crate::contract! {
+        /// Gauge (engine, `--metrics-compat vllm`): requests waiting, the sum over groups of `slotlight_engine_requests_waiting`.
+        NUM_REQUESTS_WAITING = "vllm:num_requests_waiting", "gauge", "{request}";
+        /// Gauge (engine, `--metrics-compat vllm`): requests running, the sum over groups and paths of `slotlight_engine_requests_running`.
+        NUM_REQUESTS_RUNNING = "vllm:num_requests_running", "gauge", "{request}";
+        /// Gauge (engine, `--metrics-compat vllm`): KV cache usage from 0 to 1, bytes held by running requests over bytes in all, over every group (`slotlight_engine_kv_bytes_used` / `slotlight_engine_kv_bytes`; with one group, `slotlight_engine_kv_cache_usage_ratio`).
+        KV_CACHE_USAGE_PERC = "vllm:kv_cache_usage_perc", "gauge", "1";
+        /// Gauge (engine, `--metrics-compat vllm`), always 1: the KV cache's `block_size` (positions per block) and `num_gpu_blocks` (blocks over every group, `slotlight_engine_kv_blocks`) as labels.
+        CACHE_CONFIG_INFO = "vllm:cache_config_info", "gauge", "1";
+        /// Gauge (engine, `--metrics-compat vllm`): the scrape time in Unix seconds, with `max_lora` 0 and empty `running_lora_adapters` and `waiting_lora_adapters` as labels (the engine serves no LoRA adapters).
+        LORA_REQUESTS_INFO = "vllm:lora_requests_info", "gauge", "s";
+    }
+}
+
 /// Metric label names.
 pub mod label {
     /// The engine instance (`service.instance.id`).
@@ -195,6 +215,18 @@ pub mod label {
     pub const SPAN_KIND: &str = "span_kind";
     /// spanmetrics: the status code (`STATUS_CODE_UNSET`, `STATUS_CODE_OK`, `STATUS_CODE_ERROR`).
     pub const STATUS_CODE: &str = "status_code";
+    /// vLLM-compatible metrics: the served model's name.
+    pub const MODEL_NAME: &str = "model_name";
+    /// `vllm:cache_config_info`: positions per KV block.
+    pub const BLOCK_SIZE: &str = "block_size";
+    /// `vllm:cache_config_info`: KV blocks in all.
+    pub const NUM_GPU_BLOCKS: &str = "num_gpu_blocks";
+    /// `vllm:lora_requests_info`: adapters served at most at once.
+    pub const MAX_LORA: &str = "max_lora";
+    /// `vllm:lora_requests_info`: adapters of running requests, comma-separated.
+    pub const RUNNING_LORA_ADAPTERS: &str = "running_lora_adapters";
+    /// `vllm:lora_requests_info`: adapters of waiting requests, comma-separated.
+    pub const WAITING_LORA_ADAPTERS: &str = "waiting_lora_adapters";
 }
 
 /// Bucket boundaries, in seconds unless named otherwise.

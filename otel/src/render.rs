@@ -299,6 +299,13 @@ pub fn render_contract() -> String {
     );
     table(
         &mut out,
+        "vLLM-compatible metrics",
+        "Served by the engine on `GET /metrics` beside its own with `--metrics-compat vllm`, for the Kubernetes inference gateway's endpoint picker, which reads these names by default. Each carries `model_name` and mirrors `slotlight_engine_*` series of the same scrape (docs/metrics.md has the mapping and the picker's flags for reading slotlight's own names instead).",
+        metric::vllm::ALL,
+        "type",
+    );
+    table(
+        &mut out,
         "OTLP metric names",
         "With `OTEL_METRICS_EXPORTER=otlp` the engine pushes the same instruments over OTLP: the GenAI histograms under their convention names below, its own under their exposition names less `_total`. Attributes are the Prometheus label names, except the GenAI ones and `error.type`, which keep the conventions' dotted keys (a collector's Prometheus exporter turns dots into underscores), so the collector serves the same series as `GET /metrics`.",
         metric::otlp::ALL,
@@ -322,6 +329,12 @@ pub fn render_contract() -> String {
         metric::label::SPAN_NAME,
         metric::label::SPAN_KIND,
         metric::label::STATUS_CODE,
+        metric::label::MODEL_NAME,
+        metric::label::BLOCK_SIZE,
+        metric::label::NUM_GPU_BLOCKS,
+        metric::label::MAX_LORA,
+        metric::label::RUNNING_LORA_ADAPTERS,
+        metric::label::WAITING_LORA_ADAPTERS,
     ];
     out.push_str("## Metric labels\n\n");
     for l in labels {
@@ -366,6 +379,15 @@ mod tests {
                     .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._".contains(c)),
                 "{} is not lowercase dotted",
                 e.name
+            );
+        }
+        for m in metric::vllm::ALL {
+            assert!(seen.insert(m.name), "duplicate contract name {}", m.name);
+            let rest = m.name.strip_prefix("vllm:").expect("a vllm: name");
+            assert!(
+                rest.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                "{} is not vLLM-shaped",
+                m.name
             );
         }
         for m in metric::ALL.iter().chain(metric::engine::ALL) {

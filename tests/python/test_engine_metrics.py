@@ -25,7 +25,7 @@ import pytest
 
 from metrics_text import Samples, scrape
 from procs import EngineProcess, http_json, require_model
-from sidecar_support import ENGINE_METRIC, ENGINE_SERVICE, METRIC
+from sidecar_support import ENGINE_METRIC, ENGINE_SERVICE, METRIC, VLLM_METRIC
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "metrics-test-key"
@@ -294,3 +294,61 @@ def test_otlp_metrics_reach_a_receiver_with_the_engines_names_and_counts():
     finally:
         engine.close()
         receiver.close()
+
+
+def test_vllm_compatible_metrics_equal_the_series_they_mirror_under_load():
+    """`--metrics-compat vllm`: the endpoint picker's signals under vLLM's names, each equal, in
+    every scrape taken under load, to the slotlight_engine_* series it mirrors."""
+    require_model()
+    e = EngineProcess("--batch", "2", "--max-queue", "64", "--metrics-compat", "vllm", api_key=KEY)
+    try:
+        v = VLLM_METRIC
+        seen_busy = []
+        stop = threading.Event()
+        problems = []
+
+        def watch():
+            while not stop.is_set():
+                m = metrics(e)
+                model = {"model_name": e.model}
+                pairs = [
+                    (m.total(v["NUM_REQUESTS_WAITING"], **model), m.total(WAITING)),
+                    (m.total(v["NUM_REQUESTS_RUNNING"], **model), m.total(RUNNING)),
+                ]
+                used, total = m.total(ENGINE_METRIC["KV_BYTES_USED"]), m.total(ENGINE_METRIC["KV_BYTES"])
+                pairs.append((m.total(v["KV_CACHE_USAGE_PERC"], **model), used / total if total else 0.0))
+                for got, want in pairs:
+                    if abs(got - want) > 1e-9:
+                        problems.append((got, want, m.text))
+                info = m.series(v["CACHE_CONFIG_INFO"])
+                if info != [{"model_name": e.model, "block_size": "16",
+                             "num_gpu_blocks": str(int(m.total(ENGINE_METRIC["KV_BLOCKS"])))}]:
+                    problems.append(("cache_config_info", info))
+                lora = m.series(v["LORA_REQUESTS_INFO"])
+                if lora != [{"model_name": e.model, "max_lora": "0", "running_lora_adapters": "",
+                             "waiting_lora_adapters": ""}]:
+                    problems.append(("lora_requests_info", lora))
+                if pairs[0][0] > 0 and pairs[1][0] > 0:
+                    seen_busy.append(pairs[0][0])
+                time.sleep(0.02)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda i: chat(e, ask(i, 16)), range(16)))
+        stop.set()
+        watcher.join(timeout=30)
+        assert all(code == 200 for code, _ in answers), answers[:3]
+        assert not problems, problems[:3]
+        assert seen_busy, "no scrape saw requests waiting and running"
+        # Idle again: the mirrors read 0 with the engine's own gauges.
+        m = metrics(e)
+        assert m.total(v["NUM_REQUESTS_WAITING"]) == 0 == m.total(WAITING)
+        # Without the flag the names are absent (the module's engine runs without it).
+    finally:
+        e.close()
+
+
+def test_vllm_names_are_absent_without_the_flag(engine):
+    m = metrics(engine)
+    assert not any(n.startswith("vllm:") for n, _, _ in m.samples)

@@ -131,7 +131,7 @@ pub fn start_engine(
         threads: args.threads,
         ctx_size: args.ctx_size,
         kv_tokens,
-        block_size: 16,
+        block_size: runtime::KV_BLOCK_SIZE,
     };
     let mut backends = tracing::info_span!(target: OPS_TARGET, span::STARTUP_KV_CACHE)
         .in_scope(|| runtime::build_backends_for(model, &devices, &rc, Some(&sched)))?;

@@ -93,6 +93,11 @@ pub struct ServeArgs {
     /// Serve `GET /metrics` without the API key (it is behind `--api-key` otherwise).
     #[arg(long)]
     pub metrics_public: bool,
+    /// Also serve other engines' metric names on `GET /metrics`: `vllm` adds the model-server
+    /// protocol's signals under vLLM's names (`vllm:num_requests_waiting`, …), which the
+    /// Kubernetes inference gateway's endpoint picker reads by default.
+    #[arg(long, value_enum, default_value_t = MetricsCompat::None)]
+    pub metrics_compat: MetricsCompat,
     /// Length of decode progress windows (`slotlight.decode` spans), ms; 0 turns them off.
     #[arg(long, default_value_t = 250)]
     pub progress_interval_ms: u64,
@@ -127,6 +132,15 @@ pub(super) fn run(a: ServeArgs) -> anyhow::Result<()> {
     let ops = telemetry.as_ref().ok().and_then(Telemetry::ops_tracer);
     crate::telemetry::init_logs(a.log_format, ops);
     rt.block_on(serve(a, telemetry?))
+}
+
+/// Metric names served beside slotlight's own (`--metrics-compat`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MetricsCompat {
+    /// slotlight's names only.
+    None,
+    /// Also vLLM's names for the model-server protocol's signals.
+    Vllm,
 }
 
 /// The span export queue's bounds: the flags, else the `OTEL_BSP_*` variables, else the
@@ -196,6 +210,12 @@ async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {
         read_timeout: Duration::from_secs(a.read_timeout_s.max(1)),
         max_header_bytes: a.max_header_bytes,
         metrics_public: a.metrics_public,
+        vllm_metrics: (a.metrics_compat == MetricsCompat::Vllm).then(|| {
+            crate::metrics::VllmCompat {
+                model_name: model.id.clone(),
+                block_size: crate::runtime::KV_BLOCK_SIZE,
+            }
+        }),
     };
     let st = Arc::new(AppState {
         engine,

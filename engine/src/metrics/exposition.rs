@@ -37,6 +37,17 @@ pub struct Scrape {
     pub requests: RequestSnapshot,
     /// The exporter's counts.
     pub telemetry: TelemetrySnapshot,
+    /// With `--metrics-compat vllm`: the model-server protocol's signals under vLLM's names.
+    pub vllm: Option<VllmCompat>,
+}
+
+/// What the vLLM-compatible families need besides the groups' snapshots.
+#[derive(Debug, Clone, Default)]
+pub struct VllmCompat {
+    /// The served model's name (`model_name`).
+    pub model_name: String,
+    /// Positions per KV block.
+    pub block_size: usize,
 }
 
 /// The `Content-Type` and format for an `Accept` header, as the sidecar answers it.
@@ -63,6 +74,7 @@ fn help(name: &str) -> &'static str {
     engine::ALL
         .iter()
         .chain(metric::ALL)
+        .chain(metric::vllm::ALL)
         .find(|e| e.name == name)
         .map_or("", |e| e.doc.trim())
 }
@@ -239,11 +251,69 @@ impl Scrape {
     }
 }
 
+impl Scrape {
+    /// The vLLM-named families ([`metric::vllm`]), from the same group snapshots as the
+    /// engine's own, so each equals the series it mirrors.
+    fn encode_vllm(&self, enc: &mut DescriptorEncoder<'_>, c: &VllmCompat) -> std::fmt::Result {
+        use metric::vllm;
+        let model = vec![(label::MODEL_NAME, c.model_name.clone())];
+        let sum = |f: fn(&GroupSnapshot) -> u64| self.groups.iter().map(f).sum::<u64>();
+        let waiting = sum(|g| g.waiting);
+        let running = sum(|g| g.running_solo + g.running_slot);
+        let (used, all) = (sum(|g| g.kv_bytes_used), sum(|g| g.kv_bytes));
+        #[allow(clippy::cast_precision_loss)] // byte counts far below 2^53
+        let usage = if all == 0 {
+            0.0
+        } else {
+            used as f64 / all as f64
+        };
+        gauge(
+            &mut family(enc, vllm::NUM_REQUESTS_WAITING, MetricType::Gauge)?,
+            &model,
+            waiting,
+        )?;
+        gauge(
+            &mut family(enc, vllm::NUM_REQUESTS_RUNNING, MetricType::Gauge)?,
+            &model,
+            running,
+        )?;
+        gauge(
+            &mut family(enc, vllm::KV_CACHE_USAGE_PERC, MetricType::Gauge)?,
+            &model,
+            usage,
+        )?;
+        let mut cache = model.clone();
+        cache.push((label::BLOCK_SIZE, c.block_size.to_string()));
+        cache.push((label::NUM_GPU_BLOCKS, sum(|g| g.kv_blocks).to_string()));
+        gauge(
+            &mut family(enc, vllm::CACHE_CONFIG_INFO, MetricType::Gauge)?,
+            &cache,
+            1u64,
+        )?;
+        let mut lora = model;
+        lora.push((label::MAX_LORA, "0".to_string()));
+        lora.push((label::RUNNING_LORA_ADAPTERS, String::new()));
+        lora.push((label::WAITING_LORA_ADAPTERS, String::new()));
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        gauge(
+            &mut family(enc, vllm::LORA_REQUESTS_INFO, MetricType::Gauge)?,
+            &lora,
+            now,
+        )
+    }
+}
+
 impl Collector for Scrape {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> std::fmt::Result {
         self.encode_groups(&mut enc)?;
         self.encode_requests(&mut enc)?;
-        self.encode_telemetry(&mut enc)
+        self.encode_telemetry(&mut enc)?;
+        if let Some(c) = &self.vllm {
+            self.encode_vllm(&mut enc, c)?;
+        }
+        Ok(())
     }
 }
 
@@ -289,7 +359,39 @@ mod tests {
                 sampling_ratio: 1.0,
                 ..Default::default()
             },
+            vllm: None,
         }
+    }
+
+    #[test]
+    fn vllm_names_mirror_the_engine_series_of_the_same_scrape() {
+        let plain = render(scrape(), false);
+        assert!(
+            !plain
+                .lines()
+                .any(|l| l.starts_with("vllm:") || l.starts_with("# TYPE vllm:")),
+            "only with --metrics-compat vllm"
+        );
+        let mut s = scrape();
+        s.vllm = Some(VllmCompat {
+            model_name: "smol".into(),
+            block_size: 16,
+        });
+        let text = render(s, false);
+        for line in [
+            "vllm:num_requests_waiting{model_name=\"smol\"} 2\n",
+            "vllm:num_requests_running{model_name=\"smol\"} 1\n",
+            // (3·256 + 4·1024) / (64·256 + 16·1024), as slotlight_engine_kv_cache_usage_ratio.
+            "vllm:kv_cache_usage_perc{model_name=\"smol\"} 0.1484375\n",
+            "slotlight_engine_kv_cache_usage_ratio{slot_group=\"0\"} 0.1484375\n",
+            "vllm:cache_config_info{model_name=\"smol\",block_size=\"16\",num_gpu_blocks=\"64\"} 1\n",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        assert!(text.contains(
+            "vllm:lora_requests_info{model_name=\"smol\",max_lora=\"0\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"} "
+        ));
+        assert!(text.contains("# TYPE vllm:num_requests_waiting gauge"));
     }
 
     #[test]

@@ -57,6 +57,9 @@ pub struct ServeConfig {
     pub max_header_bytes: usize,
     /// Serve `GET /metrics` without the API key (for a scraper that has none).
     pub metrics_public: bool,
+    /// With `--metrics-compat vllm`: also serve the model-server protocol's metrics under
+    /// vLLM's names.
+    pub vllm_metrics: Option<crate::metrics::VllmCompat>,
 }
 
 /// Everything handlers share.

@@ -77,6 +77,7 @@ async fn metrics(State(st): State<SharedState>, headers: HeaderMap) -> Response 
             .collect(),
         requests: st.metrics.snapshot(),
         telemetry: (st.telemetry.snapshot_source())(),
+        vllm: st.cfg.vllm_metrics.clone(),
     };
     let body = crate::metrics::render(scrape, openmetrics);
     ([(header::CONTENT_TYPE, content_type)], body).into_response()

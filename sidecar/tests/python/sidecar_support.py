@@ -45,6 +45,7 @@ SPAN = _SECTIONS["Spans"]
 ATTR = _SECTIONS["Attributes"]
 METRIC = _SECTIONS["Metrics"]
 ENGINE_METRIC = _SECTIONS["Engine metrics"]
+VLLM_METRIC = _SECTIONS["vLLM-compatible metrics"]
 ENGINE_SERVICE = next(v for k, v in _VALUES.items() if k.startswith("`service.name`"))
 PATH_SOLO = next(v for k, v in _VALUES.items() if "solo path" in k)
 PATH_SLOT = next(v for k, v in _VALUES.items() if "a batch slot" in k)
