@@ -665,7 +665,11 @@ async fn spans_carry_content_in_the_genai_conventions_only_when_asked_to() {
             .iter()
             .find(|x| span::is_request_span_name(&x.name))
             .expect("request span");
-        assert_eq!(root.status, Status::Unset, "success leaves the status unset");
+        assert_eq!(
+            root.status,
+            Status::Unset,
+            "success leaves the status unset"
+        );
         if !trace_content {
             for key in CONTENT_KEYS {
                 assert!(get(root, key).is_none(), "{key} without --trace-content");
@@ -675,7 +679,11 @@ async fn spans_carry_content_in_the_genai_conventions_only_when_asked_to() {
         }
         let input = content_json(root, attr::GEN_AI_INPUT_MESSAGES);
         let input = input.as_array().expect("an array of messages");
-        assert_eq!(input.len(), 1, "the system message is not an input message: {input:?}");
+        assert_eq!(
+            input.len(),
+            1,
+            "the system message is not an input message: {input:?}"
+        );
         assert_eq!(input[0]["role"], "user");
         assert_eq!(text_parts(&input[0]), format!("tell me about {marker}"));
         assert_eq!(

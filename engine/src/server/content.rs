@@ -113,7 +113,9 @@ fn input_message(m: &WireMessage) -> Value {
     if let Some(c) = &m.content {
         let text = text_of(c);
         if m.author() == Some(Role::Tool) {
-            parts.push(json!({"type": "tool_call_response", "id": m.tool_call_id, "response": text}));
+            parts.push(
+                json!({"type": "tool_call_response", "id": m.tool_call_id, "response": text}),
+            );
         } else if !text.is_empty() {
             parts.push(json!({"type": "text", "content": text}));
         }
@@ -312,7 +314,11 @@ mod tests {
         let never_ended = OutputMessage::default();
         let v = parse(&output_messages(
             &[a, b, never_ended],
-            &[ApiFinishReason::Stop, ApiFinishReason::ToolCalls, ApiFinishReason::Error],
+            &[
+                ApiFinishReason::Stop,
+                ApiFinishReason::ToolCalls,
+                ApiFinishReason::Error,
+            ],
         ));
         assert_eq!(
             v,

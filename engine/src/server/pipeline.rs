@@ -15,10 +15,10 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tracing::Instrument as _;
 
 use super::AppState;
+use super::content::OutputMessage;
 use super::error::ApiError;
 use super::openai::reasoning::{ReasoningSplitter, ReasoningStart};
 use super::openai::request::RequestMeta;
-use super::content::OutputMessage;
 use super::openai::response::ToolCall;
 use super::openai::tools::Shaper;
 use super::outcome::{ApiFinishReason, RequestOutcome};

@@ -157,7 +157,10 @@ impl RequestTrace {
         }
         attrs.extend(server.attrs());
         if trace_content && let Some(c) = &req.content {
-            attrs.push(KeyValue::new(attr::GEN_AI_INPUT_MESSAGES, c.messages.clone()));
+            attrs.push(KeyValue::new(
+                attr::GEN_AI_INPUT_MESSAGES,
+                c.messages.clone(),
+            ));
             if let Some(s) = &c.system_instructions {
                 attrs.push(KeyValue::new(attr::GEN_AI_SYSTEM_INSTRUCTIONS, s.clone()));
             }
