@@ -707,6 +707,35 @@ async fn spans_carry_content_in_the_genai_conventions_only_when_asked_to() {
                 "choice {i}"
             );
         }
+        // A completion's prompt is one user message; its reply the one output message.
+        let r = s
+            .post(
+                "/v1/completions",
+                json!({"prompt": marker, "max_tokens": 4, "ignore_eos": true}),
+            )
+            .await;
+        assert_eq!(r.status().as_u16(), 200);
+        let v: Value = r.json().await.expect("JSON");
+        let spans = settle(&s, 2).await;
+        let root = spans
+            .iter()
+            .find(|x| {
+                span::is_request_span_name(&x.name)
+                    && get(x, attr::GEN_AI_RESPONSE_ID).map(|id| id.as_str().into_owned())
+                        == v["id"].as_str().map(str::to_string)
+            })
+            .expect("the completion's span");
+        assert_eq!(
+            content_json(root, attr::GEN_AI_INPUT_MESSAGES),
+            json!([{"role": "user", "parts": [{"type": "text", "content": marker}]}])
+        );
+        let output = content_json(root, attr::GEN_AI_OUTPUT_MESSAGES);
+        assert_eq!(
+            text_parts(&output[0]),
+            v["choices"][0]["text"].as_str().unwrap_or("")
+        );
+        assert_eq!(output[0]["finish_reason"], "length");
+        assert!(get(root, attr::GEN_AI_SYSTEM_INSTRUCTIONS).is_none());
         s.stop().await;
     }
 }
