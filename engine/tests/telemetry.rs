@@ -588,11 +588,59 @@ fn span_strings(spans: &[SpanData]) -> Vec<String> {
     out
 }
 
+/// The four content attributes of the GenAI conventions.
+const CONTENT_KEYS: [&str; 4] = [
+    attr::GEN_AI_INPUT_MESSAGES,
+    attr::GEN_AI_OUTPUT_MESSAGES,
+    attr::GEN_AI_SYSTEM_INSTRUCTIONS,
+    attr::GEN_AI_TOOL_DEFINITIONS,
+];
+
+/// Content attribute `key` of the request span, parsed as the JSON text it must be.
+fn content_json(root: &SpanData, key: &str) -> Value {
+    let text = string(root, key);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{key} is not JSON ({e}): {text}"))
+}
+
+/// The text parts of `message` (a GenAI input or output message), joined.
+fn text_parts(message: &Value) -> String {
+    message["parts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["type"] == "text")
+        .filter_map(|p| p["content"].as_str())
+        .collect()
+}
+
+/// A model whose vocabulary spells JSON (printable ASCII), so that a forced tool call can be
+/// written, with a context long enough for a tool prompt.
+fn ascii_model() -> Model {
+    let path = slotlight_engine::model::testing::TinyLlama {
+        context: 4096,
+        vocab: 3 + 94 + 2,
+        ..Default::default()
+    }
+    .write_temp();
+    Model::load(&path).expect("tiny model")
+}
+
+/// Without `--trace-content` no text of the request or the reply is on any span, and none of
+/// the content attributes; with it, the request span carries the conversation in the GenAI
+/// conventions' structure: the leading system message as system instructions (and not as an
+/// input message), the user's text as an input message, each choice's reply as an output
+/// message with its finish reason, and the tools offered. A successful request leaves the
+/// span's status unset.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn spans_carry_no_content_unless_asked_to() {
+async fn spans_carry_content_in_the_genai_conventions_only_when_asked_to() {
     let m = tiny_model();
     let marker = "zebra-marker-7391";
-    let body = json!({"messages": [{"role": "user", "content": format!("tell me about {marker}")}], "max_tokens": 8, "ignore_eos": true});
+    let system = "system-marker-5521";
+    let tools = json!([{"type": "function", "function": {"name": "lookup", "description": "Looks a word up", "parameters": {"type": "object"}}}]);
+    let body = json!({"messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": format!("tell me about {marker}")}],
+        "max_tokens": 8, "ignore_eos": true, "n": 2, "tools": tools, "tool_choice": "none"});
     for trace_content in [false, true] {
         let s = TestServer::start(
             &m,
@@ -606,13 +654,159 @@ async fn spans_carry_no_content_unless_asked_to() {
         assert_eq!(code, 200, "{v}");
         let spans = settle(&s, 1).await;
         let strings = span_strings(&spans);
-        let has_prompt = strings.iter().any(|x| x.contains(marker));
+        for text in [marker, system] {
+            assert_eq!(
+                strings.iter().any(|x| x.contains(text)),
+                trace_content,
+                "{text} in spans with trace_content={trace_content}"
+            );
+        }
+        let root = spans
+            .iter()
+            .find(|x| span::is_request_span_name(&x.name))
+            .expect("request span");
         assert_eq!(
-            has_prompt, trace_content,
-            "prompt text in spans with trace_content={trace_content}"
+            root.status,
+            Status::Unset,
+            "success leaves the status unset"
         );
+        if !trace_content {
+            for key in CONTENT_KEYS {
+                assert!(get(root, key).is_none(), "{key} without --trace-content");
+            }
+            s.stop().await;
+            continue;
+        }
+        let input = content_json(root, attr::GEN_AI_INPUT_MESSAGES);
+        let input = input.as_array().expect("an array of messages");
+        assert_eq!(
+            input.len(),
+            1,
+            "the system message is not an input message: {input:?}"
+        );
+        assert_eq!(input[0]["role"], "user");
+        assert_eq!(text_parts(&input[0]), format!("tell me about {marker}"));
+        assert_eq!(
+            content_json(root, attr::GEN_AI_SYSTEM_INSTRUCTIONS),
+            json!([{"type": "text", "content": system}])
+        );
+        assert_eq!(
+            content_json(root, attr::GEN_AI_TOOL_DEFINITIONS),
+            json!([{"type": "function", "name": "lookup", "description": "Looks a word up", "parameters": {"type": "object"}}])
+        );
+        let output = content_json(root, attr::GEN_AI_OUTPUT_MESSAGES);
+        let output = output.as_array().expect("an array of messages");
+        assert_eq!(output.len(), 2, "one output message per choice: {output:?}");
+        for (i, o) in output.iter().enumerate() {
+            let choice = &v["choices"][i];
+            assert_eq!(o["role"], "assistant");
+            assert_eq!(o["finish_reason"], choice["finish_reason"], "{o}");
+            assert_eq!(
+                text_parts(o),
+                choice["message"]["content"].as_str().unwrap_or(""),
+                "choice {i}"
+            );
+        }
+        // A completion's prompt is one user message; its reply the one output message.
+        let r = s
+            .post(
+                "/v1/completions",
+                json!({"prompt": marker, "max_tokens": 4, "ignore_eos": true}),
+            )
+            .await;
+        assert_eq!(r.status().as_u16(), 200);
+        let v: Value = r.json().await.expect("JSON");
+        let spans = settle(&s, 2).await;
+        let root = spans
+            .iter()
+            .find(|x| {
+                span::is_request_span_name(&x.name)
+                    && get(x, attr::GEN_AI_RESPONSE_ID).map(|id| id.as_str().into_owned())
+                        == v["id"].as_str().map(str::to_string)
+            })
+            .expect("the completion's span");
+        assert_eq!(
+            content_json(root, attr::GEN_AI_INPUT_MESSAGES),
+            json!([{"role": "user", "parts": [{"type": "text", "content": marker}]}])
+        );
+        let output = content_json(root, attr::GEN_AI_OUTPUT_MESSAGES);
+        assert_eq!(
+            text_parts(&output[0]),
+            v["choices"][0]["text"].as_str().unwrap_or("")
+        );
+        assert_eq!(output[0]["finish_reason"], "length");
+        assert!(get(root, attr::GEN_AI_SYSTEM_INSTRUCTIONS).is_none());
         s.stop().await;
     }
+}
+
+/// With `--trace-content`, a reply of tool calls is an output message of `tool_call` parts,
+/// with the ids, names and arguments the response gives, and the conventions' finish reason
+/// `tool_call`; the call and its result sent back are parts of the next request's input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_call_is_a_tool_call_part_of_the_messages() {
+    let m = ascii_model();
+    let s = TestServer::start(
+        &m,
+        Options {
+            trace_content: true,
+            ctx_size: 4096,
+            kv_tokens: 16384,
+            ..Options::default()
+        },
+    )
+    .await;
+    let tools = json!([{"type": "function", "function": {
+        "name": "get_time",
+        "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 5}}, "required": ["zone"], "additionalProperties": false}}}]);
+    let user = json!({"role": "user", "content": "time?"});
+    let (code, v) = s
+        .chat(json!({"messages": [user], "tools": tools, "max_tokens": 200, "seed": 5,
+                     "tool_choice": {"type": "function", "function": {"name": "get_time"}}, "parallel_tool_calls": false}))
+        .await;
+    assert_eq!(code, 200, "{v}");
+    let call = &v["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "get_time", "{v}");
+    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap_or(""))
+        .expect("arguments are JSON");
+    let spans = settle(&s, 1).await;
+    let root = spans
+        .iter()
+        .find(|x| span::is_request_span_name(&x.name))
+        .expect("request span");
+    let output = content_json(root, attr::GEN_AI_OUTPUT_MESSAGES);
+    assert_eq!(
+        output,
+        json!([{"role": "assistant", "finish_reason": "tool_call", "parts": [
+            {"type": "tool_call", "id": call["id"], "name": "get_time", "arguments": args}]}])
+    );
+    // The call and its result go back: both are parts of the next request's input messages.
+    let (code, v2) = s
+        .chat(json!({"messages": [user, v["choices"][0]["message"],
+                     {"role": "tool", "tool_call_id": call["id"], "content": "12:00"}],
+                     "tools": tools, "max_tokens": 4}))
+        .await;
+    assert_eq!(code, 200, "{v2}");
+    let spans = settle(&s, 2).await;
+    let root = spans
+        .iter()
+        .find(|x| {
+            span::is_request_span_name(&x.name)
+                && get(x, attr::GEN_AI_RESPONSE_ID).map(|id| id.as_str().into_owned())
+                    == v2["id"].as_str().map(str::to_string)
+        })
+        .expect("the second request's span");
+    let input = content_json(root, attr::GEN_AI_INPUT_MESSAGES);
+    assert_eq!(input[1]["role"], "assistant");
+    assert_eq!(
+        input[1]["parts"],
+        json!([{"type": "tool_call", "id": call["id"], "name": "get_time", "arguments": args}])
+    );
+    assert_eq!(
+        input[2],
+        json!({"role": "tool", "parts": [{"type": "tool_call_response", "id": call["id"], "response": "12:00"}]})
+    );
+    s.stop().await;
 }
 
 /// Warm resume on the request span: each turn's `slotlight.resume` and its counts equal the

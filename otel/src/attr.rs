@@ -204,13 +204,17 @@ crate::contract! {
     TOOLS_CHOICE = "slotlight.tools.choice", "string", "";
     /// Request span of a request with `tools`: the tool-call format (`hermes`, `llama3_json`, `generic`), chosen from the model's chat template.
     TOOLS_FORMAT = "slotlight.tools.format", "string", "";
-    /// Request span of a request with `tools`: tool calls produced, over all choices. Their arguments are never recorded (only inside the completion text, with `--trace-content`).
+    /// Request span of a request with `tools`: tool calls produced, over all choices. Their arguments are never recorded (only as `tool_call` parts of `gen_ai.output.messages`, with `--trace-content`).
     TOOLS_CALLS = "slotlight.tools.calls", "int", "";
 
-    /// Request span, only with `--trace-content`: the prompt text.
-    CONTENT_PROMPT = "slotlight.content.prompt", "string", "";
-    /// Request span, only with `--trace-content`: the completion text.
-    CONTENT_COMPLETION = "slotlight.content.completion", "string", "";
+    /// Request span, only with `--trace-content`: the chat history as a JSON array of messages in the GenAI input-messages structure (`role`, `parts` of `text`, `tool_call`, `tool_call_response` and `reasoning`); the leading system messages are in `gen_ai.system_instructions` instead. A completion's prompt is one `user` message.
+    GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages", "string", "";
+    /// Request span, only with `--trace-content`: the reply as a JSON array of output messages, one per choice in choice order (`role` `assistant`, `parts` of `reasoning`, `text` and `tool_call`, and the choice's `finish_reason`).
+    GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages", "string", "";
+    /// Request span, only with `--trace-content`, when the chat begins with system (or developer) messages: their text as a JSON array of `text` parts.
+    GEN_AI_SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions", "string", "";
+    /// Request span, only with `--trace-content`, of a request with `tools`: the tools offered, as a JSON array of `{type: "function", name, description, parameters}`.
+    GEN_AI_TOOL_DEFINITIONS = "gen_ai.tool.definitions", "string", "";
 }
 
 /// Enumerated attribute values.

@@ -296,6 +296,31 @@ def test_one_json_log_line_per_finished_request_without_content():
         e.close()
 
 
+def test_the_sidecar_holds_no_content_without_trace_content(engine, sidecar):
+    """Without --trace-content nothing of the conversation reaches the sidecar: the turn
+    record, the turn list and the slot view hold no text of the system message, the user's
+    message, the tools or the reply."""
+    markers = ["system-marker-4410", "user-marker-4411", "tool-marker-4412"]
+    code, v = engine.post(
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "system", "content": markers[0]}, {"role": "user", "content": f"Say {markers[1]}."}],
+            "tools": [{"type": "function", "function": {"name": "lookup", "description": markers[2], "parameters": {"type": "object"}}}],
+            "tool_choice": "none",
+            "max_tokens": 6,
+            "user": "no-content-e2e",
+        },
+    )
+    assert code == 200, v
+    reply = v["choices"][0]["message"]["content"] or ""
+    turn = sidecar.wait_turn(v["id"])
+    views = [json.dumps(turn), json.dumps(sidecar.get("/v1/turns?session_id=no-content-e2e")), json.dumps(sidecar.get("/v1/slots"))]
+    for text in markers + ([reply] if len(reply) >= 8 else []):
+        assert not any(text in view for view in views), f"{text!r} reached the sidecar"
+    for key in ("gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.system_instructions", "gen_ai.tool.definitions", "messages", "prompt"):
+        assert key not in turn, key
+
+
 def test_refused_requests_are_turns_with_their_status_counted_apart(engine, sidecar):
     """A request the engine refuses (validation, context length) is a turn in the sidecar with
     status `refused` and its error type, counted apart from served turns, and never observed in

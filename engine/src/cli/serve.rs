@@ -101,7 +101,7 @@ pub struct ServeArgs {
     /// Length of decode progress windows (`slotlight.decode` spans), ms; 0 turns them off.
     #[arg(long, default_value_t = 250)]
     pub progress_interval_ms: u64,
-    /// Record prompt and completion text on spans (off by default: no content leaves the engine).
+    /// Record the conversation on the request span in the GenAI conventions (`gen_ai.input.messages`, `gen_ai.output.messages`, ...); off by default: no content leaves the engine.
     #[arg(long)]
     pub trace_content: bool,
     /// Log format.

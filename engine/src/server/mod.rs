@@ -4,6 +4,7 @@
 //! context) in [`middleware`], serving and the drain on shutdown in `listen`; request handling
 //! in [`openai`]; the per-request task and its telemetry in [`pipeline`] and [`trace`].
 
+pub mod content;
 pub mod error;
 mod listen;
 pub mod middleware;

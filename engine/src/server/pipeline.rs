@@ -15,10 +15,12 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tracing::Instrument as _;
 
 use super::AppState;
+use super::content::OutputMessage;
 use super::error::ApiError;
 use super::openai::reasoning::{ReasoningSplitter, ReasoningStart};
 use super::openai::request::RequestMeta;
-use super::openai::tools::{ParsedCall, Shaper};
+use super::openai::response::ToolCall;
+use super::openai::tools::Shaper;
 use super::outcome::{ApiFinishReason, RequestOutcome};
 use super::record::{self, Refused};
 use super::trace::{RequestTrace, ServerAddress};
@@ -61,8 +63,8 @@ pub struct ChoiceEnd {
     pub text: String,
     /// Reasoning not yet sent.
     pub reasoning: String,
-    /// The tool calls found in the reply.
-    pub tool_calls: Vec<ParsedCall>,
+    /// The tool calls found in the reply, with the ids the response and the span give them.
+    pub tool_calls: Vec<ToolCall>,
     /// Log-probabilities of tokens not yet sent.
     pub logprobs: Vec<TokenLogprobs>,
 }
@@ -144,6 +146,8 @@ struct ChoiceState {
     /// Tokens generated so far, as the engine counts them (its latest token event's).
     generated: usize,
     done: Option<Completion>,
+    /// The reply as shown, for the request span (with `--trace-content` only).
+    output: Option<OutputMessage>,
 }
 
 /// The completion of choice `choice` of `meta` when its channel closed without one. The
@@ -182,6 +186,7 @@ async fn run(
             logprobs: Vec::new(),
             generated: 0,
             done: None,
+            output: trace.records_content().then(OutputMessage::default),
         })
         .collect();
     // Each choice's events, tagged with its index, and a `None` when its channel closes.
@@ -231,6 +236,9 @@ async fn run(
                             None => (String::new(), text),
                         };
                         let shown = c.shaper.push(&content);
+                        if let Some(o) = c.output.as_mut() {
+                            o.push(&thought, &shown);
+                        }
                         let lps = if shown.is_empty() && thought.is_empty() {
                             Vec::new()
                         } else {
@@ -266,6 +274,12 @@ async fn run(
                         let reason = ApiFinishReason::of(&c.finish_reason, !calls.is_empty());
                         reasons[i] = reason;
                         tool_calls += calls.len();
+                        let calls: Vec<ToolCall> = calls.iter().map(ToolCall::new).collect();
+                        if let Some(mut o) = state.output.take() {
+                            o.push(&thought, &text);
+                            o.finish(&calls, reason);
+                            trace.record_output(i, o);
+                        }
                         let _ = tx.send(Out::ChoiceDone(Box::new(ChoiceEnd {
                             choice: i,
                             finish_reason: reason,
@@ -311,7 +325,7 @@ mod tests {
     use crate::server::error::ErrorKind;
     use crate::server::openai::reasoning::ReasoningStart;
     use crate::server::openai::request::{Endpoint, ValidOptions, ValidRequest};
-    use crate::server::openai::tools::ToolSetup;
+    use crate::server::openai::tools::{ParsedCall, ToolSetup};
     use crate::telemetry::Telemetry;
     use crate::timing::{PathKind, TimeAnchor};
 
@@ -382,6 +396,7 @@ mod tests {
                 tools,
                 constraint: None,
                 reasoning,
+                content: None,
             },
         })
     }
@@ -837,7 +852,14 @@ mod tests {
             reasoning,
             content,
             deltas,
-            calls: end.tool_calls.clone(),
+            calls: end
+                .tool_calls
+                .iter()
+                .map(|c| ParsedCall {
+                    name: c.function.name.clone(),
+                    arguments: c.function.arguments.clone(),
+                })
+                .collect(),
             finish_reason: end.finish_reason,
             outcome,
             span: request_span(&mem),

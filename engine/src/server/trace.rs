@@ -16,6 +16,7 @@ use slotlight_otel::{attr, span};
 
 use crate::constraint::ConstraintKind;
 use crate::scheduler::{Event, Placement};
+use crate::server::content::{self, OutputMessage};
 use crate::server::openai::request::RequestMeta;
 use crate::server::outcome::RequestOutcome;
 use crate::telemetry::Telemetry;
@@ -64,7 +65,8 @@ struct ChoiceTrace {
     window_floor: Option<Instant>,
     generated: usize,
     placement: Option<Placement>,
-    completion_text: String,
+    /// The choice's reply, with `--trace-content` only.
+    output: Option<OutputMessage>,
 }
 
 /// The spans of one request in progress.
@@ -154,8 +156,17 @@ impl RequestTrace {
             attrs.push(KeyValue::new(attr::GEN_AI_CONVERSATION_ID, s.clone()));
         }
         attrs.extend(server.attrs());
-        if trace_content {
-            attrs.push(KeyValue::new(attr::CONTENT_PROMPT, req.prompt_text.clone()));
+        if trace_content && let Some(c) = &req.content {
+            attrs.push(KeyValue::new(
+                attr::GEN_AI_INPUT_MESSAGES,
+                c.messages.clone(),
+            ));
+            if let Some(s) = &c.system_instructions {
+                attrs.push(KeyValue::new(attr::GEN_AI_SYSTEM_INSTRUCTIONS, s.clone()));
+            }
+            if let Some(t) = &c.tool_definitions {
+                attrs.push(KeyValue::new(attr::GEN_AI_TOOL_DEFINITIONS, t.clone()));
+            }
         }
         let kind = req.constraint_kind();
         if kind.is_some_and(ConstraintKind::is_json) {
@@ -206,6 +217,23 @@ impl RequestTrace {
     /// The request span's context (for the request task's `tracing` span).
     pub fn context(&self) -> &Context {
         &self.root
+    }
+
+    /// Whether the spans record content (`--trace-content`).
+    pub fn records_content(&self) -> bool {
+        self.trace_content
+    }
+
+    /// Records choice `choice`'s reply for `gen_ai.output.messages` (kept only with
+    /// `--trace-content`).
+    pub fn record_output(&mut self, choice: usize, reply: OutputMessage) {
+        if !self.trace_content {
+            return;
+        }
+        if choice >= self.choices.len() {
+            self.choices.resize_with(choice + 1, ChoiceTrace::default);
+        }
+        self.choices[choice].output = Some(reply);
     }
 
     /// The request span's trace id (hex), for logs.
@@ -302,19 +330,14 @@ impl RequestTrace {
                 at,
                 step_device,
                 generated,
-                text,
                 placement,
                 from_prefill,
                 ..
             } => {
                 self.first_token = Some(self.first_token.map_or(*at, |f| f.min(*at)));
-                let trace_content = self.trace_content;
                 let c = &mut self.choices[choice];
                 c.placement = Some(*placement);
                 c.generated = *generated;
-                if trace_content {
-                    c.completion_text.push_str(text);
-                }
                 if *from_prefill {
                     // A prefill's token belongs to no decode window: the next window starts
                     // where decoding starts, and neither its time nor its device time
@@ -338,14 +361,7 @@ impl RequestTrace {
                 w.device += *step_device;
                 w.last = *at;
             }
-            Event::Done(c) => {
-                if self.trace_content
-                    && let Some(ct) = self.choices.get_mut(choice)
-                {
-                    ct.completion_text.push_str(&c.tail_text);
-                }
-                self.close_choice(choice);
-            }
+            Event::Done(_) => self.close_choice(choice),
         }
     }
 
@@ -573,18 +589,17 @@ impl RequestTrace {
             attrs.push(kv_i(attr::GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, n));
         }
         if self.trace_content {
-            let texts: Vec<String> = self
+            let replies: Vec<OutputMessage> = self
                 .choices
                 .iter_mut()
-                .map(|c| std::mem::take(&mut c.completion_text))
+                .map(|c| c.output.take().unwrap_or_default())
                 .collect();
-            let text = match texts.as_slice() {
-                [one] => one.clone(),
-                // A JSON array of strings: writing one cannot fail.
-                many => serde_json::Value::from(many.to_vec()).to_string(),
-            };
-            attrs.push(KeyValue::new(attr::CONTENT_COMPLETION, text));
+            attrs.push(KeyValue::new(
+                attr::GEN_AI_OUTPUT_MESSAGES,
+                content::output_messages(&replies, &o.api_finish_reasons),
+            ));
         }
+        // The conventions' status: an error (with `error.type`) on failure, otherwise unset.
         if let Some(f) = &o.failure {
             attrs.push(KeyValue::new(attr::ERROR_TYPE, f.error_type()));
             sp.set_status(Status::error(f.message()));

@@ -205,7 +205,7 @@ impl Shape {
                         let calls: Vec<ToolCall> = c
                             .end
                             .iter()
-                            .flat_map(|e| e.tool_calls.iter().map(ToolCall::new))
+                            .flat_map(|e| e.tool_calls.iter().cloned())
                             .collect();
                         ChatChoice {
                             index,
@@ -491,7 +491,7 @@ impl Streaming {
                         .enumerate()
                         .map(|(index, c)| ToolCallDelta {
                             index,
-                            call: ToolCall::new(c),
+                            call: c.clone(),
                         })
                         .collect();
                     v.push(

@@ -17,6 +17,7 @@ use crate::constraint::{Constraint, ConstraintKind, GrammarSpec};
 use crate::sampling::SamplingParams;
 use crate::scheduler::GenerateRequest;
 use crate::server::AppState;
+use crate::server::content::InputContent;
 use crate::server::error::ApiError;
 use crate::stop::StopMatcher;
 
@@ -120,6 +121,8 @@ pub struct ValidRequest {
     /// Where the reply starts with respect to a reasoning block (chat with a thinking
     /// template); `None`: no reasoning parsing.
     pub reasoning: Option<ReasoningStart>,
+    /// The request's content for its span, built only with `--trace-content`.
+    pub content: Option<InputContent>,
 }
 
 impl ValidRequest {
@@ -146,6 +149,10 @@ impl ValidRequest {
             tools,
             constraint,
             reasoning,
+            content: st
+                .cfg
+                .trace_content
+                .then(|| InputContent::chat(&req.messages, req.tools.as_deref())),
         })
     }
 
@@ -157,6 +164,10 @@ impl ValidRequest {
         let logprobs = validate::completion_logprobs(&req)?;
         let (text, prompt) = validate::completion_prompt(st, &req)?;
         let constraint = validate::compile(st, opts.grammar.as_ref(), None).await?;
+        let content = st
+            .cfg
+            .trace_content
+            .then(|| InputContent::completion(&text));
         Ok(Self {
             endpoint: Endpoint::Completions,
             request_model: req.common.model.clone().unwrap_or_else(|| model.clone()),
@@ -169,6 +180,7 @@ impl ValidRequest {
             tools: None,
             constraint,
             reasoning: None,
+            content,
         })
     }
 
