@@ -861,10 +861,18 @@ impl<'t> Loop<'t> {
         s.timings.mark_token(now);
         self.metrics.count_token();
         let is_eos = !s.req.ignore_eos && self.tok.is_stop_token(id);
-        let delta = if is_eos {
-            String::new()
+        // A token that does not decode ends the choice with an error (after its token event,
+        // so that the token is counted where it was generated), never a silently empty text.
+        let (delta, undecodable) = if is_eos {
+            (String::new(), None)
         } else {
-            s.decoder.push(id).unwrap_or_default()
+            match s.decoder.push(id) {
+                Ok(text) => (text, None),
+                Err(e) => {
+                    tracing::error!(token = id, error = %e, "Decode.Failed");
+                    (String::new(), Some(e))
+                }
+            }
         };
         let out = s.stop.push(&delta);
         // A sequence in a step always has a placement; the fallback only keeps a broken
@@ -890,6 +898,9 @@ impl<'t> Loop<'t> {
             Some(c) => c.constraint.consume(id).map(|()| c.constraint.is_stopped()),
         };
         let generated = s.tokens.len() - s.req.prompt.len();
+        if let Some(e) = undecodable {
+            return Some(FinishReason::Error(EngineError::Decode(e.to_string())));
+        }
         match grammar {
             Err(e) => Some(FinishReason::Error(EngineError::StructuredOutput(
                 e.to_string(),

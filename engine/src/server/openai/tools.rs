@@ -66,7 +66,7 @@ impl ToolFormat {
 /// One function the model may call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tool {
-    /// Its name.
+    /// The name of the function to call.
     pub name: String,
     /// What it does.
     pub description: Option<String>,
@@ -87,7 +87,7 @@ impl Tool {
     }
 }
 
-/// `tool_choice`.
+/// What the request allows of tool calls (`tool_choice`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ToolChoice {
     /// No tool may be called; the tools are left out of the prompt.
@@ -117,7 +117,7 @@ impl ToolChoice {
 pub struct ToolSetup {
     /// The model's tool-call format.
     pub format: ToolFormat,
-    /// `tool_choice`.
+    /// Whether tool calls are forbidden, allowed, required or of one named function.
     pub choice: ToolChoice,
     /// The tools offered.
     pub tools: Vec<Tool>,
@@ -355,7 +355,7 @@ fn call_from(v: &Value, args_keys: &[&str]) -> Option<ParsedCall> {
         .unwrap_or_else(|| json!({}));
     let arguments = match args {
         Value::String(s) => s,
-        other => serde_json::to_string(&other).ok()?,
+        other => other.to_string(),
     };
     Some(ParsedCall { name, arguments })
 }
