@@ -99,7 +99,7 @@ pub struct ServeArgs {
     /// Record prompt and completion text on spans (off by default: no content leaves the engine).
     #[arg(long)]
     pub trace_content: bool,
-    /// Log format.
+    /// How log lines are written: text for people, JSON for log collectors.
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
     /// Model and device.

@@ -35,11 +35,11 @@ use crate::tokenizer::Tokenizer;
 /// Cumulative counters of one group (not per-request timing: those live in each request).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct GroupStats {
-    /// Group index.
+    /// Which device group (slot group) this is, from 0.
     pub group: usize,
     /// Requests admitted and running.
     pub active: usize,
-    /// Requests waiting.
+    /// Requests waiting for admission to this group, new and preempted.
     pub queued: usize,
     /// KV blocks in all (of the full pool: every layer's KV, or the global layers' when the
     /// local layers have a window pool).
@@ -105,7 +105,7 @@ struct Chunk {
     seq: usize,
     /// First position computed.
     start: usize,
-    /// Positions computed.
+    /// How many of the sequence's positions have their KV computed.
     len: usize,
     /// Whether the chunk ends the sequence's known tokens, so it yields logits and a token.
     samples: bool,
