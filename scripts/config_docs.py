@@ -44,6 +44,9 @@ names) is in [otel/CONTRACT.md](../otel/CONTRACT.md).
 | `OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG` | engine | sampling, e.g. `traceidratio` and `0.5` (default `parentbased_always_on`); request spans state the ratio, the engine's `/metrics` counts every request whatever it is ([metrics.md](metrics.md)) |
 | `OTEL_SDK_DISABLED` | engine | `true` exports nothing, spans or metrics (`--no-telemetry` stops spans only) |
 | `OTEL_BSP_SCHEDULE_DELAY` | engine | export interval in ms (default 200) |
+| `OTEL_BSP_MAX_QUEUE_SIZE` | engine | spans the export queue holds at most while the collector is slow or down (default 65,536; `--otlp-queue-spans` wins) |
+| `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` | engine | spans per export request (default 512) |
+| `OTEL_EXPORTER_OTLP_TIMEOUT`, `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT` | engine | one export attempt's budget in ms, the exporter's own retries included (default 5000); the queue tries again after it |
 | `OTEL_METRICS_EXPORTER` | engine | `otlp` also pushes the engine's metrics over OTLP (default: none; `GET /metrics` serves them either way) |
 | `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`, `OTEL_EXPORTER_OTLP_METRICS_PROTOCOL` | engine | where metrics go (default: as spans; `--otlp-endpoint` and `--otlp-protocol` apply to both) |
 | `OTEL_METRIC_EXPORT_INTERVAL` | engine | metrics push interval in ms (default 60000) |
@@ -77,7 +80,7 @@ reads, and the slotlight series to read instead.
 | `vllm:iteration_tokens_total` | `slotlight_engine_step_batch_size` | requests per forward step (TGI `tgi_batch_current_size`) |
 | — | `slotlight_engine_step_duration_seconds` | each forward step as the backend measures it (TGI `tgi_batch_forward_duration`) |
 | — | `slotlight_engine_batch_slots`, `slotlight_engine_kv_evicted_blocks_total` | capacity and prefix-cache churn |
-| — | `slotlight_engine_spans_exported_total`, `slotlight_engine_spans_dropped_total`, `slotlight_engine_span_export_failures_total` | the span exporter's health (as in `/health`) |
+| — | `slotlight_engine_spans_exported_total`, `slotlight_engine_spans_dropped_total`, `slotlight_engine_span_export_failures_total`, `slotlight_engine_span_queue_spans` | the span export queue's health (as in `/health`): delivered, lost past its bounds, failed attempts (retried), held now |
 | — | `slotlight_engine_trace_sampling_ratio` | the share of traces the sampler keeps |
 """
 
