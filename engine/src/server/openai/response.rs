@@ -31,11 +31,11 @@ pub struct ChatCompletion {
     pub object: &'static str,
     /// When the response was made, in Unix seconds.
     pub created: u64,
-    /// The model served.
+    /// The model that served the request, by the name it is served under.
     pub model: String,
     /// Always null: kept for clients that read OpenAI's field.
     pub system_fingerprint: Option<String>,
-    /// One per choice.
+    /// The request's choices, one for each of its `n`.
     pub choices: Vec<ChatChoice>,
     /// Usage with the request's own timings.
     pub usage: Usage,
@@ -212,7 +212,7 @@ pub struct ChatChunk {
     pub object: &'static str,
     /// When the response was made, in Unix seconds.
     pub created: u64,
-    /// The model served.
+    /// The model that served the request, by the name it is served under.
     pub model: String,
     /// Always null: kept for clients that read OpenAI's field.
     pub system_fingerprint: Option<String>,
@@ -292,11 +292,11 @@ pub struct TextCompletion {
     pub object: &'static str,
     /// When the response was made, in Unix seconds.
     pub created: u64,
-    /// The model served.
+    /// The model that served the request, by the name it is served under.
     pub model: String,
     /// Always null: kept for clients that read OpenAI's field.
     pub system_fingerprint: Option<String>,
-    /// One per choice.
+    /// The request's choices, one for each of its `n`.
     pub choices: Vec<TextChoice>,
     /// Usage (whole response; final stream chunk with `include_usage`).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -68,7 +68,7 @@ impl ToolFormat {
 pub struct Tool {
     /// The name of the function to call.
     pub name: String,
-    /// What it does.
+    /// What the function does, for the model.
     pub description: Option<String>,
     /// The JSON schema of its arguments (an empty object schema when none was given).
     pub parameters: Value,
@@ -119,7 +119,7 @@ pub struct ToolSetup {
     pub format: ToolFormat,
     /// Whether tool calls are forbidden, allowed, required or of one named function.
     pub choice: ToolChoice,
-    /// The tools offered.
+    /// The tools the request offers the model.
     pub tools: Vec<Tool>,
     /// Whether several calls may come in one reply (`parallel_tool_calls`; by default true,
     /// except in the generic format).

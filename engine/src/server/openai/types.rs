@@ -391,7 +391,7 @@ pub struct Common {
     pub model: Option<String>,
     /// Completion token limit (legacy name).
     pub max_tokens: Option<i64>,
-    /// Completion token limit.
+    /// The most tokens to generate per choice (`max_completion_tokens`, OpenAI's current name).
     pub max_completion_tokens: Option<i64>,
     /// `temperature`, as given (checked by validation; `None` takes the default).
     pub temperature: Option<f32>,
@@ -411,7 +411,7 @@ pub struct Common {
     pub seed: Option<i64>,
     /// `stop`: strings that end a choice when generated (they are not sent).
     pub stop: Option<StringOrList>,
-    /// Number of choices.
+    /// `n`: how many choices to generate for the one prompt.
     pub n: Option<i64>,
     /// Stream as server-sent events.
     pub stream: bool,
