@@ -154,7 +154,7 @@ impl GrammarSpec {
 /// A string as a Lark literal: JSON string syntax (quotes and escapes) is what llguidance's
 /// Lark lexer reads.
 pub fn lark_string(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+    Value::String(s.to_owned()).to_string()
 }
 
 /// Why a constraint could not be built or used.

@@ -70,6 +70,10 @@ pub enum EngineError {
     /// The structured-output grammar failed while generating (its mask or its state).
     #[error("structured output: {0}")]
     StructuredOutput(String),
+    /// A generated token could not be decoded to text; the choice ends rather than answer
+    /// with the token's text silently missing.
+    #[error("internal error: decoding a generated token: {0}")]
+    Decode(String),
 }
 
 impl EngineError {
@@ -77,9 +81,10 @@ impl EngineError {
     pub fn label(&self) -> &'static str {
         match self {
             EngineError::ShuttingDown => value::ERROR_SHUTDOWN,
-            EngineError::Step(_) | EngineError::Lost | EngineError::StructuredOutput(_) => {
-                value::ERROR_INTERNAL
-            }
+            EngineError::Step(_)
+            | EngineError::Lost
+            | EngineError::StructuredOutput(_)
+            | EngineError::Decode(_) => value::ERROR_INTERNAL,
             EngineError::KvCacheExhausted(_) => value::ERROR_KV_CACHE_EXHAUSTED,
         }
     }

@@ -119,7 +119,7 @@ pub enum FetchError {
     /// A file operation failed.
     #[error("{path}: {source}")]
     Io {
-        /// The file.
+        /// The file the failed operation was on.
         path: PathBuf,
         /// The OS error.
         source: std::io::Error,
@@ -145,7 +145,7 @@ pub enum FetchError {
     /// The file's hash is wrong.
     #[error("{path}: sha256 is {got}, expected {expected}")]
     Hash {
-        /// The file.
+        /// The file whose hash was checked.
         path: PathBuf,
         /// The hash found.
         got: String,

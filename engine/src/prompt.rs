@@ -86,7 +86,7 @@ impl PromptBuilder {
         self.template.source()
     }
 
-    /// The tokenizer.
+    /// The tokenizer prompts are built with (shared with the step loops).
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
         &self.tokenizer
     }

@@ -11,7 +11,7 @@ use crate::scheduler::SchedulerConfig;
 /// One device group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Device {
-    /// The CPU.
+    /// Run on the CPU backend.
     Cpu,
     /// A CUDA GPU by ordinal.
     Cuda(usize),
@@ -28,7 +28,7 @@ pub enum DeviceError {
     Unavailable {
         /// The device asked for.
         device: String,
-        /// Why not.
+        /// Why the device cannot be used (shown to the user).
         reason: String,
     },
 }

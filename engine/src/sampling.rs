@@ -433,7 +433,7 @@ impl Sampler {
 pub struct TokenLogprobs {
     /// The generated token.
     pub id: u32,
-    /// Its log-probability.
+    /// The token's log-probability under the model.
     pub logprob: f32,
     /// The `top` most likely tokens with their log-probabilities, most likely first (ties to
     /// the lower id).

@@ -51,7 +51,7 @@ impl ResumeOutcome {
 /// A request's resume facts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Resume {
-    /// The outcome.
+    /// What became of the request's chance to reuse its session's KV.
     pub outcome: ResumeOutcome,
     /// Tokens the request had in common with its session's last turn (absent without a
     /// remembered turn).

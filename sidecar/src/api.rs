@@ -47,7 +47,7 @@ pub struct ApiState {
     pub store: Option<TurnDb>,
     /// Every metric the sidecar serves on `/metrics`.
     pub metrics: Arc<Metrics>,
-    /// `--token`.
+    /// The bearer token the views require (`--token`); `None`: the views are open.
     pub token: Option<Arc<str>>,
     /// Becomes true on shutdown; streams end then.
     pub shutdown: watch::Receiver<bool>,

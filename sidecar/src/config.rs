@@ -15,7 +15,7 @@ pub struct Cli {
     /// A subcommand; without one the sidecar serves.
     #[command(subcommand)]
     pub command: Option<Command>,
-    /// Serving options.
+    /// The options of the default command: receive, assemble, serve the views.
     #[command(flatten)]
     pub serve: Config,
 }

@@ -150,7 +150,7 @@ pub enum StartError {
     /// A listener could not bind.
     #[error("cannot listen on {addr} ({what}): {source}")]
     Bind {
-        /// Which listener.
+        /// Which listener could not bind (`--otlp-grpc`, `--otlp-http` or `--listen`).
         what: &'static str,
         /// The address asked for.
         addr: std::net::SocketAddr,

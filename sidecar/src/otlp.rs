@@ -237,7 +237,7 @@ impl<'a> Value<'a> {
         }
     }
 
-    /// A bool.
+    /// The value as a bool, when it is one.
     pub fn as_bool(self) -> Option<bool> {
         match self {
             Value::Bool(b) => Some(b),

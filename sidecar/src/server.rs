@@ -31,7 +31,7 @@ pub struct Sidecar {
     pub listen: SocketAddr,
     /// What the assembly publishes (for in-process readers and tests).
     pub published: Published,
-    /// The metrics.
+    /// The sidecar's metrics, served on `/metrics`.
     pub metrics: Arc<Metrics>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,

@@ -96,7 +96,7 @@ pub struct Request {
     pub request_id: String,
     /// `gen_ai.conversation.id` (the session).
     pub session_id: Option<String>,
-    /// The trace.
+    /// The trace id every span of the synthetic request shares.
     pub trace_id: [u8; 16],
     /// The request span's id.
     pub root_span_id: [u8; 8],
@@ -364,13 +364,13 @@ pub struct Leg {
 pub struct Usage {
     /// First finish reason.
     pub finish_reason: String,
-    /// Prompt tokens.
+    /// Tokens of the prompt.
     pub prompt_tokens: i64,
     /// Cached prompt tokens.
     pub cached_tokens: i64,
-    /// Prefilled tokens.
+    /// Prompt tokens actually computed (the prompt less its cached prefix).
     pub prefilled_tokens: i64,
-    /// Completion tokens.
+    /// Tokens generated.
     pub completion_tokens: i64,
     /// Arrival to admission, wall clock, ms.
     pub queue_ms: f64,

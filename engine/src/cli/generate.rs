@@ -14,7 +14,7 @@ use crate::scheduler::{Event, GenerateRequest, SchedulerConfig};
 /// Arguments of `generate`.
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
-    /// The prompt.
+    /// The text to continue.
     #[arg(long)]
     pub prompt: String,
     /// Render the prompt as one user message through the model's chat template.

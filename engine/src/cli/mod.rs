@@ -24,7 +24,7 @@ pub struct Cli {
     pub command: Commands,
 }
 
-/// Commands.
+/// The engine's subcommands: fetch a model, generate, bench and serve.
 #[derive(Debug, Subcommand)]
 pub enum Commands {
     /// Fetch a known model (default: SmolLM2-135M-Instruct Q4_1) into the cache folder.
@@ -37,7 +37,7 @@ pub enum Commands {
     Serve(serve::ServeArgs),
 }
 
-/// `fetch-model` options.
+/// Which known model `fetch-model` fetches, or `--list` to list them instead.
 #[derive(Debug, Clone, Args)]
 pub struct FetchArgs {
     /// The model's name (see --list).

@@ -104,7 +104,7 @@ pub struct ServeArgs {
     /// Record the conversation on the request span in the GenAI conventions (`gen_ai.input.messages`, `gen_ai.output.messages`, ...); off by default: no content leaves the engine.
     #[arg(long)]
     pub trace_content: bool,
-    /// Log format.
+    /// How log lines are written: text for people, JSON for log collectors.
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
     /// Model and device.

@@ -105,7 +105,7 @@ impl BlockManager {
         self.block_size
     }
 
-    /// Total blocks.
+    /// How many KV blocks the cache has in all, used or free.
     pub fn total(&self) -> usize {
         self.meta.len()
     }

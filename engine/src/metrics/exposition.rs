@@ -16,7 +16,7 @@ use super::requests::{RequestSnapshot, SeriesKey};
 /// The exporter's own state, for the telemetry-health metrics.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TelemetrySnapshot {
-    /// Spans exported.
+    /// Spans handed to the OTLP collector successfully (`slotlight_engine_spans_exported_total`).
     pub spans_exported: u64,
     /// Spans lost (beyond the queue's bounds, refused for good, left at shutdown).
     pub spans_dropped: u64,

@@ -10,24 +10,26 @@ use slotlight_otel::attr::{self, value};
 /// One group's histograms, recorded by its step loop.
 #[derive(Debug)]
 pub struct GroupInstruments {
-    /// `slotlight_engine_step_duration_seconds`.
+    /// The duration of each forward step (`slotlight_engine_step_duration_seconds`).
     pub step_duration: Histogram<f64>,
-    /// `slotlight_engine_step_batch_size`.
+    /// The requests in each forward step (`slotlight_engine_step_batch_size`).
     pub step_batch: Histogram<f64>,
-    /// `slot_group`.
+    /// The `slot_group` label every observation of the group carries.
     pub attrs: [KeyValue; 1],
 }
 
 /// The HTTP layer's histograms, recorded as each request is observed.
 #[derive(Debug)]
 pub struct RequestInstruments {
-    /// `gen_ai.server.time_to_first_token`.
+    /// Arrival to first token of successful requests (`gen_ai.server.time_to_first_token`).
     pub ttft: Histogram<f64>,
-    /// `gen_ai.server.time_per_output_token`.
+    /// Time per token after the first, of successful requests
+    /// (`gen_ai.server.time_per_output_token`).
     pub tpot: Histogram<f64>,
-    /// `gen_ai.server.request.duration`.
+    /// Arrival to finish of every request, with its `error.type`
+    /// (`gen_ai.server.request.duration`).
     pub duration: Histogram<f64>,
-    /// `slotlight_engine_queue_time_seconds`.
+    /// Arrival to first admission of admitted requests (`slotlight_engine_queue_time_seconds`).
     pub queue: Histogram<f64>,
 }
 

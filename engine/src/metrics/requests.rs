@@ -23,11 +23,11 @@ pub const OVERFLOW: &str = "_overflow";
 /// One finished or refused request, as its latency histograms see it.
 #[derive(Debug, Clone, Copy)]
 pub struct Observation<'a> {
-    /// `gen_ai.operation.name`.
+    /// The GenAI operation (`gen_ai.operation.name`): `chat` or `text_completion`.
     pub operation: &'static str,
     /// `gen_ai.request.model`, when known (a refusal may come before the body was read).
     pub request_model: Option<&'a str>,
-    /// `gen_ai.response.model`.
+    /// The model that served the request (`gen_ai.response.model`).
     pub response_model: &'a str,
     /// `error.type` of a request that did not succeed; `None` for a successful one.
     pub error_type: Option<&'static str>,
@@ -89,14 +89,14 @@ pub struct SeriesSnapshot {
     pub tpot: HistogramSnapshot,
     /// Request duration by `error_type` (`None`: successful requests).
     pub duration: Vec<(Option<&'static str>, HistogramSnapshot)>,
-    /// Queue time.
+    /// Arrival to first admission of admitted requests (`slotlight_engine_queue_time_seconds`).
     pub queue: HistogramSnapshot,
 }
 
 /// What [`RequestMetrics`] held when read.
 #[derive(Debug, Clone, Default)]
 pub struct RequestSnapshot {
-    /// Latency series.
+    /// The latency histograms, one series per combination of labels.
     pub series: Vec<SeriesSnapshot>,
     /// Refusals by `error_type`.
     pub refused: Vec<(&'static str, u64)>,
@@ -174,7 +174,7 @@ impl RequestMetrics {
         *self.lock().refused.entry(error_type).or_default() += 1;
     }
 
-    /// Everything now.
+    /// A copy of every request metric as it stands now (for `/metrics` and the tests).
     pub fn snapshot(&self) -> RequestSnapshot {
         let g = self.lock();
         RequestSnapshot {

@@ -35,11 +35,11 @@ use crate::tokenizer::Tokenizer;
 /// Cumulative counters of one group (not per-request timing: those live in each request).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct GroupStats {
-    /// Group index.
+    /// Which device group (slot group) this is, from 0.
     pub group: usize,
     /// Requests admitted and running.
     pub active: usize,
-    /// Requests waiting.
+    /// Requests waiting for admission to this group, new and preempted.
     pub queued: usize,
     /// KV blocks in all (of the full pool: every layer's KV, or the global layers' when the
     /// local layers have a window pool).
@@ -105,7 +105,7 @@ struct Chunk {
     seq: usize,
     /// First position computed.
     start: usize,
-    /// Positions computed.
+    /// How many of the sequence's positions have their KV computed.
     len: usize,
     /// Whether the chunk ends the sequence's known tokens, so it yields logits and a token.
     samples: bool,
@@ -861,10 +861,18 @@ impl<'t> Loop<'t> {
         s.timings.mark_token(now);
         self.metrics.count_token();
         let is_eos = !s.req.ignore_eos && self.tok.is_stop_token(id);
-        let delta = if is_eos {
-            String::new()
+        // A token that does not decode ends the choice with an error (after its token event,
+        // so that the token is counted where it was generated), never a silently empty text.
+        let (delta, undecodable) = if is_eos {
+            (String::new(), None)
         } else {
-            s.decoder.push(id).unwrap_or_default()
+            match s.decoder.push(id) {
+                Ok(text) => (text, None),
+                Err(e) => {
+                    tracing::error!(token = id, error = %e, "Decode.Failed");
+                    (String::new(), Some(e))
+                }
+            }
         };
         let out = s.stop.push(&delta);
         // A sequence in a step always has a placement; the fallback only keeps a broken
@@ -890,6 +898,9 @@ impl<'t> Loop<'t> {
             Some(c) => c.constraint.consume(id).map(|()| c.constraint.is_stopped()),
         };
         let generated = s.tokens.len() - s.req.prompt.len();
+        if let Some(e) = undecodable {
+            return Some(FinishReason::Error(EngineError::Decode(e.to_string())));
+        }
         match grammar {
             Err(e) => Some(FinishReason::Error(EngineError::StructuredOutput(
                 e.to_string(),

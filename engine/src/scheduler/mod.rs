@@ -31,7 +31,8 @@ pub use crate::finish::{EngineError, FinishReason};
 pub use group::GroupStats;
 use resume::SessionMemory;
 
-/// Scheduler settings.
+/// How the step loops run: batch slots, queue bound, prefill chunks, the return to the solo
+/// path and the sessions remembered for warm resume.
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
     /// Batch slots per group.
@@ -122,7 +123,7 @@ impl GenerateRequest {
 pub struct Placement {
     /// Solo path or batch slot.
     pub path: PathKind,
-    /// Device group.
+    /// The device group (slot group) the request runs on.
     pub group: usize,
     /// Slot (slot path only).
     pub slot: Option<usize>,
@@ -146,7 +147,7 @@ pub enum Event {
     Prefilled(PrefillRecord),
     /// A token was produced.
     Token {
-        /// Token id.
+        /// The token's id in the model's vocabulary.
         id: u32,
         /// Text it completes (may be empty; stop strings are held back and never sent).
         text: String,
@@ -173,7 +174,7 @@ pub enum Event {
 pub struct MaskStats {
     /// Time computing masks.
     pub time: Duration,
-    /// Masks computed.
+    /// How many token masks the grammar computed.
     pub masks: u64,
 }
 
@@ -210,11 +211,11 @@ pub enum SubmitError {
         "prompt ({prompt} tokens) plus max_tokens ({max_tokens}) exceeds the context length of {context} tokens"
     )]
     ContextOverflow {
-        /// Prompt tokens.
+        /// Tokens of the prompt.
         prompt: usize,
         /// Requested completion tokens.
         max_tokens: usize,
-        /// Context length.
+        /// The model's context length, in tokens, that prompt and reply must fit.
         context: usize,
     },
     /// The prompt is empty.
@@ -231,11 +232,11 @@ pub struct InFlight {
     pub state: &'static str,
     /// `solo` or `slot` (absent while queued).
     pub path: Option<PathKind>,
-    /// Device group.
+    /// The device group (slot group) the request runs on.
     pub group: usize,
-    /// Slot index.
+    /// The batch slot it holds (none on the solo path).
     pub slot: Option<usize>,
-    /// Tokens generated.
+    /// Tokens generated so far.
     pub generated_tokens: usize,
     /// Seconds since the request's own arrival.
     pub elapsed_s: f64,

@@ -7,7 +7,7 @@ pub struct Slots {
 }
 
 impl Slots {
-    /// `n` free slots.
+    /// A group's `n` batch slots, all free.
     pub fn new(n: usize) -> Self {
         Self {
             taken: vec![false; n],

@@ -57,7 +57,7 @@ impl ErrorKind {
 pub struct ApiError {
     /// What kind of error (gives the `error.type` label).
     pub error: ErrorKind,
-    /// HTTP status.
+    /// The HTTP status the error is answered with.
     pub status: StatusCode,
     /// What went wrong, for a person.
     pub message: String,
@@ -249,9 +249,10 @@ impl From<&EngineError> for ApiError {
                 a.code = Some("kv_cache_exhausted");
                 a
             }
-            EngineError::Step(_) | EngineError::Lost | EngineError::StructuredOutput(_) => {
-                ApiError::internal(e.to_string())
-            }
+            EngineError::Step(_)
+            | EngineError::Lost
+            | EngineError::StructuredOutput(_)
+            | EngineError::Decode(_) => ApiError::internal(e.to_string()),
         }
     }
 }

@@ -32,14 +32,15 @@ pub use self::listen::{MAX_HEADERS, serve, shutdown_signal};
 pub use self::middleware::{Arrival, LocalAddr, parent_context, server_address};
 pub use self::routes::router;
 
-/// Server settings.
+/// What the HTTP server is set up with: the API key, body and request limits, what spans
+/// record, and the model it serves under which names.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     /// Required bearer token, when set.
     pub api_key: Option<String>,
     /// Largest request body, bytes.
     pub max_body_bytes: usize,
-    /// Request limits.
+    /// The limits every request is checked against (messages, stop strings, tokens, `n`, tools).
     pub limits: Limits,
     /// Decode progress window (`slotlight.decode` spans); zero turns them off.
     pub progress_interval: Duration,

@@ -35,7 +35,7 @@ pub enum Out {
     /// Content for one choice (possibly empty), with the log-probabilities of the tokens
     /// generated since its last delta.
     Delta {
-        /// The choice.
+        /// The index of the choice the event belongs to.
         choice: usize,
         /// Content to show now.
         text: String,
@@ -55,7 +55,7 @@ pub enum Out {
 /// The end of one choice.
 #[derive(Debug, Clone)]
 pub struct ChoiceEnd {
-    /// The choice.
+    /// The index of the choice the event belongs to.
     pub choice: usize,
     /// OpenAI finish reason (`tool_calls` when the reply is calls).
     pub finish_reason: ApiFinishReason,

@@ -17,7 +17,7 @@ use crate::metrics::{Observation, RequestMetrics};
 /// A generation request answered with an error before it reached a step loop, with what was
 /// known of it when it was refused.
 pub struct Refused {
-    /// The answer.
+    /// The error the client is answered with.
     pub error: ApiError,
     /// The request span (and through it the request), when the request was refused after its
     /// span started (by the scheduler: the queue is full, the engine is stopping).

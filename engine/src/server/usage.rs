@@ -13,7 +13,7 @@ pub struct Usage {
     pub prompt_tokens: usize,
     /// Completion tokens, over all choices.
     pub completion_tokens: usize,
-    /// Their sum.
+    /// Prompt and completion tokens together.
     pub total_tokens: usize,
     /// Details of the prompt.
     pub prompt_tokens_details: PromptDetails,
@@ -48,7 +48,7 @@ pub struct LegUsage {
     pub choice: usize,
     /// `solo` or `slot`.
     pub path: &'static str,
-    /// Device group.
+    /// The device group (slot group) the leg ran on.
     pub group: usize,
     /// Slot index (slot path only).
     pub slot: Option<usize>,

@@ -97,7 +97,7 @@ impl TokenBytes {
         Self { bytes, special }
     }
 
-    /// Number of ids.
+    /// How many token ids have bytes here.
     pub fn len(&self) -> usize {
         self.bytes.len()
     }

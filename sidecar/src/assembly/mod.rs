@@ -603,9 +603,9 @@ pub struct Published {
 
 /// The assembly task's ends.
 pub struct Assembly {
-    /// Applies batches.
+    /// The assembler that applies each batch of converted spans to the slots and turns.
     pub assembler: Assembler,
-    /// Publishes snapshots.
+    /// Where each new snapshot of the slots is published for the views.
     pub slots_tx: watch::Sender<Arc<SlotsSnapshot>>,
     /// Where views read.
     pub published: Published,

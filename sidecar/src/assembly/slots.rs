@@ -181,7 +181,7 @@ impl Row {
 /// A row as JSON (`/v1/slots`).
 #[derive(Debug, Serialize)]
 pub struct RowView<'a> {
-    /// Device group.
+    /// The device group (slot group) of the slot.
     pub group: i64,
     /// `solo` or `slot`.
     pub path: Path,

@@ -24,7 +24,7 @@ pub struct TurnLeg {
     pub path: Path,
     /// Slot index (null on the solo path).
     pub slot: Option<i64>,
-    /// Device group.
+    /// The device group (slot group) the leg ran on.
     pub group: i64,
     /// Tokens generated in this leg (`slotlight.leg.tokens_generated`).
     pub tokens: Option<i64>,
@@ -362,7 +362,7 @@ pub struct PartialTurn {
     pub request_id: Arc<str>,
     /// The session its spans named.
     pub session_id: Option<Arc<str>>,
-    /// Their trace.
+    /// The trace id the request's spans share.
     pub trace_id: TraceId,
     /// The earliest start of its spans, Unix ns (the queue span's: the arrival).
     pub start_ns: i64,
@@ -508,7 +508,7 @@ impl TurnStore {
         (hits.into_iter().map(|(_, t)| t).collect(), next)
     }
 
-    /// Records held.
+    /// How many turn records are held in memory.
     pub fn len(&self) -> usize {
         self.ring
             .read()

@@ -42,16 +42,16 @@ pub enum StoreError {
     /// SQLite refused an operation (open, schema, write or read).
     #[error("turn store {path}: {source}")]
     Sqlite {
-        /// The file.
+        /// The turn store's file.
         path: String,
-        /// SQLite's error.
+        /// What SQLite reported.
         #[source]
         source: rusqlite::Error,
     },
     /// The file's directory could not be created.
     #[error("turn store {path}: cannot create its directory: {source}")]
     Directory {
-        /// The file.
+        /// The turn store's file.
         path: String,
         /// The I/O error.
         #[source]
@@ -60,7 +60,7 @@ pub enum StoreError {
     /// The file was written by a newer sidecar (its schema version is higher than ours).
     #[error("turn store {path}: schema version {found} is newer than this sidecar's {VERSION}", VERSION = schema::VERSION)]
     NewerSchema {
-        /// The file.
+        /// The turn store's file.
         path: String,
         /// Its `user_version`.
         found: i64,
@@ -68,7 +68,7 @@ pub enum StoreError {
     /// A stored record is not valid JSON (the file was edited by hand or is damaged).
     #[error("turn store: the record of seq {seq} is not JSON: {source}")]
     BadRecord {
-        /// The row.
+        /// The sequence number of the row that did not decode.
         seq: i64,
         /// The parse error.
         #[source]
@@ -191,7 +191,7 @@ impl TurnDb {
         })
     }
 
-    /// Rows stored.
+    /// How many turn records the store holds.
     pub fn len(&self) -> Result<u64, StoreError> {
         let c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         let n: i64 = c

@@ -56,7 +56,7 @@ pub enum QueryError {
     Sqlite(rusqlite::Error),
     /// A stored record is not JSON.
     BadRecord {
-        /// The row.
+        /// The sequence number of the row that did not decode.
         seq: i64,
         /// The parse error.
         source: serde_json::Error,

@@ -183,7 +183,8 @@ pub fn matmul_many(
         let ptr = ptrs[task.w];
         match w {
             Weight::Packed(p) => {
-                // Unwrap is safe here: checked above for packed weights.
+                // Packed weights read the input's quantized rows (`input.q`); an input
+                // without them gives the task an empty list.
                 let rows = qrows.as_deref().unwrap_or(&[]);
                 packed_task(isa, p, rows, &task, ptr);
             }

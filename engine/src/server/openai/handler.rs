@@ -33,12 +33,12 @@ use crate::server::trace::ServerAddress;
 use crate::server::{Arrival, LocalAddr, SharedState, server_address};
 use crate::tokenizer::TokenBytes;
 
-/// `POST /v1/chat/completions`.
+/// Answers `POST /v1/chat/completions`: a chat reply, whole or streamed.
 pub async fn chat(State(st): State<SharedState>, request: Request) -> Response {
     answer(st, Endpoint::Chat, request).await
 }
 
-/// `POST /v1/completions`.
+/// Answers `POST /v1/completions`: a text completion, whole or streamed.
 pub async fn completions(State(st): State<SharedState>, request: Request) -> Response {
     answer(st, Endpoint::Completions, request).await
 }

@@ -84,7 +84,7 @@ pub fn new_id(prefix: &str) -> String {
     format!("{prefix}-{:016x}{:04x}", h.finish(), n & 0xffff)
 }
 
-/// Unix seconds now.
+/// The `created` field of a response: the Unix time now, in seconds.
 pub fn created() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

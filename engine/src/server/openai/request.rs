@@ -51,7 +51,7 @@ impl Endpoint {
 /// A grammar the output must follow, where it came from, and what kind of constraint it is.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GrammarRequest {
-    /// The grammar.
+    /// The grammar itself, in the form it was given (schema, regex, choice or Lark).
     pub spec: GrammarSpec,
     /// The request field it came from (the `param` of a 400 when it does not compile).
     pub param: &'static str,
@@ -76,7 +76,7 @@ pub struct ValidOptions {
     pub include_usage: bool,
     /// Whether every chunk carries usage (`stream_options.continuous_usage_stats`).
     pub continuous_usage: bool,
-    /// End-user id.
+    /// The end-user id (`user`) the client gave, kept apart from the session hint.
     pub user: Option<String>,
     /// The session hint from the body (`prompt_cache_key`, else `user`, else
     /// `safety_identifier`); the `x-session-id` header wins over it.
@@ -98,7 +98,7 @@ pub struct ValidOptions {
 /// A request ready to generate: checked, its prompt built and its grammar compiled.
 #[derive(Debug, Clone)]
 pub struct ValidRequest {
-    /// Which endpoint.
+    /// The endpoint the request came to: it shapes the response and names the operation.
     pub endpoint: Endpoint,
     /// The model the client asked for (`gen_ai.request.model`).
     pub request_model: String,
@@ -114,7 +114,7 @@ pub struct ValidRequest {
     pub logprobs: Option<usize>,
     /// Completions' `echo`: the prompt comes back before the completion.
     pub echo: bool,
-    /// Tools (chat).
+    /// The tools a chat request offers, and how their calls are parsed from the reply.
     pub tools: Option<ToolSetup>,
     /// The compiled constraint, when the request has a grammar or enforced tool calls.
     pub constraint: Option<Constraint>,

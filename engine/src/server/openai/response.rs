@@ -25,30 +25,30 @@ fn finite(lp: f32) -> f32 {
 /// `POST /v1/chat/completions` response.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatCompletion {
-    /// Response id.
+    /// The response id (`chatcmpl-…`), also the request id in logs, spans and turn records.
     pub id: String,
-    /// `chat.completion`.
+    /// The object type, always `chat.completion`.
     pub object: &'static str,
-    /// Unix seconds.
+    /// When the response was made, in Unix seconds.
     pub created: u64,
-    /// The model served.
+    /// The model that served the request, by the name it is served under.
     pub model: String,
-    /// Always null.
+    /// Always null: kept for clients that read OpenAI's field.
     pub system_fingerprint: Option<String>,
-    /// One per choice.
+    /// The request's choices, one for each of its `n`.
     pub choices: Vec<ChatChoice>,
     /// Usage with the request's own timings.
     pub usage: Usage,
-    /// llama.cpp-style timings.
+    /// The same timings in llama.cpp's shape, for clients written for its server.
     pub timings: LlamaCppTimings,
 }
 
 /// One choice of a chat completion.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatChoice {
-    /// Choice index.
+    /// Which choice this is, from 0 to `n - 1`.
     pub index: usize,
-    /// The reply.
+    /// The assistant's reply of this choice.
     pub message: AssistantMessage,
     /// Log-probabilities, when asked for.
     pub logprobs: Option<ChatLogprobs>,
@@ -59,14 +59,14 @@ pub struct ChatChoice {
 /// The assistant's reply.
 #[derive(Debug, Clone, Serialize)]
 pub struct AssistantMessage {
-    /// `assistant`.
+    /// The role, always `assistant`.
     pub role: &'static str,
     /// The text (null when the reply is only tool calls).
     pub content: Option<String>,
     /// The reply's reasoning (thinking templates; absent when there is none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
-    /// Tool calls.
+    /// The tool calls the reply makes (absent when it makes none).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
 }
@@ -76,17 +76,17 @@ pub struct AssistantMessage {
 pub struct ToolCall {
     /// Call id (`call_…`), for the tool message that answers it.
     pub id: String,
-    /// `function`.
+    /// The call's type, always `function`.
     #[serde(rename = "type")]
     pub kind: &'static str,
-    /// The call.
+    /// The function called and its arguments.
     pub function: FunctionCall,
 }
 
 /// The function part of a tool call.
 #[derive(Debug, Clone, Serialize)]
 pub struct FunctionCall {
-    /// Function name.
+    /// The name of the function to call, one of the request's tools.
     pub name: String,
     /// Arguments as a JSON text.
     pub arguments: String,
@@ -109,9 +109,9 @@ impl ToolCall {
 /// Chat `logprobs`: one entry per generated token.
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct ChatLogprobs {
-    /// The tokens.
+    /// One entry per generated token, in order.
     pub content: Vec<ChatTokenLogprob>,
-    /// Always null.
+    /// Always null: no refusal is ever generated apart from the content.
     pub refusal: Option<Vec<ChatTokenLogprob>>,
 }
 
@@ -120,7 +120,7 @@ pub struct ChatLogprobs {
 pub struct ChatTokenLogprob {
     /// The token's text (U+FFFD for part of a character; see `bytes`).
     pub token: String,
-    /// Its log-probability.
+    /// The token's log-probability under the model (clamped to a finite floor).
     pub logprob: f32,
     /// Its exact bytes.
     pub bytes: Vec<u8>,
@@ -168,9 +168,9 @@ impl ChatLogprobs {
 /// The legacy completions `logprobs` object.
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct CompletionLogprobs {
-    /// Token texts.
+    /// The text of each generated token, in order.
     pub tokens: Vec<String>,
-    /// Their log-probabilities.
+    /// The log-probability of each token in `tokens`.
     pub token_logprobs: Vec<f32>,
     /// Per position, the most likely tokens (text → log-probability), most likely first.
     pub top_logprobs: Vec<Map<String, serde_json::Value>>,
@@ -208,13 +208,13 @@ impl CompletionLogprobs {
 pub struct ChatChunk {
     /// Response id (the same in every chunk).
     pub id: String,
-    /// `chat.completion.chunk`.
+    /// The object type, always `chat.completion.chunk`.
     pub object: &'static str,
-    /// Unix seconds.
+    /// When the response was made, in Unix seconds.
     pub created: u64,
-    /// The model served.
+    /// The model that served the request, by the name it is served under.
     pub model: String,
-    /// Always null.
+    /// Always null: kept for clients that read OpenAI's field.
     pub system_fingerprint: Option<String>,
     /// The choices this chunk speaks for (empty in the final usage chunk).
     pub choices: Vec<ChunkChoice>,
@@ -234,11 +234,11 @@ pub enum ChunkUsage {
     Full(Box<Usage>),
     /// Counts so far.
     Partial {
-        /// Prompt tokens.
+        /// Tokens of the prompt (known from the start).
         prompt_tokens: usize,
         /// Completion tokens so far.
         completion_tokens: usize,
-        /// Their sum.
+        /// Prompt and completion tokens together.
         total_tokens: usize,
     },
 }
@@ -246,7 +246,7 @@ pub enum ChunkUsage {
 /// One choice in a chat chunk.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChunkChoice {
-    /// Choice index.
+    /// Which choice this delta belongs to, from 0 to `n - 1`.
     pub index: usize,
     /// What this chunk adds.
     pub delta: Delta,
@@ -262,7 +262,7 @@ pub struct Delta {
     /// `assistant`, on each choice's first chunk.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
-    /// New content.
+    /// Text of the reply added by this chunk.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
     /// New reasoning (thinking templates, while the reply is inside its reasoning block).
@@ -278,7 +278,7 @@ pub struct Delta {
 pub struct ToolCallDelta {
     /// Position of the call in the choice's list.
     pub index: usize,
-    /// The call.
+    /// The whole call: its id, type, function name and arguments.
     #[serde(flatten)]
     pub call: ToolCall,
 }
@@ -286,22 +286,22 @@ pub struct ToolCallDelta {
 /// `POST /v1/completions` response (and each of its stream chunks, `object` alike).
 #[derive(Debug, Clone, Serialize)]
 pub struct TextCompletion {
-    /// Response id.
+    /// The response id (`cmpl-…`), the same in every chunk and in logs, spans and turns.
     pub id: String,
-    /// `text_completion`.
+    /// The object type, always `text_completion`.
     pub object: &'static str,
-    /// Unix seconds.
+    /// When the response was made, in Unix seconds.
     pub created: u64,
-    /// The model served.
+    /// The model that served the request, by the name it is served under.
     pub model: String,
-    /// Always null.
+    /// Always null: kept for clients that read OpenAI's field.
     pub system_fingerprint: Option<String>,
-    /// One per choice.
+    /// The request's choices, one for each of its `n`.
     pub choices: Vec<TextChoice>,
     /// Usage (whole response; final stream chunk with `include_usage`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<ChunkUsage>,
-    /// llama.cpp timings.
+    /// The timings in llama.cpp's shape (whole response; with the usage of a stream).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timings: Option<LlamaCppTimings>,
 }
@@ -309,7 +309,7 @@ pub struct TextCompletion {
 /// One choice of a text completion.
 #[derive(Debug, Clone, Serialize)]
 pub struct TextChoice {
-    /// Choice index.
+    /// Which choice this is, from 0 to `n - 1`.
     pub index: usize,
     /// The text (this chunk's, when streaming).
     pub text: String,

@@ -21,7 +21,7 @@ use super::validate::chat_prompt;
 use crate::server::SharedState;
 use crate::server::error::ApiError;
 
-/// `POST /tokenize`.
+/// Answers `POST /tokenize`: the token ids (and, when asked, pieces) of a text or a chat.
 pub async fn tokenize(State(st): State<SharedState>, body: Body) -> Result<Response, ApiError> {
     let v: Value = read_json(body, st.cfg.max_body_bytes, st.cfg.read_timeout).await?;
     let Value::Object(mut map) = v else {
@@ -135,7 +135,7 @@ pub async fn tokenize(State(st): State<SharedState>, body: Body) -> Result<Respo
     Ok(Json(out).into_response())
 }
 
-/// `POST /detokenize`.
+/// Answers `POST /detokenize`: the text of a list of token ids.
 pub async fn detokenize(State(st): State<SharedState>, body: Body) -> Result<Response, ApiError> {
     let v: Value = read_json(body, st.cfg.max_body_bytes, st.cfg.read_timeout).await?;
     let mut b = types::Body::new(v, "")?;

@@ -66,9 +66,9 @@ impl ToolFormat {
 /// One function the model may call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tool {
-    /// Its name.
+    /// The name of the function to call.
     pub name: String,
-    /// What it does.
+    /// What the function does, for the model.
     pub description: Option<String>,
     /// The JSON schema of its arguments (an empty object schema when none was given).
     pub parameters: Value,
@@ -87,7 +87,7 @@ impl Tool {
     }
 }
 
-/// `tool_choice`.
+/// What the request allows of tool calls (`tool_choice`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ToolChoice {
     /// No tool may be called; the tools are left out of the prompt.
@@ -117,9 +117,9 @@ impl ToolChoice {
 pub struct ToolSetup {
     /// The model's tool-call format.
     pub format: ToolFormat,
-    /// `tool_choice`.
+    /// Whether tool calls are forbidden, allowed, required or of one named function.
     pub choice: ToolChoice,
-    /// The tools offered.
+    /// The tools the request offers the model.
     pub tools: Vec<Tool>,
     /// Whether several calls may come in one reply (`parallel_tool_calls`; by default true,
     /// except in the generic format).
@@ -355,7 +355,7 @@ fn call_from(v: &Value, args_keys: &[&str]) -> Option<ParsedCall> {
         .unwrap_or_else(|| json!({}));
     let arguments = match args {
         Value::String(s) => s,
-        other => serde_json::to_string(&other).ok()?,
+        other => other.to_string(),
     };
     Some(ParsedCall { name, arguments })
 }

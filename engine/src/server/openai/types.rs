@@ -25,11 +25,11 @@ pub struct Limits {
     pub max_message_bytes: usize,
     /// Most stop strings.
     pub max_stop: usize,
-    /// Largest `max_tokens`.
+    /// The largest `max_tokens` a request may ask for; more is refused.
     pub max_tokens: usize,
     /// `max_tokens` when the request gives none.
     pub default_max_tokens: usize,
-    /// Largest `n`.
+    /// The most choices (`n`) one request may ask for; more is refused.
     pub max_n: usize,
     /// Most tools in one request.
     pub max_tools: usize,
@@ -206,9 +206,9 @@ fn kind_of(v: &Value) -> &'static str {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum Content {
-    /// Plain text.
+    /// The content as one string.
     Text(String),
-    /// Content parts.
+    /// The content as a list of parts, whose texts are joined (only text parts are accepted).
     Parts(Vec<ContentPart>),
 }
 
@@ -225,19 +225,19 @@ pub struct ContentPart {
 /// A tool call in an assistant message of the history.
 #[derive(Debug, Clone, Deserialize)]
 pub struct WireToolCall {
-    /// Its id.
+    /// The call's id, which a later tool message answers by `tool_call_id`.
     pub id: Option<String>,
-    /// `function`.
+    /// The call's type; only `function` is accepted.
     #[serde(rename = "type")]
     pub kind: Option<String>,
-    /// The call.
+    /// The function called and its arguments.
     pub function: WireFunctionCall,
 }
 
 /// The function part of a tool call.
 #[derive(Debug, Clone, Deserialize)]
 pub struct WireFunctionCall {
-    /// Function name.
+    /// The name of the function that was called.
     pub name: String,
     /// Arguments, a JSON text (an object is accepted too).
     pub arguments: Value,
@@ -309,14 +309,14 @@ impl WireMessage {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum StringOrList {
-    /// One string.
+    /// A single stop string.
     One(String),
     /// A list of strings, as given.
     Many(Vec<String>),
 }
 
 impl StringOrList {
-    /// The strings.
+    /// The stop strings as a list, whichever form they were sent in.
     pub fn into_vec(self) -> Vec<String> {
         match self {
             StringOrList::One(s) => vec![s],
@@ -325,7 +325,7 @@ impl StringOrList {
     }
 }
 
-/// `stream_options`.
+/// What a streamed response adds (`stream_options`).
 #[derive(Debug, Clone, Default)]
 pub struct StreamOptions {
     /// Send a final chunk with `usage` (and empty `choices`) before `[DONE]`.
@@ -339,7 +339,7 @@ pub struct StreamOptions {
 pub struct WireTool {
     /// The function's name.
     pub name: String,
-    /// Its description.
+    /// What the function does, for the model (rendered into the prompt).
     pub description: Option<String>,
     /// Its arguments' JSON schema.
     pub parameters: Option<Value>,
@@ -348,11 +348,11 @@ pub struct WireTool {
 /// `tool_choice` as sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WireToolChoice {
-    /// `none`.
+    /// `none`: the model must not call a tool.
     None,
-    /// `auto`.
+    /// `auto`: the model decides whether to call a tool.
     Auto,
-    /// `required`.
+    /// `required`: the model must call at least one tool.
     Required,
     /// `{"type": "function", "function": {"name": ...}}`.
     Function(String),
@@ -376,9 +376,9 @@ pub enum StructuredOutputs {
     Json(Value),
     /// `json_object: true`.
     JsonObject,
-    /// `regex`.
+    /// `regex`: the output must match this regular expression.
     Regex(String),
-    /// `choice`.
+    /// `choice`: the output must be exactly one of these strings.
     Choice(Vec<String>),
     /// `grammar` (Lark).
     Grammar(String),
@@ -387,35 +387,35 @@ pub enum StructuredOutputs {
 /// Sampling, limits and output fields shared by chat and completions.
 #[derive(Debug, Clone, Default)]
 pub struct Common {
-    /// Model name.
+    /// The model the client asks for (`gen_ai.request.model`).
     pub model: Option<String>,
     /// Completion token limit (legacy name).
     pub max_tokens: Option<i64>,
-    /// Completion token limit.
+    /// The most tokens to generate per choice (`max_completion_tokens`, OpenAI's current name).
     pub max_completion_tokens: Option<i64>,
     /// `temperature`, as given (checked by validation; `None` takes the default).
     pub temperature: Option<f32>,
-    /// Nucleus sampling.
+    /// `top_p`: sample only from the most likely tokens whose probabilities add up to this.
     pub top_p: Option<f32>,
-    /// Top-k (extension).
+    /// `top_k` (extension): sample only from this many most likely tokens.
     pub top_k: Option<i64>,
-    /// Min-p (extension).
+    /// `min_p` (extension): drop tokens less likely than this fraction of the most likely one.
     pub min_p: Option<f32>,
     /// Repetition penalty (extension).
     pub repetition_penalty: Option<f32>,
-    /// Presence penalty.
+    /// `presence_penalty`: lowers the logit of every token already generated, once.
     pub presence_penalty: Option<f32>,
-    /// Frequency penalty.
+    /// `frequency_penalty`: lowers a token's logit by this much per time it was generated.
     pub frequency_penalty: Option<f32>,
     /// `seed`, as given: makes sampling reproducible.
     pub seed: Option<i64>,
-    /// Stop strings.
+    /// `stop`: strings that end a choice when generated (they are not sent).
     pub stop: Option<StringOrList>,
-    /// Number of choices.
+    /// `n`: how many choices to generate for the one prompt.
     pub n: Option<i64>,
     /// Stream as server-sent events.
     pub stream: bool,
-    /// Streaming options.
+    /// `stream_options`: what a streamed response adds (usage chunks).
     pub stream_options: Option<StreamOptions>,
     /// End-user id (also the session id when no `x-session-id` header is sent).
     pub user: Option<String>,
@@ -427,11 +427,11 @@ pub struct Common {
     pub ignore_eos: bool,
     /// `logit_bias`: token id → bias.
     pub logit_bias: Option<BTreeMap<String, f32>>,
-    /// `response_format`.
+    /// `response_format`: OpenAI's way to ask for JSON output (a schema or any object).
     pub response_format: Option<ResponseFormat>,
-    /// vLLM's `structured_outputs`.
+    /// vLLM's `structured_outputs`: a JSON schema, a regex, a choice or a grammar.
     pub structured_outputs: Option<StructuredOutputs>,
-    /// llama.cpp's `json_schema`.
+    /// llama.cpp's `json_schema`: the output must be JSON of this schema.
     pub json_schema: Option<Value>,
     /// llama.cpp's `grammar` (Lark here).
     pub grammar: Option<String>,
@@ -613,15 +613,15 @@ fn parse_structured_outputs(v: Value) -> Result<StructuredOutputs, ApiError> {
 /// `POST /v1/chat/completions` body.
 #[derive(Debug, Clone)]
 pub struct ChatRequest {
-    /// The conversation.
+    /// The conversation so far, rendered into the prompt by the chat template.
     pub messages: Vec<WireMessage>,
     /// Sampling, limits and output.
     pub common: Common,
     /// Tools the model may call.
     pub tools: Option<Vec<WireTool>>,
-    /// `tool_choice`.
+    /// `tool_choice`: whether the model may, must or must not call a tool, or which one.
     pub tool_choice: Option<WireToolChoice>,
-    /// `parallel_tool_calls`.
+    /// `parallel_tool_calls`: false allows at most one tool call per reply.
     pub parallel_tool_calls: Option<bool>,
     /// Return log-probabilities of the output tokens.
     pub logprobs: bool,
@@ -833,7 +833,7 @@ pub enum Prompt {
     Text(String),
     /// Texts (only one is supported).
     Texts(Vec<String>),
-    /// Token ids.
+    /// The prompt as token ids, taken as they are.
     Tokens(Vec<u32>),
     /// Lists of token ids (only one is supported).
     TokenLists(Vec<Vec<u32>>),
@@ -842,7 +842,7 @@ pub enum Prompt {
 /// `POST /v1/completions` body.
 #[derive(Debug, Clone)]
 pub struct CompletionRequest {
-    /// The prompt.
+    /// The text (or token ids) to continue.
     pub prompt: Prompt,
     /// Sampling, limits and output.
     pub common: Common,
