@@ -199,6 +199,10 @@ unsafe fn wide_chunk_states(
     let mut g0 = first;
     while g0 < last && g0 * bs <= max_pos {
         let g1 = (g0 + WIDE).min(last);
+        if g1 * bs <= min_visible {
+            g0 = g1;
+            continue; // wholly before every row's window
+        }
         // The group's blocks that some row sees, converted into their slots.
         let mut needed = [false; WIDE];
         for bi in g0..g1 {
@@ -221,8 +225,9 @@ unsafe fn wide_chunk_states(
             }
             needed[slot] = true;
         }
-        if g1 < last && g1 * bs <= max_pos {
-            // The next group's first block lies elsewhere in memory: fetch it meanwhile.
+        if g1 < last && g1 * bs <= max_pos && (g1 + 1) * bs > min_visible {
+            // The next group's first block lies elsewhere in memory: fetch it meanwhile (a
+            // block wholly before every row's window may be released: never touched).
             let next = rows.blocks[g1] as usize;
             prefetch(kv.keys(next, h.layer, h.kv_head));
             prefetch(kv.values(next, h.layer, h.kv_head));
@@ -950,6 +955,51 @@ mod tests {
                     / l
             })
             .collect()
+    }
+
+    /// A local layer's blocks wholly before every row's window may have been released (the
+    /// window pool reuses them): no ISA path reads them, and the result is that of a table
+    /// whose old blocks are still there.
+    #[test]
+    fn blocks_before_the_window_are_never_read() {
+        let (bs, hd, n, window) = (16, 64, 600, 37);
+        let (kv_heads, group) = (1, 3);
+        let (kv, _, _) = cache(n, kv_heads, hd, bs, 5);
+        let qd = kv_heads * group * hd;
+        let q = FixtureRng::new(3).vec(n * qd, 0.3);
+        let whole: Vec<u32> = (0..u32::try_from(n.div_ceil(bs)).expect("blocks")).collect();
+        let positions: Vec<usize> = (560..n).collect();
+        // Released blocks: indices far outside the cache (reading one would panic).
+        let first_kept = (positions[0] + 1 - window) / bs;
+        let mut released = whole.clone();
+        for b in released.iter_mut().take(first_kept) {
+            *b = u32::MAX / 2;
+        }
+        let h = Heads {
+            layer: 0,
+            kv_head: 0,
+            group,
+            head_dim: hd,
+            window: Some(window),
+            softcap: None,
+        };
+        for isa in Isa::available() {
+            let mut outs = Vec::new();
+            for blocks in [&whole, &released] {
+                let mut out = vec![0f32; positions.len() * qd];
+                let rows = Rows {
+                    blocks,
+                    positions: &positions,
+                    q: &q[positions[0] * qd..],
+                    stride: qd,
+                };
+                let mut s = Scratch::default();
+                // SAFETY: `out` holds one row of qd floats per position.
+                unsafe { attend(isa, &kv, h, rows, out.as_mut_ptr(), &mut s) };
+                outs.push(out);
+            }
+            assert_eq!(outs[0], outs[1], "{isa:?}");
+        }
     }
 
     #[test]
