@@ -247,6 +247,11 @@ def test_the_engine_serves_while_the_sidecar_is_down_and_its_turns_arrive_when_i
         host, port = grpc.rsplit(":", 1)
         sc = pinned_sidecar(f"{host}:{port}")
         r = c.chat.completions.create(model=e.model, messages=[{"role": "user", "content": "back"}], max_tokens=8)
+        # The export queue sends what it held on its own backoff: wait (bounded) until it is empty.
+        for _ in range(600):
+            if e.get("/health")[1]["telemetry"]["queued"] == 0:
+                break
+            time.sleep(0.1)
         for rid in down_ids + [r.id]:
             sc.wait_turn(rid)
         tel = e.get("/health")[1]["telemetry"]

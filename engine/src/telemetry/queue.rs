@@ -110,9 +110,23 @@ struct Shared {
     limits: QueueLimits,
     stats: Arc<ExportStats>,
     endpoint: String,
+    /// Set by `on_end` when the queue first refuses a span; the export thread logs it.
+    full_to_log: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
+    /// Logs `Telemetry.QueueFull` once `on_end` has asked for it (on the export thread).
+    fn log_full(&self) {
+        if self.full_to_log.swap(false, Ordering::Relaxed) {
+            tracing::warn!(
+                endpoint = %self.endpoint,
+                max_spans = self.limits.max_spans,
+                max_bytes = self.limits.max_bytes,
+                "Telemetry.QueueFull: spans beyond the export queue's bound are dropped and counted (logged once until it has room)"
+            );
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state
             .lock()
@@ -149,6 +163,7 @@ impl ExportQueue {
             limits,
             stats,
             endpoint,
+            full_to_log: std::sync::atomic::AtomicBool::new(false),
         });
         let s = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -174,13 +189,10 @@ impl SpanProcessor for ExportQueue {
             || st.held_bytes + bytes > sh.limits.max_bytes
         {
             sh.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            // Logged by the export thread, never here: `on_end` can run with the span's own
+            // lock held, and a warning inside a request is copied onto its request span.
             if !std::mem::replace(&mut st.full_logged, true) {
-                tracing::warn!(
-                    endpoint = %sh.endpoint,
-                    held = st.held,
-                    held_bytes = st.held_bytes,
-                    "Telemetry.QueueFull: spans beyond the export queue's bound are dropped and counted (logged once until it has room)"
-                );
+                sh.full_to_log.store(true, Ordering::Relaxed);
             }
             return;
         }
@@ -239,6 +251,7 @@ impl SpanProcessor for ExportQueue {
 /// The export thread: batches, sends, retries, until shutdown.
 fn run<E: SpanExporter>(sh: &Shared, exporter: E) {
     while let Some(batch) = next_batch(sh) {
+        sh.log_full();
         let (n, bytes) = (batch.len(), batch.iter().map(|(_, b)| b).sum::<usize>());
         let spans: Vec<SpanData> = batch.into_iter().map(|(s, _)| s).collect();
         deliver(sh, &exporter, spans);
@@ -250,6 +263,7 @@ fn run<E: SpanExporter>(sh: &Shared, exporter: E) {
             st.full_logged = false;
         }
     }
+    sh.log_full();
     let _ = exporter.shutdown();
 }
 
@@ -306,6 +320,7 @@ fn deliver<E: SpanExporter>(sh: &Shared, exporter: &E, spans: Vec<SpanData>) {
             Err(e) => e,
         };
         sh.stats.failures.fetch_add(1, Ordering::Relaxed);
+        sh.log_full();
         let message = err.to_string();
         let permanent = refused_for_good(&message);
         if !sh.stats.logged.swap(true, Ordering::Relaxed) {
