@@ -133,3 +133,47 @@ fn smollm2_tokenizer_and_template_match_the_reference() -> Result<()> {
     ensure!(tok.encode(&rendered, true)? == ids(&chat_prompt["prompt_token_ids"])?);
     Ok(())
 }
+
+/// `export-tokenizer` writes a `tokenizer.json` that a router loading it with the `tokenizers`
+/// library encodes exactly as the engine does (the inference gateway's scorer hashes those ids).
+#[test]
+fn the_exported_tokenizer_json_encodes_as_the_engine_does() -> Result<()> {
+    let Some(model_path) = support::default_model() else {
+        return Ok(());
+    };
+    let dir = std::env::temp_dir().join(format!("slotlight-export-tok-{}", std::process::id()));
+    let out = dir.join("slotlight/tokenizer.json");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_slotlight-engine"))
+        .arg("export-tokenizer")
+        .arg("--model")
+        .arg(&model_path)
+        .arg("--out")
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .status()?;
+    ensure!(status.success(), "export-tokenizer failed: {status}");
+    let exported = tokenizers::Tokenizer::from_file(&out).map_err(|e| anyhow::anyhow!("{e}"))?;
+    std::fs::remove_dir_all(&dir).ok();
+    let engine = Model::load_tokenizer(&model_path)?;
+    let r = reference()?;
+    let cases = r["tokenizer_cases"].as_array().context("tokenizer_cases")?;
+    let prompts = r["prompts"].as_array().context("prompts")?;
+    let texts = cases
+        .iter()
+        .map(|c| text(&c["text"]))
+        .chain(prompts.iter().map(|p| text(&p["text"])))
+        .collect::<Result<Vec<_>>>()?;
+    ensure!(!texts.is_empty());
+    for input in texts {
+        let theirs = exported
+            .encode(input, true)
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .get_ids()
+            .to_vec();
+        ensure!(
+            theirs == engine.encode(input, true)?,
+            "{input:?}: the exported tokenizer encodes differently"
+        );
+    }
+    Ok(())
+}

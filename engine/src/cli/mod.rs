@@ -24,7 +24,7 @@ pub struct Cli {
     pub command: Commands,
 }
 
-/// The engine's subcommands: fetch a model, generate, bench and serve.
+/// The engine's subcommands: fetch a model, generate, bench, serve, export the tokenizer.
 #[derive(Debug, Subcommand)]
 pub enum Commands {
     /// Fetch a known model (default: SmolLM2-135M-Instruct Q4_1) into the cache folder.
@@ -35,6 +35,48 @@ pub enum Commands {
     Bench(bench::BenchArgs),
     /// Serve the OpenAI-compatible API.
     Serve(serve::ServeArgs),
+    /// Write the model's tokenizer as a Hugging Face `tokenizer.json` (for routers that
+    /// tokenize prompts themselves, such as the inference gateway's prefix-cache scorer).
+    ExportTokenizer(ExportTokenizerArgs),
+}
+
+/// Which model's tokenizer `export-tokenizer` writes, and where.
+#[derive(Debug, Clone, Args)]
+pub struct ExportTokenizerArgs {
+    /// A GGUF file, a Hugging Face folder, or a known model's name. Default: the default
+    /// model, fetched when missing.
+    #[arg(long, env = "SLOTLIGHT_MODEL")]
+    pub model: Option<PathBuf>,
+    /// The file to write (its folder is created); `-` writes to stdout.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+fn export_tokenizer(a: &ExportTokenizerArgs) -> anyhow::Result<()> {
+    let path = ModelArgs {
+        model: a.model.clone(),
+        device: "cpu".to_owned(),
+        threads: None,
+        ctx_size: 0,
+    }
+    .resolve()?;
+    let tokenizer = Model::load_tokenizer(&path)?;
+    let json = tokenizer
+        .inner()
+        .to_string(false)
+        .map_err(|e| anyhow::anyhow!("serializing the tokenizer: {e}"))?;
+    if a.out.as_os_str() == "-" {
+        println!("{json}");
+        return Ok(());
+    }
+    if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| anyhow::anyhow!("creating {}: {e}", dir.display()))?;
+    }
+    std::fs::write(&a.out, json)
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", a.out.display()))?;
+    println!("{}", a.out.display());
+    Ok(())
 }
 
 /// Which known model `fetch-model` fetches, or `--list` to list them instead.
@@ -216,6 +258,7 @@ pub fn main() -> std::process::ExitCode {
         Commands::Generate(a) => generate::run(a),
         Commands::Bench(a) => bench::run(a),
         Commands::Serve(a) => serve::run(a),
+        Commands::ExportTokenizer(a) => export_tokenizer(&a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -240,6 +240,20 @@ impl Model {
         }
     }
 
+    /// The tokenizer alone, without the weights: built from a GGUF file's vocabulary (as
+    /// `load` builds it), or read from a Hugging Face folder's `tokenizer.json`.
+    pub fn load_tokenizer(path: &Path) -> Result<Tokenizer, LoadError> {
+        if !path.exists() {
+            return Err(LoadError::NotFound(path.to_path_buf()));
+        }
+        if path.is_dir() {
+            let tj = path.join("tokenizer.json");
+            return Tokenizer::from_file(&tj, None)
+                .map_err(|source| LoadError::Tokenizer { path: tj, source });
+        }
+        gguf_tokenizer(&GgufFile::open(path)?, path)
+    }
+
     /// Loads weights and configuration only (no tokenizer); for kernels benchmarks and tests.
     pub fn load_weights(path: &Path) -> Result<(ModelConfig, Arc<LlamaWeights>), LoadError> {
         let g = GgufFile::open(path)?;

@@ -1,0 +1,231 @@
+"""Kubernetes manifests, as a cluster would receive them, without a cluster.
+
+- Every kustomization under deploy/k8s renders (kustomize.py; where kubectl is installed, it
+  renders exactly what `kubectl kustomize` renders), and every core object of every rendering
+  validates strictly against the Kubernetes API schema (kubernetes-validate: unknown fields
+  are errors).
+- The custom resources of deploy/k8s/inference-gateway (InferencePool, Gateway, HTTPRoute)
+  and the endpoint picker's configuration are checked for the fields their APIs document and
+  against the objects they refer to: the pool selects the engine pods on a port they serve,
+  its picker reference is a Service port of the picker, the route sends /v1 to the pool, the
+  picker reads metric series the engine serves under `--metrics-compat vllm` and subscribes
+  where the engines publish their KV events.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from kustomize import docs, render
+from test_deploy import (
+    K8S,
+    REPO,
+    _TABLES,
+    _containers,
+    _pod_spec,
+    binary,
+    flag_value,
+    flags,
+    help_flags,
+    missing,
+)
+
+KUBERNETES_VERSION = "1.33.0"
+GATEWAY = K8S / "inference-gateway"
+VLLM_METRIC = _TABLES["vLLM-compatible metrics"]
+# The objects whose schema the Kubernetes API does not ship (custom resources), by kind; any
+# other kind without a schema fails the strict validation (SchemaNotFoundError).
+CUSTOM_KINDS = {"InferencePool", "Gateway", "HTTPRoute", "ScaledObject", "PodMonitor"}
+
+
+def kustomizations():
+    return sorted(p.parent for p in K8S.rglob("kustomization.yaml"))
+
+
+def key(o: dict) -> tuple[str, str]:
+    return o["kind"], o["metadata"]["name"]
+
+
+@pytest.fixture(scope="module")
+def gateway() -> dict[tuple[str, str], dict]:
+    return {key(o): o for o in render(GATEWAY)}
+
+
+@pytest.mark.parametrize("kdir", kustomizations(), ids=lambda p: str(p.relative_to(REPO)))
+def test_rendering_matches_kubectl_kustomize(kdir):
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        pytest.skip("kubectl is not installed: kustomize.py's rendering is not compared")
+    out = subprocess.run([kubectl, "kustomize", str(kdir)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    theirs = {key(o): o for o in yaml.safe_load_all(out.stdout) if o}
+    ours = {key(o): o for o in render(kdir)}
+    assert ours.keys() == theirs.keys()
+    for k, o in theirs.items():
+        assert ours[k] == o, k
+
+
+@pytest.mark.parametrize("kdir", kustomizations(), ids=lambda p: str(p.relative_to(REPO)))
+def test_core_objects_validate_strictly(kdir):
+    kv = _kubernetes_validate()
+    objs = render(kdir)
+    assert objs
+    checked = 0
+    for o in objs:
+        if o["kind"] in CUSTOM_KINDS:
+            continue
+        try:
+            kv.validate(o, KUBERNETES_VERSION, strict=True)
+        except kv.ValidationError as e:
+            pytest.fail(f"{kdir.relative_to(REPO)}: {key(o)}: {e.message} at {list(e.path)}")
+        checked += 1
+    assert checked or kdir.name == "monitoring", "no core object"
+
+
+def _kubernetes_validate():
+    try:
+        import kubernetes_validate
+    except ImportError:
+        missing("kubernetes-validate is not installed (tests/python/requirements.txt)")
+    return kubernetes_validate
+
+
+def _engine(gateway) -> dict:
+    return gateway[("Deployment", "slotlight-engine")]
+
+
+def _engine_container(gateway) -> dict:
+    return next(c for c in _containers(_engine(gateway)) if c["name"] == "engine")
+
+
+def test_the_pool_selects_the_engine_pods_on_their_api_port(gateway):
+    pool = gateway[("InferencePool", "slotlight")]
+    assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
+    spec = pool["spec"]
+    assert set(spec) <= {"selector", "targetPorts", "appProtocol", "endpointPickerRef"}
+    assert {"selector", "targetPorts", "endpointPickerRef"} <= set(spec), "required fields"
+    sel = spec["selector"]["matchLabels"]
+    pods = [o for o in gateway.values() if _pod_spec(o)
+            and sel.items() <= o["spec"]["template"]["metadata"]["labels"].items()]
+    assert [key(p) for p in pods] == [("Deployment", "slotlight-engine")]
+    assert _engine(gateway)["spec"]["replicas"] >= 2, "several replicas behind one pool"
+    ports = [p["number"] for p in spec["targetPorts"]]
+    assert 1 <= len(ports) <= 8 and len(set(ports)) == len(ports)
+    eng = _engine_container(gateway)
+    served = {p["containerPort"] for p in eng["ports"]}
+    assert set(ports) <= served
+    assert int(flag_value(eng["args"], "--port")) in ports
+    ref = spec["endpointPickerRef"]
+    assert set(ref) <= {"group", "kind", "name", "port", "failureMode"}
+    assert ref.get("kind", "Service") == "Service" and ref.get("group", "") == ""
+    assert ref.get("failureMode", "FailClose") in {"FailOpen", "FailClose"}
+    svc = gateway[("Service", ref["name"])]
+    assert ref["port"]["number"] in {p["port"] for p in svc["spec"]["ports"]}
+
+
+def test_the_route_sends_the_api_to_the_pool_through_a_gateway(gateway):
+    gw = gateway[("Gateway", "slotlight-gateway")]
+    assert gw["apiVersion"] == "gateway.networking.k8s.io/v1"
+    assert gw["spec"]["gatewayClassName"]
+    for listener in gw["spec"]["listeners"]:
+        assert {"name", "protocol", "port"} <= set(listener)
+        assert listener["protocol"] in {"HTTP", "HTTPS"}
+    route = gateway[("HTTPRoute", "slotlight")]
+    assert route["apiVersion"] == "gateway.networking.k8s.io/v1"
+    parents = route["spec"]["parentRefs"]
+    assert all(gateway.get((p.get("kind", "Gateway"), p["name"])) for p in parents), parents
+    pool = gateway[("InferencePool", "slotlight")]
+    pool_ports = {p["number"] for p in pool["spec"]["targetPorts"]}
+    rules = route["spec"]["rules"]
+    backends = [b for r in rules for b in r["backendRefs"]]
+    assert backends and all(b["group"] == "inference.networking.k8s.io" and b["kind"] == "InferencePool"
+                            and b["name"] == "slotlight" and b["port"] in pool_ports for b in backends)
+    paths = [m["path"] for r in rules for m in r.get("matches", [])]
+    assert any(p["type"] == "PathPrefix" and "/v1".startswith(p["value"].rstrip("/") or "/") for p in paths), paths
+    for r in rules:
+        assert set(r.get("timeouts", {})) <= {"request", "backendRequest"}
+
+
+def _picker(gateway) -> tuple[dict, list[str], dict]:
+    dep = gateway[("Deployment", "slotlight-epp")]
+    epp = next(c for c in _containers(dep) if c["name"] == "epp")
+    args = [str(a) for a in epp["args"]]
+    cm = gateway[("ConfigMap", "slotlight-epp")]
+    path = flag_value(args, "--config-file")
+    mount = next(m for m in epp["volumeMounts"] if path.startswith(m["mountPath"] + "/"))
+    vol = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
+    assert vol["configMap"]["name"] == cm["metadata"]["name"]
+    cfg = yaml.safe_load(cm["data"][path.rsplit("/", 1)[1]])
+    return epp, args, cfg
+
+
+def test_the_picker_reads_metric_series_the_engine_serves(gateway):
+    epp, args, _ = _picker(gateway)
+    assert flag_value(args, "--pool-name") == "slotlight"
+    assert flag_value(_engine_container(gateway)["args"], "--metrics-compat") == "vllm"
+    expected = {
+        "--total-queued-requests-metric": "NUM_REQUESTS_WAITING",
+        "--total-running-requests-metric": "NUM_REQUESTS_RUNNING",
+        "--kv-cache-usage-percentage-metric": "KV_CACHE_USAGE_PERC",
+        "--lora-info-metric": "LORA_REQUESTS_INFO",
+        "--cache-info-metric": "CACHE_CONFIG_INFO",
+    }
+    for flag, const in expected.items():
+        assert flag_value(args, flag) == VLLM_METRIC[const], flag
+
+
+def test_the_picker_subscribes_where_the_engines_publish_kv_events(gateway):
+    epp, _, cfg = _picker(gateway)
+    assert cfg["apiVersion"] == "inference.networking.x-k8s.io/v1alpha1" and cfg["kind"] == "EndpointPickerConfig"
+    plugins = {p.get("name", p["type"]): p for p in cfg["plugins"]}
+    for profile in cfg["schedulingProfiles"]:
+        refs = [r["pluginRef"] for r in profile["plugins"]]
+        assert set(refs) <= set(plugins), refs
+    scorer = plugins["precise-prefix-cache-scorer"]["parameters"]
+    events = scorer["kvEventsConfig"]
+    bind = re.match(r"^tcp://\*:(\d+)$", events["zmqEndpoint"])
+    assert bind, events
+    port = int(bind.group(1))
+    assert port in {p["containerPort"] for p in epp["ports"]}
+    svc = gateway[("Service", "slotlight-epp")]
+    eng_args = [str(a) for a in _engine_container(gateway)["args"]]
+    endpoint = re.match(r"^tcp://([\w-]+):(\d+)$", flag_value(eng_args, "--kv-events-endpoint"))
+    assert endpoint and endpoint.group(1) == svc["metadata"]["name"]
+    target = next(p for p in svc["spec"]["ports"] if p["port"] == int(endpoint.group(2)))
+    named = {p["name"]: p["containerPort"] for p in epp["ports"]}
+    assert named.get(target["targetPort"], target["targetPort"]) == port
+    topic = flag_value(eng_args, "--kv-events-topic")
+    model = flag_value(eng_args, "--served-model-name")
+    assert topic.startswith(events["topicFilter"]) and topic == f"kv@$(POD_IP)@{model}"
+    assert "POD_IP" in {e["name"] for e in _engine_container(gateway)["env"]}
+    # The scorer hashes blocks of the engine's size with the engine's tokenizer, which an init
+    # container writes from the same model (no model hub).
+    assert scorer["tokenProcessorConfig"]["blockSize"] == 16
+    tok = scorer["indexerConfig"]["tokenizersPoolConfig"]["local"]["modelTokenizerMap"][model]
+    inits = _pod_spec(gateway[("Deployment", "slotlight-epp")])["initContainers"]
+    export = next(c for c in inits if c["args"][0] == "export-tokenizer")
+    assert flag_value(export["args"], "--out") == tok
+    mounts = {m["name"] for c in (export, epp) for m in c["volumeMounts"] if tok.startswith(m["mountPath"] + "/")}
+    assert len(mounts) == 1, "the picker reads the file the init container writes"
+
+
+def test_every_replica_fetches_its_own_model(gateway):
+    assert ("PersistentVolumeClaim", "slotlight-models") not in gateway
+    vols = {v["name"]: v for v in _pod_spec(_engine(gateway))["volumes"]}
+    assert "emptyDir" in vols["models"] and "persistentVolumeClaim" not in vols["models"]
+
+
+def test_the_export_tokenizer_init_container_uses_real_flags():
+    b = binary("slotlight-engine", "SLOTLIGHT_ENGINE_BIN")
+    if b is None:
+        missing("slotlight-engine is not built: run `cargo build --workspace` or set SLOTLIGHT_ENGINE_BIN")
+    real = help_flags(str(b), "export-tokenizer", "--help")
+    for o in docs(GATEWAY / "epp.yaml"):
+        for c in _containers(o):
+            if c.get("args", [None])[0] == "export-tokenizer":
+                assert flags(c["args"]) <= real, sorted(flags(c["args"]) - real)
