@@ -257,6 +257,53 @@ pub struct PrefillRecord {
     pub end_reason: PrefillEnd,
 }
 
+/// One prefill chunk done: where the prefill stands after it. Sent on the request's own
+/// channel once per chunk (the `prompt_progress` of a stream, the prefill's progress windows,
+/// and `/v1/requests` all read these counts).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrefillChunkRecord {
+    /// Start of the prefill's first chunk's step (the prefill's own clock starts here).
+    pub prefill_start: Instant,
+    /// Start of this chunk's step.
+    pub start: Instant,
+    /// End of this chunk's forward pass.
+    pub end: Instant,
+    /// Positions the prefill must have in the KV cache when done (prompt, plus the reply so far
+    /// after a preemption): llama.cpp's `total`.
+    pub total: usize,
+    /// Of those, found in the prefix cache at admission: llama.cpp's `cache`.
+    pub cached: usize,
+    /// Positions in the KV cache after this chunk, the cached ones included: llama.cpp's
+    /// `processed`. It grows by the chunk's tokens and reaches `total` with the last chunk.
+    pub processed: usize,
+    /// Positions this chunk computed.
+    pub chunk_tokens: usize,
+    /// Chunks run so far, this one included (from 1).
+    pub chunk: usize,
+    /// Time of this chunk's forward step.
+    pub device: Duration,
+}
+
+impl PrefillChunkRecord {
+    /// Tokens this prefill has computed so far (the cached ones are not computed).
+    pub fn computed(&self) -> usize {
+        self.processed.saturating_sub(self.cached)
+    }
+
+    /// Time since the prefill's first chunk started, to this chunk's end.
+    pub fn elapsed(&self) -> Duration {
+        self.end.saturating_duration_since(self.prefill_start)
+    }
+
+    /// The prefill's own rate so far: tokens computed per second since its first chunk
+    /// started (`None` before any time has passed).
+    pub fn tok_s(&self) -> Option<f64> {
+        let t = self.elapsed().as_secs_f64();
+        #[allow(clippy::cast_precision_loss)] // token counts are far below 2^53
+        (t > 0.0).then(|| self.computed() as f64 / t)
+    }
+}
+
 /// A request's own clocks and counts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequestTimings {

@@ -163,20 +163,28 @@ crate::contract! {
     /// Leg span: why the leg ended (`moved`, `finished`, `preempted`, `cancelled`).
     LEG_END_REASON = "slotlight.leg.end_reason", "string", "";
 
-    /// Prefill span: the prompt's tokens (or prompt plus reply so far, for a re-prefill).
+    /// Prefill span and its progress windows: the prompt's tokens (or prompt plus reply so far, for a re-prefill): llama.cpp's `prompt_progress.total`.
     PREFILL_PROMPT_TOKENS = "slotlight.prefill.prompt_tokens", "int", "{token}";
-    /// Prefill span: tokens reused from the KV cache.
+    /// Prefill span and its progress windows: tokens reused from the KV cache (llama.cpp's `prompt_progress.cache`).
     PREFILL_CACHED_TOKENS = "slotlight.prefill.cached_tokens", "int", "{token}";
     /// Prefill span: tokens computed by this prefill.
     PREFILL_COMPUTED_TOKENS = "slotlight.prefill.computed_tokens", "int", "{token}";
-    /// Prefill span: the number of chunks the prefill was split into.
+    /// Prefill span: the number of chunks the prefill was split into. Prefill window: chunks run so far, the window's last included.
     PREFILL_CHUNKS = "slotlight.prefill.chunks", "int", "";
-    /// Prefill span: time inside the forward steps of this prefill.
+    /// Prefill span: time inside the forward steps of this prefill. Prefill window: of this window's chunks only.
     PREFILL_DEVICE_MS = "slotlight.prefill.device_ms", "double", "ms";
     /// Prefill span: why it ran (`initial`, `preempted`).
     PREFILL_REASON = "slotlight.prefill.reason", "string", "";
     /// Prefill span: how it ended: `finished` (its last chunk produced a token), `preempted` (cut by a preemption; the request re-prefills later) or `cancelled` (the request was cancelled or failed first).
     PREFILL_END_REASON = "slotlight.prefill.end_reason", "string", "";
+    /// Prefill window: positions of the prefill in the KV cache after the window's last chunk, the cached ones included (llama.cpp's `prompt_progress.processed`); it reaches `slotlight.prefill.prompt_tokens` with the last chunk. Tokens computed so far are this minus `slotlight.prefill.cached_tokens`.
+    PREFILL_PROCESSED_TOKENS = "slotlight.prefill.processed_tokens", "int", "{token}";
+    /// Prefill window: positions computed by the chunks of this window, for the window's own rate.
+    PREFILL_WINDOW_TOKENS = "slotlight.prefill.window_tokens", "int", "{token}";
+    /// Prefill window: when the prefill's first chunk started; the prefill's own rate is (processed − cached) over the time from here to `slotlight.prefill.last_chunk_time_unix_nano`.
+    PREFILL_START_TIME = "slotlight.prefill.start_time_unix_nano", "int", "ns";
+    /// Prefill window: when the window's last chunk's forward pass ended.
+    PREFILL_LAST_CHUNK_TIME = "slotlight.prefill.last_chunk_time_unix_nano", "int", "ns";
 
     /// Decode span: tokens produced by decode steps in this window. A window holds only decode steps: the token a prefill produces is in none, and a leg's first window starts where its first decode step starts.
     DECODE_WINDOW_TOKENS = "slotlight.decode.window_tokens", "int", "{token}";

@@ -10,6 +10,8 @@ crate::contract! {
     PREFILL = "slotlight.prefill", "span", "";
     /// One leg: a stretch of decoding on one path (`solo` or one `slot`). A request that moves from the solo path into a slot has two legs under the same request span; each leg links to the previous one.
     LEG = "slotlight.leg", "span", "";
+    /// A prefill progress window, a child of a prefill span: the chunks run since the previous window (at most every `--progress-interval-ms`, and at the prefill's end). Each states where the prefill stands (prompt, cached and processed tokens) and when it started, so that live views show a long prefill advancing before its first token.
+    PREFILL_WINDOW = "slotlight.prefill.window", "span", "";
     /// A decode progress window, a child of a leg. Ends at most every `--progress-interval-ms`; these windows are what keeps live views live, since OpenTelemetry exports a span only when it ends.
     DECODE = "slotlight.decode", "span", "";
     /// The engine's start-up, from before the model is read to the moment it listens (an operational span, a trace of its own; exported through the same tracer provider as the request spans).

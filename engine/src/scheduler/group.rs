@@ -264,6 +264,11 @@ impl<'t> Loop<'t> {
             let leg = s.timings.current_leg();
             let in_leg = leg.map(|l| now.saturating_duration_since(l.start).as_secs_f64());
             let leg_tokens = leg.map_or(0, |l| l.tokens_generated);
+            let prefill = s
+                .prefill
+                .as_ref()
+                .filter(|_| state == "prefill")
+                .map(|p| p.progress(s.computed));
             InFlight {
                 id: s.req.id.clone(),
                 state,
@@ -281,6 +286,8 @@ impl<'t> Loop<'t> {
                 #[allow(clippy::cast_precision_loss)]
                 leg_tok_s: in_leg.filter(|t| *t > 0.0).map(|t| leg_tokens as f64 / t),
                 session_id: s.req.session.clone(),
+                prompt_progress: prefill.map(|p| p.0),
+                prefill_tok_s: prefill.and_then(|p| p.1),
             }
         };
         self.active
@@ -496,19 +503,15 @@ impl<'t> Loop<'t> {
             seq.blocks = blocks;
             seq.computed = cached;
             seq.phase = Phase::Prefill;
-            seq.prefill = Some(PrefillProgress {
-                start: None,
-                last_end: None,
-                target: seq.tokens.len(),
+            seq.prefill = Some(PrefillProgress::new(
+                seq.tokens.len(),
                 cached,
-                chunks: 0,
-                device: Duration::ZERO,
-                reason: if first {
+                if first {
                     PrefillReason::Initial
                 } else {
                     PrefillReason::Preempted
                 },
-            });
+            ));
             seq.timings.mark_admitted(now);
             seq.order = self.next_order;
             self.next_order += 1;
@@ -809,10 +812,8 @@ impl<'t> Loop<'t> {
         s.computed = c.start + c.len;
         s.timings.add_step(ran.device, batch, is_prefill);
         if is_prefill && let Some(p) = s.prefill.as_mut() {
-            p.start.get_or_insert(ran.started);
-            p.last_end = Some(ran.stepped);
-            p.chunks += 1;
-            p.device += ran.device;
+            let progress = p.chunk_done(ran.started, ran.stepped, ran.device, s.computed, c.len);
+            s.emit(Event::PrefillChunk(progress));
         }
         let computed = s.computed;
         self.blocks

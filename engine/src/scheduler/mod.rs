@@ -24,7 +24,7 @@ use crate::constraint::Constraint;
 use crate::metrics::GroupMetrics;
 use crate::sampling::{SamplingParams, TokenLogprobs};
 use crate::stop::StopMatcher;
-use crate::timing::{LegRecord, PathKind, PrefillRecord, RequestTimings};
+use crate::timing::{LegRecord, PathKind, PrefillChunkRecord, PrefillRecord, RequestTimings};
 use crate::tokenizer::Tokenizer;
 
 pub use crate::finish::{EngineError, FinishReason};
@@ -143,6 +143,8 @@ pub enum Event {
     LegStarted(LegRecord),
     /// A leg ended.
     LegEnded(LegRecord),
+    /// A chunk of a prefill ran (one event per chunk, before the prefill's own record).
+    PrefillChunk(PrefillChunkRecord),
     /// A prefill finished.
     Prefilled(PrefillRecord),
     /// A token was produced.
@@ -252,6 +254,38 @@ pub struct InFlight {
     pub leg_tok_s: Option<f64>,
     /// The request's session (`x-session-id` or `user`), if any.
     pub session_id: Option<String>,
+    /// Where its prefill stands, while it prefills (llama.cpp's `prompt_progress` counts).
+    pub prompt_progress: Option<PromptProgress>,
+    /// The prefill's own rate so far: tokens computed per second since its first chunk
+    /// started, as of its latest chunk (cached tokens are not counted).
+    pub prefill_tok_s: Option<f64>,
+}
+
+/// Where a prefill stands, in llama.cpp's `prompt_progress` shape: the stream's progress
+/// chunks and `/v1/requests` carry it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PromptProgress {
+    /// Positions the prefill puts in the KV cache (the prompt; after a preemption, the prompt
+    /// and the reply so far).
+    pub total: usize,
+    /// Of those, reused from the prefix cache.
+    pub cache: usize,
+    /// Of those, in the KV cache so far, the reused ones included: it reaches `total` with the
+    /// prefill's last chunk (tokens computed so far are `processed - cache`).
+    pub processed: usize,
+    /// Milliseconds from the start of the prefill's first chunk to the end of its latest.
+    pub time_ms: u64,
+}
+
+impl From<&PrefillChunkRecord> for PromptProgress {
+    fn from(r: &PrefillChunkRecord) -> Self {
+        Self {
+            total: r.total,
+            cache: r.cached,
+            processed: r.processed,
+            time_ms: u64::try_from(r.elapsed().as_millis()).unwrap_or(u64::MAX),
+        }
+    }
 }
 
 enum Command {

@@ -5,12 +5,17 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::resume::Prior;
-use super::{Completion, EngineError, Event, FinishReason, GenerateRequest, MaskStats, Placement};
+use super::{
+    Completion, EngineError, Event, FinishReason, GenerateRequest, MaskStats, Placement,
+    PromptProgress,
+};
 use crate::constraint::SeqConstraint;
 use crate::kv_cache::SeqKv;
 use crate::sampling::Sampler;
 use crate::stop::StopMatcher;
-use crate::timing::{LegEnd, PrefillEnd, PrefillReason, PrefillRecord, RequestTimings};
+use crate::timing::{
+    LegEnd, PrefillChunkRecord, PrefillEnd, PrefillReason, PrefillRecord, RequestTimings,
+};
 use crate::tokenizer::StreamDecoder;
 
 /// What the sequence does next.
@@ -42,6 +47,68 @@ pub struct PrefillProgress {
 }
 
 impl PrefillProgress {
+    /// A prefill of `target` positions, `cached` of them found in the prefix cache, that has
+    /// run no chunk yet.
+    pub fn new(target: usize, cached: usize, reason: PrefillReason) -> Self {
+        Self {
+            start: None,
+            last_end: None,
+            target,
+            cached,
+            chunks: 0,
+            device: Duration::ZERO,
+            reason,
+        }
+    }
+
+    /// A chunk of `chunk_tokens` positions ran in the step that started at `started`, whose
+    /// forward pass returned at `stepped` after `device`; `computed` positions are now in the
+    /// cache. Puts the chunk on the prefill's clocks and returns where the prefill stands.
+    pub fn chunk_done(
+        &mut self,
+        started: Instant,
+        stepped: Instant,
+        device: Duration,
+        computed: usize,
+        chunk_tokens: usize,
+    ) -> PrefillChunkRecord {
+        let prefill_start = *self.start.get_or_insert(started);
+        self.last_end = Some(stepped);
+        self.chunks += 1;
+        self.device += device;
+        PrefillChunkRecord {
+            prefill_start,
+            start: started,
+            end: stepped,
+            total: self.target,
+            cached: self.cached,
+            processed: computed.min(self.target),
+            chunk_tokens,
+            chunk: self.chunks,
+            device,
+        }
+    }
+
+    /// Where the prefill stands with `computed` positions in the cache, as of its latest chunk
+    /// (before the first: only the cached positions, and no time), and its own rate so far.
+    pub fn progress(&self, computed: usize) -> (PromptProgress, Option<f64>) {
+        let elapsed = match (self.start, self.last_end) {
+            (Some(s), Some(e)) => e.saturating_duration_since(s),
+            _ => Duration::ZERO,
+        };
+        let processed = computed.clamp(self.cached, self.target.max(self.cached));
+        let t = elapsed.as_secs_f64();
+        #[allow(clippy::cast_precision_loss)] // token counts are far below 2^53
+        let rate = (t > 0.0).then(|| (processed - self.cached) as f64 / t);
+        let p = PromptProgress {
+            total: self.target,
+            cache: self.cached,
+            processed,
+            time_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+        };
+        (p, rate)
+    }
+
     /// The record of this prefill, ended with `end_reason` when `computed` positions are in
     /// the cache.
     pub fn record(&self, computed: usize, end_reason: PrefillEnd) -> PrefillRecord {

@@ -26,7 +26,7 @@ use super::record::{self, Refused};
 use super::trace::{RequestTrace, ServerAddress};
 use crate::metrics::RequestMetrics;
 use crate::sampling::TokenLogprobs;
-use crate::scheduler::{Completion, EngineError, Event, FinishReason};
+use crate::scheduler::{Completion, EngineError, Event, FinishReason, PromptProgress};
 use crate::timing::RequestTimings;
 
 /// What the HTTP side receives.
@@ -46,6 +46,9 @@ pub enum Out {
         /// Log-probabilities of the tokens this delta covers (when asked for).
         logprobs: Vec<TokenLogprobs>,
     },
+    /// A chunk of the request's prefill ran (with `return_progress` on a stream only): where
+    /// the prompt's prefill stands.
+    PromptProgress(PromptProgress),
     /// One choice finished.
     ChoiceDone(Box<ChoiceEnd>),
     /// The request finished (after every choice), with its outcome.
@@ -209,6 +212,8 @@ async fn run(
     // Reasoning tokens over the choices (`None` without reasoning parsing).
     let mut reasoning_tokens = reasoning.map(|_| 0usize);
     let mut reasons = vec![ApiFinishReason::Error; n];
+    // The prompt's prefill is choice 0's: the other choices fork from it.
+    let progress_of = meta.request.opts.return_progress.then_some(0);
     while finished < n {
         tokio::select! {
             item = events.next() => {
@@ -254,6 +259,10 @@ async fn run(
                                 logprobs: lps,
                             })
                             .is_err();
+                        cancel.fetch_or(gone, Ordering::Relaxed);
+                    }
+                    Event::PrefillChunk(rec) if progress_of == Some(i) => {
+                        let gone = tx.send(Out::PromptProgress(PromptProgress::from(&rec))).is_err();
                         cancel.fetch_or(gone, Ordering::Relaxed);
                     }
                     Event::Done(c) => {
@@ -386,6 +395,7 @@ mod tests {
                     user: None,
                     session_hint: None,
                     ignore_eos: false,
+                    return_progress: false,
                     grammar: None,
                     frequency_penalty_given: None,
                     presence_penalty_given: None,

@@ -2,8 +2,9 @@
 //!
 //! Every timestamp comes from the request's own clocks (the instants the step loop recorded),
 //! converted to wall-clock time once, here. The root span is `{operation} {model}`; its
-//! children are `slotlight.queue`, one `slotlight.prefill` per prefill, one `slotlight.leg`
-//! per leg (each linked to the previous), and `slotlight.decode` windows under each leg.
+//! children are `slotlight.queue`, one `slotlight.prefill` per prefill (with
+//! `slotlight.prefill.window` progress windows under it), one `slotlight.leg` per leg (each
+//! linked to the previous), and `slotlight.decode` windows under each leg.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -20,7 +21,7 @@ use crate::server::content::{self, OutputMessage};
 use crate::server::openai::request::RequestMeta;
 use crate::server::outcome::RequestOutcome;
 use crate::telemetry::Telemetry;
-use crate::timing::{LegRecord, PathKind, PrefillRecord, TimeAnchor};
+use crate::timing::{LegRecord, PathKind, PrefillChunkRecord, PrefillRecord, TimeAnchor};
 
 /// The server the client addressed: `server.address` and `server.port`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -51,6 +52,26 @@ struct Window {
     device: Duration,
 }
 
+/// The chunks of a prefill since its last progress window.
+struct PrefillWindow {
+    /// Start of the window's first chunk's step.
+    start: Instant,
+    /// Where the prefill stood after the window's last chunk.
+    last: PrefillChunkRecord,
+    /// Positions the window's chunks computed.
+    tokens: usize,
+    /// Time of the window's forward steps.
+    device: Duration,
+}
+
+/// A prefill span in progress: started at its first chunk, ended by the prefill's record.
+struct OpenPrefill {
+    cx: Context,
+    /// Where it stood after its latest chunk.
+    latest: PrefillChunkRecord,
+    window: Option<PrefillWindow>,
+}
+
 struct OpenLeg {
     cx: Context,
     record: LegRecord,
@@ -63,6 +84,7 @@ struct ChoiceTrace {
     prev_leg: Option<SpanContext>,
     window: Option<Window>,
     window_floor: Option<Instant>,
+    prefill: Option<OpenPrefill>,
     generated: usize,
     placement: Option<Placement>,
     /// The choice's reply, with `--trace-content` only.
@@ -323,6 +345,7 @@ impl RequestTrace {
                     Vec::new(),
                 );
             }
+            Event::PrefillChunk(rec) => self.prefill_chunk(choice, rec),
             Event::Prefilled(rec) => self.prefill(choice, rec),
             Event::LegStarted(leg) => self.leg_started(choice, leg),
             Event::LegEnded(leg) => self.leg_ended(choice, leg),
@@ -365,8 +388,103 @@ impl RequestTrace {
         }
     }
 
-    fn prefill(&mut self, choice: usize, rec: &PrefillRecord) {
+    /// A prefill chunk ran: the prefill's span starts with its first chunk, and the chunk joins
+    /// the prefill's current progress window.
+    fn prefill_chunk(&mut self, choice: usize, rec: &PrefillChunkRecord) {
+        if self.choices[choice].prefill.is_none() {
+            let s = self
+                .tracer
+                .span_builder(span::PREFILL)
+                .with_kind(SpanKind::Internal)
+                .with_start_time(self.anchor.system_time(rec.prefill_start))
+                .with_attributes(self.ids(choice))
+                .start_with_context(self.tracer.as_ref(), &self.root);
+            self.choices[choice].prefill = Some(OpenPrefill {
+                cx: self.root.with_span(s),
+                latest: rec.clone(),
+                window: None,
+            });
+        }
+        let Some(open) = self.choices[choice].prefill.as_mut() else {
+            return;
+        };
+        open.latest = rec.clone();
+        let w = open.window.get_or_insert(PrefillWindow {
+            start: rec.start,
+            last: rec.clone(),
+            tokens: 0,
+            device: Duration::ZERO,
+        });
+        w.tokens += rec.chunk_tokens;
+        w.device += rec.device;
+        w.last = rec.clone();
+    }
+
+    /// Closes choice `choice`'s current prefill window, if it holds chunks, as a
+    /// `slotlight.prefill.window` span under the prefill's span.
+    fn flush_prefill(&mut self, choice: usize) {
+        let c = &mut self.choices[choice];
+        let Some(open) = c.prefill.as_mut() else {
+            return;
+        };
+        let Some(w) = open.window.take() else {
+            return;
+        };
+        let parent = open.cx.clone();
         let mut attrs = self.ids(choice);
+        let c = &self.choices[choice];
+        if let Some(l) = c.leg.as_ref().map(|l| &l.record) {
+            attrs.extend(Self::placement_attrs(l.path, l.group, l.slot));
+            attrs.extend([
+                kv_i(attr::LEG_INDEX, l.index),
+                kv_u(attr::LEG_START_TIME, self.anchor.unix_nanos(l.start)),
+                kv_i(attr::LEG_TOKENS_CARRIED, l.tokens_carried),
+            ]);
+        } else if let Some(p) = c.placement {
+            attrs.extend(Self::placement_attrs(p.path, p.group, p.slot));
+        }
+        let last = &w.last;
+        attrs.extend([
+            kv_i(attr::PREFILL_PROMPT_TOKENS, last.total),
+            kv_i(attr::PREFILL_CACHED_TOKENS, last.cached),
+            kv_i(attr::PREFILL_PROCESSED_TOKENS, last.processed),
+            kv_i(attr::PREFILL_WINDOW_TOKENS, w.tokens),
+            kv_i(attr::PREFILL_CHUNKS, last.chunk),
+            KeyValue::new(attr::PREFILL_DEVICE_MS, ms(w.device)),
+            kv_u(
+                attr::PREFILL_START_TIME,
+                self.anchor.unix_nanos(last.prefill_start),
+            ),
+            kv_u(
+                attr::PREFILL_LAST_CHUNK_TIME,
+                self.anchor.unix_nanos(last.end),
+            ),
+        ]);
+        attrs.extend(self.clocks());
+        self.child(
+            span::PREFILL_WINDOW,
+            &parent,
+            w.start,
+            last.end,
+            attrs,
+            Vec::new(),
+        );
+    }
+
+    /// Ends choice `choice`'s open prefill span, if any, without a record (its request ended
+    /// first), at its latest chunk's end.
+    fn drop_prefill(&mut self, choice: usize) {
+        self.flush_prefill(choice);
+        if let Some(open) = self.choices[choice].prefill.take() {
+            open.cx
+                .span()
+                .end_with_timestamp(self.anchor.system_time(open.latest.end));
+        }
+    }
+
+    fn prefill(&mut self, choice: usize, rec: &PrefillRecord) {
+        self.flush_prefill(choice);
+        let mut attrs = Vec::new();
         attrs.extend([
             kv_i(attr::PREFILL_PROMPT_TOKENS, rec.prompt_tokens),
             kv_i(attr::PREFILL_CACHED_TOKENS, rec.cached_tokens),
@@ -376,18 +494,27 @@ impl RequestTrace {
             KeyValue::new(attr::PREFILL_REASON, rec.reason.as_str()),
             KeyValue::new(attr::PREFILL_END_REASON, rec.end_reason.as_str()),
         ]);
+        if let Some(open) = self.choices[choice].prefill.take() {
+            let sp = open.cx.span();
+            sp.set_attributes(attrs);
+            sp.end_with_timestamp(self.anchor.system_time(rec.end.max(rec.start)));
+            return;
+        }
+        let mut all = self.ids(choice);
+        all.extend(attrs);
         self.child(
             span::PREFILL,
             &self.root.clone(),
             rec.start,
             rec.end,
-            attrs,
+            all,
             Vec::new(),
         );
     }
 
     fn leg_started(&mut self, choice: usize, leg: &LegRecord) {
         self.flush_choice(choice);
+        self.flush_prefill(choice);
         let mut attrs = self.ids(choice);
         attrs.extend(Self::placement_attrs(leg.path, leg.group, leg.slot));
         attrs.extend([
@@ -419,6 +546,7 @@ impl RequestTrace {
 
     fn leg_ended(&mut self, choice: usize, leg: &LegRecord) {
         self.flush_choice(choice);
+        self.flush_prefill(choice);
         let Some(open) = self.choices[choice].leg.take() else {
             return;
         };
@@ -438,10 +566,11 @@ impl RequestTrace {
         sp.end_with_timestamp(self.anchor.system_time(leg.end.unwrap_or(leg.start)));
     }
 
-    /// Closes every choice's current decode window, if it holds tokens, as a
-    /// `slotlight.decode` span.
+    /// Closes every choice's current progress window, if it holds anything: a decode window as
+    /// a `slotlight.decode` span, a prefill's as a `slotlight.prefill.window` span.
     pub fn flush_window(&mut self) {
         for i in 0..self.choices.len() {
+            self.flush_prefill(i);
             self.flush_choice(i);
         }
     }
@@ -476,6 +605,7 @@ impl RequestTrace {
 
     /// A choice finished: its last window and its open leg end.
     fn close_choice(&mut self, choice: usize) {
+        self.drop_prefill(choice);
         self.flush_choice(choice);
         if let Some(open) = self.choices[choice].leg.take() {
             open.cx.span().end();

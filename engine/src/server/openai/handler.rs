@@ -25,6 +25,7 @@ use super::response::{
 use super::types::{ChatRequest, CompletionRequest};
 use super::{created, new_id, read_json, session, sse};
 use crate::sampling::TokenLogprobs;
+use crate::scheduler::PromptProgress;
 use crate::server::error::ApiError;
 use crate::server::outcome::{ApiFinishReason, RequestOutcome};
 use crate::server::pipeline::{CancelOnDrop, ChoiceEnd, Out, launch};
@@ -170,6 +171,8 @@ impl Shape {
                         c.logprobs.extend(logprobs);
                     }
                 }
+                // A whole response carries no progress (the pipeline sends none for it).
+                Out::PromptProgress(_) => {}
                 Out::ChoiceDone(e) => {
                     if let Some(c) = choices.get_mut(e.choice) {
                         c.text.push_str(&e.text);
@@ -260,6 +263,7 @@ impl Shape {
                     choices,
                     usage: Some(ChunkUsage::Full(Box::new(f.usage))),
                     timings: Some(f.timings),
+                    prompt_progress: None,
                 })
                 .into_response()
             }
@@ -344,6 +348,7 @@ impl Streaming {
             choices,
             usage: None,
             timings: None,
+            prompt_progress: None,
         }
     }
 
@@ -357,6 +362,24 @@ impl Streaming {
             choices,
             usage: None,
             timings: None,
+            prompt_progress: None,
+        }
+    }
+
+    /// A `prompt_progress` chunk: no choices (like the usage chunk, which OpenAI's own
+    /// clients read), and the prefill's counts beside them.
+    fn progress(&self, p: PromptProgress) -> Chunk {
+        match self.shape.endpoint() {
+            Endpoint::Chat => {
+                let mut c = self.chat_chunk(Vec::new());
+                c.prompt_progress = Some(p);
+                Chunk::Chat(c)
+            }
+            Endpoint::Completions => {
+                let mut c = self.text_chunk(Vec::new());
+                c.prompt_progress = Some(p);
+                Chunk::Text(c)
+            }
         }
     }
 
@@ -468,6 +491,7 @@ impl Streaming {
                 }
                 vec![c.json()]
             }
+            Out::PromptProgress(p) => vec![self.progress(p).json()],
             Out::ChoiceDone(e) => {
                 let mut v = Vec::new();
                 let mut logprobs = e.logprobs.clone();

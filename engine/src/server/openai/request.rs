@@ -83,6 +83,9 @@ pub struct ValidOptions {
     pub session_hint: Option<String>,
     /// Whether generation goes on past the end-of-sequence token (`ignore_eos`).
     pub ignore_eos: bool,
+    /// Whether a stream carries `prompt_progress` chunks while the prompt is prefilled
+    /// (`return_progress` with `stream`; a whole response never does).
+    pub return_progress: bool,
     /// The output constraint from `response_format`, `structured_outputs`, `json_schema` or
     /// `grammar`.
     pub grammar: Option<GrammarRequest>,

@@ -6,6 +6,7 @@ use serde_json::Map;
 
 use super::tools::ParsedCall;
 use crate::sampling::TokenLogprobs;
+use crate::scheduler::PromptProgress;
 use crate::server::outcome::ApiFinishReason;
 use crate::server::usage::{LlamaCppTimings, Usage};
 use crate::tokenizer::TokenBytes;
@@ -224,6 +225,10 @@ pub struct ChatChunk {
     /// llama.cpp timings (on the last choice's finishing chunk and the usage chunk).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timings: Option<LlamaCppTimings>,
+    /// llama.cpp's `prompt_progress` (with `return_progress`: one chunk, with no choices, per
+    /// prefill chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_progress: Option<PromptProgress>,
 }
 
 /// Usage in a chunk: the full block at the end, running counts before.
@@ -304,6 +309,10 @@ pub struct TextCompletion {
     /// The timings in llama.cpp's shape (whole response; with the usage of a stream).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timings: Option<LlamaCppTimings>,
+    /// llama.cpp's `prompt_progress` (a stream with `return_progress`: one chunk, with no
+    /// choices, per prefill chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_progress: Option<PromptProgress>,
 }
 
 /// One choice of a text completion.

@@ -425,6 +425,9 @@ pub struct Common {
     pub prompt_cache_key: Option<String>,
     /// Keep generating past end-of-sequence tokens (extension).
     pub ignore_eos: bool,
+    /// llama.cpp's `return_progress`: a stream also carries `prompt_progress` chunks while the
+    /// prompt is prefilled (ignored without `stream`).
+    pub return_progress: bool,
     /// `logit_bias`: token id → bias.
     pub logit_bias: Option<BTreeMap<String, f32>>,
     /// `response_format`: OpenAI's way to ask for JSON output (a schema or any object).
@@ -484,6 +487,7 @@ impl Common {
             safety_identifier: b.take("safety_identifier")?,
             prompt_cache_key: b.take("prompt_cache_key")?,
             ignore_eos: b.take("ignore_eos")?.unwrap_or(false),
+            return_progress: b.take("return_progress")?.unwrap_or(false),
             logit_bias: b.take("logit_bias")?,
             response_format,
             structured_outputs,

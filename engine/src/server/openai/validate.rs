@@ -150,6 +150,8 @@ impl Common {
                 .or_else(|| self.safety_identifier.clone())
                 .filter(|s| !s.is_empty()),
             ignore_eos: self.ignore_eos,
+            // A whole response has no chunk to carry progress in: the field is ignored there.
+            return_progress: self.return_progress && self.stream,
             grammar: self.grammar_request()?,
             frequency_penalty_given: self.frequency_penalty,
             presence_penalty_given: self.presence_penalty,
