@@ -510,7 +510,7 @@ mod tests {
             match out.recv().await {
                 Some(Out::ChoiceDone(c)) => reason = Some(c.finish_reason),
                 Some(Out::Done(f)) => break f,
-                Some(Out::Delta { .. }) => {}
+                Some(Out::Delta { .. } | Out::PromptProgress(_)) => {}
                 None => panic!("an answer"),
             }
         };
@@ -854,6 +854,7 @@ mod tests {
                     end = Some(e);
                 }
                 Some(Out::Done(o)) => break *o,
+                Some(Out::PromptProgress(_)) => {}
                 None => panic!("an outcome"),
             }
         };
