@@ -268,7 +268,7 @@ impl<'t> Loop<'t> {
                 .prefill
                 .as_ref()
                 .filter(|_| state == "prefill")
-                .map(|p| p.progress(s.computed));
+                .map(PrefillProgress::progress);
             InFlight {
                 id: s.req.id.clone(),
                 state,

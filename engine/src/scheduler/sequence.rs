@@ -44,6 +44,8 @@ pub struct PrefillProgress {
     pub device: Duration,
     /// Why it runs.
     pub reason: PrefillReason,
+    /// Where it stood after its latest chunk (`None` before the first chunk).
+    pub latest: Option<PrefillChunkRecord>,
 }
 
 impl PrefillProgress {
@@ -58,6 +60,7 @@ impl PrefillProgress {
             chunks: 0,
             device: Duration::ZERO,
             reason,
+            latest: None,
         }
     }
 
@@ -76,7 +79,7 @@ impl PrefillProgress {
         self.last_end = Some(stepped);
         self.chunks += 1;
         self.device += device;
-        PrefillChunkRecord {
+        let rec = PrefillChunkRecord {
             prefill_start,
             start: started,
             end: stepped,
@@ -86,27 +89,26 @@ impl PrefillProgress {
             chunk_tokens,
             chunk: self.chunks,
             device,
-        }
+        };
+        self.latest = Some(rec.clone());
+        rec
     }
 
-    /// Where the prefill stands with `computed` positions in the cache, as of its latest chunk
-    /// (before the first: only the cached positions, and no time), and its own rate so far.
-    pub fn progress(&self, computed: usize) -> (PromptProgress, Option<f64>) {
-        let elapsed = match (self.start, self.last_end) {
-            (Some(s), Some(e)) => e.saturating_duration_since(s),
-            _ => Duration::ZERO,
-        };
-        let processed = computed.clamp(self.cached, self.target.max(self.cached));
-        let t = elapsed.as_secs_f64();
-        #[allow(clippy::cast_precision_loss)] // token counts are far below 2^53
-        let rate = (t > 0.0).then(|| (processed - self.cached) as f64 / t);
-        let p = PromptProgress {
-            total: self.target,
-            cache: self.cached,
-            processed,
-            time_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
-        };
-        (p, rate)
+    /// Where the prefill stands, as of its latest chunk (before the first: only the cached
+    /// positions, and no time), and its own rate so far.
+    pub fn progress(&self) -> (PromptProgress, Option<f64>) {
+        match &self.latest {
+            Some(rec) => (PromptProgress::from(rec), rec.tok_s()),
+            None => (
+                PromptProgress {
+                    total: self.target,
+                    cache: self.cached,
+                    processed: self.cached,
+                    time_ms: 0,
+                },
+                None,
+            ),
+        }
     }
 
     /// The record of this prefill, ended with `end_reason` when `computed` positions are in
