@@ -514,16 +514,29 @@ async fn a_full_queue_answers_429_with_retry_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_frees_its_slot() {
-    let m = tiny_model();
+    // A long context, so that the long request is still running, whatever the machine's speed,
+    // when the client walks away (200 tokens of the tiny model can finish before the first poll).
+    let path = slotlight_engine::model::testing::TinyLlama {
+        context: 8192,
+        ..Default::default()
+    }
+    .write_temp();
+    let m = slotlight_engine::model::loader::Model::load(&path).expect("tiny model");
     let s = TestServer::start(
         &m,
         Options {
             batch: 1,
+            ctx_size: 8192,
+            kv_tokens: 8192,
+            limits: Limits {
+                max_tokens: 8000,
+                ..Limits::default()
+            },
             ..Options::default()
         },
     )
     .await;
-    let mut long = chat_body(200);
+    let mut long = chat_body(8000);
     long["stream"] = json!(true);
     let mut r = s.post("/v1/chat/completions", long).await;
     let _ = r.chunk().await.expect("first chunk");
