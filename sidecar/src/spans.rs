@@ -57,6 +57,8 @@ pub enum Body {
     Leg(Box<LegSpan>),
     /// `slotlight.decode`: one progress window.
     Decode(DecodeSpan),
+    /// `slotlight.prefill.window`: one progress window of a prefill still running.
+    PrefillWindow(PrefillWindowSpan),
 }
 
 /// `slotlight.queue`: the wait from arrival to admission, and where the request went.
@@ -127,6 +129,33 @@ pub struct DecodeSpan {
     /// When the request's first token was sampled, Unix ns: the row's rate counts from it
     /// (`slotlight.request.first_token_time_unix_nano`).
     pub first_token_ns: Option<i64>,
+}
+
+/// `slotlight.prefill.window`: where a running prefill stands after its latest chunks.
+#[derive(Debug, Clone)]
+pub struct PrefillWindowSpan {
+    /// Where the request is placed, when the window says (`slotlight.leg.path`, slot index);
+    /// `None` keeps the row the request already holds.
+    pub key: Option<SlotKey>,
+    /// `slotlight.leg.index` (0 when absent).
+    pub leg_index: i64,
+    /// `slotlight.leg.tokens_carried` (0 when absent): tokens generated before a re-prefill.
+    pub tokens_carried: i64,
+    /// Positions of the prompt (`slotlight.prefill.prompt_tokens`).
+    pub total: i64,
+    /// Positions whose KV came from the cache (`slotlight.prefill.cached_tokens`).
+    pub cached: i64,
+    /// Positions in the KV cache after the window's last chunk, the cached ones included
+    /// (`slotlight.prefill.processed_tokens`).
+    pub processed: i64,
+    /// Positions computed in this window (`slotlight.prefill.window_tokens`).
+    pub window_tokens: Option<i64>,
+    /// When the prefill's first chunk started, Unix ns (`slotlight.prefill.start_time_unix_nano`).
+    pub prefill_start_ns: i64,
+    /// When the window's last chunk ended, Unix ns (`slotlight.prefill.last_chunk_time_unix_nano`).
+    pub last_chunk_ns: i64,
+    /// When the request arrived, Unix ns (`slotlight.request.start_time_unix_nano`).
+    pub request_start_ns: i64,
 }
 
 /// The request (root) span's attributes.
@@ -429,7 +458,7 @@ fn span<'a>(
 fn is_engine_span_name(name: &str) -> bool {
     matches!(
         name,
-        names::QUEUE | names::PREFILL | names::LEG | names::DECODE
+        names::QUEUE | names::PREFILL | names::PREFILL_WINDOW | names::LEG | names::DECODE
     ) || names::is_request_span_name(name)
 }
 
@@ -489,6 +518,18 @@ fn convert_span(
             device_ms: dbl(f.get(F::LegDeviceMs)),
             end_reason: text(f.get(F::LegEndReason)),
         })),
+        names::PREFILL_WINDOW => Body::PrefillWindow(PrefillWindowSpan {
+            key: f.get(F::LegPath).and(req.slot_key(f).ok()),
+            leg_index: int(f.get(F::LegIndex)).unwrap_or(0),
+            tokens_carried: int(f.get(F::TokensCarried)).unwrap_or(0),
+            total: req.int(attr::PREFILL_PROMPT_TOKENS, f.get(F::PrefillPrompt))?,
+            cached: int(f.get(F::PrefillCached)).unwrap_or(0),
+            processed: req.int(attr::PREFILL_PROCESSED_TOKENS, f.get(F::PrefillProcessed))?,
+            window_tokens: int(f.get(F::PrefillWindowTokens)),
+            prefill_start_ns: int(f.get(F::PrefillStart)).unwrap_or(start_ns),
+            last_chunk_ns: int(f.get(F::PrefillLastChunk)).unwrap_or(end_ns),
+            request_start_ns: req.int(attr::REQUEST_START_TIME, f.get(F::RequestStart))?,
+        }),
         names::DECODE => {
             let request_start_ns = req.int(attr::REQUEST_START_TIME, f.get(F::RequestStart))?;
             Body::Decode(DecodeSpan {
@@ -628,6 +669,10 @@ enum F {
     PrefillCached,
     PrefillComputed,
     PrefillDeviceMs,
+    PrefillProcessed,
+    PrefillWindowTokens,
+    PrefillStart,
+    PrefillLastChunk,
     OpName,
     ProviderName,
     Status,
@@ -686,6 +731,10 @@ const KEYS: [(&str, F); N_FIELDS] = [
     (attr::PREFILL_CACHED_TOKENS, F::PrefillCached),
     (attr::PREFILL_COMPUTED_TOKENS, F::PrefillComputed),
     (attr::PREFILL_DEVICE_MS, F::PrefillDeviceMs),
+    (attr::PREFILL_PROCESSED_TOKENS, F::PrefillProcessed),
+    (attr::PREFILL_WINDOW_TOKENS, F::PrefillWindowTokens),
+    (attr::PREFILL_START_TIME, F::PrefillStart),
+    (attr::PREFILL_LAST_CHUNK_TIME, F::PrefillLastChunk),
     (attr::GEN_AI_OPERATION_NAME, F::OpName),
     (attr::GEN_AI_PROVIDER_NAME, F::ProviderName),
     (attr::REQUEST_STATUS, F::Status),

@@ -205,6 +205,36 @@ impl Request {
         s
     }
 
+    /// A `slotlight.prefill.window` of a prefill that started at `prefill_start`: the chunks
+    /// from `start` to `end` computed `window_tokens`, and `processed` of `prompt` positions
+    /// (`cached` of them from the cache) are in the KV cache after them.
+    #[allow(clippy::too_many_arguments)] // one argument per attribute a window states
+    pub fn prefill_window(
+        &mut self,
+        place: Place,
+        prefill_start: i64,
+        start: i64,
+        end: i64,
+        prompt: i64,
+        cached: i64,
+        processed: i64,
+        window_tokens: i64,
+    ) -> Span {
+        let mut s = self.base(names::PREFILL_WINDOW, start, end, None);
+        self.place_attrs(&mut s, place);
+        s.attributes.extend([
+            kv_int(attr::PREFILL_PROMPT_TOKENS, prompt),
+            kv_int(attr::PREFILL_CACHED_TOKENS, cached),
+            kv_int(attr::PREFILL_PROCESSED_TOKENS, processed),
+            kv_int(attr::PREFILL_WINDOW_TOKENS, window_tokens),
+            kv_f64(attr::PREFILL_DEVICE_MS, 1.0),
+            kv_int(attr::PREFILL_START_TIME, prefill_start),
+            kv_int(attr::PREFILL_LAST_CHUNK_TIME, end),
+        ]);
+        self.request_times(&mut s);
+        s
+    }
+
     /// A `slotlight.decode` window of `leg`, from `start` to `last_token`, with
     /// `tokens_generated` the request's total so far.
     pub fn decode(

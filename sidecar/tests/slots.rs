@@ -203,3 +203,46 @@ async fn slots_stream_pushes_changes() {
         }
     }
 }
+
+/// A long prefill's progress windows reach `/v1/slots` over OTLP: the row says `prefill` with
+/// the prompt's positions done of total (llama.cpp's `prompt_progress` shape) and the prefill's
+/// own rate, and drops them once the request decodes.
+#[tokio::test]
+async fn a_prefill_advances_in_slots() {
+    let t = TestSidecar::start().await;
+    let inst = "engine-prefill";
+    let start = now_ns() - 500 * MS;
+    let admitted = start + 10 * MS;
+    let mut a = Request::new("req-long", 5, start);
+    t.send_grpc(synth::export(inst, vec![a.queue(Some(0), admitted)]))
+        .await
+        .expect("export");
+    let p0 = admitted + MS;
+    let w = a.prefill_window(Some(0), p0, p0, p0 + 200 * MS, 4096, 1024, 2048, 1024);
+    t.post_proto(&synth::export(inst, vec![w])).await;
+    let row = t
+        .wait_row(inst, "slot", Some(0), |r| {
+            r["prompt_progress"]["processed"] == 2048
+        })
+        .await;
+    assert_eq!(row["state"], "prefill");
+    assert_eq!(row["request_id"], "req-long");
+    assert_eq!(row["prompt_progress"]["total"], 4096);
+    assert_eq!(row["prompt_progress"]["cache"], 1024);
+    assert_eq!(row["prompt_progress"]["time_ms"].as_f64(), Some(200.0));
+    let rate = row["prefill_tok_s"].as_f64().unwrap();
+    assert!((rate - 5120.0).abs() < 1e-6, "{rate}");
+
+    let first = p0 + 300 * MS;
+    a.first_token_ns = Some(first);
+    let leg = a.leg(0, Some(0), admitted, 0);
+    let w = a.decode(&leg, first, first + 50 * MS, 5, 6);
+    t.send_grpc(synth::export(inst, vec![w]))
+        .await
+        .expect("export");
+    let row = t
+        .wait_row(inst, "slot", Some(0), |r| r["state"] == "decoding")
+        .await;
+    assert!(row["prompt_progress"].is_null(), "{row}");
+    assert!(row["prefill_tok_s"].is_null(), "{row}");
+}

@@ -19,10 +19,10 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, broadcast, mpsc, watch};
 
 use crate::metrics::{EvictReason, Metrics};
-use crate::spans::{Body, DecodeSpan, EngineSpan, SlotKey};
+use crate::spans::{Body, DecodeSpan, EngineSpan, PrefillWindowSpan, SlotKey};
 use crate::store::TurnWriter;
 use crate::vocab::TraceId;
-use slots::{InstanceSnapshot, Occupant, Row, RowState, SlotsSnapshot};
+use slots::{InstanceSnapshot, Occupant, PrefillProgress, Row, RowState, SlotsSnapshot};
 use turns::{PartialTurn, TurnLeg, TurnRecord, TurnStore};
 
 /// Engine instances tracked at once.
@@ -97,6 +97,9 @@ struct RequestState {
     row: Option<SlotKey>,
     /// Timestamp of the newest queue/decode update applied to the rows.
     as_of_ns: i64,
+    /// The newest decode window's tokens generated, first token and last token times: a
+    /// re-prefill after a preemption shows the reply so far.
+    decoded: Option<(i64, Option<i64>, i64)>,
     admitted: bool,
     /// The legs that ended (their spans arrived), kept until the turn record is written: a
     /// decode window of one of them arriving late must not bring its row back.
@@ -275,6 +278,7 @@ impl Assembler {
                         leg_start_ns: s.end_ns,
                         tokens_generated: 0,
                         tokens_carried: 0,
+                        prefill: None,
                     };
                     move_to_row(inst, st_key(&s), q.key, occ, None, now_ns);
                     self.dirty = true;
@@ -283,6 +287,24 @@ impl Assembler {
             Body::Prefill(_) => {
                 st.admitted = true;
             }
+            Body::PrefillWindow(p) => {
+                st.admitted = true;
+                if st.root.is_some() {
+                    out.late_spans += 1;
+                } else if p.last_chunk_ns >= st.as_of_ns
+                    && let Some(key) = p.key.or(st.row)
+                {
+                    st.as_of_ns = p.last_chunk_ns;
+                    let held = st
+                        .row
+                        .and_then(|k| inst.rows.get(&k))
+                        .and_then(|r| r.occupant.as_ref())
+                        .filter(|o| o.request_id == st.request_id);
+                    let occ = prefill_occupant(st, &s, p, held);
+                    move_to_row(inst, st_key(&s), key, occ, None, now_ns);
+                    self.dirty = true;
+                }
+            }
             Body::Decode(d) => {
                 st.admitted = true;
                 if st.root.is_some() || st.leg_ended(d.leg_index) {
@@ -290,6 +312,7 @@ impl Assembler {
                     out.late_spans += 1;
                 } else if d.last_token_ns >= st.as_of_ns {
                     st.as_of_ns = d.last_token_ns;
+                    st.decoded = Some((d.tokens_generated, d.first_token_ns, d.last_token_ns));
                     let occ = decode_occupant(st, &s, d);
                     let rate = window_rate(&s, d);
                     move_to_row(inst, st_key(&s), d.key, occ, rate, now_ns);
@@ -350,6 +373,7 @@ impl Assembler {
                 updated_ns: now_ns,
                 row: None,
                 as_of_ns: i64::MIN,
+                decoded: None,
                 admitted: false,
                 legs: Vec::new(),
                 root: None,
@@ -539,6 +563,40 @@ fn decode_occupant(st: &RequestState, s: &EngineSpan, d: &DecodeSpan) -> Occupan
         leg_start_ns: d.leg_start_ns,
         tokens_generated: d.tokens_generated,
         tokens_carried: d.tokens_carried,
+        prefill: None,
+    }
+}
+
+/// A prefilling request's occupancy from its latest prefill window. What the request's decode
+/// windows said (its tokens so far and first token, before a preemption's re-prefill) stays.
+fn prefill_occupant(
+    st: &RequestState,
+    s: &EngineSpan,
+    p: &PrefillWindowSpan,
+    held: Option<&Occupant>,
+) -> Occupant {
+    Occupant {
+        state: RowState::Prefill,
+        request_id: st.request_id.clone(),
+        trace_id: s.trace_id,
+        session_id: st.session_id.clone(),
+        since_ns: held.map_or(p.prefill_start_ns, |o| o.since_ns),
+        leg_index: p.leg_index,
+        request_start_ns: p.request_start_ns,
+        first_token_ns: st.decoded.and_then(|d| d.1),
+        last_token_ns: st.decoded.map(|d| d.2),
+        leg_start_ns: held.map_or(p.prefill_start_ns, |o| o.leg_start_ns),
+        tokens_generated: st
+            .decoded
+            .map_or(p.tokens_carried, |d| d.0.max(p.tokens_carried)),
+        tokens_carried: p.tokens_carried,
+        prefill: Some(PrefillProgress {
+            total: p.total,
+            cached: p.cached,
+            processed: p.processed,
+            start_ns: p.prefill_start_ns,
+            last_chunk_ns: p.last_chunk_ns,
+        }),
     }
 }
 

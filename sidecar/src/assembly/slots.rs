@@ -56,6 +56,46 @@ pub struct Occupant {
     pub tokens_generated: i64,
     /// Tokens the request carried into the current leg.
     pub tokens_carried: i64,
+    /// Where its prefill stands, while it prefills and its prefill windows say.
+    pub prefill: Option<PrefillProgress>,
+}
+
+/// A running prefill, from its latest `slotlight.prefill.window`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrefillProgress {
+    /// Positions of the prompt.
+    pub total: i64,
+    /// Positions whose KV came from the cache.
+    pub cached: i64,
+    /// Positions in the KV cache after the latest chunk, the cached ones included.
+    pub processed: i64,
+    /// When the prefill's first chunk started, Unix ns.
+    pub start_ns: i64,
+    /// When its latest chunk ended, Unix ns.
+    pub last_chunk_ns: i64,
+}
+
+impl PrefillProgress {
+    /// The prefill's own rate: positions computed (not the cached ones) over the time from its
+    /// first chunk's start to its latest chunk's end.
+    pub fn tok_s(&self) -> Option<f64> {
+        let computed = self.processed - self.cached;
+        let dt = self.last_chunk_ns - self.start_ns;
+        (computed > 0 && dt > 0).then(|| tokens(computed) / secs(dt))
+    }
+}
+
+/// `prompt_progress` of a row: the engine's (and llama.cpp's) shape.
+#[derive(Debug, Serialize)]
+pub struct PromptProgressView {
+    /// Positions of the prompt.
+    pub total: i64,
+    /// Positions whose KV came from the cache.
+    pub cache: i64,
+    /// Positions in the KV cache so far, the cached ones included.
+    pub processed: i64,
+    /// Milliseconds from the prefill's first chunk to its latest chunk's end.
+    pub time_ms: f64,
 }
 
 fn secs(ns: i64) -> f64 {
@@ -172,6 +212,13 @@ impl Row {
             in_slot_s: o.map(|o| secs(now_ns - o.leg_start_ns).max(0.0)),
             leg_tok_s: o.and_then(Occupant::leg_tok_s),
             ttft_ms: o.and_then(Occupant::ttft_ms),
+            prompt_progress: o.and_then(|o| o.prefill).map(|p| PromptProgressView {
+                total: p.total,
+                cache: p.cached,
+                processed: p.processed,
+                time_ms: secs(p.last_chunk_ns - p.start_ns).max(0.0) * 1e3,
+            }),
+            prefill_tok_s: o.and_then(|o| o.prefill).and_then(|p| p.tok_s()),
             age_s: secs(now_ns - self.updated_ns).max(0.0),
             history: &self.history,
         }
@@ -209,6 +256,11 @@ pub struct RowView<'a> {
     pub leg_tok_s: Option<f64>,
     /// Arrival to first token, ms.
     pub ttft_ms: Option<f64>,
+    /// While prefilling: where the prefill stands (tokens done of total), from its latest
+    /// progress window.
+    pub prompt_progress: Option<PromptProgressView>,
+    /// While prefilling: the prefill's own rate, computed positions per second.
+    pub prefill_tok_s: Option<f64>,
     /// Seconds since the row last changed.
     pub age_s: f64,
     /// Recent window rates, oldest first.
@@ -307,6 +359,7 @@ mod tests {
             leg_start_ns: 0,
             tokens_generated: 101,
             tokens_carried: 0,
+            prefill: None,
         }
     }
 

@@ -113,6 +113,95 @@ fn moved_request_keeps_its_start_and_rate() {
     assert!(rate < 100.0);
 }
 
+/// A long prefill advances in the view, window by window, with its own rate; it is never
+/// shown idle, not even while it re-prefills after a preemption, and a window that arrives
+/// after the request finished changes nothing.
+#[test]
+fn a_prefill_advances_in_the_view_and_is_never_idle() {
+    let mut a = asm();
+    let mut out = Outputs::default();
+    let mut r = synth::Request::new("req-p", 3, T0);
+    let admitted = T0 + 5 * MS;
+    a.apply(
+        engine("e1", vec![r.queue(Some(0), admitted)]),
+        admitted,
+        &mut out,
+    );
+    let slot = |a: &Assembler, now| {
+        let snap = a.snapshot();
+        let v = row(&snap, "e1", Path::Slot, Some(0)).view(now);
+        (
+            v.state,
+            v.prompt_progress.map(|p| (p.total, p.cache, p.processed)),
+            v.prefill_tok_s,
+            v.tokens_generated,
+        )
+    };
+    assert_eq!(slot(&a, admitted), (RowState::Prefill, None, None, Some(0)));
+    // 1,024 positions, 256 cached, computed 256 per 100 ms.
+    let start = admitted + MS;
+    let mut t = start;
+    for (i, processed) in [512, 768].into_iter().enumerate() {
+        let w = r.prefill_window(Some(0), start, t, t + 100 * MS, 1024, 256, processed, 256);
+        t += 100 * MS;
+        a.apply(engine("e1", vec![w]), t, &mut out);
+        let (state, progress, rate, _) = slot(&a, t);
+        assert_eq!(state, RowState::Prefill);
+        assert_eq!(progress, Some((1024, 256, processed)));
+        let rate = rate.expect("the prefill's own rate");
+        assert!((rate - 2560.0).abs() < 1e-6, "window {i}: {rate}");
+    }
+    // The first token: decoding, no prefill figures.
+    let first = t + 100 * MS;
+    r.first_token_ns = Some(first);
+    let leg = r.leg(0, Some(0), admitted, 0);
+    let w = r.decode(&leg, first, first + 100 * MS, 10, 11);
+    a.apply(engine("e1", vec![w]), first + 100 * MS, &mut out);
+    let (state, progress, rate, generated) = slot(&a, first + 100 * MS);
+    assert_eq!((state, progress, rate), (RowState::Decoding, None, None));
+    assert_eq!(generated, Some(11));
+    // Preempted: its leg ends, and it re-prefills 1,035 positions in the same slot.
+    let cut = first + 200 * MS;
+    let leg_end = r.leg_span(&leg, cut, 11, "preempted");
+    let w = r.prefill_window(
+        Some(0),
+        cut + MS,
+        cut + MS,
+        cut + 51 * MS,
+        1035,
+        0,
+        512,
+        512,
+    );
+    a.apply(engine("e1", vec![leg_end, w]), cut + 51 * MS, &mut out);
+    let (state, progress, _, generated) = slot(&a, cut + 51 * MS);
+    assert_eq!(state, RowState::Prefill, "a re-prefill is not idle");
+    assert_eq!(progress, Some((1035, 0, 512)));
+    assert_eq!(
+        generated,
+        Some(11),
+        "the reply so far stays with the request"
+    );
+    // It finishes; a late window does not bring the row back.
+    let end = cut + 200 * MS;
+    let root = r.root("m", end, &Usage::default());
+    a.apply(engine("e1", vec![root]), end, &mut out);
+    let late = r.prefill_window(
+        Some(0),
+        cut + MS,
+        cut + 51 * MS,
+        cut + 99 * MS,
+        1035,
+        0,
+        1035,
+        523,
+    );
+    let before = out.late_spans;
+    a.apply(engine("e1", vec![late]), end + MS, &mut out);
+    assert_eq!(slot(&a, end + MS).0, RowState::Idle);
+    assert!(out.late_spans > before, "counted as late");
+}
+
 #[test]
 fn two_instances_do_not_mix() {
     let mut a = asm();
