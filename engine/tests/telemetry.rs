@@ -73,6 +73,7 @@ async fn one_request_gives_root_queue_prefill_leg_and_decode_windows() {
         &m,
         Options {
             progress_ms: 1,
+            data_parallel_rank: 3,
             ..Options::default()
         },
     )
@@ -95,6 +96,9 @@ async fn one_request_gives_root_queue_prefill_leg_and_decode_windows() {
         1.0,
         "the root states its sampler's ratio (this provider keeps every trace)"
     );
+    // The replica that served it: the instance (as the resource names it) and the rank.
+    assert_eq!(string(&root, attr::ENGINE_INSTANCE), "test-instance");
+    assert_eq!(int(&root, attr::ENGINE_DATA_PARALLEL_RANK), 3);
     let all = trace_of(&spans, &root);
     let names: Vec<&str> = all.iter().map(|x| x.name.as_ref()).collect();
     for n in [span::QUEUE, span::PREFILL, span::LEG] {

@@ -110,6 +110,10 @@ crate::contract! {
     REQUEST_STATUS = "slotlight.request.status", "string", "";
     /// Request span: the share of request traces the engine's sampler keeps, from 0 to 1 (`OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`; 1 by default). Spans of the other requests never leave the engine, so the sidecar's views and metrics count the sampled requests only; the engine's own metrics count all of them.
     TRACE_SAMPLING_RATIO = "slotlight.trace.sampling_ratio", "double", "1";
+    /// Request span: the engine process that served the request (its resource's `service.instance.id`), so a trace read without its resource (or a backend that shows span attributes only) still names the replica.
+    ENGINE_INSTANCE = "slotlight.engine.instance", "string", "";
+    /// Request span: the engine's data-parallel rank (`--data-parallel-rank`, 0 by default), the rank its KV-cache events state.
+    ENGINE_DATA_PARALLEL_RANK = "slotlight.engine.data_parallel_rank", "int", "";
     /// Event on a request span (a warning or error logged while serving the request; the event's name is the log message, its other attributes the log line's fields) or on an operational span: the log level (`WARN`, `ERROR`).
     EVENT_LEVEL = "level", "string", "";
     /// Event on a request or operational span: the log target (the module that logged it).

@@ -223,6 +223,8 @@ pub struct RequestSpan {
     pub error_type: Option<String>,
     /// `slotlight.trace.sampling_ratio`: the share of traces the engine keeps.
     pub sampling_ratio: Option<f64>,
+    /// `slotlight.engine.data_parallel_rank`: the engine's data-parallel rank.
+    pub data_parallel_rank: Option<i64>,
 }
 
 /// Why one engine span was rejected (label of `slotlight_sidecar_spans_rejected_total`).
@@ -569,6 +571,7 @@ fn convert_span(
             decode_tps: dbl(f.get(F::DecodeTps)),
             e2e_ms: dbl(f.get(F::E2eMs)),
             sampling_ratio: dbl(f.get(F::SamplingRatio)),
+            data_parallel_rank: int(f.get(F::DataParallelRank)),
             request_start_ns: int(f.get(F::RequestStart)),
             first_token_ns: int(f.get(F::FirstToken)),
             legs: int(f.get(F::Legs)),
@@ -699,6 +702,7 @@ enum F {
     ResumeDivergedAt,
     ResumeEvicted,
     SamplingRatio,
+    DataParallelRank,
     /// Must stay last: [`N_FIELDS`] counts up to it.
     ErrorType,
 }
@@ -763,6 +767,7 @@ const KEYS: [(&str, F); N_FIELDS] = [
     (attr::RESUME_DIVERGED_AT, F::ResumeDivergedAt),
     (attr::RESUME_EVICTED_TOKENS, F::ResumeEvicted),
     (attr::TRACE_SAMPLING_RATIO, F::SamplingRatio),
+    (attr::ENGINE_DATA_PARALLEL_RANK, F::DataParallelRank),
     (attr::ERROR_TYPE, F::ErrorType),
 ];
 

@@ -106,6 +106,8 @@ pub struct Request {
     pub first_token_ns: Option<i64>,
     /// The slot group.
     pub group: i64,
+    /// `slotlight.engine.data_parallel_rank` on the request span, when set.
+    pub data_parallel_rank: Option<i64>,
     next_span: u64,
 }
 
@@ -126,6 +128,7 @@ impl Request {
             start_ns,
             first_token_ns: None,
             group: 0,
+            data_parallel_rank: None,
             next_span: 2,
         }
     }
@@ -311,6 +314,10 @@ impl Request {
         s.span_id = self.root_span_id.to_vec();
         s.parent_span_id = Vec::new();
         s.kind = SpanKind::Server as i32;
+        if let Some(r) = self.data_parallel_rank {
+            s.attributes
+                .push(kv_int(attr::ENGINE_DATA_PARALLEL_RANK, r));
+        }
         s.attributes.extend([
             kv_str(attr::GEN_AI_OPERATION_NAME, names::OPERATION_CHAT),
             kv_str(attr::GEN_AI_PROVIDER_NAME, attr::value::PROVIDER),

@@ -20,6 +20,7 @@ async fn finished(
     let start = now_ns() - 2 * S;
     let mut r = Request::new(id, seed, start).with_session(session);
     r.first_token_ns = Some(start + 30 * MS);
+    r.data_parallel_rank = Some(2);
     let leg = r.leg(0, Some(1), start + 2 * MS, 0);
     let spans = vec![
         r.queue(Some(1), start + 2 * MS),
@@ -75,6 +76,10 @@ async fn turn_record_equals_the_request_span() {
     assert_eq!(turn["request_id"], "req-eq");
     assert_eq!(turn["session_id"], "sess-1");
     assert_eq!(turn["instance"], "engine-t");
+    assert_eq!(
+        turn["data_parallel_rank"], 2,
+        "the replica's rank, from the request span"
+    );
     assert_eq!(turn["model"], "small-model");
     assert_eq!(turn["finish_reason"], "length");
     assert_eq!(turn["status"], "ok");

@@ -147,6 +147,7 @@ impl RequestTrace {
             kv_u(attr::REQUEST_START_TIME, anchor.unix_nanos(meta.received)),
             KeyValue::new(attr::TRACE_SAMPLING_RATIO, telemetry.sampling_ratio()),
         ];
+        attrs.extend(telemetry.replica_attrs());
         if let Some(seed) = sampling.seed {
             attrs.push(kv_u(attr::GEN_AI_REQUEST_SEED, seed));
         }
@@ -795,6 +796,7 @@ pub fn record_refusal(
         KeyValue::new(attr::ERROR_TYPE, r.error_type),
         KeyValue::new(attr::TRACE_SAMPLING_RATIO, telemetry.sampling_ratio()),
     ];
+    attrs.extend(telemetry.replica_attrs());
     if let Some(s) = &r.session {
         attrs.push(KeyValue::new(attr::GEN_AI_CONVERSATION_ID, s.clone()));
     }

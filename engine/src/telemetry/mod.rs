@@ -276,6 +276,8 @@ pub struct Telemetry {
     meter_provider: Option<SdkMeterProvider>,
     /// This process's `service.instance.id`.
     pub instance_id: String,
+    /// The engine's data-parallel rank (`--data-parallel-rank`).
+    data_parallel_rank: u32,
 }
 
 /// The trace sampler from `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG`, read with the
@@ -337,6 +339,7 @@ impl Telemetry {
             sampling_ratio: 0.0,
             meter_provider: None,
             instance_id: new_instance_id(),
+            data_parallel_rank: 0,
         }
     }
 
@@ -353,7 +356,26 @@ impl Telemetry {
             sampling_ratio: 1.0,
             meter_provider: None,
             instance_id,
+            data_parallel_rank: 0,
         }
+    }
+
+    /// States `rank` as the engine's data-parallel rank on every request span.
+    pub fn with_data_parallel_rank(mut self, rank: u32) -> Self {
+        self.data_parallel_rank = rank;
+        self
+    }
+
+    /// The replica that serves a request, for its request span: this process's instance id
+    /// and data-parallel rank.
+    pub fn replica_attrs(&self) -> [opentelemetry::KeyValue; 2] {
+        [
+            opentelemetry::KeyValue::new(attr::ENGINE_INSTANCE, self.instance_id.clone()),
+            opentelemetry::KeyValue::new(
+                attr::ENGINE_DATA_PARALLEL_RANK,
+                i64::from(self.data_parallel_rank),
+            ),
+        ]
     }
 
     /// Exports metrics through `provider` too (tests pass one with an in-memory exporter).
@@ -720,6 +742,7 @@ fn exporting<E: SpanExporter + 'static>(
         sampling_ratio,
         meter_provider: None,
         instance_id,
+        data_parallel_rank: 0,
     })
 }
 

@@ -47,6 +47,8 @@ pub struct Options {
     pub drain: Duration,
     pub trace_content: bool,
     pub metrics_public: bool,
+    /// The engine's data-parallel rank, stated on request spans.
+    pub data_parallel_rank: u32,
 }
 
 impl Default for Options {
@@ -65,6 +67,7 @@ impl Default for Options {
             drain: Duration::from_secs(10),
             trace_content: false,
             metrics_public: false,
+            data_parallel_rank: 0,
         }
     }
 }
@@ -110,6 +113,7 @@ impl TestServer {
                 .with_span_processor(SimpleSpanProcessor::new(spans.clone()))
                 .build();
             Telemetry::with_provider(provider, "test-instance".into())
+                .with_data_parallel_rank(o.data_parallel_rank)
         } else {
             Telemetry::disabled()
         };

@@ -128,6 +128,9 @@ impl TurnStatus {
 pub struct TurnRecord {
     /// `service.instance.id` of the engine.
     pub instance: Arc<str>,
+    /// The engine's data-parallel rank (`slotlight.engine.data_parallel_rank`); with
+    /// `instance`, the replica that served the request.
+    pub data_parallel_rank: Option<i64>,
     /// `service.version` of the engine.
     pub service_version: Option<Arc<str>>,
     /// The engine's request id (also the response id) (`slotlight.request.id`).
@@ -253,6 +256,7 @@ impl TurnRecord {
             .is_none_or(|n| i64::try_from(legs.len()).unwrap_or(i64::MAX) >= n);
         TurnRecord {
             instance: root.instance.clone(),
+            data_parallel_rank: req.data_parallel_rank,
             service_version: root.service_version.clone(),
             request_id: Arc::from(&*root.request_id),
             session_id: root.session_id.as_deref().map(Arc::from),
@@ -308,6 +312,7 @@ impl TurnRecord {
         let slot_group = legs.first().map(|l| l.group);
         TurnRecord {
             instance: seen.instance,
+            data_parallel_rank: None,
             service_version: seen.service_version,
             request_id: seen.request_id,
             session_id: seen.session_id,
