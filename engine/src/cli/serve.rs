@@ -130,7 +130,8 @@ pub(super) fn run(a: ServeArgs) -> anyhow::Result<()> {
         })
     };
     let ops = telemetry.as_ref().ok().and_then(Telemetry::ops_tracer);
-    crate::telemetry::init_logs(a.log_format, ops);
+    let records = telemetry.as_ref().ok().and_then(Telemetry::logger_provider);
+    crate::telemetry::init_logs(a.log_format, ops, records);
     rt.block_on(serve(a, telemetry?))
 }
 

@@ -313,7 +313,11 @@ async fn run(
         .collect();
     let mut outcome = RequestOutcome::of(meta.received, &done, reasons, tool_calls);
     outcome.set_reasoning_tokens(reasoning_tokens);
-    record::finished(&metrics, &meta, &trace.trace_id(), &outcome);
+    {
+        // Under the request span's context, so that its OTLP log record carries its ids.
+        let _cx = trace.context().clone().attach();
+        record::finished(&metrics, &meta, &trace.trace_id(), &outcome);
+    }
     trace.finish(&outcome);
     let _ = tx.send(Out::Done(Box::new(outcome)));
 }

@@ -59,7 +59,10 @@ pub fn refusal(
                 error_type: error.label(),
                 message: error.message.clone(),
             };
+            let cx = trace.context().clone();
             trace.refuse(r.error_type, &r.message, now);
+            // Under the request span's context, so that its OTLP log record carries its ids.
+            let _cx = cx.attach();
             refused_request(
                 st.metrics.as_ref(),
                 &r,
@@ -78,13 +81,10 @@ pub fn refusal(
                 error_type: error.label(),
                 message: error.message.clone(),
             };
-            trace::record_refusal(
-                &st.telemetry,
-                st.anchor,
-                &r,
-                &super::parent_context(headers),
-                server,
-            );
+            let parent = super::parent_context(headers);
+            let sc = trace::record_refusal(&st.telemetry, st.anchor, &r, &parent, server);
+            use opentelemetry::trace::TraceContextExt as _;
+            let _cx = parent.with_remote_span_context(sc).attach();
             refused_request(st.metrics.as_ref(), &r, error.status.as_u16(), None);
         }
     }
@@ -99,6 +99,7 @@ pub fn finished(metrics: &RequestMetrics, meta: &RequestMeta, trace_id: &str, o:
         // A failure of the engine (not the client's doing): a warning, which also becomes an
         // event on the request span.
         tracing::warn!(
+            name: "Request.Failed",
             target: "slotlight::request",
             request_id = %meta.id,
             error_type = e.label(),
@@ -161,6 +162,7 @@ fn log_finished(meta: &RequestMeta, trace_id: &str, o: &RequestOutcome) {
     let u = &usage.timings;
     let reasons: Vec<&str> = o.finish_reasons.iter().map(|r| r.as_str()).collect();
     tracing::info!(
+        name: "Request.Finished",
         target: "slotlight::request",
         request_id = %meta.id,
         session_id = meta.session.as_deref(),
@@ -220,6 +222,7 @@ fn observe_finished(metrics: &RequestMetrics, meta: &RequestMeta, o: &RequestOut
 /// HTTP status and the `error.type`.
 fn log_refused(r: &Refusal, http_status: u16) {
     tracing::info!(
+        name: "Request.Refused",
         target: "slotlight::request",
         request_id = %r.id,
         session_id = r.session.as_deref(),

@@ -786,7 +786,7 @@ pub fn record_refusal(
     r: &Refusal,
     parent: &Context,
     server: &ServerAddress,
-) {
+) -> opentelemetry::trace::SpanContext {
     let mut attrs = vec![
         KeyValue::new(attr::GEN_AI_OPERATION_NAME, r.operation),
         KeyValue::new(attr::GEN_AI_PROVIDER_NAME, attr::value::PROVIDER),
@@ -812,4 +812,5 @@ pub fn record_refusal(
     use opentelemetry::trace::Span as _;
     sp.set_status(Status::error(r.message.clone()));
     sp.end_with_timestamp(anchor.system_time(r.refused.max(r.received)));
+    sp.span_context().clone()
 }

@@ -9,7 +9,8 @@
 //! The exporter is configured by the standard variables (`OTEL_EXPORTER_OTLP_ENDPOINT`,
 //! `OTEL_EXPORTER_OTLP_PROTOCOL`, `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`,
 //! `OTEL_TRACES_SAMPLER`, `OTEL_SDK_DISABLED`, `OTEL_BSP_SCHEDULE_DELAY`, and for metrics
-//! `OTEL_METRICS_EXPORTER`, `OTEL_METRIC_EXPORT_INTERVAL`) and by flags, which win. Spans are exported every 200 ms by default so that live views stay live. Export runs on
+//! `OTEL_METRICS_EXPORTER`, `OTEL_METRIC_EXPORT_INTERVAL`, and for the per-turn log records
+//! `OTEL_LOGS_EXPORTER`) and by flags, which win. Spans are exported every 200 ms by default so that live views stay live. Export runs on
 //! the [`queue`]'s own thread, bounded by span count and bytes: a dead collector never slows
 //! serving; failed exports are retried with backoff until the collector is back, their failure
 //! logged once, and only spans beyond the bounds are dropped, counted exactly.
@@ -24,6 +25,7 @@ use opentelemetry::metrics::{Meter, MeterProvider as _};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::logs::SdkLoggerProvider;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider, SpanExporter};
 use serde::Serialize;
@@ -49,11 +51,19 @@ pub enum LogFormat {
 
 pub use slotlight_otel::span::OPS_TARGET;
 
+/// The `tracing` target of the per-request lines (`Request.Finished`, `Request.Refused`, …).
+pub const REQUEST_TARGET: &str = "slotlight::request";
+
 /// Installs the log subscriber (`RUST_LOG` filters; default `info`). With `ops`, the tracer of
 /// the engine's provider, operational spans ([`OPS_TARGET`]) are exported as OpenTelemetry
 /// spans through it (with the warnings and errors logged inside them as events). Warnings and
 /// errors logged inside a request's task become events on its request span ([`request_span`]).
-pub fn init_logs(format: LogFormat, ops: Option<SdkTracer>) {
+///
+/// With `records`, the logger provider of `OTEL_LOGS_EXPORTER=otlp` ([`Telemetry::logger_provider`]),
+/// every per-request line (target [`REQUEST_TARGET`]: `Request.Finished`, `Request.Refused`,
+/// `Request.Failed`) also leaves as an OTLP log record: the event name, its severity, its
+/// fields as attributes, and the trace and span ids of the request span it was logged under.
+pub fn init_logs(format: LogFormat, ops: Option<SdkTracer>, records: Option<&SdkLoggerProvider>) {
     use tracing_subscriber::prelude::*;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,opentelemetry_sdk=warn"));
@@ -68,10 +78,16 @@ pub fn init_logs(format: LogFormat, ops: Option<SdkTracer>) {
                 m.target() == OPS_TARGET || (m.is_event() && *m.level() <= tracing::Level::WARN)
             }))
     });
+    let records = records.map(|p| {
+        opentelemetry_appender_tracing::layer::OpenTelemetryTracingBridge::new(p).with_filter(
+            tracing_subscriber::filter::filter_fn(|m| m.is_event() && m.target() == REQUEST_TARGET),
+        )
+    });
     let registry = tracing_subscriber::registry()
         .with(filter)
         .with(RequestEvents)
-        .with(ops);
+        .with(ops)
+        .with(records);
     use std::io::IsTerminal;
     let _ = match format {
         LogFormat::Text => registry
@@ -274,6 +290,8 @@ pub struct Telemetry {
     sampling_ratio: f64,
     /// The OTLP metrics pipeline, with `OTEL_METRICS_EXPORTER=otlp`.
     meter_provider: Option<SdkMeterProvider>,
+    /// The OTLP logs pipeline of the per-turn records, with `OTEL_LOGS_EXPORTER=otlp`.
+    logger_provider: Option<SdkLoggerProvider>,
     /// This process's `service.instance.id`.
     pub instance_id: String,
     /// The engine's data-parallel rank (`--data-parallel-rank`).
@@ -338,6 +356,7 @@ impl Telemetry {
             limits: None,
             sampling_ratio: 0.0,
             meter_provider: None,
+            logger_provider: None,
             instance_id: new_instance_id(),
             data_parallel_rank: 0,
         }
@@ -355,9 +374,23 @@ impl Telemetry {
             limits: None,
             sampling_ratio: 1.0,
             meter_provider: None,
+            logger_provider: None,
             instance_id,
             data_parallel_rank: 0,
         }
+    }
+
+    /// Exports the per-turn log records through `provider` (tests pass one with an in-memory
+    /// exporter).
+    pub fn with_logger_provider(mut self, provider: SdkLoggerProvider) -> Self {
+        self.logger_provider = Some(provider);
+        self
+    }
+
+    /// The logs pipeline of the per-turn records, when `OTEL_LOGS_EXPORTER=otlp` asked for
+    /// one (for [`init_logs`]).
+    pub fn logger_provider(&self) -> Option<&SdkLoggerProvider> {
+        self.logger_provider.as_ref()
     }
 
     /// States `rank` as the engine's data-parallel rank on every request span.
@@ -441,10 +474,14 @@ impl Telemetry {
     /// runtime's threads), waiting at most [`SHUTDOWN_WAIT`] for a collector that is down.
     pub async fn shutdown(&self) {
         let (traces, metrics) = (self.provider.clone(), self.meter_provider.clone());
+        let logs = self.logger_provider.clone();
         let _ = tokio::task::spawn_blocking(move || {
             if let Some(m) = metrics {
                 let _ = m.force_flush();
                 let _ = m.shutdown();
+            }
+            if let Some(l) = logs {
+                let _ = l.shutdown_with_timeout(SHUTDOWN_WAIT);
             }
             if let Some(p) = traces {
                 // The export queue sends what it holds until the deadline, then counts the
@@ -458,9 +495,13 @@ impl Telemetry {
     /// Flushes pending spans and metrics now.
     pub async fn flush(&self) {
         let (traces, metrics) = (self.provider.clone(), self.meter_provider.clone());
+        let logs = self.logger_provider.clone();
         let _ = tokio::task::spawn_blocking(move || {
             if let Some(m) = metrics {
                 let _ = m.force_flush();
+            }
+            if let Some(l) = logs {
+                let _ = l.force_flush();
             }
             if let Some(p) = traces {
                 let _ = p.force_flush();
@@ -529,22 +570,7 @@ pub fn from_config(cfg: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
     if cfg.disabled || env_true("OTEL_SDK_DISABLED") {
         return with_env_metrics(Telemetry::disabled(), cfg);
     }
-    let protocol = cfg
-        .protocol
-        .clone()
-        .or_else(|| {
-            env_first(&[
-                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-                "OTEL_EXPORTER_OTLP_PROTOCOL",
-            ])
-        })
-        .map_or(Ok(OtlpProtocol::Grpc), |p| OtlpProtocol::parse(&p))?;
-    let endpoint = cfg.endpoint.clone().or_else(|| {
-        env_first(&[
-            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-            "OTEL_EXPORTER_OTLP_ENDPOINT",
-        ])
-    });
+    let (protocol, endpoint) = signal_target(cfg, "TRACES")?;
     let limits = cfg.queue.unwrap_or_else(QueueLimits::from_env);
     let telemetry = match protocol {
         OtlpProtocol::Grpc => otlp_grpc(endpoint.as_deref(), limits),
@@ -553,41 +579,106 @@ pub fn from_config(cfg: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
     with_env_metrics(telemetry, cfg)
 }
 
+/// Where `signal` (`TRACES`, `METRICS`, `LOGS`) goes: the flags' protocol and endpoint, else
+/// `OTEL_EXPORTER_OTLP_{signal}_*`, else `OTEL_EXPORTER_OTLP_*` (gRPC by default).
+fn signal_target(
+    cfg: &TelemetryConfig,
+    signal: &str,
+) -> Result<(OtlpProtocol, Option<String>), TelemetryError> {
+    let var = |what: &str| format!("OTEL_EXPORTER_OTLP_{signal}_{what}");
+    let protocol = cfg
+        .protocol
+        .clone()
+        .or_else(|| env_first(&[var("PROTOCOL").as_str(), "OTEL_EXPORTER_OTLP_PROTOCOL"]))
+        .map_or(Ok(OtlpProtocol::Grpc), |p| OtlpProtocol::parse(&p))?;
+    let endpoint = cfg
+        .endpoint
+        .clone()
+        .or_else(|| env_first(&[var("ENDPOINT").as_str(), "OTEL_EXPORTER_OTLP_ENDPOINT"]));
+    Ok((protocol, endpoint))
+}
+
+/// Whether `OTEL_{signal}_EXPORTER` (a comma-separated list) names `otlp`.
+fn exporter_wanted(var: &str) -> bool {
+    std::env::var(var).is_ok_and(|v| v.split(',').any(|e| e.trim() == "otlp"))
+        && !env_true("OTEL_SDK_DISABLED")
+}
+
+/// Adds the OTLP logs pipeline of the per-turn records when `OTEL_LOGS_EXPORTER` names `otlp`
+/// (unset or `none`: the records stay log lines). The protocol and endpoint are the flags',
+/// else `OTEL_EXPORTER_OTLP_LOGS_*`, else `OTEL_EXPORTER_OTLP_*`.
+fn with_env_logs(
+    mut telemetry: Telemetry,
+    cfg: &TelemetryConfig,
+) -> Result<Telemetry, TelemetryError> {
+    if !exporter_wanted("OTEL_LOGS_EXPORTER") {
+        return Ok(telemetry);
+    }
+    let (protocol, endpoint) = signal_target(cfg, "LOGS")?;
+    telemetry.logger_provider = Some(otlp_logs(
+        protocol,
+        endpoint.as_deref(),
+        &telemetry.instance_id,
+    )?);
+    Ok(telemetry)
+}
+
+/// Log records over OTLP with `protocol` to `endpoint` (defaults as for spans), batched and
+/// sent by the batch processor's own thread. Must run inside a tokio runtime for gRPC.
+pub fn otlp_logs(
+    protocol: OtlpProtocol,
+    endpoint: Option<&str>,
+    instance_id: &str,
+) -> Result<SdkLoggerProvider, TelemetryError> {
+    let (exporter, transport, endpoint) = match protocol {
+        OtlpProtocol::Grpc => {
+            let endpoint = endpoint.unwrap_or("http://127.0.0.1:4317").to_string();
+            let e = opentelemetry_otlp::LogExporter::builder()
+                .with_tonic()
+                .with_endpoint(endpoint.clone())
+                .with_timeout(export_timeout())
+                .build();
+            (e, "gRPC", endpoint)
+        }
+        OtlpProtocol::HttpProtobuf => {
+            let endpoint = http_url(endpoint.unwrap_or("http://127.0.0.1:4318"), "logs");
+            let e = opentelemetry_otlp::LogExporter::builder()
+                .with_http()
+                .with_protocol(Protocol::HttpBinary)
+                .with_endpoint(endpoint.clone())
+                .with_timeout(export_timeout())
+                .build();
+            (e, "HTTP", endpoint)
+        }
+    };
+    let exporter = exporter.map_err(|source| TelemetryError::Exporter {
+        transport,
+        endpoint,
+        source,
+    })?;
+    Ok(SdkLoggerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource(instance_id))
+        .build())
+}
+
 /// Adds OTLP metrics when `OTEL_METRICS_EXPORTER` names `otlp` (unset or `none`: no metrics
-/// are pushed; `GET /metrics` serves them either way). The protocol and endpoint are the
+/// are pushed; `GET /metrics` serves them either way), then the logs ([`with_env_logs`]). The protocol and endpoint are the
 /// flags', else `OTEL_EXPORTER_OTLP_METRICS_*`, else `OTEL_EXPORTER_OTLP_*`; the interval is
 /// `OTEL_METRIC_EXPORT_INTERVAL` (ms, default 60 s).
 fn with_env_metrics(
     mut telemetry: Telemetry,
     cfg: &TelemetryConfig,
 ) -> Result<Telemetry, TelemetryError> {
-    let wanted = std::env::var("OTEL_METRICS_EXPORTER")
-        .is_ok_and(|v| v.split(',').any(|e| e.trim() == "otlp"));
-    if !wanted || env_true("OTEL_SDK_DISABLED") {
-        return Ok(telemetry);
+    if exporter_wanted("OTEL_METRICS_EXPORTER") {
+        let (protocol, endpoint) = signal_target(cfg, "METRICS")?;
+        telemetry.meter_provider = Some(otlp_metrics(
+            protocol,
+            endpoint.as_deref(),
+            &telemetry.instance_id,
+        )?);
     }
-    let protocol = cfg
-        .protocol
-        .clone()
-        .or_else(|| {
-            env_first(&[
-                "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
-                "OTEL_EXPORTER_OTLP_PROTOCOL",
-            ])
-        })
-        .map_or(Ok(OtlpProtocol::Grpc), |p| OtlpProtocol::parse(&p))?;
-    let endpoint = cfg.endpoint.clone().or_else(|| {
-        env_first(&[
-            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-            "OTEL_EXPORTER_OTLP_ENDPOINT",
-        ])
-    });
-    telemetry.meter_provider = Some(otlp_metrics(
-        protocol,
-        endpoint.as_deref(),
-        &telemetry.instance_id,
-    )?);
-    Ok(telemetry)
+    with_env_logs(telemetry, cfg)
 }
 
 /// Metrics over OTLP with `protocol` to `endpoint` (defaults as for spans), pushed every
@@ -741,6 +832,7 @@ fn exporting<E: SpanExporter + 'static>(
         limits: Some(limits),
         sampling_ratio,
         meter_provider: None,
+        logger_provider: None,
         instance_id,
         data_parallel_rank: 0,
     })
