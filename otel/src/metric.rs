@@ -68,7 +68,9 @@ crate::contract! {
     SIDECAR_TRACE_SAMPLING_RATIO = "slotlight_sidecar_trace_sampling_ratio", "gauge", "1";
     /// Counter (sidecar): metric data points received over OTLP (`/v1/metrics`, the gRPC `MetricsService`), accepted, counted and forwarded with `--forward-otlp`; the sidecar builds no view from them.
     SIDECAR_METRIC_POINTS_RECEIVED = "slotlight_sidecar_metric_points_received_total", "counter", "{point}";
-    /// Counter (sidecar): export requests (spans or metrics) forwarded upstream with `--forward-otlp`.
+    /// Counter (sidecar): log records received over OTLP (`/v1/logs`, the gRPC `LogsService`; the engine's per-turn records with `OTEL_LOGS_EXPORTER=otlp`), accepted, counted and forwarded with `--forward-otlp`; the sidecar builds no view from them.
+    SIDECAR_LOG_RECORDS_RECEIVED = "slotlight_sidecar_log_records_received_total", "counter", "{record}";
+    /// Counter (sidecar): export requests (spans, metrics or logs) forwarded upstream with `--forward-otlp`.
     SIDECAR_FORWARDED = "slotlight_sidecar_forwarded_total", "counter", "{request}";
     /// Counter (sidecar): export requests not forwarded (queue full or upstream failure).
     SIDECAR_FORWARD_DROPPED = "slotlight_sidecar_forward_dropped_total", "counter", "{request}";

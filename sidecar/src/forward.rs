@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 
 use crate::error::StartError;
 use crate::metrics::Metrics;
-use crate::raw::{EXPORT_PATH, METRICS_EXPORT_PATH, RawExporter};
+use crate::raw::{EXPORT_PATH, LOGS_EXPORT_PATH, METRICS_EXPORT_PATH, RawExporter};
 
 /// An OTLP signal the receivers accept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +32,8 @@ pub enum Signal {
     Traces,
     /// Metrics (`/v1/metrics`, `MetricsService`): counted and forwarded.
     Metrics,
+    /// Log records (`/v1/logs`, `LogsService`): counted and forwarded.
+    Logs,
 }
 
 /// Where to forward.
@@ -89,11 +91,12 @@ pub struct Forwarder {
     metrics: Arc<Metrics>,
 }
 
-/// The OTLP/HTTP metrics URL beside a traces URL, when it ends in `/v1/traces`.
-fn metrics_url(traces: &str) -> Option<String> {
+/// The OTLP/HTTP URL of `signal` (`metrics`, `logs`) beside a traces URL, when it ends in
+/// `/v1/traces`.
+fn signal_url(traces: &str, signal: &str) -> Option<String> {
     traces
         .strip_suffix("/v1/traces")
-        .map(|base| format!("{base}/v1/metrics"))
+        .map(|base| format!("{base}/v1/{signal}"))
 }
 
 impl Forwarder {
@@ -117,7 +120,8 @@ impl Forwarder {
                 Sender::Http {
                     client,
                     url: url.clone(),
-                    metrics_url: metrics_url(url),
+                    metrics_url: signal_url(url, "metrics"),
+                    logs_url: signal_url(url, "logs"),
                 }
             }
             Upstream::Grpc(endpoint) => {
@@ -151,6 +155,7 @@ enum Sender {
         client: reqwest::Client,
         url: String,
         metrics_url: Option<String>,
+        logs_url: Option<String>,
     },
     Grpc(RawExporter),
 }
@@ -162,12 +167,17 @@ impl Sender {
                 client,
                 url,
                 metrics_url,
+                logs_url,
             } => {
+                let beside = |u: &Option<String>, what: &str| {
+                    u.clone().ok_or_else(|| {
+                        format!("no {what} URL beside {url} (it does not end in /v1/traces)")
+                    })
+                };
                 let url = match signal {
-                    Signal::Traces => url.as_str(),
-                    Signal::Metrics => metrics_url.as_deref().ok_or_else(|| {
-                        format!("no metrics URL beside {url} (it does not end in /v1/traces)")
-                    })?,
+                    Signal::Traces => url.clone(),
+                    Signal::Metrics => beside(metrics_url, "metrics")?,
+                    Signal::Logs => beside(logs_url, "logs")?,
                 };
                 let resp = client
                     .post(url)
@@ -187,6 +197,7 @@ impl Sender {
                     match signal {
                         Signal::Traces => EXPORT_PATH,
                         Signal::Metrics => METRICS_EXPORT_PATH,
+                        Signal::Logs => LOGS_EXPORT_PATH,
                     },
                     body,
                 )
@@ -242,10 +253,14 @@ mod tests {
             Upstream::Grpc("http://[::1]:4317".into())
         );
         assert_eq!(
-            metrics_url("http://h:4318/otlp/v1/traces").as_deref(),
+            signal_url("http://h:4318/otlp/v1/traces", "metrics").as_deref(),
             Some("http://h:4318/otlp/v1/metrics")
         );
-        assert_eq!(metrics_url("http://h:4318/custom/path"), None);
+        assert_eq!(signal_url("http://h:4318/custom/path", "metrics"), None);
+        assert_eq!(
+            signal_url("http://h:4318/v1/traces", "logs").as_deref(),
+            Some("http://h:4318/v1/logs")
+        );
         assert!(Upstream::parse("https://h:4318").is_err());
         assert!(Upstream::parse("ftp://h").is_err());
         assert!(Upstream::parse("not a url").is_err());

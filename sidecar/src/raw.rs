@@ -15,6 +15,9 @@ pub const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceServ
 pub const METRICS_EXPORT_PATH: &str =
     "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export";
 
+/// The OTLP logs export method.
+pub const LOGS_EXPORT_PATH: &str = "/opentelemetry.proto.collector.logs.v1.LogsService/Export";
+
 /// A codec whose request is an already encoded `ExportTraceServiceRequest`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RawCodec;
@@ -98,7 +101,7 @@ impl RawExporter {
     }
 
     /// Sends one export request to the method at `path` ([`EXPORT_PATH`] or
-    /// [`METRICS_EXPORT_PATH`]). The metrics service's response has the trace response's
+    /// [`METRICS_EXPORT_PATH`], [`LOGS_EXPORT_PATH`]). The metrics and logs services' responses have the trace response's
     /// wire shape (a partial success of a count and a message, fields 1 and 2), so one
     /// decoder reads both.
     pub async fn export_to(

@@ -16,7 +16,7 @@ use crate::error::StartError;
 use crate::forward::{Forwarder, Upstream};
 use crate::metrics::Metrics;
 use crate::net::AllowList;
-use crate::receiver::grpc::{GrpcMetricsReceiver, GrpcReceiver};
+use crate::receiver::grpc::{GrpcLogsReceiver, GrpcMetricsReceiver, GrpcReceiver};
 use crate::receiver::{Ingest, http};
 use crate::store::{self, Retention, TurnsDb};
 
@@ -188,11 +188,13 @@ pub async fn start(cfg: Config) -> Result<Sidecar, StartError> {
     });
     let svc = GrpcReceiver::service(ingest.clone(), metrics.clone());
     let metrics_svc = GrpcMetricsReceiver::service(ingest.clone(), metrics.clone());
+    let logs_svc = GrpcLogsReceiver::service(ingest.clone(), metrics.clone());
     let grpc_shutdown = until(shutdown_rx.clone());
     tasks.push(tokio::spawn(async move {
         let r = tonic::transport::Server::builder()
             .add_service(svc)
             .add_service(metrics_svc)
+            .add_service(logs_svc)
             .serve_with_incoming_shutdown(incoming, grpc_shutdown)
             .await;
         if let Err(e) = r {

@@ -184,3 +184,93 @@ async fn metrics_are_accepted_and_forwarded_over_http() {
 async fn metrics_are_accepted_and_forwarded_over_grpc() {
     metrics_are_accepted_counted_and_forwarded(|u| format!("grpc://{}", u.sc.otlp_grpc)).await;
 }
+
+/// Two log records of one resource, one scope (the engine's per-turn records' shape).
+fn logs_export() -> opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest {
+    use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+    use opentelemetry_proto::tonic::logs::v1::{LogRecord, ResourceLogs, ScopeLogs};
+    let record = |id: &str| LogRecord {
+        event_name: "Request.Finished".into(),
+        severity_number: 9,
+        severity_text: "INFO".into(),
+        trace_id: vec![7; 16],
+        span_id: vec![8; 8],
+        attributes: vec![KeyValue {
+            key: "request_id".into(),
+            value: Some(AnyValue {
+                value: Some(any_value::Value::StringValue(id.into())),
+            }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    ExportLogsServiceRequest {
+        resource_logs: vec![ResourceLogs {
+            scope_logs: vec![ScopeLogs {
+                log_records: vec![record("a"), record("b")],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+}
+
+/// OTLP logs: accepted over HTTP (protobuf and JSON) and the gRPC `LogsService`, their records
+/// counted (`slotlight_sidecar_log_records_received_total`), and forwarded to the upstream's
+/// logs endpoint (which counts them too); a payload that does not decode is a 400.
+async fn logs_are_accepted_counted_and_forwarded(scheme_url: impl FnOnce(&TestSidecar) -> String) {
+    use opentelemetry_proto::tonic::collector::logs::v1::logs_service_client::LogsServiceClient;
+    let upstream = TestSidecar::start().await;
+    let url = scheme_url(&upstream);
+    let t = TestSidecar::start_with(|c| c.forward_otlp = Some(url)).await;
+    let req = logs_export();
+    let logs_url = format!("http://{}/v1/logs", t.sc.otlp_http);
+    for (ct, body) in [
+        ("application/x-protobuf", prost::Message::encode_to_vec(&req)),
+        ("application/json", serde_json::to_vec(&req).unwrap()),
+    ] {
+        let resp = t
+            .http
+            .post(&logs_url)
+            .header("content-type", ct)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200, "{ct}");
+    }
+    let mut grpc = LogsServiceClient::connect(format!("http://{}", t.sc.otlp_grpc))
+        .await
+        .unwrap();
+    let answer = grpc
+        .export(req)
+        .await
+        .expect("gRPC logs export")
+        .into_inner();
+    assert_eq!(answer.partial_success, None);
+    let resp = t
+        .http
+        .post(&logs_url)
+        .header("content-type", "application/x-protobuf")
+        .body(vec![0xff, 0xff, 0xff])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400, "not a logs export");
+    let m = wait_metric(&t, metric::SIDECAR_LOG_RECORDS_RECEIVED, 6.0).await;
+    assert_eq!(sample(&m, metric::SIDECAR_SPANS_RECEIVED), Some(0.0));
+    assert_eq!(sample(&m, metric::SIDECAR_METRIC_POINTS_RECEIVED), Some(0.0));
+    wait_metric(&t, metric::SIDECAR_FORWARDED, 3.0).await;
+    wait_metric(&upstream, metric::SIDECAR_LOG_RECORDS_RECEIVED, 6.0).await;
+}
+
+#[tokio::test]
+async fn logs_are_accepted_and_forwarded_over_http() {
+    logs_are_accepted_counted_and_forwarded(|u| format!("http://{}", u.sc.otlp_http)).await;
+}
+
+#[tokio::test]
+async fn logs_are_accepted_and_forwarded_over_grpc() {
+    logs_are_accepted_counted_and_forwarded(|u| format!("grpc://{}", u.sc.otlp_grpc)).await;
+}

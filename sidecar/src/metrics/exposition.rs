@@ -45,6 +45,8 @@ pub struct OwnCounts {
     pub traces_in_flight: u64,
     /// OTLP metric data points received.
     pub metric_points: u64,
+    /// OTLP log records received.
+    pub log_records: u64,
     /// Export requests forwarded upstream.
     pub forwarded: u64,
     /// Export requests not forwarded.
@@ -315,6 +317,7 @@ fn encode_own(o: &OwnCounts, enc: &mut DescriptorEncoder<'_>) -> std::fmt::Resul
     )?;
     for (name, v) in [
         (metric::SIDECAR_METRIC_POINTS_RECEIVED, o.metric_points),
+        (metric::SIDECAR_LOG_RECORDS_RECEIVED, o.log_records),
         (metric::SIDECAR_FORWARDED, o.forwarded),
         (metric::SIDECAR_FORWARD_DROPPED, o.forward_dropped),
         (metric::SIDECAR_TURNS_NOT_STORED, o.turns_not_stored),

@@ -78,6 +78,7 @@ pub struct Metrics {
     traces_evicted: [AtomicU64; 2],
     traces_in_flight: AtomicU64,
     metric_points: AtomicU64,
+    log_records: AtomicU64,
     forwarded: AtomicU64,
     forward_dropped: AtomicU64,
     turns_not_stored: AtomicU64,
@@ -99,6 +100,7 @@ impl Metrics {
             traces_evicted: Default::default(),
             traces_in_flight: AtomicU64::new(0),
             metric_points: AtomicU64::new(0),
+            log_records: AtomicU64::new(0),
             forwarded: AtomicU64::new(0),
             forward_dropped: AtomicU64::new(0),
             turns_not_stored: AtomicU64::new(0),
@@ -156,6 +158,11 @@ impl Metrics {
         self.metric_points.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Counts log records received (OTLP logs are accepted and forwarded, not viewed).
+    pub fn count_log_records(&self, n: u64) {
+        self.log_records.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Counts a forwarded export request.
     pub fn count_forwarded(&self) {
         self.forwarded.fetch_add(1, Ordering::Relaxed);
@@ -210,6 +217,7 @@ impl Metrics {
             traces_evicted: self.traces_evicted.each_ref().map(load),
             traces_in_flight: load(&self.traces_in_flight),
             metric_points: load(&self.metric_points),
+            log_records: load(&self.log_records),
             forwarded: load(&self.forwarded),
             forward_dropped: load(&self.forward_dropped),
             turns_not_stored: load(&self.turns_not_stored),

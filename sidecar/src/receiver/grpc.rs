@@ -1,4 +1,5 @@
-//! OTLP/gRPC: the `TraceService/Export` and `MetricsService/Export` methods, gzip accepted.
+//! OTLP/gRPC: the `TraceService/Export`, `MetricsService/Export` and `LogsService/Export`
+//! methods, gzip accepted.
 //!
 //! The service is written against tonic's server machinery with a pass-through codec, so the
 //! request reaches [`Ingest::accept`] as the bytes tonic received (decompressed, within
@@ -25,13 +26,16 @@ use super::http::RETRY_AFTER_S;
 use super::{Ingest, Response, Signal};
 use crate::error::IngestError;
 use crate::metrics::Metrics;
-use crate::raw::{EXPORT_PATH, METRICS_EXPORT_PATH};
+use crate::raw::{EXPORT_PATH, LOGS_EXPORT_PATH, METRICS_EXPORT_PATH};
 
 /// The OTLP trace service's gRPC name.
 pub const SERVICE_NAME: &str = "opentelemetry.proto.collector.trace.v1.TraceService";
 
 /// The OTLP metrics service's gRPC name.
 pub const METRICS_SERVICE_NAME: &str = "opentelemetry.proto.collector.metrics.v1.MetricsService";
+
+/// The OTLP logs service's gRPC name.
+pub const LOGS_SERVICE_NAME: &str = "opentelemetry.proto.collector.logs.v1.LogsService";
 
 /// What a gRPC service receives: its name, its one method's path, its signal.
 pub trait GrpcSignal: Send + Sync + 'static {
@@ -63,6 +67,16 @@ impl GrpcSignal for MetricsSignal {
     const SIGNAL: Signal = Signal::Metrics;
 }
 
+/// Log records: `LogsService`.
+#[derive(Debug, Clone, Copy)]
+pub struct LogsSignal;
+
+impl GrpcSignal for LogsSignal {
+    const NAME: &'static str = LOGS_SERVICE_NAME;
+    const PATH: &'static str = LOGS_EXPORT_PATH;
+    const SIGNAL: Signal = Signal::Logs;
+}
+
 /// A gRPC OTLP service of one signal.
 #[derive(Debug)]
 pub struct Receiver<S> {
@@ -86,6 +100,9 @@ pub type GrpcReceiver = Receiver<Traces>;
 
 /// The gRPC metrics service.
 pub type GrpcMetricsReceiver = Receiver<MetricsSignal>;
+
+/// The gRPC `LogsService`.
+pub type GrpcLogsReceiver = Receiver<LogsSignal>;
 
 impl<S: GrpcSignal> Receiver<S> {
     /// The service, ready for `tonic::transport::Server::add_service`.
@@ -156,6 +173,7 @@ impl Encoder for ResponseEncoder {
         let r = match &item {
             Response::Traces(r) => r.encode(dst),
             Response::Metrics(r) => r.encode(dst),
+            Response::Logs(r) => r.encode(dst),
         };
         r.map_err(|e| tonic::Status::internal(format!("encoding the response: {e}")))
     }

@@ -1,4 +1,4 @@
-//! OTLP/HTTP: `POST /v1/traces` and `POST /v1/metrics`, protobuf or JSON, optionally gzip, any
+//! OTLP/HTTP: `POST /v1/traces`, `POST /v1/metrics` and `POST /v1/logs`, protobuf or JSON, optionally gzip, any
 //! transfer encoding.
 //!
 //! Follows the OTLP specification's HTTP rules: the answer uses the request's content type;
@@ -19,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
+use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message;
@@ -37,6 +38,7 @@ pub fn router(ingest: Ingest) -> Router {
     Router::new()
         .route("/v1/traces", post(export_traces))
         .route("/v1/metrics", post(export_metrics))
+        .route("/v1/logs", post(export_logs))
         .layer(DefaultBodyLimit::disable())
         .with_state(ingest)
 }
@@ -81,6 +83,15 @@ async fn export_metrics(
     body: Body,
 ) -> Response {
     export(Signal::Metrics, ingest, peer, headers, body).await
+}
+
+async fn export_logs(
+    State(ingest): State<Ingest>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    export(Signal::Logs, ingest, peer, headers, body).await
 }
 
 async fn export(
@@ -148,6 +159,9 @@ async fn handle(
                     .map_err(malformed)?
                     .encode_to_vec(),
                 Signal::Metrics => serde_json::from_slice::<ExportMetricsServiceRequest>(&payload)
+                    .map_err(malformed)?
+                    .encode_to_vec(),
+                Signal::Logs => serde_json::from_slice::<ExportLogsServiceRequest>(&payload)
                     .map_err(malformed)?
                     .encode_to_vec(),
             })

@@ -18,6 +18,9 @@ pub mod http;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use opentelemetry_proto::tonic::collector::logs::v1::{
+    ExportLogsServiceRequest, ExportLogsServiceResponse,
+};
 use opentelemetry_proto::tonic::collector::metrics::v1::{
     ExportMetricsServiceRequest, ExportMetricsServiceResponse,
 };
@@ -37,6 +40,17 @@ use crate::metrics::Metrics;
 use crate::net::AllowList;
 use crate::spanmetrics::SpanBatch;
 use crate::spans::convert;
+
+/// The log records of a logs export request.
+pub fn log_records(req: &ExportLogsServiceRequest) -> u64 {
+    let n: usize = req
+        .resource_logs
+        .iter()
+        .flat_map(|r| &r.scope_logs)
+        .map(|s| s.log_records.len())
+        .sum();
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
 
 /// The data points of a metrics export request.
 pub fn metric_points(req: &ExportMetricsServiceRequest) -> u64 {
@@ -172,11 +186,26 @@ impl Ingest {
         })
     }
 
+    /// Accepts one logs export request, protobuf-encoded: it must decode; its records are
+    /// counted and the request, unchanged, offered to the forwarder.
+    pub fn accept_logs(&self, body: Bytes) -> Result<ExportLogsServiceResponse, IngestError> {
+        let req = ExportLogsServiceRequest::decode(body.clone())
+            .map_err(|e| IngestError::Malformed(e.to_string()))?;
+        self.inner.metrics.count_log_records(log_records(&req));
+        if let Some(f) = &self.inner.forwarder {
+            f.offer(Signal::Logs, || body);
+        }
+        Ok(ExportLogsServiceResponse {
+            partial_success: None,
+        })
+    }
+
     /// Accepts one export request of `signal`; returns the encoded response.
     pub fn accept_signal(&self, signal: Signal, body: Bytes) -> Result<Response, IngestError> {
         Ok(match signal {
             Signal::Traces => Response::Traces(self.accept(body)?),
             Signal::Metrics => Response::Metrics(self.accept_metrics(body)?),
+            Signal::Logs => Response::Logs(self.accept_logs(body)?),
         })
     }
 }
@@ -188,6 +217,8 @@ pub enum Response {
     Traces(ExportTraceServiceResponse),
     /// To a metrics export.
     Metrics(ExportMetricsServiceResponse),
+    /// To a logs export.
+    Logs(ExportLogsServiceResponse),
 }
 
 impl Response {
@@ -196,6 +227,7 @@ impl Response {
         match self {
             Response::Traces(r) => r.encode_to_vec(),
             Response::Metrics(r) => r.encode_to_vec(),
+            Response::Logs(r) => r.encode_to_vec(),
         }
     }
 
@@ -204,6 +236,7 @@ impl Response {
         let r = match self {
             Response::Traces(r) => serde_json::to_vec(r),
             Response::Metrics(r) => serde_json::to_vec(r),
+            Response::Logs(r) => serde_json::to_vec(r),
         };
         r.unwrap_or_else(|_| b"{}".to_vec())
     }
