@@ -889,6 +889,9 @@ def test_dashboard_panels_use_provisioned_data_sources():
 
 def collector_configs() -> list[tuple[str, dict]]:
     out = [("deploy/otel-collector.yaml", yaml_one(COLLECTOR))]
+    # The backend recipes (docs/observability.md) are collector configs too.
+    for path in sorted((DEPLOY / "observability").glob("*/otel-collector.yaml")):
+        out.append((str(path.relative_to(REPO)), yaml_one(path)))
     for path, obj in k8s_objects():
         if obj.get("kind") == "ConfigMap":
             for key, text in obj.get("data", {}).items():
