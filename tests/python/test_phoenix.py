@@ -7,7 +7,8 @@ and through the sidecar's `--forward-otlp`, and Phoenix's REST API
 - with `--trace-content` its input messages hold the system prompt and the user's text, and
   its output the reply; a forced tool call shows as a tool call with its function's name;
 - without the flag there is no content at all, under any key;
-- the child spans come in time order: queue, prefill, leg, and the decode windows in the leg;
+- the child spans come in time order: the queue, then the leg (from admission) with the prefill
+  inside it, and the decode windows after the prefill, one after another, inside the leg;
 - a refused request is an error span with its `error.type`;
 - a headless-Chromium screenshot of the trace page is saved with the test output
   ($SLOTLIGHT_TEST_OUTPUT, else pytest's temporary directory; the path is printed).
@@ -308,12 +309,14 @@ def test_without_trace_content_there_is_no_content_at_all(phoenix, plain_engine)
     assert root["span_kind"] == "LLM"
     assert root["attributes"]["llm.model_name"] == plain_engine.model
     reply = r["choices"][0]["message"].get("content") or ""
-    content_keys = ("input_messages", "output_messages", "input.value", "output.value", "llm.tools",
+    # (Phoenix synthesizes `output.value` from the response id and model: no content, so the
+    # text checks below cover it.)
+    content_keys = ("input_messages", "output_messages", "input.value", "llm.tools",
                     "system_instructions", "tool.definitions", "gen_ai.input", "gen_ai.output")
     for s in trace:
         text = json.dumps(s)
         assert secret not in text and "You are terse." not in text, s["name"]
-        assert not (reply.strip() and reply.strip() in text), f"the reply is in {s['name']}"
+        assert not (len(reply.strip()) >= 8 and reply.strip() in text), f"the reply is in {s['name']}"
         keys = [k for k in s["attributes"] if any(c in k for c in content_keys)]
         assert not keys, f"{s['name']}: {keys}"
 
@@ -327,18 +330,24 @@ def test_child_spans_are_in_time_order(phoenix, content_engine):
     root, trace = request_trace(phoenix, session, {SPAN["QUEUE"], SPAN["PREFILL"], SPAN["LEG"], SPAN["DECODE"]})
     rid = root["context"]["span_id"]
     children = sorted((s for s in trace if s["parent_id"] == rid), key=lambda s: t(s["start_time"]))
-    names = [s["name"] for s in children]
-    assert names[:3] == [SPAN["QUEUE"], SPAN["PREFILL"], SPAN["LEG"]], names
-    queue, prefill, leg = children[:3]
+    first = {}
+    for c in children:
+        first.setdefault(c["name"], c)
+    assert {SPAN["QUEUE"], SPAN["PREFILL"], SPAN["LEG"]} <= set(first), [c["name"] for c in children]
+    queue, prefill, leg = first[SPAN["QUEUE"]], first[SPAN["PREFILL"]], first[SPAN["LEG"]]
+    assert children[0] is queue, [c["name"] for c in children]
     for c in children:
         assert t(root["start_time"]) <= t(c["start_time"]) <= t(c["end_time"]) <= t(root["end_time"]), c["name"]
-    assert t(queue["end_time"]) <= t(prefill["start_time"]), (queue, prefill)
-    assert t(prefill["start_time"]) <= t(leg["start_time"]), (prefill, leg)
+    # The queue ends at admission, where the leg starts; the prefill runs inside the leg, and
+    # the decode windows follow the prefill, one after another, inside the leg.
+    assert t(queue["end_time"]) <= t(leg["start_time"]) <= t(prefill["start_time"]), (queue, leg, prefill)
+    assert t(prefill["end_time"]) <= t(leg["end_time"]), (prefill, leg)
     windows = sorted(
         (s for s in trace if s["name"] == SPAN["DECODE"] and s["parent_id"] == leg["context"]["span_id"]),
         key=lambda s: t(s["start_time"]),
     )
     assert windows, "no decode window under the leg"
+    assert t(prefill["end_time"]) <= t(windows[0]["start_time"]), (prefill, windows[0])
     for w in windows:
         assert t(leg["start_time"]) <= t(w["start_time"]) <= t(w["end_time"]) <= t(leg["end_time"]), w
     for a, b in zip(windows, windows[1:]):
@@ -388,7 +397,8 @@ def test_a_screenshot_of_the_trace_page(phoenix, content_engine, tmp_path):
     # Phoenix's UI resolves an OpenTelemetry trace id to its project's trace page.
     url = f"{phoenix.base}/redirects/traces/{root['context']['trace_id']}"
     profile = tmp_path / "chromium-profile"
-    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update",
            f"--user-data-dir={profile}", f"--screenshot={png}", "--window-size=1400,900",
            "--virtual-time-budget=20000", url]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
