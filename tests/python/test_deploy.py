@@ -898,6 +898,13 @@ def collector_configs() -> list[tuple[str, dict]]:
     return out
 
 
+def all_collector_configs() -> list[tuple[str, dict]]:
+    """The compose and Kubernetes collector configs, and the backend recipes'
+    (deploy/observability/*/otel-collector.yaml, docs/observability.md)."""
+    recipes = sorted((DEPLOY / "observability").glob("*/otel-collector.yaml"))
+    return collector_configs() + [(str(p.relative_to(REPO)), yaml_one(p)) for p in recipes]
+
+
 def _ottl_refs(stmt: str) -> tuple[set[str], set[str], set[str]]:
     """(attribute keys, span names, span-name regexes) an OTTL condition or statement names."""
     keys = set(re.findall(r'attributes\["([^"]+)"\]', stmt))
@@ -957,7 +964,7 @@ def collector_references(cfg: dict) -> tuple[set[str], set[str], set[str]]:
 def test_collector_matches_only_contract_names():
     contract_keys = set(ATTR.values())
     checked = 0
-    for where, cfg in collector_configs():
+    for where, cfg in all_collector_configs():
         keys, names, regexes = collector_references(cfg)
         checked += len(keys) + len(names) + len(regexes)
         for k in sorted(keys):
@@ -972,14 +979,17 @@ def test_collector_matches_only_contract_names():
 
 
 def test_collector_pipelines_are_wired():
-    for where, cfg in collector_configs():
+    for where, cfg in all_collector_configs():
         svc = cfg["service"]
         for ext in svc.get("extensions", []):
             assert ext in cfg.get("extensions", {}), f"{where}: extension {ext} undefined"
         for name, pipe in svc["pipelines"].items():
             for section in ("receivers", "processors", "exporters"):
                 for c in pipe.get(section, []):
-                    assert c in (cfg.get(section) or {}), f"{where}: {name}: {section[:-1]} {c} undefined"
+                    # A connector is the exporter of one pipeline and the receiver of another.
+                    connectors = (cfg.get("connectors") or {}) if section != "processors" else {}
+                    defined = {**(cfg.get(section) or {}), **connectors}
+                    assert c in defined, f"{where}: {name}: {section[:-1]} {c} undefined"
             procs = pipe.get("processors", [])
             assert "batch" in procs, f"{where}: {name} has no batch processor"
             if "memory_limiter" in procs:
