@@ -7,6 +7,10 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsServiceRequest,
+    ExportLogsServiceResponse,
+)
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
@@ -18,11 +22,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 
 class OtlpReceiver:
-    """POST /v1/traces and /v1/metrics on 127.0.0.1:0; every decoded request is kept."""
+    """POST /v1/traces, /v1/metrics and /v1/logs on 127.0.0.1:0; every decoded request is kept."""
 
     def __init__(self):
         self.traces: list[ExportTraceServiceRequest] = []
         self.metrics: list[ExportMetricsServiceRequest] = []
+        self.logs: list[ExportLogsServiceRequest] = []
         self.lock = threading.Lock()
         receiver = self
 
@@ -35,6 +40,9 @@ class OtlpReceiver:
                 elif self.path == "/v1/metrics":
                     req, resp = ExportMetricsServiceRequest(), ExportMetricsServiceResponse()
                     sink = receiver.metrics
+                elif self.path == "/v1/logs":
+                    req, resp = ExportLogsServiceRequest(), ExportLogsServiceResponse()
+                    sink = receiver.logs
                 else:
                     self.send_response(404)
                     self.end_headers()
@@ -64,6 +72,10 @@ class OtlpReceiver:
     def spans(self) -> list:
         with self.lock:
             return [s for r in self.traces for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans]
+
+    def log_records(self) -> list:
+        with self.lock:
+            return [r for req in self.logs for rl in req.resource_logs for sl in rl.scope_logs for r in sl.log_records]
 
     def metric_points(self, name: str) -> list:
         """Every data point of metric `name` from the newest export that has it (cumulative

@@ -1258,3 +1258,20 @@ def test_k8s_objects_are_consistent():
             for c in d["spec"]["template"]["spec"]["containers"]:
                 assert c["name"] in names, c["name"]
                 assert "nvidia.com/gpu" in c["resources"]["limits"]
+
+
+def test_collector_files_the_per_turn_log_records():
+    """The compose collector has a logs pipeline from the OTLP receiver to a file exporter on
+    a volume, and the engines send their per-turn records to it (OTEL_LOGS_EXPORTER=otlp)."""
+    cfg = yaml_one(COLLECTOR)
+    logs = [p for name, p in cfg["service"]["pipelines"].items() if name.split("/")[0] == "logs"]
+    assert logs, "no logs pipeline"
+    files = [e for p in logs for e in p["exporters"] if e.split("/")[0] == "file"]
+    assert files and all("otlp" in p["receivers"] for p in logs), logs
+    path = cfg["exporters"][files[0]]["path"]
+    services = compose()["services"]
+    mounts = [v.split(":")[1] for v in services["otel-collector"].get("volumes", []) if isinstance(v, str)]
+    assert any(path.startswith(m.rstrip("/") + "/") for m in mounts), (path, mounts)
+    engines = [s for name, s in services.items() if name.startswith("engine")]
+    assert engines and all(s["environment"]["OTEL_LOGS_EXPORTER"] == "otlp" for s in engines), \
+        "every engine sends its per-turn records over OTLP"
