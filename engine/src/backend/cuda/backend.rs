@@ -1238,3 +1238,81 @@ impl<G: Gpu> Drop for GpuBackend<G> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{kv_block_bytes, kv_bytes_per_sequence};
+    use crate::model::config::{Arch, RopeStyle, SlidingWindow};
+
+    /// Gemma 3 270M's shape: 18 layers, every 6th global, the others with a 512-position
+    /// window; one KV head of 256 dimensions.
+    fn gemma3_270m() -> ModelConfig {
+        let mut cfg = ModelConfig {
+            arch: Arch::Llama,
+            name: "gemma3-270m".into(),
+            vocab: 262_144,
+            hidden: 640,
+            layers: 18,
+            heads: 4,
+            kv_heads: 1,
+            head_dim: 256,
+            ffn: 2048,
+            context: 32_768,
+            rms_eps: 1e-6,
+            rope_theta: 1e6,
+            rope_style: RopeStyle::Neox,
+            rope_scaling: None,
+            qkv_bias: false,
+            family: Default::default(),
+        };
+        cfg.family.sliding_window = Some(SlidingWindow::periodic(512, 6, 18));
+        cfg
+    }
+
+    #[test]
+    fn local_layers_number_the_window_pool_and_globals_the_full_pool() {
+        let cfg = gemma3_270m();
+        let (slots, globals, locals) = kv_slots(&cfg, true);
+        assert_eq!((globals, locals), (3, 15));
+        for (l, s) in slots.iter().enumerate() {
+            assert_eq!(s.window, cfg.family.window(l).is_some(), "layer {l}");
+        }
+        // Layers 5, 11 and 17 are global: indices 0..3 of the full pool, in order.
+        let full: Vec<usize> = (0..18).filter(|&l| !slots[l].window).collect();
+        assert_eq!(full, [5, 11, 17]);
+        assert_eq!(slots[17].index, 2);
+        assert_eq!(slots[16].index, 14);
+        // Without a window pool every layer is in the full pool, at its own index.
+        let (whole, g, w) = kv_slots(&cfg, false);
+        assert_eq!((g, w), (18, 0));
+        assert!(
+            whole
+                .iter()
+                .enumerate()
+                .all(|(l, s)| !s.window && s.index == l)
+        );
+    }
+
+    /// The memory figure of `docs/gpu.md`, from the code's own byte functions: at 4,096
+    /// positions (blocks of 16) a sequence holds 72 MiB of KV whole and 19.5 MiB windowed, and
+    /// the device pools' block bytes are the same functions'.
+    #[test]
+    fn gemma3_270m_kv_at_4096_positions() {
+        let cfg = gemma3_270m();
+        let whole = kv_bytes_per_sequence(&cfg, 16, 4096, false);
+        let windowed = kv_bytes_per_sequence(&cfg, 16, 4096, true);
+        assert_eq!(whole, 72 << 20);
+        assert_eq!(windowed, (39 << 20) / 2);
+        let (_, globals, locals) = kv_slots(&cfg, true);
+        let pool = |layers| KvLayout {
+            layers,
+            kv_heads: cfg.kv_heads,
+            head_dim: cfg.head_dim,
+            block_size: 16,
+            blocks: 1,
+        };
+        assert_eq!(pool(globals).bytes(), kv_block_bytes(&cfg, 3, 16));
+        assert_eq!(pool(locals).bytes(), kv_block_bytes(&cfg, 15, 16));
+    }
+}
