@@ -129,10 +129,10 @@ pub fn build_backends(
     build_backends_for(model, devices, rc, Some(&SchedulerConfig::default()))
 }
 
-/// Builds one backend per device. With `sched`, on the CPU, a model with sliding-window layers
-/// keeps their KV in a window pool sized for it ([`window_pool_blocks`]); without (a caller
-/// that drives the backend itself, with one block table), and on CUDA, every layer keeps its
-/// KV whole.
+/// Builds one backend per device. With `sched`, a model with sliding-window layers keeps their
+/// KV in a window pool sized for it ([`window_pool_blocks`]), on the CPU and on CUDA alike;
+/// without (a caller that drives the backend itself, with one block table), every layer keeps
+/// its KV whole.
 pub fn build_backends_for(
     model: &Model,
     devices: &[Device],
@@ -180,6 +180,7 @@ pub fn build_backends_for(
                     n,
                     rc.block_size,
                     blocks,
+                    sched.and_then(|s| window_pool_blocks(&cfg, rc.block_size, blocks, s)),
                     crate::backend::cuda::CudaOptions::from_env(),
                 )
                 .map_err(|e| DeviceError::Unavailable {

@@ -16,12 +16,15 @@ use cuda_support::{
 
 use slotlight_engine::backend::cuda::emu::{self, EmuGpu};
 use slotlight_engine::backend::cuda::{CudaOptions, GpuBackend};
-use slotlight_engine::backend::{Backend, SeqChunk};
+use slotlight_engine::backend::{Backend, SeqChunk, kv_block_bytes, kv_bytes_per_sequence};
+use slotlight_engine::kv_cache::{KvPools, RELEASED, SeqKv};
 use slotlight_engine::model::config::ModelConfig;
 use slotlight_engine::model::llama::LlamaWeights;
 use slotlight_engine::model::loader::Model;
 use slotlight_engine::model::testing::TinyLlama;
 use slotlight_engine::model::weights::DType;
+use slotlight_engine::runtime::window_pool_blocks;
+use slotlight_engine::scheduler::SchedulerConfig;
 
 /// Largest logit difference from the CPU backend for float weights: both use f32
 /// activations (the GEMM path f16), so results differ by rounding only.
@@ -772,4 +775,200 @@ fn new_families_mix_matvec_and_gemm_rows_in_one_step() {
         eprintln!("{name}: mixed matvec + GEMM step, worst logit difference {d:.2e}");
         assert!(d <= family_tolerance(GEMM_TOLERANCE, &c), "{name}: {d}");
     }
+}
+
+/// Runs `seq` through `b` with each chunk's window-pool table kept by the kv_cache's
+/// [`KvPools`], as the scheduler does: chunks of `chunks[i]` tokens (the last one repeated),
+/// every row's logits. With `poison`, before each step every window-pool block the sequence
+/// does not hold (given back, or never handed out) is filled with NaN, and the table's
+/// given-back entries name one of those blocks instead of the sentinel: a kernel that read a
+/// position the window has passed would poison the logits. Returns the logits and the most
+/// window blocks held at once.
+fn windowed_logits(
+    b: &mut GpuBackend<EmuGpu>,
+    pools: &mut KvPools,
+    seq: &[u32],
+    chunks: &[usize],
+    poison: bool,
+) -> (Vec<f32>, usize) {
+    let window_blocks = b.windowed_kv().map_or(0, |w| w.blocks);
+    let mut s = SeqKv::default();
+    let (mut at, mut i, mut most) = (0, 0, 0);
+    let mut out = Vec::new();
+    while at < seq.len() {
+        let n = chunks[i.min(chunks.len() - 1)];
+        let end = (at + n).min(seq.len());
+        pools.reserve(&mut s, end).expect("full pool");
+        pools.reserve_window(&mut s, at, end).expect("window pool");
+        most = most.max(s.window.held());
+        let mut table = s.window.table.clone();
+        if poison {
+            let free: Vec<u32> = (0..u32::try_from(window_blocks).expect("blocks"))
+                .filter(|b| !table.contains(b))
+                .collect();
+            b.poison_window_blocks(&free).expect("poison");
+            let nan = *free.first().expect("a block the sequence does not hold");
+            for e in table.iter_mut().filter(|e| **e == RELEASED) {
+                *e = nan;
+            }
+        }
+        let windows: Vec<&[u32]> = if window_blocks > 0 {
+            vec![&table]
+        } else {
+            Vec::new()
+        };
+        let chunk = SeqChunk {
+            tokens: &seq[at..end],
+            start_pos: at,
+            blocks: &s.full.table,
+            all_logits: true,
+            no_logits: false,
+        };
+        b.forward_windowed(&[chunk], &windows, &mut out)
+            .expect("windowed step");
+        at = end;
+        i += 1;
+        pools.register_full(&mut s, seq, at);
+        pools.slide(&mut s, at);
+    }
+    pools.release(&mut s);
+    (out, most)
+}
+
+/// The tiny Gemma 3 (local layers with an 8-position window) on the emulator with its local
+/// layers' KV in a window pool of 6 blocks of 4 positions, far fewer than the 96-position
+/// sequence needs: the logits past the window equal the CPU's (every layer whole) within the
+/// family's tolerance and the emulator's every-layer-whole run bit for bit, on the matvec and
+/// the GEMM paths, while every block the window has passed holds NaN.
+#[test]
+fn windowed_kv_matches_the_cpu_past_the_window_and_never_reads_released_blocks() {
+    if skip() {
+        return;
+    }
+    let model = Model::load(&support::fixtures().join("tiny").join("gemma3.F32.gguf"))
+        .expect("tiny gemma3");
+    let (cfg, w) = (model.config.clone(), Arc::clone(&model.weights));
+    let window = cfg
+        .family
+        .sliding_window
+        .as_ref()
+        .expect("gemma3 has local layers")
+        .window;
+    assert_eq!(window, 8);
+    let (bs, full_blocks, window_blocks) = (4, 32, 6);
+    let seq = tokens(96, cfg.vocab);
+    let cpu = support::all_logits(&mut cpu_backend(&cfg, &w, seq.len()), &seq);
+    let gemm_opts = CudaOptions {
+        gemm_min_rows: 4,
+        ..CudaOptions::default()
+    };
+    for (path, opts, gemm) in [("matvec", matvec_only(), false), ("GEMM", gemm_opts, true)] {
+        let build = |window_blocks| {
+            GpuBackend::with_layout(
+                EmuGpu::new(gemm),
+                cfg.clone(),
+                &w,
+                bs,
+                full_blocks,
+                window_blocks,
+                opts.clone(),
+                "emu".into(),
+            )
+            .expect("emulated backend")
+        };
+        let mut whole = build(None);
+        assert!(whole.windowed_kv().is_none());
+        let mut windowed = build(Some(window_blocks));
+        let wk = windowed.windowed_kv().expect("a window pool");
+        assert_eq!((wk.window, wk.blocks), (window, window_blocks));
+        // A prompt chunk of 10 (GEMM rows on the GEMM path), chunks of 5, then decodes.
+        let plan = [10, 5, 5, 1];
+        let mut pools = KvPools::whole(full_blocks, bs);
+        let (reference, _) = windowed_logits(&mut whole, &mut pools, &seq, &plan, false);
+        let mut pools = KvPools::windowed(full_blocks, bs, window, window_blocks);
+        let (got, most) = windowed_logits(&mut windowed, &mut pools, &seq, &plan, true);
+        assert!(
+            got.iter().all(|v| v.is_finite()),
+            "{path}: a released block was read"
+        );
+        // The same with the sentinel in the given-back entries, as the scheduler sends them.
+        let mut pools = KvPools::windowed(full_blocks, bs, window, window_blocks);
+        let (plain, _) = windowed_logits(&mut windowed, &mut pools, &seq, &plan, false);
+        assert_eq!(
+            plain, got,
+            "{path}: the sentinel and poisoned tables differ"
+        );
+        assert_eq!(got, reference, "{path}: windowed and whole differ");
+        let d = max_diff(&got, &cpu);
+        eprintln!("{path}: windowed KV, worst logit difference from the CPU {d:.2e}");
+        assert!(d <= family_tolerance(GEMM_TOLERANCE, &cpu), "{path}: {d}");
+        // The local layers held the window's blocks and a chunk's: never the sequence's 24.
+        assert!(most <= 5, "{path}: {most} window blocks");
+    }
+}
+
+/// The window pool's bytes stay bounded: a sequence many windows long runs through a window
+/// pool of a fixed few blocks, so the local layers' KV does not grow with the sequence, and
+/// the whole KV of the windowed backend is the global layers' for every block plus that pool.
+#[test]
+fn windowed_kv_bytes_stay_bounded_for_a_long_sequence() {
+    if skip() {
+        return;
+    }
+    let model = Model::load(&support::fixtures().join("tiny").join("gemma3.F32.gguf"))
+        .expect("tiny gemma3");
+    let (cfg, w) = (model.config.clone(), Arc::clone(&model.weights));
+    let window = 8;
+    let (bs, full_blocks) = (4, 64);
+    let window_blocks = window_pool_blocks(
+        &cfg,
+        bs,
+        full_blocks,
+        &SchedulerConfig {
+            batch: 1,
+            prefill_chunk: 4,
+            mixed_prefill_chunk: 4,
+            ..SchedulerConfig::default()
+        },
+    )
+    .expect("a model with local layers");
+    let mut b = GpuBackend::with_layout(
+        EmuGpu::new(false),
+        cfg.clone(),
+        &w,
+        bs,
+        full_blocks,
+        Some(window_blocks),
+        matvec_only(),
+        "emu".into(),
+    )
+    .expect("emulated backend");
+    let wk = b.windowed_kv().expect("a window pool");
+    let locals = (0..cfg.layers)
+        .filter(|&l| cfg.family.window(l).is_some())
+        .count();
+    assert!(locals > 0 && locals < cfg.layers);
+    assert_eq!(wk.block_bytes, kv_block_bytes(&cfg, locals, bs));
+    assert_eq!(
+        b.kv_block_bytes(),
+        kv_block_bytes(&cfg, cfg.layers - locals, bs)
+    );
+    assert_eq!(
+        b.kv_bytes(),
+        full_blocks * b.kv_block_bytes() + window_blocks * wk.block_bytes
+    );
+    // 240 positions, 30 windows, through a window pool of a handful of blocks.
+    let seq = tokens(240, cfg.vocab);
+    assert!(window_blocks * bs < seq.len() / 4);
+    let mut pools = KvPools::windowed(full_blocks, bs, window, window_blocks);
+    let (logits, most) = windowed_logits(&mut b, &mut pools, &seq, &[4, 1], false);
+    assert_eq!(logits.len(), seq.len() * cfg.vocab);
+    assert!(logits.iter().all(|v| v.is_finite()));
+    let per_seq = window.saturating_sub(1).div_ceil(bs) + 2;
+    assert!(most <= per_seq, "{most} window blocks held at once");
+    // What a sequence holds: its local layers' part stops growing past the window.
+    let held = |n| kv_bytes_per_sequence(&cfg, bs, n, true);
+    let global = |n: usize| n.div_ceil(bs) * kv_block_bytes(&cfg, cfg.layers - locals, bs);
+    assert_eq!(held(240) - global(240), held(120) - global(120));
+    assert!(held(240) < kv_bytes_per_sequence(&cfg, bs, 240, false));
 }

@@ -65,6 +65,7 @@ fn gpu_backend(
         0,
         16,
         positions.div_ceil(16) + 1,
+        None,
         opts,
     )
     .expect("CUDA backend")

@@ -40,6 +40,7 @@ impl CudaBackend {
         _ordinal: usize,
         _block_size: usize,
         _kv_blocks: usize,
+        _window_blocks: Option<usize>,
         _opts: CudaOptions,
     ) -> Result<Self, NotCompiled> {
         Err(NotCompiled)

@@ -1,6 +1,7 @@
 //! The GPU backend: weights uploaded once, the KV cache paged on the device exactly like the
-//! CPU's, and one forward step as a queue of kernel launches (plus cuBLAS GEMMs for prompt
-//! chunks) with a single host sync when the logits come back.
+//! CPU's (with a window pool for the sliding-window layers when asked, as on the CPU), and one
+//! forward step as a queue of kernel launches (plus cuBLAS GEMMs for prompt chunks) with a
+//! single host sync when the logits come back.
 
 use std::collections::HashMap;
 
@@ -8,7 +9,7 @@ use super::gpu::{Arg, Gemm, Gpu, GpuError, Launch};
 use super::kernels::{KernelConfig, fmt_kernel};
 use super::layout::{self, KvLayout, Shape, StepPlan, WFormat};
 use super::lower::LayerLaunches;
-use crate::backend::{Backend, BackendError, SeqChunk, StepStats};
+use crate::backend::{Backend, BackendError, SeqChunk, StepStats, WindowedKv};
 use crate::model::config::ModelConfig;
 use crate::model::llama::LlamaWeights;
 use crate::model::ops::{ForwardPlan, RopeTable};
@@ -140,6 +141,9 @@ struct Bufs {
     o: Buf,
     logits: Buf,
     meta: Buf,
+    /// The window pool's block tables ([`StepPlan::meta_window`]): a buffer of its own, so the
+    /// arguments a captured graph holds keep their offsets.
+    meta_window: Buf,
     h16: Buf,
     big: Buf,
     /// Bumped whenever a buffer moves (a captured graph holds the old addresses).
@@ -175,6 +179,34 @@ const F32: usize = 4;
 /// Bytes of `n` f16 values.
 const F16: usize = 2;
 
+/// Where one layer's KV lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct KvSlot {
+    /// In the window pool (a local layer, with one), else in the full pool.
+    window: bool,
+    /// The layer's index within its pool.
+    index: usize,
+}
+
+/// Per layer, its KV slot: with `windowed`, local layers (`cfg.family.window(l)`) number the
+/// window pool's layers and the others the full pool's; without, every layer is in the full
+/// pool. Also returns the full and window pools' layer counts.
+fn kv_slots(cfg: &ModelConfig, windowed: bool) -> (Vec<KvSlot>, usize, usize) {
+    let (mut globals, mut locals) = (0, 0);
+    let slots = (0..cfg.layers)
+        .map(|l| {
+            let window = windowed && cfg.family.window(l).is_some();
+            let n = if window { &mut locals } else { &mut globals };
+            *n += 1;
+            KvSlot {
+                window,
+                index: *n - 1,
+            }
+        })
+        .collect();
+    (slots, globals, locals)
+}
+
 /// A Llama-family model on a GPU (or on the kernel emulator).
 pub struct GpuBackend<G: Gpu> {
     cfg: ModelConfig,
@@ -187,8 +219,13 @@ pub struct GpuBackend<G: Gpu> {
     norm: u64,
     /// The forward pass these launches execute.
     plan: ForwardPlan,
+    /// The full pool: every layer's KV, or only the global layers' with a window pool.
     kv: u64,
     kv_layout: KvLayout,
+    /// The window pool (the local layers' KV, holding only their window) and its layout.
+    kv_window: Option<(u64, KvLayout)>,
+    /// Per layer: where its KV lives.
+    layer_kv: Vec<KvSlot>,
     bufs: Bufs,
     opts: CudaOptions,
     gemm: bool,
@@ -200,13 +237,32 @@ pub struct GpuBackend<G: Gpu> {
 
 impl<G: Gpu> GpuBackend<G> {
     /// Uploads `weights` to `gpu`, compiles the kernels and allocates a KV cache of `kv_blocks`
-    /// blocks of `block_size` positions. `label` names the device in [`Backend::describe`].
+    /// blocks of `block_size` positions, every layer whole. `label` names the device in
+    /// [`Backend::describe`].
     pub fn with_gpu(
+        gpu: G,
+        cfg: ModelConfig,
+        weights: &LlamaWeights,
+        block_size: usize,
+        kv_blocks: usize,
+        opts: CudaOptions,
+        label: String,
+    ) -> Result<Self, GpuError> {
+        Self::with_layout(gpu, cfg, weights, block_size, kv_blocks, None, opts, label)
+    }
+
+    /// Like [`GpuBackend::with_gpu`]; with `window_blocks`, a model with sliding-window layers
+    /// keeps their KV in a window pool of that many blocks (each sequence holding only its
+    /// window: [`Backend::forward_windowed`] takes its tables), and the full pool holds only
+    /// the global layers'. A model without such layers keeps every layer whole either way.
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_layout(
         mut gpu: G,
         cfg: ModelConfig,
         weights: &LlamaWeights,
         block_size: usize,
         kv_blocks: usize,
+        window_blocks: Option<usize>,
         opts: CudaOptions,
         label: String,
     ) -> Result<Self, GpuError> {
@@ -249,13 +305,17 @@ impl<G: Gpu> GpuBackend<G> {
         }
         let k = resolve(&names, &kc.formats)?;
         let gemm = opts.prefill_gemm && gpu.has_gemm();
-        let kv_layout = KvLayout {
-            layers: cfg.layers,
+        let windowed = window_blocks.filter(|_| cfg.family.sliding_window.is_some());
+        let (layer_kv, globals, locals) = kv_slots(&cfg, windowed.is_some());
+        let pool = |layers, blocks| KvLayout {
+            layers,
             kv_heads: cfg.kv_heads,
             head_dim: cfg.head_dim,
             block_size,
-            blocks: kv_blocks,
+            blocks,
         };
+        let kv_layout = pool(globals, kv_blocks);
+        let window_layout = windowed.map(|b| pool(locals, b));
         let mut me = Self {
             kc,
             k,
@@ -276,6 +336,8 @@ impl<G: Gpu> GpuBackend<G> {
             plan,
             kv: 0,
             kv_layout,
+            kv_window: None,
+            layer_kv,
             bufs: Bufs::default(),
             gemm,
             graph_generation: None,
@@ -294,6 +356,16 @@ impl<G: Gpu> GpuBackend<G> {
                 kv_layout.bytes() >> 20
             ))
         })?;
+        if let Some(wl) = window_layout {
+            let ptr = me.alloc_owned(wl.bytes()).map_err(|e| {
+                GpuError(format!(
+                    "KV window pool of {} blocks ({} MiB): {e}",
+                    wl.blocks,
+                    wl.bytes() >> 20
+                ))
+            })?;
+            me.kv_window = Some((ptr, wl));
+        }
         Ok(me)
     }
 
@@ -514,9 +586,66 @@ impl<G: Gpu> GpuBackend<G> {
         Ok(())
     }
 
-    /// Makes room for a step of `t` rows (`g` of them on the GEMM path), `r` logit rows and
-    /// `meta_len` metadata entries.
-    fn ensure(&mut self, t: usize, g: usize, r: usize, meta_len: usize) -> Result<(), GpuError> {
+    /// Checks each chunk's window-pool table, as the CPU does: one per chunk (none without a
+    /// window pool), holding (in range) every block its rows' windows reach.
+    fn validate_windows(
+        &self,
+        chunks: &[SeqChunk<'_>],
+        windows: &[&[u32]],
+    ) -> Result<(), BackendError> {
+        let Some((_, wl)) = self.kv_window else {
+            return if windows.is_empty() {
+                Ok(())
+            } else {
+                Err(BackendError::Invalid(
+                    "window block tables without a window pool".into(),
+                ))
+            };
+        };
+        if windows.len() != chunks.len() {
+            return Err(BackendError::Invalid(format!(
+                "{} window block tables for {} chunks",
+                windows.len(),
+                chunks.len()
+            )));
+        }
+        let window = self.window().unwrap_or(1);
+        let bs = wl.block_size;
+        for (c, table) in chunks.iter().zip(windows) {
+            let end = c.start_pos + c.tokens.len();
+            let first = (c.start_pos + 1).saturating_sub(window) / bs;
+            let held = table.get(first..end.div_ceil(bs)).ok_or_else(|| {
+                BackendError::Invalid(format!(
+                    "window block table of {} blocks for positions {}..{end}",
+                    table.len(),
+                    c.start_pos
+                ))
+            })?;
+            if let Some(&b) = held.iter().find(|&&b| b as usize >= wl.blocks) {
+                return Err(BackendError::Invalid(format!(
+                    "window block {b} out of range (or not held)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The local layers' window, when they keep only it.
+    fn window(&self) -> Option<usize> {
+        self.kv_window?;
+        self.cfg.family.sliding_window.as_ref().map(|w| w.window)
+    }
+
+    /// Makes room for a step of `t` rows (`g` of them on the GEMM path), `r` logit rows,
+    /// `meta_len` metadata entries and `window_len` window-table entries.
+    fn ensure(
+        &mut self,
+        t: usize,
+        g: usize,
+        r: usize,
+        meta_len: usize,
+        window_len: usize,
+    ) -> Result<(), GpuError> {
         let c = &self.cfg;
         let (h, qd, f, v) = (c.hidden, c.q_dim(), c.ffn, c.vocab);
         let qkv = qd + 2 * c.kv_dim();
@@ -536,6 +665,9 @@ impl<G: Gpu> GpuBackend<G> {
         grow(gpu, &mut b.o, t * h * F32, bump)?;
         grow(gpu, &mut b.logits, r.max(1) * v * F32, bump)?;
         grow(gpu, &mut b.meta, meta_len * 4, bump)?;
+        if window_len > 0 {
+            grow(gpu, &mut b.meta_window, window_len * 4, bump)?;
+        }
         if g > 0 {
             grow(gpu, &mut b.h16, g * h.max(qd).max(f) * F16, bump)?;
         }
@@ -559,7 +691,9 @@ impl<G: Gpu> GpuBackend<G> {
         let (x, q, att, act, meta) = (b.x.ptr, b.q.ptr, b.att.ptr, b.act.ptr, b.meta.ptr);
         let (o, h16, big, logits) = (b.o.ptr, b.h16.ptr, b.big.ptr, b.logits.ptr);
         let mt = i32_arg(t);
-        let kv = self.kv;
+        // The full pool's tables follow the tokens and positions in `meta`.
+        let full_tabs = meta + (2 * t * 4) as u64;
+        let window_tabs = b.meta_window.ptr;
         let row = |base: u64, width: usize| base + (a * width * F32) as u64;
         let ek = self.k.by_fmt[self.embed.fmt.id()].embed;
         self.launch(
@@ -580,7 +714,14 @@ impl<G: Gpu> GpuBackend<G> {
             let (q_norm, k_norm, inv) = (l.q_norm, l.k_norm, l.inv_freq);
             let (attn_post, ffn_post) = (l.attn_post_norm, l.ffn_post_norm);
             let run = l.run;
-            let layer = i32_arg(li);
+            // This layer's pool, its index there, the pool's layer count and block tables.
+            let slot = self.layer_kv[li];
+            let (kv, kv_layers, tabs) = match self.kv_window {
+                Some((ptr, wl)) if slot.window => (ptr, wl.layers, window_tabs),
+                _ => (self.kv, self.kv_layout.layers, full_tabs),
+            };
+            let (layer, kv_layers, tabs) =
+                (i32_arg(slot.index), i32_arg(kv_layers), Arg::Ptr(tabs));
             let gelu = Arg::I32(i32::from(run.gelu_arg()));
             // Attention block. Without QK norm the QKV epilogues add the bias, rotate and
             // store; with it the raw products of every row go to `big` and `qkv_heads` does
@@ -610,8 +751,10 @@ impl<G: Gpu> GpuBackend<G> {
                         Arg::Ptr(q),
                         Arg::Ptr(kv),
                         layer,
+                        kv_layers,
                         Arg::Ptr(meta),
                         mt,
+                        tabs,
                         Arg::I32(0),
                         Arg::Ptr(inv),
                     ]);
@@ -647,8 +790,10 @@ impl<G: Gpu> GpuBackend<G> {
                             Arg::Ptr(q),
                             Arg::Ptr(kv),
                             layer,
+                            kv_layers,
                             Arg::Ptr(meta),
                             mt,
+                            tabs,
                             i32_arg(a),
                             Arg::Ptr(inv),
                         ],
@@ -671,8 +816,10 @@ impl<G: Gpu> GpuBackend<G> {
                         Arg::Ptr(q),
                         Arg::Ptr(kv),
                         layer,
+                        kv_layers,
                         Arg::Ptr(meta),
                         mt,
+                        tabs,
                         Arg::Ptr(inv),
                     ],
                 )?;
@@ -685,8 +832,10 @@ impl<G: Gpu> GpuBackend<G> {
                     Arg::Ptr(att),
                     Arg::Ptr(kv),
                     layer,
+                    kv_layers,
                     Arg::Ptr(meta),
                     mt,
+                    tabs,
                     Arg::F32(run.attention.scale),
                     i32_arg(run.window_arg()),
                     Arg::F32(run.softcap_arg()),
@@ -855,23 +1004,31 @@ impl<G: Gpu> GpuBackend<G> {
     fn step(
         &mut self,
         chunks: &[SeqChunk<'_>],
+        windows: &[&[u32]],
         logits: &mut Vec<f32>,
     ) -> Result<StepStats, BackendError> {
         let dev = |e: GpuError| BackendError::Device(e.0);
         self.validate(chunks)?;
+        self.validate_windows(chunks, windows)?;
         if chunks.is_empty() {
             return Ok(StepStats::default());
         }
         let gemm_min = self.gemm.then_some(self.opts.gemm_min_rows);
-        let plan = StepPlan::build(chunks, self.kv_layout.block_size, gemm_min)
+        let plan = StepPlan::build(chunks, self.kv_layout.block_size, gemm_min, windows)
             .map_err(BackendError::Invalid)?;
         let (t, a, r) = (plan.rows, plan.gemv_rows, plan.logit_rows);
-        self.ensure(t, t - a, r, plan.meta.len()).map_err(dev)?;
-        let meta_bytes: Vec<u8> = plan.meta.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.ensure(t, t - a, r, plan.meta.len(), plan.meta_window.len())
+            .map_err(dev)?;
+        let bytes = |v: &[i32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
         self.gpu.timer_start().map_err(dev)?;
         self.gpu
-            .upload(self.bufs.meta.ptr, &meta_bytes)
+            .upload(self.bufs.meta.ptr, &bytes(&plan.meta))
             .map_err(dev)?;
+        if !plan.meta_window.is_empty() {
+            self.gpu
+                .upload(self.bufs.meta_window.ptr, &bytes(&plan.meta_window))
+                .map_err(dev)?;
+        }
         if !self.run_graph(&plan).map_err(dev)? {
             self.enqueue(t, a, r).map_err(dev)?;
         }
@@ -890,6 +1047,32 @@ impl<G: Gpu> GpuBackend<G> {
     /// Bytes of weights on the device (packed matrices, f16 copies, vectors).
     pub fn weight_bytes(&self) -> usize {
         self.weight_bytes
+    }
+
+    /// The KV storage's size in bytes (both pools).
+    pub fn kv_bytes(&self) -> usize {
+        self.kv_layout.bytes() + self.kv_window.map_or(0, |(_, wl)| wl.bytes())
+    }
+
+    /// Fills window-pool blocks `blocks` with f16 NaN: a check (used by the tests) that no
+    /// kernel reads blocks the window has passed, since any read of them poisons the output.
+    /// Nothing to do without a window pool.
+    pub fn poison_window_blocks(&mut self, blocks: &[u32]) -> Result<(), GpuError> {
+        let Some((ptr, wl)) = self.kv_window else {
+            return Ok(());
+        };
+        let per_block = wl.offset(1, 0, 0, 0, 0) * F16;
+        let nan: Vec<u8> = std::iter::repeat_n(half::f16::NAN.to_le_bytes(), per_block / F16)
+            .flatten()
+            .collect();
+        for &b in blocks {
+            let b = b as usize;
+            if b >= wl.blocks {
+                return Err(GpuError(format!("window block {b} out of range")));
+            }
+            self.gpu.upload(ptr + (b * per_block) as u64, &nan)?;
+        }
+        Ok(())
     }
 
     /// The options in force (graphs are switched off here if a capture failed).
@@ -954,14 +1137,23 @@ impl<G: Gpu> Backend for GpuBackend<G> {
         chunks: &[SeqChunk<'_>],
         logits: &mut Vec<f32>,
     ) -> Result<StepStats, BackendError> {
+        self.forward_windowed(chunks, &[], logits)
+    }
+
+    fn forward_windowed(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        windows: &[&[u32]],
+        logits: &mut Vec<f32>,
+    ) -> Result<StepStats, BackendError> {
         // cudarc panics when a library function is missing; keep that from killing the
         // scheduler thread.
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step(chunks, logits)))
-            .unwrap_or_else(|_| {
-                Err(BackendError::Device(
-                    "the CUDA libraries failed during the step".into(),
-                ))
-            })
+        let step = std::panic::AssertUnwindSafe(|| self.step(chunks, windows, logits));
+        std::panic::catch_unwind(step).unwrap_or_else(|_| {
+            Err(BackendError::Device(
+                "the CUDA libraries failed during the step".into(),
+            ))
+        })
     }
 
     fn config(&self) -> &ModelConfig {
@@ -976,6 +1168,19 @@ impl<G: Gpu> Backend for GpuBackend<G> {
         self.kv_layout.blocks
     }
 
+    fn kv_block_bytes(&self) -> usize {
+        self.kv_layout.offset(1, 0, 0, 0, 0) * F16
+    }
+
+    fn windowed_kv(&self) -> Option<WindowedKv> {
+        let (_, wl) = self.kv_window?;
+        Some(WindowedKv {
+            window: self.window()?,
+            blocks: wl.blocks,
+            block_bytes: wl.offset(1, 0, 0, 0, 0) * F16,
+        })
+    }
+
     fn isa_name(&self) -> &'static str {
         "cuda"
     }
@@ -987,7 +1192,7 @@ impl<G: Gpu> Backend for GpuBackend<G> {
     fn describe(&self) -> String {
         let fmts: Vec<&str> = self.kc.formats.iter().map(|f| f.name()).collect();
         format!(
-            "{} {} (weights {} on device, {:.0} MiB; prefill {}; KV {} blocks × {} positions, {:.0} MiB; graphs {})",
+            "{} {} (weights {} on device, {:.0} MiB; prefill {}; KV {} blocks × {} positions{}, {:.0} MiB; graphs {})",
             self.label,
             self.gpu.describe(),
             fmts.join("/"),
@@ -999,7 +1204,11 @@ impl<G: Gpu> Backend for GpuBackend<G> {
             },
             self.kv_layout.blocks,
             self.kv_layout.block_size,
-            mib(self.kv_layout.bytes()),
+            self.windowed_kv().map_or(String::new(), |w| format!(
+                " + window pool {} blocks for the last {} positions",
+                w.blocks, w.window
+            )),
+            mib(self.kv_bytes()),
             if self.opts.graphs { "on" } else { "off" },
         )
     }
@@ -1008,7 +1217,18 @@ impl<G: Gpu> Backend for GpuBackend<G> {
 impl<G: Gpu> Drop for GpuBackend<G> {
     fn drop(&mut self) {
         let b = &self.bufs;
-        for p in [b.x, b.q, b.att, b.act, b.o, b.logits, b.meta, b.h16, b.big] {
+        for p in [
+            b.x,
+            b.q,
+            b.att,
+            b.act,
+            b.o,
+            b.logits,
+            b.meta,
+            b.meta_window,
+            b.h16,
+            b.big,
+        ] {
             if p.ptr != 0 {
                 self.gpu.free(p.ptr);
             }
@@ -1016,5 +1236,83 @@ impl<G: Gpu> Drop for GpuBackend<G> {
         for p in std::mem::take(&mut self.owned) {
             self.gpu.free(p);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{kv_block_bytes, kv_bytes_per_sequence};
+    use crate::model::config::{Arch, RopeStyle, SlidingWindow};
+
+    /// Gemma 3 270M's shape: 18 layers, every 6th global, the others with a 512-position
+    /// window; one KV head of 256 dimensions.
+    fn gemma3_270m() -> ModelConfig {
+        let mut cfg = ModelConfig {
+            arch: Arch::Llama,
+            name: "gemma3-270m".into(),
+            vocab: 262_144,
+            hidden: 640,
+            layers: 18,
+            heads: 4,
+            kv_heads: 1,
+            head_dim: 256,
+            ffn: 2048,
+            context: 32_768,
+            rms_eps: 1e-6,
+            rope_theta: 1e6,
+            rope_style: RopeStyle::Neox,
+            rope_scaling: None,
+            qkv_bias: false,
+            family: Default::default(),
+        };
+        cfg.family.sliding_window = Some(SlidingWindow::periodic(512, 6, 18));
+        cfg
+    }
+
+    #[test]
+    fn local_layers_number_the_window_pool_and_globals_the_full_pool() {
+        let cfg = gemma3_270m();
+        let (slots, globals, locals) = kv_slots(&cfg, true);
+        assert_eq!((globals, locals), (3, 15));
+        for (l, s) in slots.iter().enumerate() {
+            assert_eq!(s.window, cfg.family.window(l).is_some(), "layer {l}");
+        }
+        // Layers 5, 11 and 17 are global: indices 0..3 of the full pool, in order.
+        let full: Vec<usize> = (0..18).filter(|&l| !slots[l].window).collect();
+        assert_eq!(full, [5, 11, 17]);
+        assert_eq!(slots[17].index, 2);
+        assert_eq!(slots[16].index, 14);
+        // Without a window pool every layer is in the full pool, at its own index.
+        let (whole, g, w) = kv_slots(&cfg, false);
+        assert_eq!((g, w), (18, 0));
+        assert!(
+            whole
+                .iter()
+                .enumerate()
+                .all(|(l, s)| !s.window && s.index == l)
+        );
+    }
+
+    /// The memory figure of `docs/gpu.md`, from the code's own byte functions: at 4,096
+    /// positions (blocks of 16) a sequence holds 72 MiB of KV whole and 19.5 MiB windowed, and
+    /// the device pools' block bytes are the same functions'.
+    #[test]
+    fn gemma3_270m_kv_at_4096_positions() {
+        let cfg = gemma3_270m();
+        let whole = kv_bytes_per_sequence(&cfg, 16, 4096, false);
+        let windowed = kv_bytes_per_sequence(&cfg, 16, 4096, true);
+        assert_eq!(whole, 72 << 20);
+        assert_eq!(windowed, (39 << 20) / 2);
+        let (_, globals, locals) = kv_slots(&cfg, true);
+        let pool = |layers| KvLayout {
+            layers,
+            kv_heads: cfg.kv_heads,
+            head_dim: cfg.head_dim,
+            block_size: 16,
+            blocks: 1,
+        };
+        assert_eq!(pool(globals).bytes(), kv_block_bytes(&cfg, 3, 16));
+        assert_eq!(pool(locals).bytes(), kv_block_bytes(&cfg, 15, 16));
     }
 }

@@ -238,8 +238,10 @@ const BODY: &str = r#"
 #define NPAIRS ((QD + 2 * KVD) / 2)
 #define DPL ((HD + 31) / 32)
 
-DEV u64 kv_off(int block, int layer, int kind, int head) {
-  return ((((u64)block * LAYERS + layer) * 2 + kind) * KVH + head) * (u64)(BS * HD);
+/* A KV pool holds `layers` layers (every layer, only the global ones, or only the local ones in
+   the window pool); `layer` is the index within it. */
+DEV u64 kv_off(int block, int layer, int layers, int kind, int head) {
+  return ((((u64)block * layers + layer) * 2 + kind) * KVH + head) * (u64)(BS * HD);
 }
 
 /* The table of IQ4_NL and IQ4_XS: entry i is byte i of IQ4_LO (i < 8) or of IQ4_HI. */
@@ -454,10 +456,13 @@ DEV void pair_rows(int p, int& r0, int& r1, int& sec, int& fi) {
   else { r0 = base + head * HD + 2 * i; r1 = r0 + 1; }
 }
 
-/* Bias, RoPE, then the query to q_out or the key/value to the paged cache, for global row g. */
+/* Bias, RoPE, then the query to q_out or the key/value to the paged cache, for global row g.
+   The cache is a pool of kv_layers layers; row g's block table is tabs + tabs[g] (the full
+   pool's tables in meta, or the window pool's in their own buffer). */
 DEV void qkv_store(int g, int p, float v0, float v1, const float* __restrict__ bias,
                    float* __restrict__ q_out, unsigned short* __restrict__ kv, int layer,
-                   const int* __restrict__ meta, int metaT, const float* __restrict__ inv_freq) {
+                   int kv_layers, const int* __restrict__ meta, int metaT,
+                   const int* __restrict__ tabs, const float* __restrict__ inv_freq) {
   int r0, r1, sec, fi;
   pair_rows(p, r0, r1, sec, fi);
   if (bias) { v0 += bias[r0]; v1 += bias[r1]; }
@@ -473,11 +478,11 @@ DEV void qkv_store(int g, int p, float v0, float v1, const float* __restrict__ b
     q_out[(u64)g * QD + r0] = v0;
     q_out[(u64)g * QD + r1] = v1;
   } else {
-    const int* table = meta + meta[2 * metaT + g];
+    const int* table = tabs + tabs[g];
     const int block = table[pos / BS], slot = pos % BS;
     const int c0 = r0 - (sec == 1 ? QD : QD + KVD), c1 = r1 - (sec == 1 ? QD : QD + KVD);
     const int head = c0 / HD;
-    unsigned short* dst = kv + kv_off(block, layer, sec - 1, head) + (u64)slot * HD;
+    unsigned short* dst = kv + kv_off(block, layer, kv_layers, sec - 1, head) + (u64)slot * HD;
     dst[c0 % HD] = f2h(v0);
     dst[c1 % HD] = f2h(v1);
   }
@@ -493,7 +498,8 @@ DEV void mv_qkv_body(const unsigned char* __restrict__ w, int nrows, int rbase, 
                      const float* __restrict__ x, int T,
                      const float* __restrict__ gamma, float eps, const float* __restrict__ bias,
                      float* __restrict__ q_out, unsigned short* __restrict__ kv, int layer,
-                     const int* __restrict__ meta, int metaT, int row0,
+                     int kv_layers, const int* __restrict__ meta, int metaT,
+                     const int* __restrict__ tabs, int row0,
                      const float* __restrict__ inv_freq, float* __restrict__ raw) {
   SHARED float rs[MV_TOKENS];
   const int t0 = BY * MV_TOKENS, nt = min(MV_TOKENS, T - t0);
@@ -515,7 +521,8 @@ DEV void mv_qkv_body(const unsigned char* __restrict__ w, int nrows, int rbase, 
       d[r0] = v0;
       d[r1] = v1;
     } else {
-      qkv_store(row0 + t0 + lane, p, v0, v1, bias, q_out, kv, layer, meta, metaT, inv_freq);
+      qkv_store(row0 + t0 + lane, p, v0, v1, bias, q_out, kv, layer, kv_layers, meta, metaT, tabs,
+                inv_freq);
     }
   }
 }
@@ -628,18 +635,21 @@ DEV void dequant_h_body(const unsigned char* __restrict__ w, int nrows, int K,
 /* Causal attention of token BX over its sequence's paged cache, for the query heads of KV head
    BY. Warps take 32-position tiles round robin with an online softmax; partial results are
    merged in warp order, so the result depends only on the token's position. With window > 0
-   only the last window positions are seen (pos - p < window); with cap > 0 the scaled scores
-   become cap * tanh(score / cap). */
+   only the last window positions are seen (pos - p < window), and no position before them is
+   read (in the window pool their blocks are given back: their table entries are -1); with
+   cap > 0 the scaled scores become cap * tanh(score / cap). The cache is a pool of kv_layers
+   layers, and token t's block table is tabs + tabs[t]. */
 KERNEL void attn(const float* __restrict__ q, float* __restrict__ out,
-                 const unsigned short* __restrict__ kv, int layer, const int* __restrict__ meta,
-                 int metaT, float scale, int window, float cap) {
+                 const unsigned short* __restrict__ kv, int layer, int kv_layers,
+                 const int* __restrict__ meta, int metaT, const int* __restrict__ tabs,
+                 float scale, int window, float cap) {
   SHARED float qs[GRP * HD];
   SHARED float sm_m[ATT_WARPS * GRP];
   SHARED float sm_l[ATT_WARPS * GRP];
   SHARED float sm_acc[ATT_WARPS * GRP * HD];
   const int t = BX, g = BY, lane = TX & 31, wid = TX >> 5;
   const int pos = meta[metaT + t];
-  const int* table = meta + meta[2 * metaT + t];
+  const int* table = tabs + tabs[t];
   const int n = pos + 1;
   const int lo = window > 0 && n > window ? n - window : 0;
   for (int i = TX; i < GRP * HD; i += ATT_WARPS * 32) qs[i] = q[(u64)t * QD + g * GRP * HD + i];
@@ -654,7 +664,7 @@ KERNEL void attn(const float* __restrict__ q, float* __restrict__ out,
     const bool valid = p >= lo && p < n;
     float s[GRP];
     if (valid) {
-      const unsigned short* krow = kv + kv_off(table[p / BS], layer, 0, g) + (u64)(p % BS) * HD;
+      const unsigned short* krow = kv + kv_off(table[p / BS], layer, kv_layers, 0, g) + (u64)(p % BS) * HD;
       for (int j = 0; j < GRP; ++j) s[j] = 0.0f;
       for (int d = 0; d < HD; d += 8) {
         uint4 kk = *(const uint4*)(krow + d);
@@ -681,9 +691,12 @@ KERNEL void attn(const float* __restrict__ q, float* __restrict__ out,
       m[j] = mn;
     }
     const int cnt = min(32, n - tile * 32);
-    for (int jj = 0; jj < cnt; ++jj) {
+    /* A tile that starts before the window starts reading at its low end: the positions
+       before it have weight 0, and their blocks may be given back. */
+    for (int jj = max(lo - tile * 32, 0); jj < cnt; ++jj) {
       const int pp = tile * 32 + jj;
-      const unsigned short* vrow = kv + kv_off(table[pp / BS], layer, 1, g) + (u64)(pp % BS) * HD;
+      const unsigned short* vrow =
+          kv + kv_off(table[pp / BS], layer, kv_layers, 1, g) + (u64)(pp % BS) * HD;
       float vv[DPL];
       for (int k = 0; k < DPL; ++k) {
         const int d = lane + 32 * k;
@@ -737,7 +750,8 @@ KERNEL void rmsnorm_h(const float* __restrict__ x, const float* __restrict__ gam
 /* GEMM path: bias, RoPE and stores of the fused QKV product (rows x NPAIRS threads). */
 KERNEL void qkv_post(const float* __restrict__ qkv, int rows, const float* __restrict__ bias,
                      float* __restrict__ q_out, unsigned short* __restrict__ kv, int layer,
-                     const int* __restrict__ meta, int metaT, int row0,
+                     int kv_layers, const int* __restrict__ meta, int metaT,
+                     const int* __restrict__ tabs, int row0,
                      const float* __restrict__ inv_freq) {
   const long long i = (long long)BX * ROW_THREADS + TX;
   if (i >= (long long)rows * NPAIRS) return;
@@ -745,7 +759,8 @@ KERNEL void qkv_post(const float* __restrict__ qkv, int rows, const float* __res
   int r0, r1, sec, fi;
   pair_rows(p, r0, r1, sec, fi);
   const float* src = qkv + (u64)r * (QD + 2 * KVD);
-  qkv_store(row0 + r, p, src[r0], src[r1], bias, q_out, kv, layer, meta, metaT, inv_freq);
+  qkv_store(row0 + r, p, src[r0], src[r1], bias, q_out, kv, layer, kv_layers, meta, metaT, tabs,
+            inv_freq);
 }
 
 /* GEMM path: f32 to f16. */
@@ -770,8 +785,9 @@ KERNEL void silu_mul_h(const float* __restrict__ gu, unsigned short* __restrict_
 KERNEL void qkv_heads(const float* __restrict__ src, int rows, int row0,
                       const float* __restrict__ bias, const float* __restrict__ qn,
                       const float* __restrict__ kn, float eps, float* __restrict__ q_out,
-                      unsigned short* __restrict__ kv, int layer, const int* __restrict__ meta,
-                      int metaT, const float* __restrict__ inv_freq) {
+                      unsigned short* __restrict__ kv, int layer, int kv_layers,
+                      const int* __restrict__ meta, int metaT, const int* __restrict__ tabs,
+                      const float* __restrict__ inv_freq) {
   SHARED float hv[HD];
   SHARED float rs[1];
   const int QH = QD / HD, KH = KVD / HD, NH = QH + 2 * KH;
@@ -796,7 +812,8 @@ KERNEL void qkv_heads(const float* __restrict__ src, int rows, int row0,
     pair_rows(p, r0, r1, sc, fi);
     float v0 = hv[r0 - c0], v1 = hv[r1 - c0];
     if (nw) { v0 = (v0 * rs[0]) * nw[r0 - c0]; v1 = (v1 * rs[0]) * nw[r1 - c0]; }
-    qkv_store(row0 + r, p, v0, v1, (const float*)0, q_out, kv, layer, meta, metaT, inv_freq);
+    qkv_store(row0 + r, p, v0, v1, (const float*)0, q_out, kv, layer, kv_layers, meta, metaT, tabs,
+              inv_freq);
   }
 }
 
@@ -883,7 +900,7 @@ pub fn source(kc: &KernelConfig, target: Target) -> String {
         Target::Host => HOST_PRELUDE,
     });
     if target == Target::Host {
-        s.push_str("using std::min;\n");
+        s.push_str("using std::max;\nusing std::min;\n");
     }
     s.push_str(&format_defines());
     s.push_str(BODY);
@@ -902,13 +919,13 @@ pub fn source(kc: &KernelConfig, target: Target) -> String {
             r#"
 KERNEL void{b} mv_qkv_f{id}(const unsigned char* w, int nrows, int rbase, int p0, int p1, const float* x,
     int T, const float* gamma, float eps, const float* bias, float* q_out, unsigned short* kv, int layer,
-    const int* meta, int metaT, int row0, const float* inv_freq) {{
-  mv_qkv_body<{id}, false>(w, nrows, rbase, p0, p1, x, T, gamma, eps, bias, q_out, kv, layer, meta, metaT,
-                          row0, inv_freq, 0);
+    int kv_layers, const int* meta, int metaT, const int* tabs, int row0, const float* inv_freq) {{
+  mv_qkv_body<{id}, false>(w, nrows, rbase, p0, p1, x, T, gamma, eps, bias, q_out, kv, layer, kv_layers,
+                          meta, metaT, tabs, row0, inv_freq, 0);
 }}
 KERNEL void{b} mv_qkv_raw_f{id}(const unsigned char* w, int nrows, int rbase, int p0, int p1, const float* x,
     int T, const float* gamma, float eps, float* raw) {{
-  mv_qkv_body<{id}, true>(w, nrows, rbase, p0, p1, x, T, gamma, eps, 0, 0, 0, 0, 0, 0, 0, 0, raw);
+  mv_qkv_body<{id}, true>(w, nrows, rbase, p0, p1, x, T, gamma, eps, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, raw);
 }}
 KERNEL void{b} mv_silu_f{id}(const unsigned char* w, const float* x, int T, const float* gamma, float eps,
     float* out, int gelu) {{

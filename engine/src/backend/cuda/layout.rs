@@ -815,7 +815,12 @@ pub fn attn_warps(group: usize, head_dim: usize) -> usize {
 /// path come first, and the metadata array the kernels read.
 ///
 /// `meta` layout (i32): `[tokens; T] [positions; T] [table offsets; T] [logit source rows; R]`
-/// followed by each chunk's block table; a table offset is an index into `meta` itself.
+/// followed by each chunk's block table; a row's table offset counts from the start of the
+/// table-offset section (the kernels take `tabs = meta + 2T` and read `tabs + tabs[row]`).
+///
+/// With a window pool, `meta_window` holds the window pool's tables the same way:
+/// `[table offsets; T]` (counted from its start) followed by each chunk's window table, the
+/// blocks the window has passed marked [`WINDOW_RELEASED`] (which the kernels never read).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StepPlan {
     /// Token rows (T).
@@ -826,7 +831,12 @@ pub struct StepPlan {
     pub logit_rows: usize,
     /// The metadata.
     pub meta: Vec<i32>,
+    /// The window pool's block tables (empty without one).
+    pub meta_window: Vec<i32>,
 }
+
+/// A window-table entry for a block the window has passed (given back to the pool).
+pub const WINDOW_RELEASED: i32 = -1;
 
 fn i32_of(n: usize) -> Result<i32, String> {
     i32::try_from(n).map_err(|_| format!("{n} does not fit the device's 32-bit indices"))
@@ -835,12 +845,22 @@ fn i32_of(n: usize) -> Result<i32, String> {
 impl StepPlan {
     /// Plans `chunks` (already validated). Chunks of at least `gemm_min` tokens take the GEMM
     /// path (`None`: none does); a one-token chunk, every decode, always takes the matvec path,
-    /// whatever else is in the step, so decoding is batch invariant.
+    /// whatever else is in the step, so decoding is batch invariant. `windows` holds each
+    /// chunk's window-pool table (empty without a window pool), entries the window has passed
+    /// being [`crate::kv_cache::RELEASED`].
     pub fn build(
         chunks: &[SeqChunk<'_>],
         block_size: usize,
         gemm_min: Option<usize>,
+        windows: &[&[u32]],
     ) -> Result<Self, String> {
+        if !windows.is_empty() && windows.len() != chunks.len() {
+            return Err(format!(
+                "{} window block tables for {} chunks",
+                windows.len(),
+                chunks.len()
+            ));
+        }
         let is_gemm = |c: &SeqChunk<'_>| gemm_min.is_some_and(|m| c.tokens.len() >= m.max(2));
         let t: usize = chunks.iter().map(|c| c.tokens.len()).sum();
         let r: usize = chunks.iter().map(SeqChunk::logit_rows).sum();
@@ -854,20 +874,38 @@ impl StepPlan {
             .map(|c| c.tokens.len())
             .sum();
         let mut meta = vec![0i32; 3 * t + r];
+        let mut meta_window = if windows.is_empty() {
+            Vec::new()
+        } else {
+            vec![0i32; t]
+        };
         let mut first_row = vec![0usize; chunks.len()];
         let mut row = 0;
         for &ci in &order {
             let c = &chunks[ci];
             first_row[ci] = row;
-            let table_at = meta.len();
+            let table_at = meta.len() - 2 * t;
             let used = (c.start_pos + c.tokens.len()).div_ceil(block_size);
             for &b in &c.blocks[..used.min(c.blocks.len())] {
                 meta.push(i32::try_from(b).map_err(|_| format!("block {b} out of range"))?);
+            }
+            let window_at = meta_window.len();
+            if let Some(w) = windows.get(ci) {
+                for &b in &w[..used.min(w.len())] {
+                    meta_window.push(if b == crate::kv_cache::RELEASED {
+                        WINDOW_RELEASED
+                    } else {
+                        i32::try_from(b).map_err(|_| format!("window block {b} out of range"))?
+                    });
+                }
             }
             for (i, &tok) in c.tokens.iter().enumerate() {
                 meta[row] = i32::try_from(tok).map_err(|_| format!("token {tok} out of range"))?;
                 meta[t + row] = i32_of(c.start_pos + i)?;
                 meta[2 * t + row] = i32_of(table_at)?;
+                if !windows.is_empty() {
+                    meta_window[row] = i32_of(window_at)?;
+                }
                 row += 1;
             }
         }
@@ -885,6 +923,7 @@ impl StepPlan {
             gemv_rows,
             logit_rows: r,
             meta,
+            meta_window,
         })
     }
 }
@@ -1198,7 +1237,7 @@ mod tests {
                 no_logits: false,
             },
         ];
-        let p = StepPlan::build(&chunks, 16, Some(4)).expect("plan");
+        let p = StepPlan::build(&chunks, 16, Some(4), &[]).expect("plan");
         assert_eq!((p.rows, p.gemv_rows, p.logit_rows), (6, 1, 2));
         let m = &p.meta;
         // Row 0: the decode (matvec); rows 1..6 the prefill chunk (GEMM).
@@ -1206,12 +1245,12 @@ mod tests {
         assert_eq!(&m[6..12], &[33, 0, 1, 2, 3, 4]);
         // Logits: chunk 0's last row (row 5), then chunk 1's (row 0).
         assert_eq!(&m[18..20], &[5, 0]);
-        let (toff_decode, toff_prefill) = (m[12] as usize, m[13] as usize);
+        let (toff_decode, toff_prefill) = (12 + m[12] as usize, 12 + m[13] as usize);
         assert_eq!(&m[toff_decode..toff_decode + 3], &[7, 8, 9]);
         assert_eq!(&m[toff_prefill..toff_prefill + 1], &[3]);
         assert!(m[13..18].iter().all(|&o| o == m[13]));
         // Without a GEMM path every row is a matvec row, in chunk order.
-        let p = StepPlan::build(&chunks, 16, None).expect("plan");
+        let p = StepPlan::build(&chunks, 16, None, &[]).expect("plan");
         assert_eq!(p.gemv_rows, 6);
         assert_eq!(&p.meta[0..6], &[5, 6, 7, 8, 9, 42]);
         assert_eq!(&p.meta[18..20], &[4, 5]);
@@ -1228,8 +1267,60 @@ mod tests {
             all_logits: all,
             no_logits: none,
         };
-        let p = StepPlan::build(&[c(true, false), c(false, true)], 16, None).expect("plan");
+        let p = StepPlan::build(&[c(true, false), c(false, true)], 16, None, &[]).expect("plan");
         assert_eq!((p.rows, p.logit_rows), (6, 3));
         assert_eq!(&p.meta[18..21], &[0, 1, 2]);
+    }
+
+    #[test]
+    fn step_plan_fills_the_window_tables_with_released_blocks_marked() {
+        use crate::kv_cache::RELEASED;
+        // A decode at 40 (blocks of 16: its window of 8 reaches back to 33, block 2) whose
+        // window table has given back blocks 0 and 1, and a prefill chunk from 0 with no
+        // block given back yet.
+        let t1 = [1u32, 2, 3];
+        let t2 = [9u32];
+        let (f1, f2) = ([10u32], [20u32, 21, 22]);
+        let (w1, w2) = ([5u32], [RELEASED, RELEASED, 7]);
+        let chunks = [
+            SeqChunk {
+                tokens: &t1,
+                start_pos: 0,
+                blocks: &f1,
+                all_logits: false,
+                no_logits: false,
+            },
+            SeqChunk {
+                tokens: &t2,
+                start_pos: 40,
+                blocks: &f2,
+                all_logits: false,
+                no_logits: false,
+            },
+        ];
+        let p = StepPlan::build(&chunks, 16, None, &[&w1, &w2]).expect("plan");
+        let (m, w) = (&p.meta, &p.meta_window);
+        // Each row's tables: the full ones in `meta` (offsets from 2T), the window ones in
+        // `meta_window` (offsets from its start), in the same row order.
+        let t = p.rows;
+        assert_eq!(t, 4);
+        let full = |row: usize| &m[2 * t + m[2 * t + row] as usize..];
+        let win = |row: usize| &w[w[row] as usize..];
+        for row in 0..3 {
+            assert_eq!(full(row)[0], 10);
+            assert_eq!(win(row)[0], 5);
+        }
+        assert_eq!(&full(3)[..3], &[20, 21, 22]);
+        assert_eq!(&win(3)[..3], &[WINDOW_RELEASED, WINDOW_RELEASED, 7]);
+        assert_eq!(w.len(), t + 1 + 3);
+        // Without a window pool there is no window table.
+        assert!(
+            StepPlan::build(&chunks, 16, None, &[])
+                .expect("plan")
+                .meta_window
+                .is_empty()
+        );
+        // One window table per chunk, or none.
+        assert!(StepPlan::build(&chunks, 16, None, &[&w1]).is_err());
     }
 }

@@ -62,7 +62,8 @@ pub fn probe(ordinal: usize) -> Result<String, CudaUnavailable> {
 
 impl GpuBackend<CudaGpu> {
     /// The model on GPU `ordinal`, with a KV cache of `kv_blocks` blocks of `block_size`
-    /// positions. Fails with one line when CUDA is unusable (no library, no device, a model
+    /// positions (and, with `window_blocks`, a window pool of that many for the sliding-window
+    /// layers: [`GpuBackend::with_layout`]). Fails with one line when CUDA is unusable (no library, no device, a model
     /// shape the kernels do not support, not enough memory); never panics.
     pub fn new(
         cfg: ModelConfig,
@@ -70,17 +71,19 @@ impl GpuBackend<CudaGpu> {
         ordinal: usize,
         block_size: usize,
         kv_blocks: usize,
+        window_blocks: Option<usize>,
         opts: CudaOptions,
     ) -> Result<Self, CudaUnavailable> {
         libraries_present()?;
         let build = || {
             let gpu = CudaGpu::open(ordinal)?;
-            GpuBackend::with_gpu(
+            GpuBackend::with_layout(
                 gpu,
                 cfg,
                 &weights,
                 block_size,
                 kv_blocks,
+                window_blocks,
                 opts,
                 format!("cuda:{ordinal}"),
             )
