@@ -839,7 +839,8 @@ fn windowed_logits(
 /// layers' KV in a window pool of 6 blocks of 4 positions, far fewer than the 96-position
 /// sequence needs: the logits past the window equal the CPU's (every layer whole) within the
 /// family's tolerance and the emulator's every-layer-whole run bit for bit, on the matvec and
-/// the GEMM paths, while every block the window has passed holds NaN.
+/// the GEMM paths and with decodes replayed from a graph, while every block the window has
+/// passed holds NaN.
 #[test]
 fn windowed_kv_matches_the_cpu_past_the_window_and_never_reads_released_blocks() {
     if skip() {
@@ -862,7 +863,15 @@ fn windowed_kv_matches_the_cpu_past_the_window_and_never_reads_released_blocks()
         gemm_min_rows: 4,
         ..CudaOptions::default()
     };
-    for (path, opts, gemm) in [("matvec", matvec_only(), false), ("GEMM", gemm_opts, true)] {
+    let graphs = CudaOptions {
+        graphs: true,
+        ..matvec_only()
+    };
+    for (path, opts, gemm) in [
+        ("matvec", matvec_only(), false),
+        ("GEMM", gemm_opts, true),
+        ("graphs", graphs, false),
+    ] {
         let build = |window_blocks| {
             GpuBackend::with_layout(
                 EmuGpu::new(gemm),
@@ -904,6 +913,11 @@ fn windowed_kv_matches_the_cpu_past_the_window_and_never_reads_released_blocks()
         assert!(d <= family_tolerance(GEMM_TOLERANCE, &cpu), "{path}: {d}");
         // The local layers held the window's blocks and a chunk's: never the sequence's 24.
         assert!(most <= 5, "{path}: {most} window blocks");
+        if opts.graphs {
+            // The decodes replayed one graph, its window tables uploaded beside it.
+            assert!(windowed.options().graphs, "the graph capture failed");
+            assert!(windowed.gpu().replays > 0, "no step replayed");
+        }
     }
 }
 
