@@ -227,7 +227,10 @@ async fn logs_are_accepted_counted_and_forwarded(scheme_url: impl FnOnce(&TestSi
     let req = logs_export();
     let logs_url = format!("http://{}/v1/logs", t.sc.otlp_http);
     for (ct, body) in [
-        ("application/x-protobuf", prost::Message::encode_to_vec(&req)),
+        (
+            "application/x-protobuf",
+            prost::Message::encode_to_vec(&req),
+        ),
         ("application/json", serde_json::to_vec(&req).unwrap()),
     ] {
         let resp = t
@@ -260,7 +263,10 @@ async fn logs_are_accepted_counted_and_forwarded(scheme_url: impl FnOnce(&TestSi
     assert_eq!(resp.status().as_u16(), 400, "not a logs export");
     let m = wait_metric(&t, metric::SIDECAR_LOG_RECORDS_RECEIVED, 6.0).await;
     assert_eq!(sample(&m, metric::SIDECAR_SPANS_RECEIVED), Some(0.0));
-    assert_eq!(sample(&m, metric::SIDECAR_METRIC_POINTS_RECEIVED), Some(0.0));
+    assert_eq!(
+        sample(&m, metric::SIDECAR_METRIC_POINTS_RECEIVED),
+        Some(0.0)
+    );
     wait_metric(&t, metric::SIDECAR_FORWARDED, 3.0).await;
     wait_metric(&upstream, metric::SIDECAR_LOG_RECORDS_RECEIVED, 6.0).await;
 }
