@@ -168,6 +168,17 @@ pub fn start_engine(
     kv_tokens: usize,
     sched: SchedulerConfig,
 ) -> anyhow::Result<EngineHandle> {
+    start_engine_with_events(model, args, kv_tokens, sched, None)
+}
+
+/// [`start_engine`], its step loops handing their prefix-cache changes to `kv_events`.
+pub fn start_engine_with_events(
+    model: &Model,
+    args: &ModelArgs,
+    kv_tokens: usize,
+    sched: SchedulerConfig,
+    kv_events: Option<crate::kv_events::KvEventSink>,
+) -> anyhow::Result<EngineHandle> {
     let devices = runtime::parse_devices(&args.device)?;
     let rc = RuntimeConfig {
         threads: args.threads,
@@ -189,10 +200,11 @@ pub fn start_engine(
             }
         }
     });
-    Ok(EngineHandle::start(
+    Ok(EngineHandle::start_with_events(
         backends,
         Arc::clone(&model.tokenizer),
         sched,
+        kv_events,
     ))
 }
 
