@@ -34,7 +34,7 @@ pub enum Commands {
     /// Measure prefill and decode speed on the model.
     Bench(bench::BenchArgs),
     /// Serve the OpenAI-compatible API.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Write the model's tokenizer as a Hugging Face `tokenizer.json` (for routers that
     /// tokenize prompts themselves, such as the inference gateway's prefix-cache scorer).
     ExportTokenizer(ExportTokenizerArgs),
@@ -269,7 +269,7 @@ pub fn main() -> std::process::ExitCode {
         Commands::FetchModel(a) => fetch_model(&a),
         Commands::Generate(a) => generate::run(a),
         Commands::Bench(a) => bench::run(a),
-        Commands::Serve(a) => serve::run(a),
+        Commands::Serve(a) => serve::run(*a),
         Commands::ExportTokenizer(a) => export_tokenizer(&a),
     };
     match result {

@@ -251,7 +251,7 @@ mod tests {
     fn replay_resends_from_the_asked_sequence_then_ends() {
         let mut ring = Ring::new(3);
         for s in 0..5u64 {
-            ring.push(s, Bytes::from(vec![s as u8]));
+            ring.push(s, Bytes::copy_from_slice(&s.to_be_bytes()));
         }
         // Batches 0 and 1 fell out of the ring; asking from 1 gets 2, 3, 4 and the end.
         let reply = replay_reply(&ring, &req(&[b"id", b"", &1u64.to_be_bytes()]));
@@ -264,7 +264,7 @@ mod tests {
                 b"id".to_vec(),
                 Vec::new(),
                 s.to_be_bytes().to_vec(),
-                vec![s as u8],
+                s.to_be_bytes().to_vec(),
             ]
         };
         assert_eq!(
