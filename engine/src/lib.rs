@@ -15,6 +15,7 @@ pub mod constraint;
 pub mod finish;
 pub mod known_models;
 pub mod kv_cache;
+pub mod kv_events;
 pub mod metrics;
 pub mod model;
 pub mod prompt;

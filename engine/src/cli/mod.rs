@@ -34,7 +34,7 @@ pub enum Commands {
     /// Measure prefill and decode speed on the model.
     Bench(bench::BenchArgs),
     /// Serve the OpenAI-compatible API.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Write the model's tokenizer as a Hugging Face `tokenizer.json` (for routers that
     /// tokenize prompts themselves, such as the inference gateway's prefix-cache scorer).
     ExportTokenizer(ExportTokenizerArgs),
@@ -168,6 +168,17 @@ pub fn start_engine(
     kv_tokens: usize,
     sched: SchedulerConfig,
 ) -> anyhow::Result<EngineHandle> {
+    start_engine_with_events(model, args, kv_tokens, sched, None)
+}
+
+/// [`start_engine`], its step loops handing their prefix-cache changes to `kv_events`.
+pub fn start_engine_with_events(
+    model: &Model,
+    args: &ModelArgs,
+    kv_tokens: usize,
+    sched: SchedulerConfig,
+    kv_events: Option<crate::kv_events::KvEventSink>,
+) -> anyhow::Result<EngineHandle> {
     let devices = runtime::parse_devices(&args.device)?;
     let rc = RuntimeConfig {
         threads: args.threads,
@@ -189,10 +200,11 @@ pub fn start_engine(
             }
         }
     });
-    Ok(EngineHandle::start(
+    Ok(EngineHandle::start_with_events(
         backends,
         Arc::clone(&model.tokenizer),
         sched,
+        kv_events,
     ))
 }
 
@@ -257,7 +269,7 @@ pub fn main() -> std::process::ExitCode {
         Commands::FetchModel(a) => fetch_model(&a),
         Commands::Generate(a) => generate::run(a),
         Commands::Bench(a) => bench::run(a),
-        Commands::Serve(a) => serve::run(a),
+        Commands::Serve(a) => serve::run(*a),
         Commands::ExportTokenizer(a) => export_tokenizer(&a),
     };
     match result {

@@ -107,9 +107,35 @@ pub struct ServeArgs {
     /// How log lines are written: text for people, JSON for log collectors.
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// KV-cache events.
+    #[command(flatten)]
+    pub kv_events: KvEventsArgs,
     /// Model and device.
     #[command(flatten)]
     pub model: ModelArgs,
+}
+
+/// Arguments of the KV-cache event stream (vLLM's wire format; docs/api.md).
+#[derive(Debug, Args)]
+pub struct KvEventsArgs {
+    /// Publish the prefix cache's changes (KV-cache events) on a ZMQ PUB socket at this
+    /// endpoint: `tcp://*:PORT` binds, `tcp://HOST:PORT` connects to a subscriber that binds
+    /// (llm-d's endpoint picker). Off when absent.
+    #[arg(long)]
+    pub kv_events_endpoint: Option<String>,
+    /// A ZMQ ROUTER socket (always bound) that resends the latest batches from a sequence
+    /// number (the 8-byte big-endian number in; `[sequence, batch]` frames out, then sequence
+    /// -1 with an empty batch).
+    #[arg(long, requires = "kv_events_endpoint")]
+    pub kv_events_replay_endpoint: Option<String>,
+    /// The topic (first frame) of every event message (default `kv@<instance>@<model>`, as
+    /// llm-d expects: the instance is `$POD_IP`, else `$HOSTNAME`, else the engine's instance
+    /// id; the model is the first `--served-model-name`, else the model's id).
+    #[arg(long, requires = "kv_events_endpoint")]
+    pub kv_events_topic: Option<String>,
+    /// The data-parallel rank each event batch carries.
+    #[arg(long, default_value_t = 0)]
+    pub data_parallel_rank: u32,
 }
 
 pub(super) fn run(a: ServeArgs) -> anyhow::Result<()> {
@@ -133,6 +159,34 @@ pub(super) fn run(a: ServeArgs) -> anyhow::Result<()> {
     let records = telemetry.as_ref().ok().and_then(Telemetry::logger_provider);
     crate::telemetry::init_logs(a.log_format, ops, records);
     rt.block_on(serve(a, telemetry?))
+}
+
+/// Starts the KV-event publisher when `--kv-events-endpoint` is given.
+fn start_kv_events(
+    a: &ServeArgs,
+    model_id: &str,
+    instance_id: &str,
+) -> anyhow::Result<Option<crate::kv_events::KvEventSink>> {
+    let Some(endpoint) = a.kv_events.kv_events_endpoint.clone() else {
+        return Ok(None);
+    };
+    let topic = a.kv_events.kv_events_topic.clone().unwrap_or_else(|| {
+        let instance = ["POD_IP", "HOSTNAME"]
+            .iter()
+            .find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty()))
+            .unwrap_or_else(|| instance_id.to_owned());
+        let model = a.served_model_name.first().map_or(model_id, String::as_str);
+        crate::kv_events::default_topic(&instance, model)
+    });
+    let cfg = crate::kv_events::KvEventsConfig {
+        endpoint,
+        replay_endpoint: a.kv_events.kv_events_replay_endpoint.clone(),
+        topic,
+        data_parallel_rank: a.kv_events.data_parallel_rank,
+        block_size: crate::runtime::KV_BLOCK_SIZE,
+    };
+    tracing::info!(endpoint = %cfg.endpoint, topic = %cfg.topic, replay = ?cfg.replay_endpoint, "Startup.KvEvents");
+    Ok(Some(crate::kv_events::publisher::start(cfg)?))
 }
 
 /// Metric names served beside slotlight's own (`--metrics-compat`).
@@ -172,7 +226,10 @@ async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {
             return_to_solo: true,
             max_sessions: a.max_sessions,
         };
-        let engine = Arc::new(super::start_engine(&model, &a.model, kv, sched)?);
+        let kv_events = start_kv_events(&a, &model.id, &telemetry.instance_id)?;
+        let engine = Arc::new(super::start_engine_with_events(
+            &model, &a.model, kv, sched, kv_events,
+        )?);
         let prompts = PromptBuilder::new(&model);
         Ok((model, engine, prompts))
     })?;

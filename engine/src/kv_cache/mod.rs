@@ -13,7 +13,8 @@
 pub mod pools;
 
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{Hash, Hasher};
+
+use sha2::{Digest, Sha256};
 
 pub use pools::{KvPools, SeqKv};
 
@@ -47,11 +48,46 @@ impl SeqBlocks {
     }
 }
 
+/// A change to the prefix cache, recorded where it happens for the KV-event stream
+/// ([`crate::kv_events`]): only blocks registered under a prefix hash appear.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvEvent {
+    /// Full blocks joined the prefix cache: `hashes` in prefix order, each block's parent the
+    /// one before it (the first's is `parent`, `None` at the start of a prompt), and their
+    /// tokens, `block_size` per block.
+    Stored {
+        /// Prefix hashes of the blocks, in order.
+        hashes: Vec<u64>,
+        /// The prefix hash of the block before the first (`None` for a prompt's first block).
+        parent: Option<u64>,
+        /// The blocks' tokens, concatenated.
+        tokens: Vec<u32>,
+    },
+    /// Blocks left the prefix cache (evicted).
+    Removed {
+        /// Their prefix hashes.
+        hashes: Vec<u64>,
+    },
+    /// Every block left the prefix cache (at start, and before a restatement).
+    Cleared,
+}
+
+/// A registered block's key.
+#[derive(Debug, Clone)]
+struct Key {
+    hash: u64,
+    /// The previous block's prefix hash (`None` for a prompt's first block).
+    parent: Option<u64>,
+    /// Blocks before this one in its prefix (restatements list parents first).
+    depth: usize,
+    tokens: Vec<u32>,
+}
+
 #[derive(Debug, Clone, Default)]
 struct Meta {
     refs: u32,
-    /// Prefix hash and the block's tokens, when registered.
-    key: Option<(u64, Vec<u32>)>,
+    /// Prefix hash, parent and the block's tokens, when registered.
+    key: Option<Key>,
     /// LRU tick while evictable.
     lru: Option<u64>,
 }
@@ -76,13 +112,26 @@ pub struct BlockManager {
     by_hash: HashMap<u64, u32>,
     tick: u64,
     evictions: u64,
+    /// Changes to the prefix cache since the last [`BlockManager::take_events`], when
+    /// recording (`None`: nothing is recorded, nothing copied).
+    events: Option<Vec<KvEvent>>,
 }
 
-fn chain_hash(parent: u64, tokens: &[u32]) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    parent.hash(&mut h);
-    tokens.hash(&mut h);
-    h.finish()
+/// The prefix hash of a block of `tokens` after the block whose prefix hash is `parent` (0
+/// for a prompt's first block): the last 8 bytes, read big-endian, of the SHA-256 of the
+/// parent as 8 bytes big-endian followed by each token id as 4 bytes big-endian. The same
+/// hash keys the prefix cache and the KV events, so a subscriber that rebuilds the chain from
+/// a prompt's tokens finds exactly the blocks the engine would match (docs/api.md).
+pub fn chain_hash(parent: u64, tokens: &[u32]) -> u64 {
+    let mut h = Sha256::new();
+    h.update(parent.to_be_bytes());
+    for t in tokens {
+        h.update(t.to_be_bytes());
+    }
+    let digest = h.finalize();
+    let mut last = [0u8; 8];
+    last.copy_from_slice(&digest[24..32]);
+    u64::from_be_bytes(last)
 }
 
 impl BlockManager {
@@ -97,7 +146,64 @@ impl BlockManager {
             by_hash: HashMap::new(),
             tick: 0,
             evictions: 0,
+            events: None,
         }
+    }
+
+    /// Starts recording changes to the prefix cache ([`BlockManager::take_events`]).
+    pub fn record_events(&mut self) {
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    /// The changes recorded since the last call (empty when not recording).
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// The prefix cache as it is now, as events that rebuild it after a [`KvEvent::Cleared`]:
+    /// every registered block, parents before children.
+    pub fn restate(&self) -> Vec<KvEvent> {
+        let mut keys: Vec<&Key> = self.meta.iter().filter_map(|m| m.key.as_ref()).collect();
+        keys.sort_by_key(|k| (k.depth, k.hash));
+        keys.into_iter()
+            .map(|k| KvEvent::Stored {
+                hashes: vec![k.hash],
+                parent: k.parent,
+                tokens: k.tokens.clone(),
+            })
+            .collect()
+    }
+
+    /// Records that the block of prefix hash `hash` left the cache.
+    fn removed(&mut self, hash: u64) {
+        let Some(ev) = self.events.as_mut() else {
+            return;
+        };
+        match ev.last_mut() {
+            Some(KvEvent::Removed { hashes }) => hashes.push(hash),
+            _ => ev.push(KvEvent::Removed { hashes: vec![hash] }),
+        }
+    }
+
+    /// Records that a block joined the cache.
+    fn stored(&mut self, hash: u64, parent: Option<u64>, chunk: &[u32]) {
+        let Some(ev) = self.events.as_mut() else {
+            return;
+        };
+        // A block that extends the previous event's run joins it, as vLLM groups them.
+        if let Some(KvEvent::Stored { hashes, tokens, .. }) = ev.last_mut()
+            && parent.is_some()
+            && hashes.last().copied() == parent
+        {
+            hashes.push(hash);
+            tokens.extend_from_slice(chunk);
+            return;
+        }
+        ev.push(KvEvent::Stored {
+            hashes: vec![hash],
+            parent,
+            tokens: chunk.to_vec(),
+        });
     }
 
     /// Positions per block.
@@ -133,8 +239,9 @@ impl BlockManager {
         self.evictable.remove(&tick);
         let m = &mut self.meta[b as usize];
         m.lru = None;
-        if let Some((hash, _)) = m.key.take() {
-            self.by_hash.remove(&hash);
+        if let Some(key) = m.key.take() {
+            self.by_hash.remove(&key.hash);
+            self.removed(key.hash);
         }
         self.evictions += 1;
         Some(b)
@@ -144,7 +251,10 @@ impl BlockManager {
     fn find(&self, hash: u64, chunk: &[u32]) -> Option<u32> {
         let &b = self.by_hash.get(&hash)?;
         let m = &self.meta[b as usize];
-        m.key.as_ref().is_some_and(|(_, t)| t == chunk).then_some(b)
+        m.key
+            .as_ref()
+            .is_some_and(|k| k.tokens == chunk)
+            .then_some(b)
     }
 
     /// Takes a reference on cached block `b` (no longer evictable).
@@ -225,16 +335,22 @@ impl BlockManager {
         let full = (computed.min(tokens.len()) / bs).min(seq.table.len());
         while seq.hashes.len() < full {
             let i = seq.hashes.len();
-            let parent = seq.hashes.last().copied().unwrap_or(0);
+            let parent = seq.hashes.last().copied();
             let chunk = &tokens[i * bs..(i + 1) * bs];
-            let hash = chain_hash(parent, chunk);
+            let hash = chain_hash(parent.unwrap_or(0), chunk);
             let b = seq.table[i];
             if b != RELEASED
                 && !self.by_hash.contains_key(&hash)
                 && self.meta[b as usize].key.is_none()
             {
                 self.by_hash.insert(hash, b);
-                self.meta[b as usize].key = Some((hash, chunk.to_vec()));
+                self.meta[b as usize].key = Some(Key {
+                    hash,
+                    parent,
+                    depth: i,
+                    tokens: chunk.to_vec(),
+                });
+                self.stored(hash, parent, chunk);
             }
             seq.hashes.push(hash);
         }
@@ -267,8 +383,9 @@ impl BlockManager {
             return;
         };
         self.evictable.remove(&tick);
-        if let Some((hash, _)) = m.key.take() {
-            self.by_hash.remove(&hash);
+        if let Some(key) = m.key.take() {
+            self.by_hash.remove(&key.hash);
+            self.removed(key.hash);
         }
         self.free.push(b);
     }
@@ -342,6 +459,73 @@ mod tests {
         m.release(&mut b);
         let (_, cached) = m.match_prefix(&a_toks);
         assert_eq!(cached, 0, "evicted blocks must not match");
+    }
+
+    #[test]
+    fn chain_hash_is_the_documented_sha256() {
+        // SHA-256 of 0u64 BE followed by tokens 1, 2 as u32 BE, last 8 bytes BE.
+        let mut bytes = vec![0u8; 8];
+        bytes.extend([0, 0, 0, 1, 0, 0, 0, 2]);
+        let d = Sha256::digest(&bytes);
+        let want = u64::from_be_bytes(d[24..32].try_into().expect("8 bytes"));
+        assert_eq!(chain_hash(0, &[1, 2]), want);
+        // Chained: the parent is part of the hash.
+        assert_ne!(chain_hash(want, &[1, 2]), want);
+        assert_ne!(chain_hash(0, &[2, 1]), want);
+    }
+
+    #[test]
+    fn events_follow_registration_and_eviction() {
+        let mut m = BlockManager::new(4, 2);
+        assert!(m.take_events().is_empty());
+        m.record_events();
+        let t = [1, 2, 3, 4, 5];
+        let (mut a, _) = m.match_prefix(&t);
+        m.reserve(&mut a, 5).expect("reserve");
+        m.register_full(&mut a, &t, 5);
+        let h1 = chain_hash(0, &[1, 2]);
+        let h2 = chain_hash(h1, &[3, 4]);
+        assert_eq!(
+            m.take_events(),
+            vec![KvEvent::Stored {
+                hashes: vec![h1, h2],
+                parent: None,
+                tokens: vec![1, 2, 3, 4],
+            }]
+        );
+        // The same prefix again registers nothing new.
+        let (mut b, cached) = m.match_prefix(&t);
+        assert_eq!(cached, 4);
+        m.reserve(&mut b, 5).expect("reserve");
+        m.register_full(&mut b, &t, 5);
+        assert!(m.take_events().is_empty());
+        m.release(&mut a);
+        m.release(&mut b);
+        assert_eq!(
+            m.restate(),
+            vec![
+                KvEvent::Stored {
+                    hashes: vec![h1],
+                    parent: None,
+                    tokens: vec![1, 2],
+                },
+                KvEvent::Stored {
+                    hashes: vec![h2],
+                    parent: Some(h1),
+                    tokens: vec![3, 4],
+                },
+            ]
+        );
+        // A prompt that needs every block evicts both, oldest first, in one event.
+        let (mut c, _) = m.match_prefix(&[9; 7]);
+        m.reserve(&mut c, 8).expect("reserve");
+        assert_eq!(
+            m.take_events(),
+            vec![KvEvent::Removed {
+                hashes: vec![h1, h2]
+            }]
+        );
+        assert!(m.restate().is_empty());
     }
 
     #[test]

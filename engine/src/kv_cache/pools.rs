@@ -17,7 +17,7 @@
 //! and then reclaimed), the longest shorter prefix that satisfies both is reused instead, and
 //! that is what `cached` says.
 
-use super::{BlockManager, OutOfBlocks, RELEASED, SeqBlocks};
+use super::{BlockManager, KvEvent, OutOfBlocks, RELEASED, SeqBlocks};
 
 /// A sequence's blocks in the group's pools.
 #[derive(Debug, Default, Clone)]
@@ -68,6 +68,22 @@ impl KvPools {
                 window: window.max(1),
             }),
         }
+    }
+
+    /// Starts recording the full pool's prefix-cache changes (the KV events describe the full
+    /// pool: with a window pool, a prefix also needs its window's blocks there to be reused).
+    pub fn record_events(&mut self) {
+        self.full.record_events();
+    }
+
+    /// The full pool's prefix-cache changes since the last call.
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.full.take_events()
+    }
+
+    /// The full pool's prefix cache as events that rebuild it.
+    pub fn restate(&self) -> Vec<KvEvent> {
+        self.full.restate()
     }
 
     /// The full pool.

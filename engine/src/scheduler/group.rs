@@ -27,6 +27,7 @@ use super::{Command, EngineError, Event, FinishReason, InFlight, Placement, Sche
 use crate::backend::{Backend, BackendError, SeqChunk};
 use crate::constraint::SeqConstraint;
 use crate::kv_cache::KvPools;
+use crate::kv_events::KvEventSink;
 use crate::metrics::GroupMetrics;
 use crate::metrics::group::KvUsage;
 use crate::timing::{LegEnd, PathKind, PrefillEnd, PrefillReason};
@@ -84,6 +85,8 @@ struct Loop<'t> {
     logits: Vec<f32>,
     /// The engine's memory of sessions (shared by every group; held only briefly).
     sessions: Arc<Mutex<SessionMemory>>,
+    /// Where the prefix cache's changes go, with the resync epoch this group last restated at.
+    kv_events: Option<(KvEventSink, u64)>,
 }
 
 /// What a step loop shares with the engine handle.
@@ -96,6 +99,8 @@ pub(super) struct Shared {
     pub sessions: Arc<Mutex<SessionMemory>>,
     /// The group's counters and gauges.
     pub metrics: Arc<GroupMetrics>,
+    /// Where the prefix cache's changes go (`--kv-events-endpoint`).
+    pub kv_events: Option<KvEventSink>,
 }
 
 /// One chunk of a step: `len` positions of sequence `seq` from `start`.
@@ -136,6 +141,7 @@ pub(super) fn run(
         load,
         sessions,
         metrics,
+        kv_events,
     } = shared;
     let tok: &Tokenizer = &tokenizer;
     let windowed = backend.windowed_kv();
@@ -148,6 +154,14 @@ pub(super) fn run(
         ),
         None => KvPools::whole(backend.num_blocks(), backend.block_size()),
     };
+    let mut blocks = blocks;
+    if kv_events.is_some() {
+        blocks.record_events();
+    }
+    let kv_events = kv_events.map(|s| {
+        let epoch = s.epoch();
+        (s, epoch)
+    });
     let block_bytes = (
         backend.kv_block_bytes(),
         windowed.map_or(0, |w| w.block_bytes),
@@ -173,6 +187,7 @@ pub(super) fn run(
         },
         logits: Vec::new(),
         sessions,
+        kv_events,
     };
     lp.publish();
     loop {
@@ -198,6 +213,7 @@ pub(super) fn run(
             tracing::error!(group, error = %e, "Scheduler.StepFailed");
             lp.abort_all(&EngineError::Step(e.to_string()));
         }
+        lp.hand_off_kv_events();
         lp.publish();
     }
 }
@@ -241,6 +257,17 @@ impl<'t> Loop<'t> {
             }
             Command::Shutdown => true,
         }
+    }
+
+    /// Hands the prefix cache's changes since the last hand-off to the KV-event publisher
+    /// (never waits: see [`KvEventSink::submit`]).
+    fn hand_off_kv_events(&mut self) {
+        let Some((sink, epoch)) = self.kv_events.as_mut() else {
+            return;
+        };
+        let events = self.blocks.take_events();
+        let blocks = &self.blocks;
+        sink.submit(epoch, events, || blocks.restate());
     }
 
     fn group_stats(&self) -> GroupStats {
@@ -371,6 +398,9 @@ impl<'t> Loop<'t> {
         }
         self.load.fetch_sub(1, Ordering::Relaxed);
         self.metrics.count_finished(&reason);
+        // The blocks this request left in the cache are on the stream before its answer, so
+        // a client that then reads `/health`'s sequence number can wait for them.
+        self.hand_off_kv_events();
         seq.answer(reason, tail, self.group);
     }
 

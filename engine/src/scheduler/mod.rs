@@ -28,6 +28,7 @@ use crate::timing::{LegRecord, PathKind, PrefillChunkRecord, PrefillRecord, Requ
 use crate::tokenizer::Tokenizer;
 
 pub use crate::finish::{EngineError, FinishReason};
+use crate::kv_events::KvEventSink;
 pub use group::GroupStats;
 use resume::SessionMemory;
 
@@ -317,6 +318,7 @@ pub struct EngineHandle {
     batch: usize,
     sessions: Arc<Mutex<SessionMemory>>,
     shutting_down: AtomicBool,
+    kv_events: Option<KvEventSink>,
 }
 
 /// The engine's memory of sessions, for `/v1/requests` and metrics.
@@ -336,6 +338,16 @@ impl EngineHandle {
         backends: Vec<Box<dyn Backend>>,
         tokenizer: Arc<Tokenizer>,
         cfg: SchedulerConfig,
+    ) -> Self {
+        Self::start_with_events(backends, tokenizer, cfg, None)
+    }
+
+    /// Starts one step loop per backend, each handing its prefix-cache changes to `kv_events`.
+    pub fn start_with_events(
+        backends: Vec<Box<dyn Backend>>,
+        tokenizer: Arc<Tokenizer>,
+        cfg: SchedulerConfig,
+        kv_events: Option<KvEventSink>,
     ) -> Self {
         let queued = Arc::new(AtomicUsize::new(0));
         let sessions = Arc::new(Mutex::new(SessionMemory::new(cfg.max_sessions)));
@@ -358,6 +370,7 @@ impl EngineHandle {
                     load: Arc::clone(&load),
                     sessions: Arc::clone(&sessions),
                     metrics: Arc::clone(&metrics),
+                    kv_events: kv_events.clone(),
                 };
                 let thread = std::thread::Builder::new()
                     .name(format!("slotlight-group-{g}"))
@@ -379,7 +392,13 @@ impl EngineHandle {
             batch: cfg.batch,
             sessions,
             shutting_down: AtomicBool::new(false),
+            kv_events,
         }
+    }
+
+    /// The KV-event stream's topic and latest sequence number, when it is on.
+    pub fn kv_events_status(&self) -> Option<crate::kv_events::KvEventsStatus> {
+        self.kv_events.as_ref().map(KvEventSink::status)
     }
 
     /// The context length (the smallest over groups).

@@ -47,6 +47,7 @@ async fn health(State(st): State<SharedState>) -> Response {
         "in_flight": st.engine.in_flight(),
         "groups": groups,
         "telemetry": st.telemetry.counts(),
+        "kv_events": st.engine.kv_events_status(),
     });
     let code = if draining {
         StatusCode::SERVICE_UNAVAILABLE
