@@ -33,7 +33,7 @@ def _attrs(r) -> dict[str, str]:
 def test_each_request_has_one_record_under_its_request_span():
     require_model()
     receiver = OtlpReceiver()
-    engine = EngineProcess(otlp=receiver.base, protocol="http/protobuf", env=LOGS)
+    engine = EngineProcess("--data-parallel-rank", "2", otlp=receiver.base, protocol="http/protobuf", env=LOGS)
     try:
         assert _chat(engine, "hello")[0] == 200
         assert _chat(engine, "hello again")[0] == 200
@@ -53,6 +53,10 @@ def test_each_request_has_one_record_under_its_request_span():
         refused = root.status.code == 2  # STATUS_CODE_ERROR
         assert r.event_name == ("Request.Refused" if refused else "Request.Finished")
         assert (r.severity_text, r.severity_number) == ("INFO", 9)
+        # The replica that served it, on its request span (issue 25): instance and rank.
+        span_attrs = {x.key: x.value for x in root.attributes}
+        assert span_attrs["slotlight.engine.data_parallel_rank"].int_value == 2
+        assert span_attrs["slotlight.engine.instance"].string_value
         a = _attrs(r)
         span_id = {x.key: x.value.string_value for x in root.attributes}["slotlight.request.id"]
         assert a["request_id"] == span_id

@@ -133,7 +133,8 @@ pub struct KvEventsArgs {
     /// id; the model is the first `--served-model-name`, else the model's id).
     #[arg(long, requires = "kv_events_endpoint")]
     pub kv_events_topic: Option<String>,
-    /// The data-parallel rank each event batch carries.
+    /// The engine's data-parallel rank: each KV event batch carries it, and so does every request
+    /// span (`slotlight.engine.data_parallel_rank`).
     #[arg(long, default_value_t = 0)]
     pub data_parallel_rank: u32,
 }
@@ -158,7 +159,8 @@ pub(super) fn run(a: ServeArgs) -> anyhow::Result<()> {
     let ops = telemetry.as_ref().ok().and_then(Telemetry::ops_tracer);
     let records = telemetry.as_ref().ok().and_then(Telemetry::logger_provider);
     crate::telemetry::init_logs(a.log_format, ops, records);
-    rt.block_on(serve(a, telemetry?))
+    let telemetry = telemetry?.with_data_parallel_rank(a.kv_events.data_parallel_rank);
+    rt.block_on(serve(a, telemetry))
 }
 
 /// Starts the KV-event publisher when `--kv-events-endpoint` is given.
