@@ -48,9 +48,10 @@ impl CudaBackend {
 }
 
 impl Backend for CudaBackend {
-    fn forward(
+    fn forward_windowed(
         &mut self,
         _chunks: &[SeqChunk<'_>],
+        _windows: &[&[u32]],
         _logits: &mut Vec<f32>,
     ) -> Result<StepStats, BackendError> {
         match *self {}

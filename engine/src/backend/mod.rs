@@ -104,11 +104,14 @@ pub fn kv_bytes_per_sequence(
 /// A device that can run the model.
 pub trait Backend: Send {
     /// Runs one forward step; appends `vocab`-wide logit rows to `logits` in chunk order.
+    /// The same as [`Backend::forward_windowed`] without window tables.
     fn forward(
         &mut self,
         chunks: &[SeqChunk<'_>],
         logits: &mut Vec<f32>,
-    ) -> Result<StepStats, BackendError>;
+    ) -> Result<StepStats, BackendError> {
+        self.forward_windowed(chunks, &[], logits)
+    }
     /// The model's configuration.
     fn config(&self) -> &ModelConfig;
     /// Positions per KV block.
@@ -131,21 +134,13 @@ pub trait Backend: Send {
     fn windowed_kv(&self) -> Option<WindowedKv> {
         None
     }
-    /// Like [`Backend::forward`], with each chunk's window-pool block table
-    /// (`windows[i]` for `chunks[i]`, indexed like its full table; entries the window has
-    /// passed are [`crate::kv_cache::RELEASED`]). Only for a backend with
-    /// [`Backend::windowed_kv`]; the default, for the others, takes no tables.
+    /// One forward step with each chunk's window-pool block table (`windows[i]` for
+    /// `chunks[i]`, indexed like its full table; entries the window has passed are
+    /// [`crate::kv_cache::RELEASED`]); empty without [`Backend::windowed_kv`].
     fn forward_windowed(
         &mut self,
         chunks: &[SeqChunk<'_>],
         windows: &[&[u32]],
         logits: &mut Vec<f32>,
-    ) -> Result<StepStats, BackendError> {
-        if !windows.is_empty() {
-            return Err(BackendError::Invalid(
-                "window block tables for a backend that keeps every layer whole".into(),
-            ));
-        }
-        self.forward(chunks, logits)
-    }
+    ) -> Result<StepStats, BackendError>;
 }

@@ -641,14 +641,6 @@ impl CpuBackend {
 }
 
 impl Backend for CpuBackend {
-    fn forward(
-        &mut self,
-        chunks: &[SeqChunk<'_>],
-        logits: &mut Vec<f32>,
-    ) -> Result<StepStats, BackendError> {
-        self.forward_windowed(chunks, &[], logits)
-    }
-
     fn forward_windowed(
         &mut self,
         chunks: &[SeqChunk<'_>],

@@ -1132,14 +1132,6 @@ fn mib(b: usize) -> f64 {
 }
 
 impl<G: Gpu> Backend for GpuBackend<G> {
-    fn forward(
-        &mut self,
-        chunks: &[SeqChunk<'_>],
-        logits: &mut Vec<f32>,
-    ) -> Result<StepStats, BackendError> {
-        self.forward_windowed(chunks, &[], logits)
-    }
-
     fn forward_windowed(
         &mut self,
         chunks: &[SeqChunk<'_>],
