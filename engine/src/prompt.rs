@@ -24,6 +24,18 @@ pub enum PromptError {
     Tokenizer(#[from] TokenizerError),
 }
 
+/// The turn format a model of family `arch` that ships no chat template is prompted with.
+pub fn fallback_template(
+    arch: Arch,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+) -> ChatTemplate {
+    match arch {
+        Arch::Gemma2 | Arch::Gemma3 => ChatTemplate::gemma_fallback(bos_token, eos_token),
+        _ => ChatTemplate::chatml_fallback(bos_token, eos_token),
+    }
+}
+
 /// Builds prompts for one model.
 #[derive(Clone)]
 pub struct PromptBuilder {
@@ -40,10 +52,7 @@ impl PromptBuilder {
         let (template, fallback) = match &model.chat_template {
             Some(t) => (Arc::clone(t), false),
             None => (
-                Arc::new(match model.config.arch {
-                    Arch::Gemma2 | Arch::Gemma3 => ChatTemplate::gemma_fallback(bos, eos),
-                    _ => ChatTemplate::chatml_fallback(bos, eos),
-                }),
+                Arc::new(fallback_template(model.config.arch, bos, eos)),
                 true,
             ),
         };

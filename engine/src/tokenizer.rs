@@ -26,6 +26,7 @@
 
 mod bytes;
 mod config;
+pub mod export;
 mod gguf;
 mod stream;
 
@@ -424,6 +425,26 @@ pub(crate) mod tests {
         tokens.push("<my_tool>".to_owned());
         types.push(4);
         (tokens, types, merge_list)
+    }
+
+    /// The gpt2 fixture with `<|im_start|>` (id 1) as BOS, added by encoding when `add_bos`.
+    pub(crate) fn gpt2_tokenizer_with_bos(add_bos: bool) -> Tokenizer {
+        let (tokens, types, merges) = gpt2_fixture();
+        Tokenizer::from_gguf_vocab(&GgufVocab {
+            model: "gpt2",
+            pre: Some("smollm"),
+            tokens: &tokens,
+            token_types: Some(&types),
+            merges: Some(&merges),
+            scores: None,
+            bos_id: Some(1),
+            eos_id: Some(2),
+            eot_id: None,
+            add_bos,
+            add_eos: false,
+            add_space_prefix: true,
+        })
+        .expect("fixture builds")
     }
 
     pub(crate) fn gpt2_tokenizer(pre: Option<&str>) -> Tokenizer {

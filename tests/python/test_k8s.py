@@ -9,7 +9,9 @@
   against the objects they refer to: the pool selects the engine pods on a port they serve,
   its picker reference is a Service port of the picker, the route sends /v1 to the pool, the
   picker reads metric series the engine serves under `--metrics-compat vllm` and schedules
-  with the plugins it defines.
+  with the plugins it defines; its precise prefix-cache scorer subscribes where the engines
+  publish KV-cache events (port, topic, block size, model) and tokenizes with the tokenizer
+  an init container exports from the engine's model.
 """
 
 from __future__ import annotations
@@ -189,8 +191,93 @@ def test_the_picker_config_schedules_with_plugins_it_defines(gateway):
         assert set(refs) <= set(plugins), refs
         assert any("picker" in r for r in refs), "a profile ends in a picker"
     # Prefix affinity (prefix cache and warm resume), KV usage and the queue all weigh in.
-    for scorer in ("prefix-cache-scorer", "kv-cache-utilization-scorer", "queue-scorer"):
+    for scorer in ("precise-prefix-cache-scorer", "kv-cache-utilization-scorer", "queue-scorer"):
         assert scorer in plugins, scorer
+        assert any(r["pluginRef"] == scorer and r.get("weight", 1) > 0
+                   for p in cfg["schedulingProfiles"] for r in p["plugins"]), scorer
+
+
+# The precise scorer's parameters as llm-d documents them (llm-d-kv-cache's configuration
+# reference and the scheduler's plugin README): any other key is a typo it would ignore.
+PRECISE_KEYS = {"tokenProcessorConfig", "indexerConfig", "kvEventsConfig", "speculativeIndexing", "speculativeTTL"}
+TOKEN_PROCESSOR_KEYS = {"blockSize", "blockSizeTokens", "hashSeed"}
+INDEXER_KEYS = {"kvBlockIndexConfig", "tokenizersPoolConfig", "tokenProcessorConfig", "kvCacheBackendConfigs"}
+TOKENIZERS_POOL_KEYS = {"modelName", "workersCount", "local", "uds", "hf"}
+LOCAL_TOKENIZER_KEYS = {"autoDiscoveryDir", "autoDiscoveryTokenizerFileName", "modelTokenizerMap"}
+KV_EVENTS_KEYS = {"zmqEndpoint", "topicFilter", "concurrency", "engineType", "discoverPods", "podDiscoveryConfig"}
+POD_DISCOVERY_KEYS = {"podLabelSelector", "podNamespace", "socketPort"}
+# Positions per KV block: every BlockStored's block_size (docs/api.md).
+ENGINE_BLOCK_SIZE = 16
+
+
+def _precise(gateway) -> dict:
+    _, _, cfg = _picker(gateway)
+    scorer = next(p for p in cfg["plugins"] if p["type"] == "precise-prefix-cache-scorer")
+    params = scorer["parameters"]
+    assert set(params) <= PRECISE_KEYS, set(params) - PRECISE_KEYS
+    return params
+
+
+def test_the_engines_publish_kv_events_where_the_precise_scorer_subscribes(gateway):
+    params = _precise(gateway)
+    events = params["kvEventsConfig"]
+    assert set(events) <= KV_EVENTS_KEYS and set(events["podDiscoveryConfig"]) <= POD_DISCOVERY_KEYS
+    # Per-pod subscribers: the scorer connects to each endpoint's address on socketPort.
+    assert events["discoverPods"] is True and "zmqEndpoint" not in events
+    port = events["podDiscoveryConfig"]["socketPort"]
+    eng = _engine_container(gateway)
+    args = [str(a) for a in eng["args"]]
+    endpoint = flag_value(args, "--kv-events-endpoint")
+    assert endpoint == f"tcp://*:{port}", "the engine binds the port the scorer connects to"
+    assert port in {p["containerPort"] for p in eng["ports"]}
+    # The topic names the pod as the scorer scores it (address:port of the pool's target
+    # port) and the model it scores for, and passes the subscription's filter.
+    topic = flag_value(args, "--kv-events-topic")
+    m = re.fullmatch(r"kv@\$\(POD_IP\):(\d+)@(.+)", topic or "")
+    assert m, topic
+    assert topic.startswith(events.get("topicFilter", ""))
+    pool = gateway[("InferencePool", "slotlight")]
+    assert int(m.group(1)) == int(flag_value(args, "--port"))
+    assert int(m.group(1)) in {p["number"] for p in pool["spec"]["targetPorts"]}
+    env = {e["name"]: e for e in eng["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    model = m.group(2)
+    assert model == flag_value(args, "--served-model-name")
+    assert params["indexerConfig"]["tokenizersPoolConfig"]["modelName"] == model
+    # Its block keys are computed over the engine's blocks.
+    tp = params["tokenProcessorConfig"]
+    assert set(tp) <= TOKEN_PROCESSOR_KEYS
+    assert tp.get("blockSizeTokens", tp.get("blockSize")) == ENGINE_BLOCK_SIZE
+    assert f"`block_size` is {ENGINE_BLOCK_SIZE}" in (REPO / "docs" / "api.md").read_text()
+
+
+def test_the_precise_scorer_tokenizes_with_the_engines_exported_tokenizer(gateway):
+    params = _precise(gateway)
+    indexer = params["indexerConfig"]
+    assert set(indexer) <= INDEXER_KEYS
+    pool = indexer["tokenizersPoolConfig"]
+    assert set(pool) <= TOKENIZERS_POOL_KEYS and set(pool["local"]) <= LOCAL_TOKENIZER_KEYS
+    path = pool["local"]["modelTokenizerMap"][pool["modelName"]]
+    assert path.endswith("/tokenizer.json")
+    dep = gateway[("Deployment", "slotlight-epp")]
+    spec = _pod_spec(dep)
+    epp = next(c for c in spec["containers"] if c["name"] == "epp")
+    mount = next(m for m in epp["volumeMounts"] if path.startswith(m["mountPath"] + "/"))
+    vol = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    assert "emptyDir" in vol
+    # An init container of the same pod writes that file into that volume.
+    writers = [c for c in spec.get("initContainers", [])
+               if c.get("args", [None])[0] == "export-tokenizer"
+               and flag_value([str(a) for a in c["args"]], "--out") == path]
+    assert len(writers) == 1, "an init container runs export-tokenizer --out " + path
+    init = writers[0]
+    assert "slotlight-engine" in init["image"]
+    assert any(m["name"] == mount["name"] and m["mountPath"] == mount["mountPath"] for m in init["volumeMounts"])
+    # Without --model it fetches the default model: into a volume at SLOTLIGHT_MODEL_DIR.
+    env = {e["name"]: e.get("value") for e in init.get("env", [])}
+    if flag_value(init["args"], "--model") is None and "SLOTLIGHT_MODEL" not in env:
+        model_dir = env["SLOTLIGHT_MODEL_DIR"]
+        assert any(m["mountPath"] == model_dir for m in init["volumeMounts"])
 
 
 def test_every_replica_fetches_its_own_model(gateway):

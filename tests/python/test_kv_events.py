@@ -125,7 +125,10 @@ class Mirror:
 
     def sync(self, topic: str, engine: EngineProcess):
         """Reads until the replica's latest handed-over batch is applied."""
-        want = engine.get("/health")[1]["kv_events"]["sequence"]
+        status = engine.get("/health")[1]["kv_events"]
+        want = status["sequence"]
+        # The step loops time their hand-offs (what publishing costs decode).
+        assert status["handoff_seconds"] >= 0 and (want == 0 or status["handoff_seconds"] > 0)
         deadline = time.monotonic() + 60
         r = self.replicas[topic]
         if want < r.last:

@@ -44,6 +44,11 @@ pub struct BenchArgs {
     /// with.
     #[arg(long)]
     pub no_bandwidth: bool,
+    /// Also time each `--concurrency` level with KV-cache events published on this ZMQ
+    /// endpoint (as `serve --kv-events-endpoint`), beside the same level without them, and
+    /// print what publishing costs decode.
+    #[arg(long)]
+    pub kv_events_endpoint: Option<String>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -278,9 +283,23 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
     // Aggregate decode through the scheduler.
     let mut conc = Vec::new();
     let mut constrained = Vec::new();
+    let mut with_events = Vec::new();
+    let events = a
+        .kv_events_endpoint
+        .as_ref()
+        .map(|endpoint| {
+            crate::kv_events::publisher::start(crate::kv_events::KvEventsConfig {
+                endpoint: endpoint.clone(),
+                replay_endpoint: None,
+                topic: crate::kv_events::default_topic("bench", &model.id),
+                data_parallel_rank: 0,
+                block_size: runtime::KV_BLOCK_SIZE,
+            })
+        })
+        .transpose()?;
     for &c in &a.concurrency {
         let c = c.max(1);
-        let (s, _) = concurrent_decode(&model, &a.model, c, a.gen_tokens, reps, false)?;
+        let (s, _, _) = concurrent_decode(&model, &a.model, c, a.gen_tokens, reps, false, None)?;
         if !a.json {
             println!(
                 "decode concurrency {c:>2}: {:>8.1} tok/s aggregate (min {:.1}, max {:.1}), {:.2} ms a step",
@@ -291,8 +310,38 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
             );
         }
         conc.push((c, s));
+        if let Some(sink) = &events {
+            let before = sink.status();
+            let (e, _, busy) = concurrent_decode(
+                &model,
+                &a.model,
+                c,
+                a.gen_tokens,
+                reps,
+                false,
+                Some(sink.clone()),
+            )?;
+            let after = sink.status();
+            // What the step loop itself spent handing events over, of all the time it ran.
+            let handoff = 100.0 * (after.handoff_seconds - before.handoff_seconds)
+                / busy.as_secs_f64().max(1e-9);
+            let measured = 100.0 * (s.median - e.median) / s.median.max(1e-9);
+            if !a.json {
+                println!(
+                    "  with KV events    : {:>8.1} tok/s aggregate (min {:.1}, max {:.1}), {:.2} ms a step ({measured:+.2}% against the run without); hand-off {handoff:.4}% of the step loop's time, {} batches, {} dropped",
+                    e.median,
+                    e.min,
+                    e.max,
+                    1000.0 * c as f64 / e.median.max(1e-9),
+                    after.sequence - before.sequence,
+                    after.dropped - before.dropped
+                );
+            }
+            with_events.push((c, e, measured, handoff));
+        }
         if a.constrained {
-            let (s, mask_ms) = concurrent_decode(&model, &a.model, c, a.gen_tokens, reps, true)?;
+            let (s, mask_ms, _) =
+                concurrent_decode(&model, &a.model, c, a.gen_tokens, reps, true, None)?;
             if !a.json {
                 println!(
                     "  one constrained   : {:>8.1} tok/s aggregate (min {:.1}, max {:.1}), {:.2} ms a step; its mask {:.3} ms a token",
@@ -329,6 +378,7 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
                 "weight_bytes_per_token": weight_bytes,
                 "decode_bandwidth_fraction": bandwidth.map(|bw| decode.median * weight_bytes as f64 / (bw * 1e9)),
                 "concurrency": conc.iter().map(|(c, s)| json!({"concurrency": c, "aggregate_tps": sp(*s), "step_ms": 1000.0 * *c as f64 / s.median.max(1e-9)})).collect::<Vec<_>>(),
+                "concurrency_with_kv_events": with_events.iter().map(|(c, s, measured, handoff)| json!({"concurrency": c, "aggregate_tps": sp(*s), "step_ms": 1000.0 * *c as f64 / s.median.max(1e-9), "slowdown_percent": measured, "handoff_percent": handoff})).collect::<Vec<_>>(),
                 "concurrency_one_constrained": constrained.iter().map(|(c, s, m)| json!({"concurrency": c, "aggregate_tps": sp(*s), "step_ms": 1000.0 * *c as f64 / s.median.max(1e-9), "mask_ms_per_token": m})).collect::<Vec<_>>(),
                 "rss_mib": rss,
                 "peak_rss_mib": peak,
@@ -427,7 +477,8 @@ fn concurrent_decode(
     gen_n: usize,
     reps: usize,
     constrained: bool,
-) -> anyhow::Result<(Spread, Option<f64>)> {
+    kv_events: Option<crate::kv_events::KvEventSink>,
+) -> anyhow::Result<(Spread, Option<f64>, Duration)> {
     let constraint = if constrained {
         let compiler =
             crate::constraint::Compiler::new(Arc::clone(&model.tokenizer), model.config.vocab)?;
@@ -442,14 +493,16 @@ fn concurrent_decode(
         ..SchedulerConfig::default()
     };
     let ctx = args.ctx_size;
-    let engine = super::start_engine(model, args, ctx * c.max(1), sched)?;
+    let engine = super::start_engine_with_events(model, args, ctx * c.max(1), sched, kv_events)?;
     let prompt = bench_tokens(model, 32)?;
     let mut runs = Vec::new();
+    let busy = Instant::now();
     for rep in 0..=reps {
         let receivers: Vec<_> = (0..c)
             .map(|i| {
-                // Distinct prompts so no request reuses another's cache.
-                let distinct = std::iter::once(u32::try_from(i + 10).unwrap_or(10))
+                // Distinct prompts, in every repetition, so no request reuses another's cache
+                // (and every block it fills is new to the prefix cache, as KV events count).
+                let distinct = std::iter::once(u32::try_from(10 + i + rep * c).unwrap_or(10))
                     .chain(prompt.iter().copied())
                     .collect();
                 engine.submit(GenerateRequest {
@@ -505,8 +558,9 @@ fn concurrent_decode(
             }
         }
     }
+    let busy = busy.elapsed();
     let mask = (!mask_times.is_empty()).then(|| spread(mask_times).median);
-    Ok((spread(runs), mask))
+    Ok((spread(runs), mask, busy))
 }
 
 #[cfg(test)]

@@ -35,8 +35,9 @@ pub enum Commands {
     Bench(bench::BenchArgs),
     /// Serve the OpenAI-compatible API.
     Serve(Box<serve::ServeArgs>),
-    /// Write the model's tokenizer as a Hugging Face `tokenizer.json` (for routers that
-    /// tokenize prompts themselves, such as the inference gateway's prefix-cache scorer).
+    /// Write the model's tokenizer as Hugging Face files (`tokenizer.json` and
+    /// `tokenizer_config.json`, with its chat template), for routers that tokenize prompts
+    /// themselves, such as llm-d's precise prefix-cache scorer.
     ExportTokenizer(ExportTokenizerArgs),
 }
 
@@ -47,7 +48,9 @@ pub struct ExportTokenizerArgs {
     /// model, fetched when missing.
     #[arg(long, env = "SLOTLIGHT_MODEL")]
     pub model: Option<PathBuf>,
-    /// The file to write (its folder is created); `-` writes to stdout.
+    /// The `tokenizer.json` to write (its folder is created), beside which a
+    /// `tokenizer_config.json` (the chat template, BOS/EOS) is written too, so the folder loads
+    /// with `transformers`' `AutoTokenizer`; `-` writes only `tokenizer.json`, to stdout.
     #[arg(long)]
     pub out: PathBuf,
 }
@@ -60,22 +63,29 @@ fn export_tokenizer(a: &ExportTokenizerArgs) -> anyhow::Result<()> {
         ctx_size: 0,
     }
     .resolve()?;
+    use crate::tokenizer::export;
     let tokenizer = Model::load_tokenizer(&path)?;
-    let json = tokenizer
-        .inner()
-        .to_string(false)
-        .map_err(|e| anyhow::anyhow!("serializing the tokenizer: {e}"))?;
+    let json = export::tokenizer_json(&tokenizer)?;
     if a.out.as_os_str() == "-" {
         println!("{json}");
         return Ok(());
     }
-    if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+    let dir = a.out.parent().filter(|d| !d.as_os_str().is_empty());
+    if let Some(dir) = dir {
         std::fs::create_dir_all(dir)
             .map_err(|e| anyhow::anyhow!("creating {}: {e}", dir.display()))?;
     }
-    std::fs::write(&a.out, json)
-        .map_err(|e| anyhow::anyhow!("writing {}: {e}", a.out.display()))?;
-    println!("{}", a.out.display());
+    let template = Model::load_chat_template_source(&path, &tokenizer)?;
+    let config = serde_json::to_string_pretty(&export::tokenizer_config(&tokenizer, &template))?;
+    let config_path = dir.map_or_else(
+        || std::path::PathBuf::from("tokenizer_config.json"),
+        |d| d.join("tokenizer_config.json"),
+    );
+    for (file, text) in [(&a.out, json), (&config_path, config)] {
+        std::fs::write(file, text)
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", file.display()))?;
+        println!("{}", file.display());
+    }
     Ok(())
 }
 

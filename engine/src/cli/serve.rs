@@ -128,9 +128,11 @@ pub struct KvEventsArgs {
     /// -1 with an empty batch).
     #[arg(long, requires = "kv_events_endpoint")]
     pub kv_events_replay_endpoint: Option<String>,
-    /// The topic (first frame) of every event message (default `kv@<instance>@<model>`, as
-    /// llm-d expects: the instance is `$POD_IP`, else `$HOSTNAME`, else the engine's instance
-    /// id; the model is the first `--served-model-name`, else the model's id).
+    /// The topic (first frame) of every event message (default `kv@<instance>:<port>@<model>`,
+    /// as llm-d's precise prefix-cache scorer expects, which names a pod by the address and
+    /// port it routes to: the instance is `$POD_IP`, else `$HOSTNAME`, else the engine's
+    /// instance id; the port is `--port`; the model is the first `--served-model-name`, else
+    /// the model's id).
     #[arg(long, requires = "kv_events_endpoint")]
     pub kv_events_topic: Option<String>,
     /// The engine's data-parallel rank: each KV event batch carries it, and so does every request
@@ -178,7 +180,7 @@ fn start_kv_events(
             .find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty()))
             .unwrap_or_else(|| instance_id.to_owned());
         let model = a.served_model_name.first().map_or(model_id, String::as_str);
-        crate::kv_events::default_topic(&instance, model)
+        crate::kv_events::default_topic(&format!("{instance}:{}", a.port), model)
     });
     let cfg = crate::kv_events::KvEventsConfig {
         endpoint,

@@ -254,6 +254,49 @@ impl Model {
         gguf_tokenizer(&GgufFile::open(path)?, path)
     }
 
+    /// The chat template source the model's chat prompts are rendered with, from metadata
+    /// only (no weights): its own (GGUF `tokenizer.chat_template`, or `tokenizer_config.json`
+    /// in a Hugging Face folder), else its family's fallback
+    /// ([`crate::prompt::fallback_template`]).
+    pub fn load_chat_template_source(
+        path: &Path,
+        tokenizer: &Tokenizer,
+    ) -> Result<String, LoadError> {
+        let config_err = |source| LoadError::Config {
+            path: path.to_path_buf(),
+            source,
+        };
+        let arch = if path.is_dir() {
+            let tc_path = path.join("tokenizer_config.json");
+            if tc_path.exists() {
+                let tc = TokenizerConfig::from_file(&tc_path).map_err(|source| {
+                    LoadError::Tokenizer {
+                        path: tc_path.clone(),
+                        source,
+                    }
+                })?;
+                if let Some(src) = tc.chat_template() {
+                    return Ok(src.to_owned());
+                }
+            }
+            let cfg_path = path.join("config.json");
+            let text = std::fs::read_to_string(&cfg_path).map_err(|e| LoadError::File {
+                path: cfg_path.clone(),
+                message: e.to_string(),
+            })?;
+            ModelConfig::from_hf_json(&text).map_err(config_err)?.arch
+        } else {
+            let g = GgufFile::open(path)?;
+            if let Some(src) = g.get("tokenizer.chat_template").and_then(Value::as_str) {
+                return Ok(src.to_owned());
+            }
+            ModelConfig::from_gguf(&g).map_err(config_err)?.arch
+        };
+        let fallback =
+            crate::prompt::fallback_template(arch, tokenizer.bos_token(), tokenizer.eos_token());
+        Ok(fallback.source().to_owned())
+    }
+
     /// Loads weights and configuration only (no tokenizer); for kernels benchmarks and tests.
     pub fn load_weights(path: &Path) -> Result<(ModelConfig, Arc<LlamaWeights>), LoadError> {
         let g = GgufFile::open(path)?;

@@ -265,9 +265,11 @@ impl<'t> Loop<'t> {
         let Some((sink, epoch)) = self.kv_events.as_mut() else {
             return;
         };
+        let started = Instant::now();
         let events = self.blocks.take_events();
         let blocks = &self.blocks;
         sink.submit(epoch, events, || blocks.restate());
+        sink.record_handoff(started.elapsed());
     }
 
     fn group_stats(&self) -> GroupStats {
