@@ -69,10 +69,10 @@ class EngineProcess:
 
     def __init__(
         self, *extra: str, otlp: str | None = None, protocol: str = "grpc", ctx_size: int = 2048,
-        api_key: str | None = None, env: dict[str, str] | None = None,
+        api_key: str | None = None, env: dict[str, str] | None = None, model: Path | None = None,
     ):
         self.auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        args = [str(binary("slotlight-engine", "SLOTLIGHT_ENGINE_BIN")), "serve", "--port", "0", "--model", str(default_model()), "--ctx-size", str(ctx_size)]
+        args = [str(binary("slotlight-engine", "SLOTLIGHT_ENGINE_BIN")), "serve", "--port", "0", "--model", str(model or default_model()), "--ctx-size", str(ctx_size)]
         if otlp:
             args += ["--otlp-endpoint", otlp, "--otlp-protocol", protocol]
         else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -29,12 +30,26 @@ CHATS = [
 PROMPTS = ["Once upon a time", " leading space", "émoji 🙂 中文\nnew line", "a1234b  x"]
 
 
+# The default model (ChatML, no BOS) and, when fetched, Gemma 3 270M (its own template, BOS
+# added by encoding): `slotlight-engine fetch-model gemma3-270m`.
+GEMMA = default_model().parent / "gemma-3-270m-q4_k_m.gguf"
+
+
+@pytest.fixture(scope="module", params=["default", "gemma3-270m"])
+def model(request) -> Path:
+    if request.param == "default":
+        require_model()
+        return default_model()
+    if not GEMMA.exists():
+        pytest.skip("Gemma 3 270M is not fetched (`slotlight-engine fetch-model gemma3-270m`)")
+    return GEMMA
+
+
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    require_model()
+def exported(tmp_path_factory, model):
     out = tmp_path_factory.mktemp("tokenizers") / "slotlight" / "tokenizer.json"
     engine_bin = binary("slotlight-engine", "SLOTLIGHT_ENGINE_BIN")
-    r = subprocess.run([str(engine_bin), "export-tokenizer", "--model", str(default_model()), "--out", str(out)],
+    r = subprocess.run([str(engine_bin), "export-tokenizer", "--model", str(model), "--out", str(out)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert (out.parent / "tokenizer_config.json").exists()
@@ -42,9 +57,8 @@ def exported(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def engine():
-    require_model()
-    e = EngineProcess()
+def engine(model):
+    e = EngineProcess(model=model)
     yield e
     e.close()
 
