@@ -960,6 +960,112 @@ async fn tokenize_and_detokenize_in_both_shapes() {
     s.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn render_answers_the_token_ids_a_request_would_compute() {
+    let m = model();
+    let s = server(&m).await;
+    let post = |path: &'static str, body: Value| {
+        let c = s.client.clone();
+        let url = s.url(path);
+        async move {
+            let r = c.post(url).json(&body).send().await.expect("send");
+            (
+                r.status().as_u16(),
+                r.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        }
+    };
+    let ids = |v: &Value| -> Vec<u64> {
+        v.as_array()
+            .map(|a| a.iter().filter_map(Value::as_u64).collect())
+            .unwrap_or_default()
+    };
+    // A whole chat body, as a client sends it to /v1/chat/completions (sampling and all).
+    let messages =
+        json!([{"role": "system", "content": "sys"}, {"role": "user", "content": "hello"}]);
+    let body = json!({"messages": messages, "tools": tools(), "max_tokens": 1, "temperature": 0.5, "stream": false});
+    let (code, r) = post("/v1/chat/completions/render", body.clone()).await;
+    assert_eq!(code, 200, "{r}");
+    assert!(
+        r["request_id"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("chatcmpl-")),
+        "{r}"
+    );
+    assert!(r["model"].is_string(), "{r}");
+    let (_, t) = post("/tokenize", json!({"messages": messages, "tools": tools()})).await;
+    assert_eq!(ids(&r["token_ids"]), ids(&t["tokens"]));
+    let (_, c) = s.chat(body).await;
+    assert_eq!(
+        r["token_ids"].as_array().map(Vec::len),
+        c["usage"]["prompt_tokens"].as_u64().map(|n| n as usize)
+    );
+    // vLLM's add_generation_prompt: without it, the prompt ends after the last message.
+    let (_, bare) = post(
+        "/v1/chat/completions/render",
+        json!({"messages": messages, "add_generation_prompt": false}),
+    )
+    .await;
+    let (_, t) = post(
+        "/tokenize",
+        json!({"messages": messages, "add_generation_prompt": false}),
+    )
+    .await;
+    assert_eq!(ids(&bare["token_ids"]), ids(&t["tokens"]));
+    assert!(ids(&bare["token_ids"]).len() < ids(&r["token_ids"]).len());
+    // Completions: a list of one rendered prompt.
+    let (code, r) = post(
+        "/v1/completions/render",
+        json!({"prompt": "abc", "max_tokens": 4}),
+    )
+    .await;
+    assert_eq!(code, 200, "{r}");
+    assert!(
+        r[0]["request_id"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("cmpl-")),
+        "{r}"
+    );
+    let (_, t) = post("/tokenize", json!({"prompt": "abc"})).await;
+    assert_eq!(ids(&r[0]["token_ids"]), ids(&t["tokens"]));
+    // What the generation endpoint refuses, render refuses, in the same format.
+    for (path, body, param) in [
+        ("/v1/chat/completions/render", json!({}), "messages"),
+        (
+            "/v1/chat/completions/render",
+            json!({"messages": messages, "bogus": 1}),
+            "bogus",
+        ),
+        (
+            "/v1/chat/completions/render",
+            json!({"messages": messages, "continue_final_message": true}),
+            "continue_final_message",
+        ),
+        (
+            "/v1/chat/completions/render",
+            json!({"messages": messages, "add_generation_prompt": "yes"}),
+            "add_generation_prompt",
+        ),
+        (
+            "/v1/completions/render",
+            json!({"prompt": [999_999]}),
+            "prompt",
+        ),
+        ("/v1/completions/render", json!({}), "prompt"),
+    ] {
+        let (code, v) = post(path, body.clone()).await;
+        assert_eq!(code, 400, "{path} {body}: {v}");
+        assert_eq!(param_of(&v), param, "{path} {body}: {v}");
+    }
+    let (code, v) = post(
+        "/v1/completions/render",
+        json!({"prompt": "a", "model": "another"}),
+    )
+    .await;
+    assert_eq!(code, 404, "{v}");
+    s.stop().await;
+}
+
 /// A Qwen 2.5-style template (Hermes tool format), abridged.
 const HERMES_TEMPLATE: &str = r#"{%- if tools %}<|im_start|>system
 You may call functions. Signatures: <tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools>

@@ -1,8 +1,9 @@
 """`slotlight-engine export-tokenizer`, as a router loads it: the folder it writes loads with
 `transformers`' `AutoTokenizer` (as llm-d's precise prefix-cache scorer loads a local
 tokenizer), and the tokens it gives for a chat (`apply_chat_template`) and for a completion
-prompt are exactly the tokens the engine itself computes (`/tokenize`), so the router's
-block keys and the engine's prefix cache describe the same tokens."""
+prompt are exactly the tokens the engine itself computes (`/tokenize`, and the render API a
+router may ask instead), so the router's block keys and the engine's prefix cache describe the
+same tokens."""
 
 from __future__ import annotations
 
@@ -74,6 +75,11 @@ def test_a_chat_tokenizes_as_the_engine_tokenizes_it(exported, engine, chat):
     status, ours = engine.post("/tokenize", {"messages": chat})
     assert status == 200, ours
     assert theirs == ours["tokens"]
+    # A router that asks the engine's render API instead (llm-d's token producer) gets the
+    # same tokens for the whole chat body.
+    status, rendered = engine.post("/v1/chat/completions/render", {"messages": chat, "max_tokens": 8, "stream": True})
+    assert status == 200, rendered
+    assert rendered["token_ids"] == theirs
     # The same holds for a conversation the engine continues without a generation prompt.
     theirs = ids(exported.apply_chat_template(chat, add_generation_prompt=False, tokenize=True))
     status, ours = engine.post("/tokenize", {"messages": chat, "add_generation_prompt": False})
@@ -88,6 +94,9 @@ def test_a_completion_prompt_tokenizes_as_the_engine_tokenizes_it(exported, engi
         status, ours = engine.post("/tokenize", {"prompt": prompt, "add_special_tokens": special})
         assert status == 200, ours
         assert theirs == ours["tokens"], special
+    status, rendered = engine.post("/v1/completions/render", {"prompt": prompt, "max_tokens": 8})
+    assert status == 200, rendered
+    assert rendered[0]["token_ids"] == exported(prompt)["input_ids"]
 
 
 def test_decoding_gives_the_same_text(exported, engine):

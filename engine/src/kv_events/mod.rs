@@ -200,7 +200,8 @@ impl KvEventSink {
             topic: self.inner.topic.clone(),
             sequence: next.saturating_sub(1),
             dropped: self.inner.dropped.load(Ordering::Relaxed),
-            handoff_seconds: self.inner.handoff_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            handoff_seconds: Duration::from_nanos(self.inner.handoff_ns.load(Ordering::Relaxed))
+                .as_secs_f64(),
         }
     }
 }

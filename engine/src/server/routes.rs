@@ -95,6 +95,8 @@ pub fn router(st: SharedState) -> Router {
     let mut api = Router::new()
         .route("/v1/chat/completions", post(openai::handler::chat))
         .route("/v1/completions", post(openai::handler::completions))
+        .route("/v1/chat/completions/render", post(openai::render::chat))
+        .route("/v1/completions/render", post(openai::render::completions))
         .route("/tokenize", post(openai::tokenize::tokenize))
         .route("/detokenize", post(openai::tokenize::detokenize))
         .route("/v1/models", get(models))

@@ -7,6 +7,7 @@
 
 pub mod handler;
 pub mod reasoning;
+pub mod render;
 pub mod request;
 pub mod response;
 pub mod tokenize;
