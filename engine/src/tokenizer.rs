@@ -429,25 +429,14 @@ pub(crate) mod tests {
 
     /// The gpt2 fixture with `<|im_start|>` (id 1) as BOS, added by encoding when `add_bos`.
     pub(crate) fn gpt2_tokenizer_with_bos(add_bos: bool) -> Tokenizer {
-        let (tokens, types, merges) = gpt2_fixture();
-        Tokenizer::from_gguf_vocab(&GgufVocab {
-            model: "gpt2",
-            pre: Some("smollm"),
-            tokens: &tokens,
-            token_types: Some(&types),
-            merges: Some(&merges),
-            scores: None,
-            bos_id: Some(1),
-            eos_id: Some(2),
-            eot_id: None,
-            add_bos,
-            add_eos: false,
-            add_space_prefix: true,
-        })
-        .expect("fixture builds")
+        gpt2_with(Some("smollm"), add_bos)
     }
 
     pub(crate) fn gpt2_tokenizer(pre: Option<&str>) -> Tokenizer {
+        gpt2_with(pre, false)
+    }
+
+    fn gpt2_with(pre: Option<&str>, add_bos: bool) -> Tokenizer {
         let (tokens, types, merges) = gpt2_fixture();
         Tokenizer::from_gguf_vocab(&GgufVocab {
             model: "gpt2",
@@ -459,7 +448,7 @@ pub(crate) mod tests {
             bos_id: Some(1),
             eos_id: Some(2),
             eot_id: None,
-            add_bos: false,
+            add_bos,
             add_eos: false,
             add_space_prefix: true,
         })

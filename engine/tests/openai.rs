@@ -880,21 +880,28 @@ async fn n_choices_share_the_prompt_and_add_up() {
     s.stop().await;
 }
 
+/// POSTs `body` to `path`: the status and the JSON answer (null when it is not JSON).
+fn post_json(
+    s: &TestServer,
+    path: &str,
+    body: Value,
+) -> impl std::future::Future<Output = (u16, Value)> + use<> {
+    let c = s.client.clone();
+    let url = s.url(path);
+    async move {
+        let r = c.post(url).json(&body).send().await.expect("send");
+        (
+            r.status().as_u16(),
+            r.json::<Value>().await.unwrap_or(Value::Null),
+        )
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokenize_and_detokenize_in_both_shapes() {
     let m = model();
     let s = server(&m).await;
-    let post = |path: &'static str, body: Value| {
-        let c = s.client.clone();
-        let url = s.url(path);
-        async move {
-            let r = c.post(url).json(&body).send().await.expect("send");
-            (
-                r.status().as_u16(),
-                r.json::<Value>().await.unwrap_or(Value::Null),
-            )
-        }
-    };
+    let post = |path: &'static str, body: Value| post_json(&s, path, body);
     let (code, v) = post("/tokenize", json!({"prompt": "abc"})).await;
     assert_eq!(code, 200, "{v}");
     let ids: Vec<u64> = v["tokens"]
@@ -964,17 +971,7 @@ async fn tokenize_and_detokenize_in_both_shapes() {
 async fn render_answers_the_token_ids_a_request_would_compute() {
     let m = model();
     let s = server(&m).await;
-    let post = |path: &'static str, body: Value| {
-        let c = s.client.clone();
-        let url = s.url(path);
-        async move {
-            let r = c.post(url).json(&body).send().await.expect("send");
-            (
-                r.status().as_u16(),
-                r.json::<Value>().await.unwrap_or(Value::Null),
-            )
-        }
-    };
+    let post = |path: &'static str, body: Value| post_json(&s, path, body);
     let ids = |v: &Value| -> Vec<u64> {
         v.as_array()
             .map(|a| a.iter().filter_map(Value::as_u64).collect())
