@@ -986,3 +986,175 @@ fn windowed_kv_bytes_stay_bounded_for_a_long_sequence() {
     assert_eq!(held(240) - global(240), held(120) - global(120));
     assert!(held(240) < kv_bytes_per_sequence(&cfg, bs, 240, false));
 }
+
+/// Several sequences through `b` in the same steps, each with its own window-pool table, as
+/// the scheduler batches them: sequence `i` joins at step `joins[i]`, runs chunks of `chunk`
+/// tokens until `prompt` positions, then one token a step (its own next token, so the rows
+/// are a prefill and teacher-forced decodes). Before each step every window-pool block no
+/// sequence of the step holds is filled with NaN, and each table's given-back entries name
+/// one of those blocks. Returns each sequence's logits, every row.
+fn windowed_batch_logits(
+    b: &mut GpuBackend<EmuGpu>,
+    pools: &mut KvPools,
+    seqs: &[Vec<u32>],
+    joins: &[usize],
+    prompt: usize,
+    chunk: usize,
+) -> Vec<Vec<f32>> {
+    let window_blocks = b.windowed_kv().map_or(0, |w| w.blocks);
+    let vocab = b.config().vocab;
+    let mut kv: Vec<SeqKv> = seqs.iter().map(|_| SeqKv::default()).collect();
+    let mut at = vec![0usize; seqs.len()];
+    let mut out = vec![Vec::new(); seqs.len()];
+    let mut step = 0;
+    while at.iter().zip(seqs).any(|(a, s)| *a < s.len()) {
+        let active: Vec<usize> = (0..seqs.len())
+            .filter(|&i| joins[i] <= step && at[i] < seqs[i].len())
+            .collect();
+        let mut ends = Vec::new();
+        for &i in &active {
+            let n = if at[i] < prompt { chunk } else { 1 };
+            let end = (at[i] + n).min(seqs[i].len());
+            pools.reserve(&mut kv[i], end).expect("full pool");
+            pools
+                .reserve_window(&mut kv[i], at[i], end)
+                .expect("window pool");
+            ends.push(end);
+        }
+        let held: Vec<u32> = active
+            .iter()
+            .flat_map(|&i| kv[i].window.table.iter().copied())
+            .collect();
+        let free: Vec<u32> = (0..u32::try_from(window_blocks).expect("blocks"))
+            .filter(|b| !held.contains(b))
+            .collect();
+        b.poison_window_blocks(&free).expect("poison");
+        let nan = *free.first().expect("a block no sequence holds");
+        let tables: Vec<Vec<u32>> = active
+            .iter()
+            .map(|&i| {
+                let t = kv[i].window.table.iter();
+                t.map(|&e| if e == RELEASED { nan } else { e }).collect()
+            })
+            .collect();
+        let mut logits = Vec::new();
+        {
+            let windows: Vec<&[u32]> = tables.iter().map(Vec::as_slice).collect();
+            let chunks: Vec<SeqChunk<'_>> = active
+                .iter()
+                .zip(&ends)
+                .map(|(&i, &end)| SeqChunk {
+                    tokens: &seqs[i][at[i]..end],
+                    start_pos: at[i],
+                    blocks: &kv[i].full.table,
+                    all_logits: true,
+                    no_logits: false,
+                })
+                .collect();
+            b.forward_windowed(&chunks, &windows, &mut logits)
+                .expect("batched windowed step");
+        }
+        let mut off = 0;
+        for (&i, &end) in active.iter().zip(&ends) {
+            let rows = (end - at[i]) * vocab;
+            out[i].extend_from_slice(&logits[off..off + rows]);
+            off += rows;
+            at[i] = end;
+            pools.register_full(&mut kv[i], &seqs[i], end);
+            pools.slide(&mut kv[i], end);
+        }
+        assert_eq!(off, logits.len(), "one row of logits per token");
+        step += 1;
+    }
+    for s in &mut kv {
+        pools.release(s);
+    }
+    out
+}
+
+/// Batched steps with the window pool: three sequences of the tiny Gemma 3 (8-position
+/// window), joining at different steps so that one prefills while others decode, each with
+/// its own window-pool table in one shared pool, every block none of them holds NaN. Each
+/// sequence's logits equal its own run alone bit for bit on the matvec path and with decodes
+/// replayed from graphs, and the CPU's within the family's tolerance on every path (GEMM
+/// included, whose rows depend on the batch).
+#[test]
+fn windowed_kv_in_batched_steps_matches_each_sequence_alone() {
+    if skip() {
+        return;
+    }
+    let model = Model::load(&support::fixtures().join("tiny").join("gemma3.F32.gguf"))
+        .expect("tiny gemma3");
+    let (cfg, w) = (model.config.clone(), Arc::clone(&model.weights));
+    let window = 8;
+    let (bs, full_blocks, window_blocks) = (4, 96, 18);
+    let seqs = vec![
+        tokens(64, cfg.vocab),
+        tokens(80, cfg.vocab)[5..].to_vec(),
+        tokens(40, cfg.vocab)[2..].to_vec(),
+    ];
+    let joins = [0, 3, 9];
+    let (prompt, chunk) = (12, 5);
+    let cpu: Vec<Vec<f32>> = seqs
+        .iter()
+        .map(|s| support::all_logits(&mut cpu_backend(&cfg, &w, s.len()), s))
+        .collect();
+    let gemm_opts = CudaOptions {
+        gemm_min_rows: 4,
+        ..CudaOptions::default()
+    };
+    let graphs = CudaOptions {
+        graphs: true,
+        ..matvec_only()
+    };
+    for (path, opts, gemm) in [
+        ("matvec", matvec_only(), false),
+        ("GEMM", gemm_opts, true),
+        ("graphs", graphs, false),
+    ] {
+        let mut b = GpuBackend::with_layout(
+            EmuGpu::new(gemm),
+            cfg.clone(),
+            &w,
+            bs,
+            full_blocks,
+            Some(window_blocks),
+            opts.clone(),
+            "emu".into(),
+        )
+        .expect("emulated backend");
+        let mut pools = KvPools::windowed(full_blocks, bs, window, window_blocks);
+        let batched = windowed_batch_logits(&mut b, &mut pools, &seqs, &joins, prompt, chunk);
+        for (i, s) in seqs.iter().enumerate() {
+            let got = &batched[i];
+            assert_eq!(got.len(), s.len() * cfg.vocab);
+            assert!(
+                got.iter().all(|v| v.is_finite()),
+                "{path}: sequence {i} read a block it does not hold"
+            );
+            let d = max_diff(got, &cpu[i]);
+            eprintln!(
+                "{path}: batched windowed sequence {i}, worst difference from the CPU {d:.2e}"
+            );
+            assert!(
+                d <= family_tolerance(GEMM_TOLERANCE, &cpu[i]),
+                "{path} {i}: {d}"
+            );
+            if !gemm {
+                let mut pools = KvPools::windowed(full_blocks, bs, window, window_blocks);
+                let (alone, _) =
+                    windowed_logits(&mut b, &mut pools, s, &[chunk, chunk, chunk, 1], true);
+                assert!(
+                    alone
+                        .iter()
+                        .zip(got)
+                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{path}: sequence {i} batched differs from alone"
+                );
+            }
+        }
+        if opts.graphs {
+            assert!(b.gpu().replays > 0, "no batched step replayed");
+        }
+    }
+}
