@@ -604,6 +604,41 @@ fn exporter_wanted(var: &str) -> bool {
         && !env_true("OTEL_SDK_DISABLED")
 }
 
+/// One signal's OTLP exporter (`$builder`: its `Exporter::builder()`) over `$protocol` to
+/// `$endpoint` (else the collector's default port; over HTTP, `/v1/$path` appended), with an
+/// export timeout; a build failure names the transport and endpoint. A macro because each
+/// signal's builder is its own type.
+macro_rules! otlp_exporter {
+    ($builder:expr, $protocol:expr, $endpoint:expr, $path:literal, $timeout:expr) => {{
+        let (built, transport, endpoint) = match $protocol {
+            OtlpProtocol::Grpc => {
+                let endpoint = $endpoint.unwrap_or("http://127.0.0.1:4317").to_string();
+                let e = $builder
+                    .with_tonic()
+                    .with_endpoint(endpoint.clone())
+                    .with_timeout($timeout)
+                    .build();
+                (e, "gRPC", endpoint)
+            }
+            OtlpProtocol::HttpProtobuf => {
+                let endpoint = http_url($endpoint.unwrap_or("http://127.0.0.1:4318"), $path);
+                let e = $builder
+                    .with_http()
+                    .with_protocol(Protocol::HttpBinary)
+                    .with_endpoint(endpoint.clone())
+                    .with_timeout($timeout)
+                    .build();
+                (e, "HTTP", endpoint)
+            }
+        };
+        built.map_err(|source| TelemetryError::Exporter {
+            transport,
+            endpoint,
+            source,
+        })
+    }};
+}
+
 /// Adds the OTLP logs pipeline of the per-turn records when `OTEL_LOGS_EXPORTER` names `otlp`
 /// (unset or `none`: the records stay log lines). The protocol and endpoint are the flags',
 /// else `OTEL_EXPORTER_OTLP_LOGS_*`, else `OTEL_EXPORTER_OTLP_*`.
@@ -630,32 +665,13 @@ pub fn otlp_logs(
     endpoint: Option<&str>,
     instance_id: &str,
 ) -> Result<SdkLoggerProvider, TelemetryError> {
-    let (exporter, transport, endpoint) = match protocol {
-        OtlpProtocol::Grpc => {
-            let endpoint = endpoint.unwrap_or("http://127.0.0.1:4317").to_string();
-            let e = opentelemetry_otlp::LogExporter::builder()
-                .with_tonic()
-                .with_endpoint(endpoint.clone())
-                .with_timeout(export_timeout())
-                .build();
-            (e, "gRPC", endpoint)
-        }
-        OtlpProtocol::HttpProtobuf => {
-            let endpoint = http_url(endpoint.unwrap_or("http://127.0.0.1:4318"), "logs");
-            let e = opentelemetry_otlp::LogExporter::builder()
-                .with_http()
-                .with_protocol(Protocol::HttpBinary)
-                .with_endpoint(endpoint.clone())
-                .with_timeout(export_timeout())
-                .build();
-            (e, "HTTP", endpoint)
-        }
-    };
-    let exporter = exporter.map_err(|source| TelemetryError::Exporter {
-        transport,
+    let exporter = otlp_exporter!(
+        opentelemetry_otlp::LogExporter::builder(),
+        protocol,
         endpoint,
-        source,
-    })?;
+        "logs",
+        export_timeout()
+    )?;
     Ok(SdkLoggerProvider::builder()
         .with_batch_exporter(exporter)
         .with_resource(resource(instance_id))
@@ -689,32 +705,13 @@ pub fn otlp_metrics(
     endpoint: Option<&str>,
     instance_id: &str,
 ) -> Result<SdkMeterProvider, TelemetryError> {
-    let (exporter, transport, endpoint) = match protocol {
-        OtlpProtocol::Grpc => {
-            let endpoint = endpoint.unwrap_or("http://127.0.0.1:4317").to_string();
-            let e = opentelemetry_otlp::MetricExporter::builder()
-                .with_tonic()
-                .with_endpoint(endpoint.clone())
-                .with_timeout(Duration::from_secs(2))
-                .build();
-            (e, "gRPC", endpoint)
-        }
-        OtlpProtocol::HttpProtobuf => {
-            let endpoint = http_url(endpoint.unwrap_or("http://127.0.0.1:4318"), "metrics");
-            let e = opentelemetry_otlp::MetricExporter::builder()
-                .with_http()
-                .with_protocol(Protocol::HttpBinary)
-                .with_endpoint(endpoint.clone())
-                .with_timeout(Duration::from_secs(2))
-                .build();
-            (e, "HTTP", endpoint)
-        }
-    };
-    let exporter = exporter.map_err(|source| TelemetryError::Exporter {
-        transport,
+    let exporter = otlp_exporter!(
+        opentelemetry_otlp::MetricExporter::builder(),
+        protocol,
         endpoint,
-        source,
-    })?;
+        "metrics",
+        Duration::from_secs(2)
+    )?;
     Ok(SdkMeterProvider::builder()
         .with_reader(PeriodicReader::builder(exporter).build())
         .with_resource(resource(instance_id))
