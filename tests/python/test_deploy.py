@@ -22,7 +22,6 @@ no span name, attribute key or metric name of its own.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -33,169 +32,44 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-DEPLOY = REPO / "deploy"
-CONTRACT_MD = REPO / "otel" / "CONTRACT.md"
-COMPOSE = DEPLOY / "compose.yaml"
-COLLECTOR = DEPLOY / "otel-collector.yaml"
-PROMETHEUS = DEPLOY / "prometheus" / "prometheus.yml"
-ALERTS = DEPLOY / "prometheus" / "alerts.yml"
-ALERT_TESTS = DEPLOY / "prometheus" / "alerts.test.yml"
-DASHBOARDS = DEPLOY / "grafana" / "dashboards"
-PROVISIONING = DEPLOY / "grafana" / "provisioning"
-K8S = DEPLOY / "k8s"
-
-REQUIRE_TOOLS = os.environ.get("SLOTLIGHT_REQUIRE_TOOLS") == "1"
-
-
-def missing(what: str):
-    """A tool or build product is missing: fail under SLOTLIGHT_REQUIRE_TOOLS=1, else skip."""
-    if REQUIRE_TOOLS:
-        pytest.fail(f"{what} (SLOTLIGHT_REQUIRE_TOOLS=1)")
-    pytest.skip(what)
-
-
-# --- the contract --------------------------------------------------------------------------
-
-
-def _contract():
-    tables: dict[str, dict[str, str]] = {}
-    values: dict[str, str] = {}
-    labels: set[str] = set()
-    section = None
-    row = re.compile(r"^\|\s*`([^`]+)`\s*\|.*\|\s*`([A-Z0-9_]+)`\s*\|\s*$")
-    value_row = re.compile(r"^\|\s*`([^`]+)`\s*\|\s*(.+?)\s*\|\s*$")
-    for line in CONTRACT_MD.read_text().splitlines():
-        if line.startswith("## "):
-            section = line[3:].strip()
-            continue
-        if section == "Metric labels" and (m := re.match(r"^-\s*`([^`]+)`", line)):
-            labels.add(m.group(1))
-            continue
-        if section == "Attribute values" and (m := value_row.match(line)):
-            values[m.group(2)] = m.group(1)
-            continue
-        if section and (m := row.match(line)):
-            tables.setdefault(section, {})[m.group(2)] = m.group(1)
-    return tables, values, labels
-
-
-_TABLES, _VALUES, METRIC_LABELS = _contract()
-SPAN = _TABLES["Spans"]
-ATTR = _TABLES["Attributes"]
-METRIC = _TABLES["Metrics"]
-ENGINE_METRIC = _TABLES["Engine metrics"]
-
-
-def _value(meaning: str) -> str:
-    return next(v for k, v in _VALUES.items() if meaning in k)
-
-
-ENGINE_SERVICE = _value("`service.name`")
-PROVIDER = _value("`gen_ai.provider.name`")
-OP_CHAT = _value("chat completions")
-OP_TEXT = _value("text completions")
-PATH_SOLO = _value("solo path")
-PATH_SLOT = _value("a batch slot")
-
-
-def is_contract_span_name(name: str) -> bool:
-    """A contract span name, or a request span `{operation} {model}`."""
-    return name in SPAN.values() or any(name.startswith(f"{op} ") for op in (OP_CHAT, OP_TEXT))
-
-
-# --- files ---------------------------------------------------------------------------------
-
-
-def yaml_docs(path: Path) -> list:
-    with path.open() as f:
-        return [d for d in yaml.safe_load_all(f) if d is not None]
-
-
-def yaml_one(path: Path):
-    docs = yaml_docs(path)
-    assert len(docs) == 1, f"{path}: expected one document, got {len(docs)}"
-    return docs[0]
-
-
-def deploy_files(*suffixes: str) -> list[Path]:
-    return sorted(p for p in DEPLOY.rglob("*") if p.is_file() and p.name.endswith(suffixes))
-
-
-def k8s_objects() -> list[tuple[Path, dict]]:
-    """Every Kubernetes object under deploy/k8s (kustomizations and patches included)."""
-    out = []
-    for p in sorted(K8S.rglob("*.yaml")):
-        out.extend((p, d) for d in yaml_docs(p))
-    return out
-
-
-def k8s_resources() -> list[tuple[Path, dict]]:
-    """Objects listed by the kustomizations' `resources` (not patches, not kustomizations)."""
-    out, seen = [], set()
-
-    def walk(d: Path):
-        kust = yaml_one(d / "kustomization.yaml")
-        for r in kust.get("resources", []):
-            p = (d / r).resolve()
-            if p.is_dir():
-                walk(p)
-            elif p not in seen:
-                seen.add(p)
-                out.extend((p, o) for o in yaml_docs(p))
-
-    walk(K8S)
-    return out
-
-
-def compose() -> dict:
-    return yaml_one(COMPOSE)
-
-
-def compose_args(svc: dict) -> list[str]:
-    cmd = svc.get("command", [])
-    return cmd.split() if isinstance(cmd, str) else [str(c) for c in cmd]
-
-
-def flag_value(args: list[str], flag: str) -> str | None:
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
-def flags(args: list[str]) -> set[str]:
-    return {a.split("=", 1)[0] for a in args if a.startswith("--")}
-
-
-# --- binaries ------------------------------------------------------------------------------
-
-
-def binary(name: str, env: str) -> Path | None:
-    """$env, else the cargo target directory's debug build, else target/debug."""
-    if os.environ.get(env):
-        return Path(os.environ[env])
-    candidates = []
-    if os.environ.get("CARGO_TARGET_DIR"):
-        candidates.append(Path(os.environ["CARGO_TARGET_DIR"]) / "debug" / name)
-    candidates.append(REPO / "target" / "debug" / name)
-    return next((c for c in candidates if c.exists()), None)
-
-
-def sidecar_bin() -> Path:
-    b = binary("slotlight-sidecar", "SLOTLIGHT_SIDECAR_BIN")
-    if b is None:
-        missing("slotlight-sidecar is not built: run `cargo build -p slotlight-sidecar` or set SLOTLIGHT_SIDECAR_BIN")
-    return b
-
-
-def help_flags(*cmd: str) -> set[str]:
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
-    found = set(re.findall(r"(--[a-z0-9][a-z0-9-]*)", out))
-    assert found, f"`{' '.join(cmd)}` printed no flags (a stale build? rebuild the workspace)"
-    return found
+from deploy_support import (
+    ALERTS,
+    ALERT_TESTS,
+    ATTR,
+    COLLECTOR,
+    COMPOSE,
+    DASHBOARDS,
+    DEPLOY,
+    ENGINE_METRIC,
+    ENGINE_SERVICE,
+    K8S,
+    METRIC,
+    METRIC_LABELS,
+    OP_CHAT,
+    PATH_SLOT,
+    PATH_SOLO,
+    PROMETHEUS,
+    PROVIDER,
+    PROVISIONING,
+    REPO,
+    SPAN,
+    binary,
+    compose,
+    compose_args,
+    containers,
+    deploy_files,
+    flag_value,
+    flags,
+    help_flags,
+    is_contract_span_name,
+    k8s_objects,
+    k8s_resources,
+    missing,
+    pod_spec,
+    sidecar_bin,
+    yaml_docs,
+    yaml_one,
+)
 
 
 # --- PromQL --------------------------------------------------------------------------------
@@ -701,11 +575,11 @@ def test_k8s_pod_monitor_scrapes_engine_and_sidecar_ports():
     monitors = [d for r in kust["resources"] for d in yaml_docs(mon / r) if d.get("kind") == "PodMonitor"]
     assert len(monitors) == 1
     pm = monitors[0]
-    pods = [o for _, o in k8s_resources() if _pod_spec(o)]
+    pods = [o for _, o in k8s_resources() if pod_spec(o)]
     sel = pm["spec"]["selector"]["matchLabels"]
     match = [o for o in pods if sel.items() <= o["spec"]["template"]["metadata"]["labels"].items()]
     assert len(match) == 1, "the PodMonitor selects the engine pod"
-    ports = {p["name"]: c["name"] for c in _containers(match[0]) for p in c.get("ports", []) if "name" in p}
+    ports = {p["name"]: c["name"] for c in containers(match[0]) for p in c.get("ports", []) if "name" in p}
     scraped = {ports.get(e["port"]) for e in pm["spec"]["podMetricsEndpoints"]}
     assert scraped == {"engine", "sidecar"}, (scraped, ports)
     assert all(e["path"] == "/metrics" for e in pm["spec"]["podMetricsEndpoints"])
@@ -1075,7 +949,7 @@ def test_deployed_sidecar_flags_exist():
     real = help_flags(str(sidecar_bin()), "--help")
     used = {"compose": flags(compose_args(compose()["services"]["sidecar"]))}
     for path, obj in k8s_objects():
-        for c in _containers(obj):
+        for c in containers(obj):
             if c["name"] == "sidecar" or "sidecar" in str(c.get("image", "")):
                 used[f"{path.relative_to(REPO)}: {c['name']}"] = flags([str(a) for a in c.get("args", [])])
     used["Dockerfile.sidecar"] = flags(_dockerfile_cmd(DEPLOY / "Dockerfile.sidecar"))
@@ -1097,7 +971,7 @@ def test_deployed_engine_flags_exist():
         if "Dockerfile.engine" in str((s.get("build") or {}).get("dockerfile")):
             used[f"compose {n}"] = compose_args(s)
     for path, obj in k8s_objects():
-        for c in _containers(obj):
+        for c in containers(obj):
             if (c["name"] == "engine" or "engine" in str(c.get("image", ""))) and c.get("args"):
                 used[f"{path.relative_to(REPO)}: {c['name']}"] = [str(a) for a in c["args"]]
     used["Dockerfile.engine"] = _dockerfile_cmd(DEPLOY / "Dockerfile.engine")
@@ -1153,17 +1027,6 @@ def test_dockerfiles_build_the_workspace_binaries():
 
 
 # --- tests: Kubernetes ---------------------------------------------------------------------
-
-
-def _pod_spec(obj: dict) -> dict | None:
-    if obj.get("kind") in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
-        return (obj.get("spec", {}).get("template") or {}).get("spec")
-    return None
-
-
-def _containers(obj: dict) -> list[dict]:
-    spec = _pod_spec(obj) or {}
-    return [*spec.get("initContainers", []), *spec.get("containers", [])]
 
 
 def test_kustomizations_reference_files_that_exist():
@@ -1224,12 +1087,12 @@ def test_k8s_objects_are_consistent():
     for o in objs:
         by_kind.setdefault(o["kind"], {})[o["metadata"]["name"]] = o
     assert {"Deployment", "Service", "ConfigMap", "PersistentVolumeClaim"} <= set(by_kind)
-    pods = [o for o in objs if _pod_spec(o)]
+    pods = [o for o in objs if pod_spec(o)]
     for o in pods:
-        for c in _containers(o):
+        for c in containers(o):
             req = (c.get("resources") or {}).get("requests") or {}
             assert {"cpu", "memory"} <= set(req), f"{o['metadata']['name']}/{c['name']}: resource requests"
-        for v in _pod_spec(o).get("volumes", []):
+        for v in pod_spec(o).get("volumes", []):
             if "configMap" in v:
                 assert v["configMap"]["name"] in by_kind.get("ConfigMap", {}), v
         sel = o["spec"]["selector"]["matchLabels"]
@@ -1239,7 +1102,7 @@ def test_k8s_objects_are_consistent():
         sel = svc["spec"]["selector"]
         match = [o for o in pods if sel.items() <= o["spec"]["template"]["metadata"]["labels"].items()]
         assert match, f"Service {name} selects no pod"
-        ports = {p.get("name"): p["containerPort"] for o in match for c in _containers(o) for p in c.get("ports", [])}
+        ports = {p.get("name"): p["containerPort"] for o in match for c in containers(o) for p in c.get("ports", [])}
         for p in svc["spec"]["ports"]:
             t = p.get("targetPort", p["port"])
             assert t in ports or t in ports.values(), f"Service {name}: targetPort {t} not in {ports}"
@@ -1254,7 +1117,7 @@ def test_k8s_objects_are_consistent():
             if d.get("kind") != "Deployment":
                 continue
             base = by_kind["Deployment"][d["metadata"]["name"]]
-            names = {c["name"] for c in _containers(base)}
+            names = {c["name"] for c in containers(base)}
             for c in d["spec"]["template"]["spec"]["containers"]:
                 assert c["name"] in names, c["name"]
                 assert "nvidia.com/gpu" in c["resources"]["limits"]

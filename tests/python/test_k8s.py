@@ -23,23 +23,23 @@ import subprocess
 import pytest
 import yaml
 
-from kustomize import render
-from test_deploy import (
+from deploy_support import (
     K8S,
     REPO,
-    _TABLES,
-    _containers,
-    _pod_spec,
+    TABLES,
+    containers,
+    pod_spec,
     binary,
     flag_value,
     flags,
     help_flags,
     missing,
 )
+from kustomize import render
 
 KUBERNETES_VERSION = "1.33.0"
 GATEWAY = K8S / "inference-gateway"
-VLLM_METRIC = _TABLES["vLLM-compatible metrics"]
+VLLM_METRIC = TABLES["vLLM-compatible metrics"]
 # The objects whose schema the Kubernetes API does not ship (custom resources), by kind; any
 # other kind without a schema fails the strict validation (SchemaNotFoundError).
 CUSTOM_KINDS = {"InferencePool", "Gateway", "HTTPRoute", "ScaledObject", "PodMonitor"}
@@ -102,7 +102,7 @@ def _engine(gateway) -> dict:
 
 
 def _engine_container(gateway) -> dict:
-    return next(c for c in _containers(_engine(gateway)) if c["name"] == "engine")
+    return next(c for c in containers(_engine(gateway)) if c["name"] == "engine")
 
 
 def test_the_pool_selects_the_engine_pods_on_their_api_port(gateway):
@@ -112,7 +112,7 @@ def test_the_pool_selects_the_engine_pods_on_their_api_port(gateway):
     assert set(spec) <= {"selector", "targetPorts", "appProtocol", "endpointPickerRef"}
     assert {"selector", "targetPorts", "endpointPickerRef"} <= set(spec), "required fields"
     sel = spec["selector"]["matchLabels"]
-    pods = [o for o in gateway.values() if _pod_spec(o)
+    pods = [o for o in gateway.values() if pod_spec(o)
             and sel.items() <= o["spec"]["template"]["metadata"]["labels"].items()]
     assert [key(p) for p in pods] == [("Deployment", "slotlight-engine")]
     assert _engine(gateway)["spec"]["replicas"] >= 2, "several replicas behind one pool"
@@ -155,7 +155,7 @@ def test_the_route_sends_the_api_to_the_pool_through_a_gateway(gateway):
 
 def _picker(gateway) -> tuple[dict, list[str], dict]:
     dep = gateway[("Deployment", "slotlight-epp")]
-    epp = next(c for c in _containers(dep) if c["name"] == "epp")
+    epp = next(c for c in containers(dep) if c["name"] == "epp")
     args = [str(a) for a in epp["args"]]
     cm = gateway[("ConfigMap", "slotlight-epp")]
     path = flag_value(args, "--config-file")
@@ -260,7 +260,7 @@ def test_the_precise_scorer_tokenizes_with_the_engines_exported_tokenizer(gatewa
     path = pool["local"]["modelTokenizerMap"][pool["modelName"]]
     assert path.endswith("/tokenizer.json")
     dep = gateway[("Deployment", "slotlight-epp")]
-    spec = _pod_spec(dep)
+    spec = pod_spec(dep)
     epp = next(c for c in spec["containers"] if c["name"] == "epp")
     mount = next(m for m in epp["volumeMounts"] if path.startswith(m["mountPath"] + "/"))
     vol = next(v for v in spec["volumes"] if v["name"] == mount["name"])
@@ -282,7 +282,7 @@ def test_the_precise_scorer_tokenizes_with_the_engines_exported_tokenizer(gatewa
 
 def test_every_replica_fetches_its_own_model(gateway):
     assert ("PersistentVolumeClaim", "slotlight-models") not in gateway
-    vols = {v["name"]: v for v in _pod_spec(_engine(gateway))["volumes"]}
+    vols = {v["name"]: v for v in pod_spec(_engine(gateway))["volumes"]}
     assert "emptyDir" in vols["models"] and "persistentVolumeClaim" not in vols["models"]
 
 

@@ -28,7 +28,7 @@ import subprocess
 
 import pytest
 
-from test_deploy import ATTR, DEPLOY, REPO, missing, yaml_one
+from deploy_support import ATTR, DEPLOY, REPO, missing, yaml_one
 
 RECIPES = DEPLOY / "observability"
 DOC = REPO / "docs" / "observability.md"
