@@ -6,6 +6,7 @@ directory's debug builds. Every process is stopped by its own PID when the test 
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -64,6 +66,28 @@ def http_json(method: str, url: str, body=None, headers=None, timeout=60):
         return e.code, json.loads(e.read() or b"null")
 
 
+def stop_process(proc: subprocess.Popen, timeout: float = 30):
+    """Ends a process this test started: SIGTERM, then SIGKILL after `timeout` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def post_stream(base: str, body: dict, path: str = "/v1/chat/completions"):
+    """POSTs `body` to `base + path` for a stream: the open connection (the caller closes it)
+    and its response, checked to be 200."""
+    u = urllib.parse.urlsplit(base)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+    conn.request("POST", path, json.dumps(body), {"content-type": "application/json"})
+    r = conn.getresponse()
+    assert r.status == 200, r.read()
+    return conn, r
+
+
 class EngineProcess:
     """`slotlight-engine serve` on a free loopback port."""
 
@@ -109,13 +133,7 @@ class EngineProcess:
         return http_json("POST", self.base + path, body, {**self.auth, **(headers or {})})
 
     def close(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 def pinned_sidecar(grpc: str, *extra: str) -> SidecarProcess:

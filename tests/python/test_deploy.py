@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from procs import stop_process
 from deploy_support import (
     ALERTS,
     ALERT_TESTS,
@@ -243,13 +244,7 @@ class Sidecar:
         self.grpc, self.views = addr["otlp_grpc"], addr["views"]
 
     def close(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, timeout=10)
         self.err.close()
 
     def metrics(self, openmetrics: bool = False) -> str:

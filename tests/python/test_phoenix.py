@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from procs import EngineProcess, SidecarProcess, require_model
+from procs import EngineProcess, SidecarProcess, require_model, stop_process
 from sidecar_support import ATTR, SPAN
 
 REQUIRE_TOOLS = os.environ.get("SLOTLIGHT_REQUIRE_TOOLS") == "1"
@@ -135,13 +135,7 @@ class Phoenix:
                 return out
 
     def close(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self._log.close()
 
 

@@ -5,13 +5,11 @@ chunk is sent; a non-boolean `return_progress` is a 400 in the API's error forma
 
 from __future__ import annotations
 
-import http.client
 import json
-import urllib.parse
 
 import pytest
 
-from procs import EngineProcess, require_model
+from procs import EngineProcess, post_stream, require_model
 
 CHUNK = 32
 
@@ -25,12 +23,8 @@ def chunked_engine():
 
 
 def _stream(base: str, body: dict) -> list[dict]:
-    u = urllib.parse.urlsplit(base)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+    conn, r = post_stream(base, body)
     try:
-        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
-        r = conn.getresponse()
-        assert r.status == 200, r.read()
         chunks = []
         for line in r.read().decode().splitlines():
             if line.startswith("data: ") and line != "data: [DONE]":
@@ -80,17 +74,9 @@ def test_without_the_flag_no_progress_chunk_is_sent(chunked_engine):
 
 
 def test_a_non_boolean_return_progress_is_a_400(chunked_engine):
-    u = urllib.parse.urlsplit(chunked_engine.base)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
-    try:
-        conn.request("POST", "/v1/chat/completions", json.dumps(_body(3, return_progress="yes")),
-                     {"content-type": "application/json"})
-        r = conn.getresponse()
-        body = json.loads(r.read())
-        assert r.status == 400, body
-        assert body["error"]["message"], body
-    finally:
-        conn.close()
+    status, body = chunked_engine.post("/v1/chat/completions", _body(3, return_progress="yes"))
+    assert status == 400, body
+    assert body["error"]["message"], body
 
 
 def test_the_openai_client_reads_a_stream_with_progress(chunked_engine):

@@ -5,14 +5,12 @@ it), in the engine's metrics and in the sidecar's turn record (the rule is in do
 
 from __future__ import annotations
 
-import http.client
 import json
 import time
-import urllib.parse
 
 from metrics_text import Samples, scrape
 from otlp_receiver import OtlpReceiver, attrs
-from procs import EngineProcess, SidecarProcess, require_model
+from procs import EngineProcess, SidecarProcess, post_stream, require_model
 from sidecar_support import ATTR, ENGINE_METRIC, METRIC
 
 FINISHED = ENGINE_METRIC["REQUESTS_FINISHED"]
@@ -24,12 +22,8 @@ TRIES = 4
 def _leave_after_first_finish(base: str, body: dict) -> tuple[str, list[tuple[int, str]]]:
     """Streams `body` and closes the connection as soon as one choice's finish_reason arrives:
     (the response id, the (index, finish_reason) pairs seen before leaving)."""
-    u = urllib.parse.urlsplit(base)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+    conn, r = post_stream(base, body)
     try:
-        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
-        r = conn.getresponse()
-        assert r.status == 200, r.read()
         rid, finished = None, []
         while not finished:
             line = r.fp.readline()
