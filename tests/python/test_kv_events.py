@@ -1,6 +1,8 @@
 """KV-cache events, proven by a mirror: a subscriber rebuilds each replica's prefix cache from
 the events alone (through eviction, a preemption, a lost batch replayed and an engine restart)
-and predicts, for every new prompt, the `cached_tokens` the engine then reports."""
+and predicts, for every new prompt, the `cached_tokens` the engine then reports; the same
+prediction comes out of a router-style index that keys blocks by its own hash of the events'
+tokens (as llm-d's indexer does) and never computes the engine's."""
 
 from __future__ import annotations
 
@@ -31,15 +33,29 @@ def chain_hash(parent: int, tokens: list[int]) -> int:
     return int.from_bytes(h.digest()[24:], "big")
 
 
+def router_key(parent: bytes, tokens: list[int]) -> bytes:
+    """A key of the router's own, unrelated to the engine's hash (as llm-d's indexer computes
+    its own keys from the events' tokens): BLAKE2b of the parent key and the tokens."""
+    return hashlib.blake2b(parent + b"".join(t.to_bytes(4, "little") for t in tokens), digest_size=16).digest()
+
+
 class Replica:
-    """One replica's mirrored cache: the block hashes its events say it holds."""
+    """One replica's mirrored cache, kept twice from the same events: by the engine's block
+    hashes, and as a router that never computes the engine's hash keeps it (llm-d's indexer:
+    its own key for each block from the event's tokens, chained through the key it mapped the
+    parent's engine hash to; a block whose parent it does not know is dropped)."""
 
     def __init__(self, replay: str):
         self.replay = replay
-        self.blocks: set[int] = set()
         self.last = -1
         self.cleared = 0
         self.replayed = 0
+        self.reset()
+
+    def reset(self):
+        self.blocks: set[int] = set()
+        self.router_of: dict[int, bytes] = {}
+        self.router_keys: set[bytes] = set()
 
     def apply(self, seq: int, payload: bytes):
         ts, events, rank = msgpack.unpackb(payload)
@@ -56,23 +72,40 @@ class Replica:
                     assert h == chain_hash(p, tokens[i * BLOCK:(i + 1) * BLOCK])
                     p = h
                 self.blocks.update(hashes)
+                # The router's view: every parent it is told of, it was told of before.
+                assert parent is None or parent in self.router_of, "a BlockStored whose parent is unknown"
+                key = b"" if parent is None else self.router_of[parent]
+                for i, h in enumerate(hashes):
+                    key = router_key(key, tokens[i * BLOCK:(i + 1) * BLOCK])
+                    self.router_of[h] = key
+                    self.router_keys.add(key)
             elif kind == "BlockRemoved":
                 _, hashes, medium = ev
                 self.blocks.difference_update(hashes)
+                for h in hashes:
+                    self.router_keys.discard(self.router_of.pop(h))
             else:
                 assert ev == ["AllBlocksCleared"]
-                self.blocks.clear()
+                self.reset()
                 self.cleared += 1
         self.last = seq
 
     def predict(self, tokens: list[int]) -> int:
-        """The engine's own rule: whole blocks, at least one token left to compute."""
+        """The engine's own rule: whole blocks, at least one token left to compute. The router's
+        view, keyed by its own hash, must predict the same."""
         parent, n = 0, 0
         for i in range((len(tokens) - 1) // BLOCK):
             h = chain_hash(parent, tokens[i * BLOCK:(i + 1) * BLOCK])
             if h not in self.blocks:
                 break
             parent, n = h, n + 1
+        key, m = b"", 0
+        for i in range((len(tokens) - 1) // BLOCK):
+            key = router_key(key, tokens[i * BLOCK:(i + 1) * BLOCK])
+            if key not in self.router_keys:
+                break
+            m += 1
+        assert m == n, f"keyed by the engine's hash: {n} blocks; by the router's own: {m}"
         return n * BLOCK
 
 
@@ -116,7 +149,7 @@ class Mirror:
         if seq <= r.last:
             # The engine restarted: its numbers start again; rebuild from its first batch.
             r.last = -1
-            r.blocks.clear()
+            r.reset()
         if seq != r.last + 1:
             self.replay(topic, r.last + 1)
         if seq == r.last + 1:
@@ -135,7 +168,7 @@ class Mirror:
             # The numbering went back: a restarted engine whose first batches (sent before
             # this subscription reached it) were missed. Rebuild from its replay ring.
             r.last = -1
-            r.blocks.clear()
+            r.reset()
             self.replay(topic, 0)
         while r.last < want:
             if not self.pump(1000) and r.last < want:
