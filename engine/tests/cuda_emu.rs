@@ -777,6 +777,55 @@ fn new_families_mix_matvec_and_gemm_rows_in_one_step() {
     }
 }
 
+/// The tiny Gemma 3 fixture (local layers with an 8-position window): config and weights.
+fn tiny_gemma3() -> (ModelConfig, Arc<LlamaWeights>) {
+    let model = Model::load(&support::fixtures().join("tiny").join("gemma3.F32.gguf"))
+        .expect("tiny gemma3");
+    (model.config.clone(), Arc::clone(&model.weights))
+}
+
+/// The paths the window-pool tests run: matvec only, GEMM rows (on the GEMM-capable
+/// emulator) and decodes replayed from graphs; each with whether the emulator does GEMM.
+fn windowed_paths() -> [(&'static str, CudaOptions, bool); 3] {
+    let gemm = CudaOptions {
+        gemm_min_rows: 4,
+        ..CudaOptions::default()
+    };
+    let graphs = CudaOptions {
+        graphs: true,
+        ..matvec_only()
+    };
+    [
+        ("matvec", matvec_only(), false),
+        ("GEMM", gemm, true),
+        ("graphs", graphs, false),
+    ]
+}
+
+/// An emulated backend of `full_blocks` blocks of `bs` positions and, when given, a window
+/// pool of `window_blocks` for the local layers.
+fn layout_backend(
+    cfg: &ModelConfig,
+    w: &Arc<LlamaWeights>,
+    bs: usize,
+    full_blocks: usize,
+    window_blocks: Option<usize>,
+    opts: &CudaOptions,
+    gemm: bool,
+) -> GpuBackend<EmuGpu> {
+    GpuBackend::with_layout(
+        EmuGpu::new(gemm),
+        cfg.clone(),
+        w,
+        bs,
+        full_blocks,
+        window_blocks,
+        opts.clone(),
+        "emu".into(),
+    )
+    .expect("emulated backend")
+}
+
 /// Runs `seq` through `b` with each chunk's window-pool table kept by the kv_cache's
 /// [`KvPools`], as the scheduler does: chunks of `chunks[i]` tokens (the last one repeated),
 /// every row's logits. With `poison`, before each step every window-pool block the sequence
@@ -846,9 +895,7 @@ fn windowed_kv_matches_the_cpu_past_the_window_and_never_reads_released_blocks()
     if skip() {
         return;
     }
-    let model = Model::load(&support::fixtures().join("tiny").join("gemma3.F32.gguf"))
-        .expect("tiny gemma3");
-    let (cfg, w) = (model.config.clone(), Arc::clone(&model.weights));
+    let (cfg, w) = tiny_gemma3();
     let window = cfg
         .family
         .sliding_window
@@ -859,32 +906,9 @@ fn windowed_kv_matches_the_cpu_past_the_window_and_never_reads_released_blocks()
     let (bs, full_blocks, window_blocks) = (4, 32, 6);
     let seq = tokens(96, cfg.vocab);
     let cpu = support::all_logits(&mut cpu_backend(&cfg, &w, seq.len()), &seq);
-    let gemm_opts = CudaOptions {
-        gemm_min_rows: 4,
-        ..CudaOptions::default()
-    };
-    let graphs = CudaOptions {
-        graphs: true,
-        ..matvec_only()
-    };
-    for (path, opts, gemm) in [
-        ("matvec", matvec_only(), false),
-        ("GEMM", gemm_opts, true),
-        ("graphs", graphs, false),
-    ] {
-        let build = |window_blocks| {
-            GpuBackend::with_layout(
-                EmuGpu::new(gemm),
-                cfg.clone(),
-                &w,
-                bs,
-                full_blocks,
-                window_blocks,
-                opts.clone(),
-                "emu".into(),
-            )
-            .expect("emulated backend")
-        };
+    for (path, opts, gemm) in windowed_paths() {
+        let build =
+            |window_blocks| layout_backend(&cfg, &w, bs, full_blocks, window_blocks, &opts, gemm);
         let mut whole = build(None);
         assert!(whole.windowed_kv().is_none());
         let mut windowed = build(Some(window_blocks));
@@ -929,9 +953,7 @@ fn windowed_kv_bytes_stay_bounded_for_a_long_sequence() {
     if skip() {
         return;
     }
-    let model = Model::load(&support::fixtures().join("tiny").join("gemma3.F32.gguf"))
-        .expect("tiny gemma3");
-    let (cfg, w) = (model.config.clone(), Arc::clone(&model.weights));
+    let (cfg, w) = tiny_gemma3();
     let window = 8;
     let (bs, full_blocks) = (4, 64);
     let window_blocks = window_pool_blocks(
@@ -946,17 +968,15 @@ fn windowed_kv_bytes_stay_bounded_for_a_long_sequence() {
         },
     )
     .expect("a model with local layers");
-    let mut b = GpuBackend::with_layout(
-        EmuGpu::new(false),
-        cfg.clone(),
+    let mut b = layout_backend(
+        &cfg,
         &w,
         bs,
         full_blocks,
         Some(window_blocks),
-        matvec_only(),
-        "emu".into(),
-    )
-    .expect("emulated backend");
+        &matvec_only(),
+        false,
+    );
     let wk = b.windowed_kv().expect("a window pool");
     let locals = (0..cfg.layers)
         .filter(|&l| cfg.family.window(l).is_some())
@@ -1083,9 +1103,7 @@ fn windowed_kv_in_batched_steps_matches_each_sequence_alone() {
     if skip() {
         return;
     }
-    let model = Model::load(&support::fixtures().join("tiny").join("gemma3.F32.gguf"))
-        .expect("tiny gemma3");
-    let (cfg, w) = (model.config.clone(), Arc::clone(&model.weights));
+    let (cfg, w) = tiny_gemma3();
     let window = 8;
     let (bs, full_blocks, window_blocks) = (4, 96, 18);
     let seqs = vec![
@@ -1099,30 +1117,8 @@ fn windowed_kv_in_batched_steps_matches_each_sequence_alone() {
         .iter()
         .map(|s| support::all_logits(&mut cpu_backend(&cfg, &w, s.len()), s))
         .collect();
-    let gemm_opts = CudaOptions {
-        gemm_min_rows: 4,
-        ..CudaOptions::default()
-    };
-    let graphs = CudaOptions {
-        graphs: true,
-        ..matvec_only()
-    };
-    for (path, opts, gemm) in [
-        ("matvec", matvec_only(), false),
-        ("GEMM", gemm_opts, true),
-        ("graphs", graphs, false),
-    ] {
-        let mut b = GpuBackend::with_layout(
-            EmuGpu::new(gemm),
-            cfg.clone(),
-            &w,
-            bs,
-            full_blocks,
-            Some(window_blocks),
-            opts.clone(),
-            "emu".into(),
-        )
-        .expect("emulated backend");
+    for (path, opts, gemm) in windowed_paths() {
+        let mut b = layout_backend(&cfg, &w, bs, full_blocks, Some(window_blocks), &opts, gemm);
         let mut pools = KvPools::windowed(full_blocks, bs, window, window_blocks);
         let batched = windowed_batch_logits(&mut b, &mut pools, &seqs, &joins, prompt, chunk);
         for (i, s) in seqs.iter().enumerate() {
