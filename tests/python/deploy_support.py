@@ -7,14 +7,18 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "sidecar" / "tests" / "python"))
+
+from sidecar_support import contract  # noqa: E402 (one reader of the contract)
+
 DEPLOY = REPO / "deploy"
-CONTRACT_MD = REPO / "otel" / "CONTRACT.md"
 COMPOSE = DEPLOY / "compose.yaml"
 COLLECTOR = DEPLOY / "otel-collector.yaml"
 PROMETHEUS = DEPLOY / "prometheus" / "prometheus.yml"
@@ -35,28 +39,6 @@ def missing(what: str):
 
 
 # --- the contract --------------------------------------------------------------------------
-
-
-def contract():
-    tables: dict[str, dict[str, str]] = {}
-    values: dict[str, str] = {}
-    labels: set[str] = set()
-    section = None
-    row = re.compile(r"^\|\s*`([^`]+)`\s*\|.*\|\s*`([A-Z0-9_]+)`\s*\|\s*$")
-    value_row = re.compile(r"^\|\s*`([^`]+)`\s*\|\s*(.+?)\s*\|\s*$")
-    for line in CONTRACT_MD.read_text().splitlines():
-        if line.startswith("## "):
-            section = line[3:].strip()
-            continue
-        if section == "Metric labels" and (m := re.match(r"^-\s*`([^`]+)`", line)):
-            labels.add(m.group(1))
-            continue
-        if section == "Attribute values" and (m := value_row.match(line)):
-            values[m.group(2)] = m.group(1)
-            continue
-        if section and (m := row.match(line)):
-            tables.setdefault(section, {})[m.group(2)] = m.group(1)
-    return tables, values, labels
 
 
 TABLES, VALUES, METRIC_LABELS = contract()

@@ -20,15 +20,21 @@ REPO = Path(__file__).resolve().parents[3]
 CONTRACT_MD = REPO / "otel" / "CONTRACT.md"
 
 
-def _contract():
+def contract():
+    """otel/CONTRACT.md read back: each section's table (constant name → value), the attribute
+    values (meaning → value) and the metric labels."""
     sections: dict[str, dict[str, str]] = {}
     values: dict[str, str] = {}
+    labels: set[str] = set()
     section = None
     row = re.compile(r"^\|\s*`([^`]+)`\s*\|.*\|\s*`([A-Z0-9_]+)`\s*\|\s*$")
     value_row = re.compile(r"^\|\s*`([^`]+)`\s*\|\s*(.+?)\s*\|\s*$")
     for line in CONTRACT_MD.read_text().splitlines():
         if line.startswith("## "):
             section = line[3:].strip()
+            continue
+        if section == "Metric labels" and (m := re.match(r"^-\s*`([^`]+)`", line)):
+            labels.add(m.group(1))
             continue
         m = row.match(line)
         if m and section:
@@ -37,10 +43,10 @@ def _contract():
         m = value_row.match(line)
         if m and section == "Attribute values":
             values[m.group(2)] = m.group(1)
-    return sections, values
+    return sections, values, labels
 
 
-_SECTIONS, _VALUES = _contract()
+_SECTIONS, _VALUES, METRIC_LABELS = contract()
 SPAN = _SECTIONS["Spans"]
 ATTR = _SECTIONS["Attributes"]
 METRIC = _SECTIONS["Metrics"]
