@@ -39,6 +39,19 @@ async fn wait_metric(t: &TestSidecar, name: &str, value: f64) -> String {
     panic!("{name} never reached {value}:\n{}", t.metrics().await);
 }
 
+/// POSTs `body` as `content_type` to `url` through the test's client: the status code.
+async fn post_status(t: &TestSidecar, url: &str, content_type: &str, body: Vec<u8>) -> u16 {
+    t.http
+        .post(url)
+        .header("content-type", content_type)
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
 #[tokio::test]
 async fn forwards_over_http() {
     forwards_to(|u| format!("http://{}", u.sc.otlp_http)).await;
@@ -133,24 +146,26 @@ async fn metrics_are_accepted_counted_and_forwarded(
     let t = TestSidecar::start_with(|c| c.forward_otlp = Some(url)).await;
     let req = metrics_export();
     let metrics_url = format!("http://{}/v1/metrics", t.sc.otlp_http);
-    let resp = t
-        .http
-        .post(&metrics_url)
-        .header("content-type", "application/x-protobuf")
-        .body(prost::Message::encode_to_vec(&req))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    let resp = t
-        .http
-        .post(&metrics_url)
-        .header("content-type", "application/json")
-        .body(serde_json::to_vec(&req).unwrap())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(
+        post_status(
+            &t,
+            &metrics_url,
+            "application/x-protobuf",
+            prost::Message::encode_to_vec(&req)
+        )
+        .await,
+        200
+    );
+    assert_eq!(
+        post_status(
+            &t,
+            &metrics_url,
+            "application/json",
+            serde_json::to_vec(&req).unwrap()
+        )
+        .await,
+        200
+    );
     let mut grpc = MetricsServiceClient::connect(format!("http://{}", t.sc.otlp_grpc))
         .await
         .unwrap();
@@ -160,15 +175,17 @@ async fn metrics_are_accepted_counted_and_forwarded(
         .expect("gRPC metrics export")
         .into_inner();
     assert_eq!(answer.partial_success, None);
-    let resp = t
-        .http
-        .post(&metrics_url)
-        .header("content-type", "application/x-protobuf")
-        .body(vec![0xff, 0xff, 0xff])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 400, "not a metrics export");
+    assert_eq!(
+        post_status(
+            &t,
+            &metrics_url,
+            "application/x-protobuf",
+            vec![0xff, 0xff, 0xff]
+        )
+        .await,
+        400,
+        "not a metrics export"
+    );
     let m = wait_metric(&t, metric::SIDECAR_METRIC_POINTS_RECEIVED, 9.0).await;
     assert_eq!(sample(&m, metric::SIDECAR_SPANS_RECEIVED), Some(0.0));
     wait_metric(&t, metric::SIDECAR_FORWARDED, 3.0).await;
@@ -233,15 +250,7 @@ async fn logs_are_accepted_counted_and_forwarded(scheme_url: impl FnOnce(&TestSi
         ),
         ("application/json", serde_json::to_vec(&req).unwrap()),
     ] {
-        let resp = t
-            .http
-            .post(&logs_url)
-            .header("content-type", ct)
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status().as_u16(), 200, "{ct}");
+        assert_eq!(post_status(&t, &logs_url, ct, body).await, 200, "{ct}");
     }
     let mut grpc = LogsServiceClient::connect(format!("http://{}", t.sc.otlp_grpc))
         .await
@@ -252,15 +261,17 @@ async fn logs_are_accepted_counted_and_forwarded(scheme_url: impl FnOnce(&TestSi
         .expect("gRPC logs export")
         .into_inner();
     assert_eq!(answer.partial_success, None);
-    let resp = t
-        .http
-        .post(&logs_url)
-        .header("content-type", "application/x-protobuf")
-        .body(vec![0xff, 0xff, 0xff])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 400, "not a logs export");
+    assert_eq!(
+        post_status(
+            &t,
+            &logs_url,
+            "application/x-protobuf",
+            vec![0xff, 0xff, 0xff]
+        )
+        .await,
+        400,
+        "not a logs export"
+    );
     let m = wait_metric(&t, metric::SIDECAR_LOG_RECORDS_RECEIVED, 6.0).await;
     assert_eq!(sample(&m, metric::SIDECAR_SPANS_RECEIVED), Some(0.0));
     assert_eq!(
