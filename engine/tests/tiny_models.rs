@@ -193,3 +193,22 @@ fn the_startup_model_span_names_arch_weight_types_and_context() {
     );
     assert_eq!(m.info().arch, "gemma3");
 }
+
+/// The tokenizer alone (what `export-tokenizer` loads) of a Hugging Face folder knows the
+/// special tokens its `tokenizer_config.json` names, as the whole model's does, and the chat
+/// template read from metadata is the model's own.
+#[test]
+fn a_folders_tokenizer_alone_names_its_special_tokens() {
+    let dir = support::fixtures().join("tiny").join("llama");
+    let model = Model::load(&dir).expect("tiny llama folder");
+    let alone = Model::load_tokenizer(&dir).expect("tokenizer alone");
+    assert_eq!(alone.bos_token().as_deref(), Some("<|endoftext|>"));
+    assert_eq!(alone.bos_token(), model.tokenizer.bos_token());
+    assert_eq!(alone.eos_token(), model.tokenizer.eos_token());
+    assert!(alone.eos_token().is_some());
+    let template = Model::load_chat_template_source(&dir, &alone).expect("template");
+    assert_eq!(
+        Some(template.as_str()),
+        model.chat_template.as_ref().map(|t| t.source())
+    );
+}

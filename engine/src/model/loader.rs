@@ -147,6 +147,23 @@ impl ModelInfo {
     }
 }
 
+/// A Hugging Face folder's `tokenizer_config.json`, when it has one.
+fn hf_tokenizer_config(dir: &Path) -> Result<Option<TokenizerConfig>, LoadError> {
+    let path = dir.join("tokenizer_config.json");
+    if !path.exists() {
+        return Ok(None);
+    }
+    TokenizerConfig::from_file(&path)
+        .map(Some)
+        .map_err(|source| LoadError::Tokenizer { path, source })
+}
+
+/// A Hugging Face folder's `tokenizer.json`, its special tokens named by `config`.
+fn hf_tokenizer(dir: &Path, config: Option<&TokenizerConfig>) -> Result<Tokenizer, LoadError> {
+    let path = dir.join("tokenizer.json");
+    Tokenizer::from_file(&path, config).map_err(|source| LoadError::Tokenizer { path, source })
+}
+
 /// The tokenizer of a GGUF file (`tokenizer.ggml.*`; the file may hold no weights, like
 /// llama.cpp's `ggml-vocab-*.gguf` test vocabularies).
 pub fn gguf_tokenizer(g: &GgufFile, path: &Path) -> Result<Tokenizer, LoadError> {
@@ -247,9 +264,7 @@ impl Model {
             return Err(LoadError::NotFound(path.to_path_buf()));
         }
         if path.is_dir() {
-            let tj = path.join("tokenizer.json");
-            return Tokenizer::from_file(&tj, None)
-                .map_err(|source| LoadError::Tokenizer { path: tj, source });
+            return hf_tokenizer(path, hf_tokenizer_config(path)?.as_ref());
         }
         gguf_tokenizer(&GgufFile::open(path)?, path)
     }
@@ -267,17 +282,11 @@ impl Model {
             source,
         };
         let arch = if path.is_dir() {
-            let tc_path = path.join("tokenizer_config.json");
-            if tc_path.exists() {
-                let tc = TokenizerConfig::from_file(&tc_path).map_err(|source| {
-                    LoadError::Tokenizer {
-                        path: tc_path.clone(),
-                        source,
-                    }
-                })?;
-                if let Some(src) = tc.chat_template() {
-                    return Ok(src.to_owned());
-                }
+            if let Some(src) = hf_tokenizer_config(path)?
+                .as_ref()
+                .and_then(TokenizerConfig::chat_template)
+            {
+                return Ok(src.to_owned());
             }
             let cfg_path = path.join("config.json");
             let text = std::fs::read_to_string(&cfg_path).map_err(|e| LoadError::File {
@@ -380,22 +389,8 @@ impl Model {
         drop(mapping);
         let _tokenizer = tracing::info_span!(target: OPS_TARGET, span::STARTUP_TOKENIZER).entered();
         let tc_path = dir.join("tokenizer_config.json");
-        let tc = if tc_path.exists() {
-            Some(
-                TokenizerConfig::from_file(&tc_path).map_err(|source| LoadError::Tokenizer {
-                    path: tc_path.clone(),
-                    source,
-                })?,
-            )
-        } else {
-            None
-        };
-        let tj = dir.join("tokenizer.json");
-        let tokenizer =
-            Tokenizer::from_file(&tj, tc.as_ref()).map_err(|source| LoadError::Tokenizer {
-                path: tj.clone(),
-                source,
-            })?;
+        let tc = hf_tokenizer_config(dir)?;
+        let tokenizer = hf_tokenizer(dir, tc.as_ref())?;
         let chat_template = match tc.as_ref().and_then(TokenizerConfig::chat_template) {
             Some(src) => Some(Arc::new(
                 ChatTemplate::new(src, tokenizer.bos_token(), tokenizer.eos_token()).map_err(
