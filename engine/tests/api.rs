@@ -4,7 +4,7 @@
 mod support;
 
 use serde_json::{Value, json};
-use slotlight_engine::server::openai::types::Limits;
+use slotlight_engine::server::Limits;
 use support::server::{Options, TestServer, tiny_model};
 
 fn chat_body(max_tokens: u64) -> Value {

@@ -12,8 +12,9 @@
 
 use libfuzzer_sys::fuzz_target;
 use slotlight_engine::server::openai::read_json;
-use slotlight_engine::server::openai::types::{ChatRequest, CompletionRequest, Limits, Prompt};
-use slotlight_engine::server::openai::validate::messages;
+use slotlight_engine::server::Limits;
+use slotlight_engine::server::request::input::{ChatRequest, CompletionRequest, Prompt};
+use slotlight_engine::server::request::validate::messages;
 use slotlight_engine::stop::StopMatcher;
 
 /// The body is whole already; the deadline only has to be there.

@@ -8,7 +8,7 @@ use clap::Args;
 use super::ModelArgs;
 use crate::prompt::PromptBuilder;
 use crate::scheduler::SchedulerConfig;
-use crate::server::openai::types::Limits;
+use crate::server::Limits;
 use crate::server::{AppState, ServeConfig};
 use crate::telemetry::{LogFormat, OPS_TARGET, QueueLimits, Telemetry, TelemetryConfig};
 use crate::timing::TimeAnchor;
@@ -292,7 +292,7 @@ async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {
         telemetry: Arc::new(telemetry),
         metrics: Arc::default(),
         anchor: TimeAnchor::now(),
-        started: crate::server::openai::created(),
+        started: crate::server::ids::created(),
     });
     if let Some(meter) = st.telemetry.meter() {
         crate::metrics::otlp::register(

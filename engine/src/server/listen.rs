@@ -11,7 +11,7 @@ use tracing::Instrument as _;
 
 use super::middleware::LocalAddr;
 use super::routes::router;
-use super::{ServeConfig, SharedState};
+use super::state::{ServeConfig, SharedState};
 use crate::telemetry::OPS_TARGET;
 
 /// Waits for Ctrl-C or SIGTERM.

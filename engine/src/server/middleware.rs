@@ -1,9 +1,11 @@
 //! The middleware every request passes: its arrival instant, the API key, the caller's trace
-//! context and the address it reached.
+//! context and the address it reached; and a request's arrival as a handler reads it
+//! ([`Arrived`]).
 
 use std::net::SocketAddr;
 use std::time::Instant;
 
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
@@ -12,8 +14,8 @@ use opentelemetry::Context;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 
-use super::SharedState;
 use super::error::ApiError;
+use super::state::SharedState;
 use super::trace::ServerAddress;
 
 /// When the request arrived (stamped by the outermost middleware).
@@ -24,6 +26,36 @@ pub struct Arrival(pub Instant);
 /// request has no `Host` header.
 #[derive(Debug, Clone, Copy)]
 pub struct LocalAddr(pub SocketAddr);
+
+/// A request as it arrived: when, its headers and the address it reached.
+pub struct Arrived {
+    /// Arrival at the HTTP layer (the request span's start).
+    pub received: Instant,
+    /// The request's headers.
+    pub headers: HeaderMap,
+    /// The address the client reached (`server.address`, `server.port`).
+    pub server: ServerAddress,
+}
+
+impl Arrived {
+    /// Takes `request` apart into its arrival (the one the middleware stamped) and its body,
+    /// not yet read.
+    pub fn of(request: Request) -> (Self, Body) {
+        let received = request
+            .extensions()
+            .get::<Arrival>()
+            .map_or_else(Instant::now, |a| a.0);
+        let local = request.extensions().get::<LocalAddr>().map(|l| l.0);
+        let (parts, body) = request.into_parts();
+        let server = server_address(&parts.headers, local);
+        let arrived = Self {
+            received,
+            headers: parts.headers,
+            server,
+        };
+        (arrived, body)
+    }
+}
 
 /// `server.address` and `server.port`: the `Host` header the client sent (HTTP/1.1 requires
 /// one), else the listening address.

@@ -1,104 +1,35 @@
-//! The HTTP server: OpenAI-compatible chat and completions, `/tokenize` and `/detokenize`,
-//! plus `/v1/models`, `/health`, `/v1/requests` and `/metrics`. Here: the settings and the state
-//! every handler shares; the routes in `routes`, the middleware (arrival, API key, trace
-//! context) in [`middleware`], serving and the drain on shutdown in `listen`; request handling
-//! in [`openai`]; the per-request task and its telemetry in [`pipeline`] and [`trace`].
+//! The HTTP server: the front doors (OpenAI chat completions and completions in [`openai`],
+//! with `/tokenize`, `/detokenize` and the render API), plus `/v1/models`, `/health`,
+//! `/v1/requests` and `/metrics`.
+//!
+//! One request path serves every front door: a door takes its body apart into
+//! [`request::input`], [`request`] validates it into a `ValidRequest` (prompt built, grammar
+//! compiled), [`front`] launches it and answers it (collected whole, or streamed through the
+//! door's encoder), [`pipeline`] runs its task (events to output: [`reasoning`], [`tools`]),
+//! [`trace`] and [`record`] write its spans, log line and metrics from its one
+//! [`outcome`]. Around them: the settings and shared state (`state`), the routes (`routes`),
+//! the middleware (arrival, API key, trace context; [`middleware`]), serving and the drain on
+//! shutdown (`listen`).
 
-pub mod content;
+pub mod body;
 pub mod error;
+pub mod front;
+pub mod ids;
 mod listen;
 pub mod middleware;
 pub mod openai;
 pub mod outcome;
 pub mod pipeline;
+pub mod reasoning;
 pub mod record;
+pub mod request;
 mod routes;
+pub mod state;
+pub mod tools;
 pub mod trace;
 pub mod usage;
-
-use std::sync::Arc;
-use std::time::Duration;
-
-use self::error::ApiError;
-use self::openai::types::Limits;
-use crate::constraint::Grammars;
-use crate::metrics::RequestMetrics;
-use crate::prompt::PromptBuilder;
-use crate::scheduler::EngineHandle;
-use crate::telemetry::Telemetry;
-use crate::timing::TimeAnchor;
 
 pub use self::listen::{MAX_HEADERS, serve, shutdown_signal};
 pub use self::middleware::{Arrival, LocalAddr, parent_context, server_address};
 pub use self::routes::router;
-
-/// What the HTTP server is set up with: the API key, body and request limits, what spans
-/// record, and the model it serves under which names.
-#[derive(Debug, Clone)]
-pub struct ServeConfig {
-    /// Required bearer token, when set.
-    pub api_key: Option<String>,
-    /// Largest request body, bytes.
-    pub max_body_bytes: usize,
-    /// The limits every request is checked against (messages, stop strings, tokens, `n`, tools).
-    pub limits: Limits,
-    /// Decode progress window (`slotlight.decode` spans); zero turns them off.
-    pub progress_interval: Duration,
-    /// Record prompt and completion text on spans.
-    pub trace_content: bool,
-    /// Names the model answers to (the first is reported).
-    pub model_names: Vec<String>,
-    /// The model's architecture, weight types and context length (reported in `/health`).
-    pub model_info: crate::model::loader::ModelInfo,
-    /// How long in-flight requests may run after SIGTERM before they are cancelled.
-    pub drain_timeout: Duration,
-    /// How long a client may take to send a request's headers (then the connection is closed),
-    /// and again its body (then 408). Also closes keep-alive connections idle this long.
-    pub read_timeout: Duration,
-    /// Largest request head (request line and headers), bytes; larger ones get 431.
-    pub max_header_bytes: usize,
-    /// Serve `GET /metrics` without the API key (for a scraper that has none).
-    pub metrics_public: bool,
-    /// With `--metrics-compat vllm`: also serve the model-server protocol's metrics under
-    /// vLLM's names.
-    pub vllm_metrics: Option<crate::metrics::VllmCompat>,
-}
-
-/// Everything handlers share.
-pub struct AppState {
-    /// The scheduler's handle: submit requests, read what is in flight.
-    pub engine: Arc<EngineHandle>,
-    /// Prompt building for the served model.
-    pub prompts: PromptBuilder,
-    /// Structured-output grammars for the served model (compiler built on first use).
-    pub grammars: Arc<Grammars>,
-    /// The server's settings (limits, timeouts, model names).
-    pub cfg: ServeConfig,
-    /// The tracer request spans are recorded with, and the exporter's counts.
-    pub telemetry: Arc<Telemetry>,
-    /// Request latencies and refusals, observed by the HTTP layer (`/metrics`).
-    pub metrics: Arc<RequestMetrics>,
-    /// Converts request instants to wall-clock time.
-    pub anchor: TimeAnchor,
-    /// Vocabulary size: token-id prompts are checked against it.
-    pub vocab: usize,
-    /// Context length served (`/v1/models` reports it as `max_model_len`).
-    pub context: usize,
-    /// When the server started (unix seconds).
-    pub started: u64,
-}
-
-/// The state every handler receives.
-pub type SharedState = Arc<AppState>;
-
-impl AppState {
-    /// The served model's name, or 404 for another one.
-    pub fn check_model(&self, asked: Option<&str>) -> Result<String, ApiError> {
-        let served = self.cfg.model_names.first().cloned().unwrap_or_default();
-        match asked {
-            None | Some("") => Ok(served),
-            Some(m) if self.cfg.model_names.iter().any(|n| n == m) => Ok(served),
-            Some(m) => Err(ApiError::model_not_found(m, &served)),
-        }
-    }
-}
+pub use self::state::{AppState, Limits, ServeConfig, SharedState};

@@ -14,15 +14,15 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tracing::Instrument as _;
 
-use super::AppState;
-use super::content::OutputMessage;
 use super::error::ApiError;
-use super::openai::reasoning::{ReasoningSplitter, ReasoningStart};
-use super::openai::request::RequestMeta;
-use super::openai::response::ToolCall;
-use super::openai::tools::Shaper;
 use super::outcome::{ApiFinishReason, RequestOutcome};
+use super::reasoning::{ReasoningSplitter, ReasoningStart};
 use super::record::{self, Refused};
+use super::request::RequestMeta;
+use super::request::content::OutputMessage;
+use super::state::AppState;
+use super::tools::Shaper;
+use super::tools::ToolCall;
 use super::trace::{RequestTrace, ServerAddress};
 use crate::metrics::RequestMetrics;
 use crate::sampling::TokenLogprobs;
@@ -283,7 +283,10 @@ async fn run(
                         let reason = ApiFinishReason::of(&c.finish_reason, !calls.is_empty());
                         reasons[i] = reason;
                         tool_calls += calls.len();
-                        let calls: Vec<ToolCall> = calls.iter().map(ToolCall::new).collect();
+                        let calls: Vec<ToolCall> = calls
+                            .iter()
+                            .map(|c| ToolCall::new(c, meta.request.api.tool_call_prefix()))
+                            .collect();
                         if let Some(mut o) = state.output.take() {
                             o.push(&thought, &text);
                             o.finish(&calls, reason);
@@ -336,9 +339,9 @@ mod tests {
     use super::*;
     use crate::scheduler::Placement;
     use crate::server::error::ErrorKind;
-    use crate::server::openai::reasoning::ReasoningStart;
-    use crate::server::openai::request::{Endpoint, ValidOptions, ValidRequest};
-    use crate::server::openai::tools::{ParsedCall, ToolSetup};
+    use crate::server::reasoning::ReasoningStart;
+    use crate::server::request::{Api, ValidOptions, ValidRequest};
+    use crate::server::tools::{ParsedCall, ToolSetup};
     use crate::telemetry::Telemetry;
     use crate::timing::{PathKind, TimeAnchor};
 
@@ -383,7 +386,7 @@ mod tests {
             session: Some("s-lost".into()),
             received,
             request: ValidRequest {
-                endpoint: Endpoint::Chat,
+                api: Api::Chat,
                 request_model: "m".into(),
                 model: "m".into(),
                 prompt: vec![1; 5],
@@ -935,7 +938,7 @@ mod tests {
     /// reasoning text, the one after `</think>` is a call.
     #[tokio::test]
     async fn tool_calls_are_parsed_after_the_reasoning() {
-        use crate::server::openai::tools::{Tool, ToolChoice, ToolFormat};
+        use crate::server::tools::{Tool, ToolChoice, ToolFormat};
         let tools = ToolSetup {
             format: ToolFormat::Hermes,
             choice: ToolChoice::Auto,

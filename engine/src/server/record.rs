@@ -4,14 +4,12 @@
 
 use std::time::Instant;
 
-use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
-
-use super::AppState;
 use super::error::ApiError;
-use super::openai::request::{Endpoint, RequestMeta};
+use super::middleware::Arrived;
 use super::outcome::{Failure, RequestOutcome};
-use super::trace::{self, Refusal, RequestTrace, ServerAddress};
+use super::request::{Api, RequestMeta};
+use super::state::AppState;
+use super::trace::{self, Refusal, RequestTrace};
 use crate::metrics::{Observation, RequestMetrics};
 
 /// A generation request answered with an error before it reached a step loop, with what was
@@ -33,17 +31,16 @@ impl From<ApiError> for Refused {
     }
 }
 
-/// Records a refused generation request (its span, its log line, its count and duration) and
-/// answers it: the one place every refusal of a generation route is recorded, called by the
-/// route's handler, which answers it. `endpoint` is the route's own.
-pub fn refusal(
-    st: &AppState,
-    endpoint: Endpoint,
-    received: Instant,
-    headers: &HeaderMap,
-    server: &ServerAddress,
-    refused: Refused,
-) -> Response {
+/// Records a refused generation request (its span, its log line, its count and duration): the
+/// one place every refusal of a generation route is recorded, called by the route's handler,
+/// which answers the error it returns in its API's shape. `api` is the route's own.
+pub fn refusal(st: &AppState, api: Api, arrived: &Arrived, refused: Refused) -> ApiError {
+    let Arrived {
+        received,
+        headers,
+        server,
+    } = arrived;
+    let received = *received;
     let Refused { error, started } = refused;
     let now = Instant::now();
     match started {
@@ -72,23 +69,23 @@ pub fn refusal(
         }
         None => {
             let r = Refusal {
-                id: super::openai::new_id(endpoint.id_prefix()),
-                operation: endpoint.operation(),
+                id: super::ids::new_id(api.id_prefix()),
+                operation: api.operation(),
                 response_model: st.cfg.model_names.first().cloned().unwrap_or_default(),
-                session: super::openai::session(headers, None),
+                session: super::request::session(headers, None),
                 received,
                 refused: now,
                 error_type: error.label(),
                 message: error.message.clone(),
             };
-            let parent = super::parent_context(headers);
+            let parent = super::middleware::parent_context(headers);
             let sc = trace::record_refusal(&st.telemetry, st.anchor, &r, &parent, server);
             use opentelemetry::trace::TraceContextExt as _;
             let _cx = parent.with_remote_span_context(sc).attach();
             refused_request(st.metrics.as_ref(), &r, error.status.as_u16(), None);
         }
     }
-    error.into_response()
+    error
 }
 
 /// Records a finished request: its `Request.Finished` log line, a `Request.Failed` warning

@@ -11,10 +11,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 
-use super::SharedState;
 use super::error::ApiError;
 use super::middleware::{authenticate, stamp_arrival};
 use super::openai;
+use super::state::SharedState;
 
 async fn models(State(st): State<SharedState>) -> Response {
     let data: Vec<_> = st

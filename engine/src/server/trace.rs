@@ -17,9 +17,9 @@ use slotlight_otel::{attr, span};
 
 use crate::constraint::ConstraintKind;
 use crate::scheduler::{Event, Placement};
-use crate::server::content::{self, OutputMessage};
-use crate::server::openai::request::RequestMeta;
 use crate::server::outcome::RequestOutcome;
+use crate::server::request::RequestMeta;
+use crate::server::request::content::{self, OutputMessage};
 use crate::telemetry::Telemetry;
 use crate::timing::{LegRecord, PathKind, PrefillChunkRecord, PrefillRecord, TimeAnchor};
 

@@ -10,7 +10,7 @@ use slotlight_engine::model::loader::Model;
 use slotlight_engine::prompt::PromptBuilder;
 use slotlight_engine::runtime::{self, RuntimeConfig};
 use slotlight_engine::scheduler::{EngineHandle, SchedulerConfig};
-use slotlight_engine::server::openai::types::Limits;
+use slotlight_engine::server::Limits;
 use slotlight_engine::server::{AppState, ServeConfig};
 use slotlight_engine::telemetry::Telemetry;
 use slotlight_engine::timing::TimeAnchor;

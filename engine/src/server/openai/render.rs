@@ -14,10 +14,12 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::types::{ChatRequest, CompletionRequest};
-use super::{new_id, read_json, validate};
-use crate::server::SharedState;
+use crate::server::body::read_json;
 use crate::server::error::ApiError;
+use crate::server::ids::new_id;
+use crate::server::request::input::{ChatRequest, CompletionRequest};
+use crate::server::request::{Api, validate};
+use crate::server::state::SharedState;
 
 /// Answers `POST /v1/chat/completions/render`.
 pub async fn chat(State(st): State<SharedState>, body: Body) -> Result<Response, ApiError> {
@@ -48,7 +50,7 @@ pub async fn chat(State(st): State<SharedState>, body: Body) -> Result<Response,
     req.common.validate(&st.cfg.limits, st.vocab)?;
     let model = st.check_model(req.common.model.as_deref())?;
     let (_, ids, _) = validate::chat_prompt(&st, &req, add_generation_prompt)?;
-    Ok(Json(rendered("chatcmpl", &model, &ids)).into_response())
+    Ok(Json(rendered(Api::Chat, &model, &ids)).into_response())
 }
 
 /// Answers `POST /v1/completions/render`.
@@ -58,9 +60,9 @@ pub async fn completions(State(st): State<SharedState>, body: Body) -> Result<Re
     req.common.validate(&st.cfg.limits, st.vocab)?;
     let model = st.check_model(req.common.model.as_deref())?;
     let (_, ids) = validate::completion_prompt(&st, &req)?;
-    Ok(Json(json!([rendered("cmpl", &model, &ids)])).into_response())
+    Ok(Json(json!([rendered(Api::Completions, &model, &ids)])).into_response())
 }
 
-fn rendered(prefix: &str, model: &str, ids: &[u32]) -> Value {
-    json!({"request_id": new_id(prefix), "model": model, "token_ids": ids})
+fn rendered(api: Api, model: &str, ids: &[u32]) -> Value {
+    json!({"request_id": new_id(api.id_prefix()), "model": model, "token_ids": ids})
 }

@@ -1,13 +1,14 @@
 //! Typed OpenAI responses: chat completions and text completions, whole and as stream chunks,
-//! with their `logprobs` in each endpoint's shape.
+//! with their `logprobs` in each one's shape. A whole response and its chunks share their
+//! [`Head`]; the handler builds it once per request.
 
 use serde::Serialize;
 use serde_json::Map;
 
-use super::tools::ParsedCall;
 use crate::sampling::TokenLogprobs;
 use crate::scheduler::PromptProgress;
 use crate::server::outcome::ApiFinishReason;
+use crate::server::tools::ToolCall;
 use crate::server::usage::{LlamaCppTimings, Usage};
 use crate::tokenizer::TokenBytes;
 
@@ -23,12 +24,14 @@ fn finite(lp: f32) -> f32 {
     }
 }
 
-/// `POST /v1/chat/completions` response.
+/// The fields every OpenAI response object and stream chunk starts with, the same in a whole
+/// response and in each of its chunks.
 #[derive(Debug, Clone, Serialize)]
-pub struct ChatCompletion {
-    /// The response id (`chatcmpl-…`), also the request id in logs, spans and turn records.
+pub struct Head {
+    /// The response id (`chatcmpl-…`, `cmpl-…`), also the request id in logs, spans and turn
+    /// records; the same in every chunk.
     pub id: String,
-    /// The object type, always `chat.completion`.
+    /// The object type (`chat.completion`, `chat.completion.chunk`, `text_completion`).
     pub object: &'static str,
     /// When the response was made, in Unix seconds.
     pub created: u64,
@@ -36,6 +39,14 @@ pub struct ChatCompletion {
     pub model: String,
     /// Always null: kept for clients that read OpenAI's field.
     pub system_fingerprint: Option<String>,
+}
+
+/// `POST /v1/chat/completions` response.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatCompletion {
+    /// Id, object (`chat.completion`), creation time and model.
+    #[serde(flatten)]
+    pub head: Head,
     /// The request's choices, one for each of its `n`.
     pub choices: Vec<ChatChoice>,
     /// Usage with the request's own timings.
@@ -70,41 +81,6 @@ pub struct AssistantMessage {
     /// The tool calls the reply makes (absent when it makes none).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
-}
-
-/// One tool call in a reply.
-#[derive(Debug, Clone, Serialize)]
-pub struct ToolCall {
-    /// Call id (`call_…`), for the tool message that answers it.
-    pub id: String,
-    /// The call's type, always `function`.
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    /// The function called and its arguments.
-    pub function: FunctionCall,
-}
-
-/// The function part of a tool call.
-#[derive(Debug, Clone, Serialize)]
-pub struct FunctionCall {
-    /// The name of the function to call, one of the request's tools.
-    pub name: String,
-    /// Arguments as a JSON text.
-    pub arguments: String,
-}
-
-impl ToolCall {
-    /// A call with a fresh id.
-    pub fn new(c: &ParsedCall) -> Self {
-        Self {
-            id: super::new_id("call").replacen('-', "_", 1),
-            kind: "function",
-            function: FunctionCall {
-                name: c.name.clone(),
-                arguments: c.arguments.clone(),
-            },
-        }
-    }
 }
 
 /// Chat `logprobs`: one entry per generated token.
@@ -207,16 +183,9 @@ impl CompletionLogprobs {
 /// A streamed chat chunk.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatChunk {
-    /// Response id (the same in every chunk).
-    pub id: String,
-    /// The object type, always `chat.completion.chunk`.
-    pub object: &'static str,
-    /// When the response was made, in Unix seconds.
-    pub created: u64,
-    /// The model that served the request, by the name it is served under.
-    pub model: String,
-    /// Always null: kept for clients that read OpenAI's field.
-    pub system_fingerprint: Option<String>,
+    /// Id, object (`chat.completion.chunk`), creation time and model.
+    #[serde(flatten)]
+    pub head: Head,
     /// The choices this chunk speaks for (empty in the final usage chunk).
     pub choices: Vec<ChunkChoice>,
     /// Usage (final chunk with `include_usage`; every chunk with `continuous_usage_stats`).
@@ -291,16 +260,9 @@ pub struct ToolCallDelta {
 /// `POST /v1/completions` response (and each of its stream chunks, `object` alike).
 #[derive(Debug, Clone, Serialize)]
 pub struct TextCompletion {
-    /// The response id (`cmpl-…`), the same in every chunk and in logs, spans and turns.
-    pub id: String,
-    /// The object type, always `text_completion`.
-    pub object: &'static str,
-    /// When the response was made, in Unix seconds.
-    pub created: u64,
-    /// The model that served the request, by the name it is served under.
-    pub model: String,
-    /// Always null: kept for clients that read OpenAI's field.
-    pub system_fingerprint: Option<String>,
+    /// Id, object (`text_completion`, in every chunk too), creation time and model.
+    #[serde(flatten)]
+    pub head: Head,
     /// The request's choices, one for each of its `n`.
     pub choices: Vec<TextChoice>,
     /// Usage (whole response; final stream chunk with `include_usage`).

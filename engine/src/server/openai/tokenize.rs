@@ -15,11 +15,12 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::read_json;
-use super::types::{self, ChatRequest};
-use super::validate::chat_prompt;
-use crate::server::SharedState;
+use super::types;
+use crate::server::body::read_json;
 use crate::server::error::ApiError;
+use crate::server::request::input::ChatRequest;
+use crate::server::request::validate::chat_prompt;
+use crate::server::state::SharedState;
 
 /// Answers `POST /tokenize`: the token ids (and, when asked, pieces) of a text or a chat.
 pub async fn tokenize(State(st): State<SharedState>, body: Body) -> Result<Response, ApiError> {

@@ -11,10 +11,10 @@
 
 use serde_json::{Value, json};
 
-use super::openai::response::ToolCall;
-use super::openai::types::{Content, WireMessage, WireTool, WireToolCall};
-use super::outcome::ApiFinishReason;
+use super::input::{Content, InputMessage, InputTool, InputToolCall};
 use crate::chat_template::Role;
+use crate::server::outcome::ApiFinishReason;
+use crate::server::tools::ToolCall;
 
 /// The request's side of the content, as JSON texts ready for the request span.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,7 +30,7 @@ pub struct InputContent {
 impl InputContent {
     /// The content of a chat request: its messages (the leading system ones apart) and the
     /// tools it offers.
-    pub fn chat(messages: &[WireMessage], tools: Option<&[WireTool]>) -> Self {
+    pub fn chat(messages: &[InputMessage], tools: Option<&[InputTool]>) -> Self {
         let lead = messages
             .iter()
             .take_while(|m| m.author() == Some(Role::System))
@@ -84,7 +84,7 @@ fn arguments_value(v: &Value) -> Value {
     }
 }
 
-fn role_name(m: &WireMessage) -> &str {
+fn role_name(m: &InputMessage) -> &str {
     match m.author() {
         Some(Role::System) => "system",
         Some(Role::User) => "user",
@@ -94,7 +94,7 @@ fn role_name(m: &WireMessage) -> &str {
     }
 }
 
-fn tool_call_part(c: &WireToolCall) -> Value {
+fn tool_call_part(c: &InputToolCall) -> Value {
     json!({
         "type": "tool_call",
         "id": c.id,
@@ -105,7 +105,7 @@ fn tool_call_part(c: &WireToolCall) -> Value {
 
 /// One message of the history: a tool message's content is the response to its call; an
 /// assistant's earlier reasoning and tool calls are parts beside its text.
-fn input_message(m: &WireMessage) -> Value {
+fn input_message(m: &InputMessage) -> Value {
     let mut parts = Vec::new();
     if let Some(r) = &m.reasoning_content {
         parts.push(json!({"type": "reasoning", "content": r}));
@@ -124,7 +124,7 @@ fn input_message(m: &WireMessage) -> Value {
     json!({"role": role_name(m), "parts": parts})
 }
 
-fn tool_definition(t: &WireTool) -> Value {
+fn tool_definition(t: &InputTool) -> Value {
     let mut v = json!({"type": "function", "name": t.name});
     if let Some(d) = &t.description {
         v["description"] = json!(d);
@@ -213,11 +213,11 @@ pub fn output_messages(replies: &[OutputMessage], reasons: &[ApiFinishReason]) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::openai::response::FunctionCall;
-    use crate::server::openai::types::WireFunctionCall;
+    use crate::server::request::input::InputFunctionCall;
+    use crate::server::tools::FunctionCall;
 
-    fn msg(role: &str, content: Option<&str>) -> WireMessage {
-        WireMessage {
+    fn msg(role: &str, content: Option<&str>) -> InputMessage {
+        InputMessage {
             role: role.into(),
             content: content.map(|c| Content::Text(c.into())),
             name: None,
@@ -234,10 +234,10 @@ mod tests {
     #[test]
     fn a_chat_keeps_its_leading_system_messages_apart_and_its_tool_turns_as_parts() {
         let mut call = msg("assistant", None);
-        call.tool_calls = Some(vec![WireToolCall {
+        call.tool_calls = Some(vec![InputToolCall {
             id: Some("call_1".into()),
             kind: Some("function".into()),
-            function: WireFunctionCall {
+            function: InputFunctionCall {
                 name: "weather".into(),
                 arguments: json!("{\"city\":\"Paris\"}"),
             },
@@ -252,7 +252,7 @@ mod tests {
             result,
             msg("system", Some("Late note.")),
         ];
-        let tools = vec![WireTool {
+        let tools = vec![InputTool {
             name: "weather".into(),
             description: Some("Current weather".into()),
             parameters: Some(json!({"type": "object"})),

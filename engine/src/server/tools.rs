@@ -18,11 +18,13 @@
 //! always parses and its arguments validate against the function's schema; `auto` lets the
 //! model choose and parses what it wrote; `none` leaves the tools out of the prompt.
 
+use serde::Serialize;
 use serde_json::{Map, Value, json};
 use slotlight_otel::attr::value;
 
 use crate::chat_template::{ChatMessage, Role};
 use crate::constraint::{GrammarSpec, lark_string};
+use crate::server::ids::new_id;
 
 /// How a model writes tool calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -323,6 +325,42 @@ pub fn polyfill_history(messages: Vec<ChatMessage>) -> Vec<ChatMessage> {
             m
         })
         .collect()
+}
+
+/// One tool call in a reply, with the id the response and the span give it (serialized in
+/// OpenAI's chat shape; the other APIs write it their own way).
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCall {
+    /// Call id (`call_…`), for the tool message that answers it.
+    pub id: String,
+    /// The call's type, always `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The function called and its arguments.
+    pub function: FunctionCall,
+}
+
+/// The function part of a tool call.
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionCall {
+    /// The name of the function to call, one of the request's tools.
+    pub name: String,
+    /// Arguments as a JSON text.
+    pub arguments: String,
+}
+
+impl ToolCall {
+    /// A call with a fresh id after `prefix` (`call_`, `toolu_`: the API's style).
+    pub fn new(c: &ParsedCall, prefix: &str) -> Self {
+        Self {
+            id: new_id(prefix),
+            kind: "function",
+            function: FunctionCall {
+                name: c.name.clone(),
+                arguments: c.arguments.clone(),
+            },
+        }
+    }
 }
 
 /// One parsed call.

@@ -1,25 +1,75 @@
-//! The checks that turn a wire request into a
-//! [`ValidRequest`](super::request::ValidRequest): every value checked against the limits,
+//! The checks that turn a request as a front door took it apart ([`super::input`]) into the
+//! parts of a [`ValidRequest`](super::ValidRequest): every value checked against the limits,
 //! the prompt built, tools set up, and the grammar compiled, all before anything is queued.
-//! Chat and completions meet here; [`super::request`] puts the checked parts together.
+//! Every API meets here; [`super`] puts the checked parts together.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::reasoning::ReasoningStart;
-use super::request::{GrammarRequest, ValidOptions};
-use super::tools::{self, Tool, ToolChoice, ToolFormat, ToolSetup};
-use super::types::{
-    ChatRequest, Common, CompletionRequest, Content, Limits, Prompt, ResponseFormat, StringOrList,
-    StructuredOutputs, WireToolChoice,
+use super::input::{
+    ChatRequest, Common, CompletionRequest, Content, InputToolChoice, Prompt, ResponseFormat,
+    StringOrList, StructuredOutputs,
 };
 use crate::chat_template::{ChatMessage, Role};
 use crate::constraint::{Constraint, ConstraintKind, GrammarSpec};
 use crate::sampling::SamplingParams;
-use crate::server::AppState;
 use crate::server::error::ApiError;
+use crate::server::reasoning::ReasoningStart;
+use crate::server::state::{AppState, Limits};
+use crate::server::tools::{self, Tool, ToolChoice, ToolFormat, ToolSetup};
+use crate::stop::StopMatcher;
+
+/// A grammar the output must follow, where it came from, and what kind of constraint it is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GrammarRequest {
+    /// The grammar itself, in the form it was given (schema, regex, choice or Lark).
+    pub spec: GrammarSpec,
+    /// The request field it came from (the `param` of a 400 when it does not compile).
+    pub param: &'static str,
+    /// The kind of constraint (`slotlight.constraint.kind` once written).
+    pub kind: ConstraintKind,
+}
+
+/// Validated generation options shared by both endpoints.
+#[derive(Debug, Clone)]
+pub struct ValidOptions {
+    /// Completion token limit.
+    pub max_tokens: usize,
+    /// Sampling parameters, checked, with the request's seed.
+    pub sampling: SamplingParams,
+    /// The stop strings, checked here once: the engine takes the matcher as it is.
+    pub stop: StopMatcher,
+    /// How many choices to generate (`n`), 1 to the `max_n` limit.
+    pub n: usize,
+    /// Whether the reply is streamed as server-sent events.
+    pub stream: bool,
+    /// Whether a stream ends with a chunk of usage (`stream_options.include_usage`).
+    pub include_usage: bool,
+    /// Whether every chunk carries usage (`stream_options.continuous_usage_stats`).
+    pub continuous_usage: bool,
+    /// The end-user id (`user`) the client gave, kept apart from the session hint.
+    pub user: Option<String>,
+    /// The session hint from the body (`prompt_cache_key`, else `user`, else
+    /// `safety_identifier`); the `x-session-id` header wins over it.
+    pub session_hint: Option<String>,
+    /// Whether generation goes on past the end-of-sequence token (`ignore_eos`).
+    pub ignore_eos: bool,
+    /// Whether a stream carries `prompt_progress` chunks while the prompt is prefilled
+    /// (`return_progress` with `stream`; a whole response never does).
+    pub return_progress: bool,
+    /// The output constraint from `response_format`, `structured_outputs`, `json_schema` or
+    /// `grammar`.
+    pub grammar: Option<GrammarRequest>,
+    /// `frequency_penalty` as the request gave it (`sampling` holds the value in force); the
+    /// span records it only when given.
+    pub frequency_penalty_given: Option<f32>,
+    /// `presence_penalty` as the request gave it; the span records it only when given.
+    pub presence_penalty_given: Option<f32>,
+    /// `n` as the request gave it; the span records it only when given.
+    pub n_given: Option<i64>,
+}
 
 /// Refuses `param` when it holds more than `max` items (`what` names them in the message).
 fn at_most(param: &str, what: &str, given: usize, max: usize) -> Result<(), ApiError> {
@@ -486,7 +536,7 @@ fn tool_setup(
     let wire = req.tools.clone().unwrap_or_default();
     if wire.is_empty() {
         return match &req.tool_choice {
-            None | Some(WireToolChoice::None | WireToolChoice::Auto) => Ok(None),
+            None | Some(InputToolChoice::None | InputToolChoice::Auto) => Ok(None),
             Some(_) => Err(ApiError::invalid_param(
                 "tool_choice",
                 "tool_choice asks for a tool call, but no `tools` were given",
@@ -512,10 +562,10 @@ fn tool_setup(
         });
     }
     let choice = match req.tool_choice.clone() {
-        None | Some(WireToolChoice::Auto) => ToolChoice::Auto,
-        Some(WireToolChoice::None) => ToolChoice::None,
-        Some(WireToolChoice::Required) => ToolChoice::Required,
-        Some(WireToolChoice::Function(name)) => {
+        None | Some(InputToolChoice::Auto) => ToolChoice::Auto,
+        Some(InputToolChoice::None) => ToolChoice::None,
+        Some(InputToolChoice::Required) => ToolChoice::Required,
+        Some(InputToolChoice::Function(name)) => {
             if !tools.iter().any(|t| t.name == name) {
                 return Err(ApiError::invalid_param(
                     "tool_choice.function.name",

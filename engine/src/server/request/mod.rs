@@ -9,100 +9,69 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-use super::reasoning::ReasoningStart;
-use super::tools::ToolSetup;
-use super::types::{ChatRequest, CompletionRequest};
-use super::validate;
-use crate::constraint::{Constraint, ConstraintKind, GrammarSpec};
-use crate::sampling::SamplingParams;
-use crate::scheduler::GenerateRequest;
-use crate::server::AppState;
-use crate::server::content::InputContent;
-use crate::server::error::ApiError;
-use crate::stop::StopMatcher;
+use axum::http::HeaderMap;
 
-/// Which endpoint a request came to.
+pub mod content;
+pub mod input;
+pub mod validate;
+
+use self::content::InputContent;
+use self::input::{ChatRequest, CompletionRequest};
+pub use self::validate::{GrammarRequest, ValidOptions};
+use crate::constraint::{Constraint, ConstraintKind};
+use crate::scheduler::GenerateRequest;
+use crate::server::error::ApiError;
+use crate::server::reasoning::ReasoningStart;
+use crate::server::state::AppState;
+use crate::server::tools::ToolSetup;
+
+/// Which API (front door) a request came through. Every API takes the one request path; this
+/// names the operation, the response ids and the `slotlight.api` attribute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    /// `POST /v1/chat/completions`.
+pub enum Api {
+    /// `POST /v1/chat/completions` (OpenAI chat completions).
     Chat,
-    /// `POST /v1/completions`.
+    /// `POST /v1/completions` (OpenAI legacy completions).
     Completions,
+    /// `POST /v1/responses` (OpenAI Responses).
+    Responses,
+    /// `POST /v1/messages` (Anthropic Messages).
+    Messages,
 }
 
-impl Endpoint {
+impl Api {
     /// The GenAI operation name (`gen_ai.operation.name`, the log line's `operation`).
     pub fn operation(self) -> &'static str {
         match self {
-            Endpoint::Chat => slotlight_otel::span::OPERATION_CHAT,
-            Endpoint::Completions => slotlight_otel::span::OPERATION_TEXT_COMPLETION,
+            Api::Completions => slotlight_otel::span::OPERATION_TEXT_COMPLETION,
+            Api::Chat | Api::Responses | Api::Messages => slotlight_otel::span::OPERATION_CHAT,
         }
     }
 
-    /// The prefix of the endpoint's response ids.
+    /// The prefix of the API's response ids, separator included (`chatcmpl-`, `resp_`).
     pub fn id_prefix(self) -> &'static str {
         match self {
-            Endpoint::Chat => "chatcmpl",
-            Endpoint::Completions => "cmpl",
+            Api::Chat => "chatcmpl-",
+            Api::Completions => "cmpl-",
+            Api::Responses => "resp_",
+            Api::Messages => "msg_",
         }
     }
-}
 
-/// A grammar the output must follow, where it came from, and what kind of constraint it is.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GrammarRequest {
-    /// The grammar itself, in the form it was given (schema, regex, choice or Lark).
-    pub spec: GrammarSpec,
-    /// The request field it came from (the `param` of a 400 when it does not compile).
-    pub param: &'static str,
-    /// The kind of constraint (`slotlight.constraint.kind` once written).
-    pub kind: ConstraintKind,
-}
-
-/// Validated generation options shared by both endpoints.
-#[derive(Debug, Clone)]
-pub struct ValidOptions {
-    /// Completion token limit.
-    pub max_tokens: usize,
-    /// Sampling parameters, checked, with the request's seed.
-    pub sampling: SamplingParams,
-    /// The stop strings, checked here once: the engine takes the matcher as it is.
-    pub stop: StopMatcher,
-    /// How many choices to generate (`n`), 1 to the `max_n` limit.
-    pub n: usize,
-    /// Whether the reply is streamed as server-sent events.
-    pub stream: bool,
-    /// Whether a stream ends with a chunk of usage (`stream_options.include_usage`).
-    pub include_usage: bool,
-    /// Whether every chunk carries usage (`stream_options.continuous_usage_stats`).
-    pub continuous_usage: bool,
-    /// The end-user id (`user`) the client gave, kept apart from the session hint.
-    pub user: Option<String>,
-    /// The session hint from the body (`prompt_cache_key`, else `user`, else
-    /// `safety_identifier`); the `x-session-id` header wins over it.
-    pub session_hint: Option<String>,
-    /// Whether generation goes on past the end-of-sequence token (`ignore_eos`).
-    pub ignore_eos: bool,
-    /// Whether a stream carries `prompt_progress` chunks while the prompt is prefilled
-    /// (`return_progress` with `stream`; a whole response never does).
-    pub return_progress: bool,
-    /// The output constraint from `response_format`, `structured_outputs`, `json_schema` or
-    /// `grammar`.
-    pub grammar: Option<GrammarRequest>,
-    /// `frequency_penalty` as the request gave it (`sampling` holds the value in force); the
-    /// span records it only when given.
-    pub frequency_penalty_given: Option<f32>,
-    /// `presence_penalty` as the request gave it; the span records it only when given.
-    pub presence_penalty_given: Option<f32>,
-    /// `n` as the request gave it; the span records it only when given.
-    pub n_given: Option<i64>,
+    /// The prefix of the ids of the tool calls a reply makes (`call_`, Anthropic's `toolu_`).
+    pub fn tool_call_prefix(self) -> &'static str {
+        match self {
+            Api::Messages => "toolu_",
+            Api::Chat | Api::Completions | Api::Responses => "call_",
+        }
+    }
 }
 
 /// A request ready to generate: checked, its prompt built and its grammar compiled.
 #[derive(Debug, Clone)]
 pub struct ValidRequest {
-    /// The endpoint the request came to: it shapes the response and names the operation.
-    pub endpoint: Endpoint,
+    /// The API the request came through: it shapes the response and names the operation.
+    pub api: Api,
     /// The model the client asked for (`gen_ai.request.model`).
     pub request_model: String,
     /// The model that serves the request (`gen_ai.response.model`; names the span).
@@ -111,7 +80,7 @@ pub struct ValidRequest {
     pub prompt: Vec<u32>,
     /// Prompt text (rendered chat, or the completion prompt).
     pub prompt_text: String,
-    /// The checked generation options shared by both endpoints.
+    /// The checked generation options, the same for every API.
     pub opts: ValidOptions,
     /// Log-probabilities per token with this many alternatives (`None`: off).
     pub logprobs: Option<usize>,
@@ -129,9 +98,9 @@ pub struct ValidRequest {
 }
 
 impl ValidRequest {
-    /// Validates a chat request, renders its prompt and compiles its grammar: the request
-    /// comes out whole, or refused.
-    pub async fn chat(st: &AppState, req: ChatRequest) -> Result<Self, ApiError> {
+    /// Validates a chat request that came through `api`, renders its prompt and compiles its
+    /// grammar: the request comes out whole, or refused.
+    pub async fn chat(st: &AppState, api: Api, req: ChatRequest) -> Result<Self, ApiError> {
         let opts = req.common.validate(&st.cfg.limits, st.vocab)?;
         let model = st.check_model(req.common.model.as_deref())?;
         let logprobs = validate::chat_logprobs(&req)?;
@@ -141,7 +110,7 @@ impl ValidRequest {
             validate::chat_reasoning(st, &req, opts.grammar.as_ref(), tools.as_ref(), &text)?;
         let constraint = validate::compile(st, opts.grammar.as_ref(), tools.as_ref()).await?;
         Ok(Self {
-            endpoint: Endpoint::Chat,
+            api,
             request_model: req.common.model.clone().unwrap_or_else(|| model.clone()),
             model,
             prompt,
@@ -172,7 +141,7 @@ impl ValidRequest {
             .trace_content
             .then(|| InputContent::completion(&text));
         Ok(Self {
-            endpoint: Endpoint::Completions,
+            api: Api::Completions,
             request_model: req.common.model.clone().unwrap_or_else(|| model.clone()),
             model,
             prompt,
@@ -235,9 +204,9 @@ pub struct RequestMeta {
 }
 
 impl RequestMeta {
-    /// The GenAI operation name of the request's endpoint.
+    /// The GenAI operation name of the request's api.
     pub fn operation(&self) -> &'static str {
-        self.request.endpoint.operation()
+        self.request.api.operation()
     }
 
     /// The engine's request for this one, cancelled through `cancel`.
@@ -245,4 +214,15 @@ impl RequestMeta {
         self.request
             .to_engine(&self.id, self.session.clone(), self.received, cancel)
     }
+}
+
+/// The session: the `x-session-id` header, else the body's hint (`prompt_cache_key`, else
+/// `user`, else `safety_identifier`).
+pub fn session(headers: &HeaderMap, user: Option<&str>) -> Option<String> {
+    headers
+        .get("x-session-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|s| !s.is_empty() && s.len() <= 256)
+        .map(str::to_string)
+        .or_else(|| user.filter(|u| !u.is_empty()).map(str::to_string))
 }
