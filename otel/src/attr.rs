@@ -68,6 +68,12 @@ crate::contract! {
 
     /// Request span: the conversation (session), from the request's `x-session-id` header or its `user` field. Also on every child span, which the sidecar keys by it.
     GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id", "string", "";
+    /// Request span (refusals too): the API the request came through: `chat.completions`, `completions`, `responses` (OpenAI Responses) or `messages` (Anthropic Messages). Every API takes the one request path; only the wire format differs.
+    API = "slotlight.api", "string", "";
+    /// Request span: the types of tools the request offered that the engine cannot run (hosted tools such as `web_search`, Codex's `namespace`), accepted and left out of the prompt.
+    TOOLS_SKIPPED = "slotlight.tools.skipped", "string[]", "";
+    /// Request span: the completion token limit the client asked for, when it was more than the engine allows (`--max-tokens-limit`, or what the context leaves) and was clamped to `gen_ai.request.max_tokens` (the Messages API's `max_tokens` is required and clients ask for more than a local model's context).
+    REQUEST_MAX_TOKENS_ASKED = "slotlight.request.max_tokens_asked", "int", "{token}";
     /// Request span: the host name the client addressed (its `Host` header), else the address the engine listens on.
     SERVER_ADDRESS = "server.address", "string", "";
     /// Request span: the port the client addressed (its `Host` header), else the port the engine listens on.
@@ -233,6 +239,15 @@ crate::contract! {
 pub mod value {
     /// `service.name` of the engine.
     pub const SERVICE_NAME_ENGINE: &str = "slotlight-engine";
+
+    /// `slotlight.api`: OpenAI chat completions (`POST /v1/chat/completions`).
+    pub const API_CHAT_COMPLETIONS: &str = "chat.completions";
+    /// `slotlight.api`: OpenAI legacy completions (`POST /v1/completions`).
+    pub const API_COMPLETIONS: &str = "completions";
+    /// `slotlight.api`: OpenAI Responses (`POST /v1/responses`).
+    pub const API_RESPONSES: &str = "responses";
+    /// `slotlight.api`: Anthropic Messages (`POST /v1/messages`).
+    pub const API_MESSAGES: &str = "messages";
     /// `gen_ai.provider.name` of the engine.
     pub const PROVIDER: &str = "slotlight";
     /// `slotlight.leg.path` of the batch-1 solo path.

@@ -185,6 +185,9 @@ pub mod vllm {
 pub mod label {
     /// The engine instance (`service.instance.id`).
     pub const INSTANCE: &str = "service_instance_id";
+    /// The API a request came through (`slotlight.api`: `chat.completions`, `completions`,
+    /// `responses`, `messages`).
+    pub const API: &str = "slotlight_api";
     /// GenAI: `gen_ai.operation.name` (`chat`, `text_completion`).
     pub const GEN_AI_OPERATION_NAME: &str = "gen_ai_operation_name";
     /// GenAI: `gen_ai.provider.name` (`slotlight`).

@@ -68,6 +68,22 @@ pub fn render_contract() -> String {
             ),
             (attr::value::PROVIDER, "`gen_ai.provider.name`"),
             (
+                attr::value::API_CHAT_COMPLETIONS,
+                "`slotlight.api`: OpenAI chat completions (`/v1/chat/completions`)",
+            ),
+            (
+                attr::value::API_COMPLETIONS,
+                "`slotlight.api`: OpenAI completions (`/v1/completions`)",
+            ),
+            (
+                attr::value::API_RESPONSES,
+                "`slotlight.api`: OpenAI Responses (`/v1/responses`)",
+            ),
+            (
+                attr::value::API_MESSAGES,
+                "`slotlight.api`: Anthropic Messages (`/v1/messages`)",
+            ),
+            (
                 span::OPERATION_CHAT,
                 "`gen_ai.operation.name` of chat completions",
             ),
@@ -313,6 +329,7 @@ pub fn render_contract() -> String {
     );
     let labels = [
         metric::label::INSTANCE,
+        metric::label::API,
         metric::label::GEN_AI_OPERATION_NAME,
         metric::label::GEN_AI_PROVIDER_NAME,
         metric::label::GEN_AI_REQUEST_MODEL,

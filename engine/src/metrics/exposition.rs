@@ -124,13 +124,14 @@ fn group_labels(g: &GroupSnapshot) -> Labels {
 /// The GenAI labels of a series (the request model only when known).
 fn genai_labels(k: &SeriesKey) -> Labels {
     let mut l = vec![
-        (label::GEN_AI_OPERATION_NAME, k.0.to_string()),
+        (label::API, k.api.to_string()),
+        (label::GEN_AI_OPERATION_NAME, k.operation.to_string()),
         (label::GEN_AI_PROVIDER_NAME, value::PROVIDER.to_string()),
     ];
-    if !k.1.is_empty() {
-        l.push((label::GEN_AI_REQUEST_MODEL, k.1.clone()));
+    if !k.request_model.is_empty() {
+        l.push((label::GEN_AI_REQUEST_MODEL, k.request_model.clone()));
     }
-    l.push((label::GEN_AI_RESPONSE_MODEL, k.2.clone()));
+    l.push((label::GEN_AI_RESPONSE_MODEL, k.response_model.clone()));
     l
 }
 
@@ -342,6 +343,7 @@ mod tests {
         g.observe_step(Duration::from_millis(3), 1);
         let r = RequestMetrics::default();
         r.observe(&Observation {
+            api: "chat.completions",
             operation: "chat",
             request_model: Some("m"),
             response_model: "m",
@@ -417,7 +419,7 @@ mod tests {
         let ttft = metric::TIME_TO_FIRST_TOKEN;
         assert!(
             text.contains(&format!(
-                "{ttft}_bucket{{gen_ai_operation_name=\"chat\",gen_ai_provider_name=\"slotlight\",gen_ai_request_model=\"m\",gen_ai_response_model=\"m\",le=\"0.04\"}} 1\n"
+                "{ttft}_bucket{{slotlight_api=\"chat.completions\",gen_ai_operation_name=\"chat\",gen_ai_provider_name=\"slotlight\",gen_ai_request_model=\"m\",gen_ai_response_model=\"m\",le=\"0.04\"}} 1\n"
             )),
             "{text}"
         );

@@ -33,10 +33,17 @@ pub struct RequestInstruments {
     pub queue: Histogram<f64>,
 }
 
-/// The GenAI attributes of a request series (the request model only when known).
-pub fn genai_attrs(operation: &str, request_model: &str, response_model: &str) -> Vec<KeyValue> {
+/// The attributes of a request series: its API (under the label's name, as `/metrics` shows
+/// it) and its GenAI attributes (the request model only when known).
+pub fn genai_attrs(
+    api: &'static str,
+    operation: &'static str,
+    request_model: &str,
+    response_model: &str,
+) -> Vec<KeyValue> {
     let mut v = vec![
-        KeyValue::new(attr::GEN_AI_OPERATION_NAME, operation.to_string()),
+        KeyValue::new(slotlight_otel::metric::label::API, api),
+        KeyValue::new(attr::GEN_AI_OPERATION_NAME, operation),
         KeyValue::new(attr::GEN_AI_PROVIDER_NAME, value::PROVIDER),
     ];
     if !request_model.is_empty() {

@@ -12,7 +12,7 @@ use slotlight_otel::metric::buckets;
 use super::histogram::{AtomicHistogram, HistogramSnapshot};
 use super::instruments::{RequestInstruments, genai_attrs};
 
-/// Most distinct (operation, request model, response model) series; more go to one
+/// Most distinct (API, operation, request model, response model) series; more go to one
 /// `_overflow` series. The request model is checked against the served names before a request
 /// is counted, so only a refusal could bring a new one, and refusals carry none.
 const MAX_SERIES: usize = 32;
@@ -23,6 +23,8 @@ pub const OVERFLOW: &str = "_overflow";
 /// One finished or refused request, as its latency histograms see it.
 #[derive(Debug, Clone, Copy)]
 pub struct Observation<'a> {
+    /// The API the request came through (`slotlight.api`).
+    pub api: &'static str,
     /// The GenAI operation (`gen_ai.operation.name`): `chat` or `text_completion`.
     pub operation: &'static str,
     /// `gen_ai.request.model`, when known (a refusal may come before the body was read).
@@ -41,9 +43,19 @@ pub struct Observation<'a> {
     pub queue: Option<f64>,
 }
 
-/// The GenAI labels of one series: operation, request model (empty when unknown), response
-/// model.
-pub type SeriesKey = (&'static str, String, String);
+/// The labels of one series: the API, and the GenAI operation, request model (empty when
+/// unknown) and response model.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SeriesKey {
+    /// The API the requests came through (`slotlight.api`).
+    pub api: &'static str,
+    /// `gen_ai.operation.name`.
+    pub operation: &'static str,
+    /// `gen_ai.request.model` (empty when unknown).
+    pub request_model: String,
+    /// `gen_ai.response.model`.
+    pub response_model: String,
+}
 
 #[derive(Debug)]
 struct Series {
@@ -111,18 +123,31 @@ impl RequestMetrics {
     /// Observes one finished (or refused) request. Only what the request had is observed: a
     /// time it never had is never recorded as zero.
     pub fn observe(&self, o: &Observation<'_>) {
-        let key: SeriesKey = (
-            o.operation,
-            o.request_model.unwrap_or("").to_string(),
-            o.response_model.to_string(),
-        );
+        let key = SeriesKey {
+            api: o.api,
+            operation: o.operation,
+            request_model: o.request_model.unwrap_or("").to_string(),
+            response_model: o.response_model.to_string(),
+        };
         let mut g = self.lock();
         let key = if g.series.len() >= MAX_SERIES && !g.series.contains_key(&key) {
-            (OVERFLOW, OVERFLOW.to_string(), OVERFLOW.to_string())
+            SeriesKey {
+                api: OVERFLOW,
+                operation: OVERFLOW,
+                request_model: OVERFLOW.to_string(),
+                response_model: OVERFLOW.to_string(),
+            }
         } else {
             key
         };
-        let otel_attrs = self.otel.get().map(|_| genai_attrs(key.0, &key.1, &key.2));
+        let otel_attrs = self.otel.get().map(|_| {
+            genai_attrs(
+                key.api,
+                key.operation,
+                &key.request_model,
+                &key.response_model,
+            )
+        });
         let s = g.series.entry(key).or_insert_with(Series::new);
         if o.error_type.is_none() {
             if let Some(v) = o.ttft {
@@ -200,6 +225,7 @@ mod tests {
 
     fn ok() -> Observation<'static> {
         Observation {
+            api: "chat.completions",
             operation: "chat",
             request_model: Some("m"),
             response_model: "m",
@@ -239,6 +265,6 @@ mod tests {
         }
         let s = m.snapshot();
         assert_eq!(s.series.len(), MAX_SERIES + 1);
-        assert!(s.series.iter().any(|x| x.key.0 == OVERFLOW));
+        assert!(s.series.iter().any(|x| x.key.operation == OVERFLOW));
     }
 }

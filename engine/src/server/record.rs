@@ -48,7 +48,7 @@ pub fn refusal(st: &AppState, api: Api, arrived: &Arrived, refused: Refused) -> 
             let meta = std::sync::Arc::clone(trace.meta());
             let r = Refusal {
                 id: meta.id.clone(),
-                operation: meta.operation(),
+                api: meta.request.api,
                 response_model: meta.request.model.clone(),
                 session: meta.session.clone(),
                 received: meta.received,
@@ -70,7 +70,7 @@ pub fn refusal(st: &AppState, api: Api, arrived: &Arrived, refused: Refused) -> 
         None => {
             let r = Refusal {
                 id: super::ids::new_id(api.id_prefix()),
-                operation: api.operation(),
+                api,
                 response_model: st.cfg.model_names.first().cloned().unwrap_or_default(),
                 session: super::request::session(headers, None),
                 received,
@@ -119,7 +119,8 @@ fn refused_request(
     log_refused(r, http_status);
     metrics.count_refused(r.error_type);
     metrics.observe(&Observation {
-        operation: r.operation,
+        api: r.api.label(),
+        operation: r.api.operation(),
         request_model,
         response_model: &r.response_model,
         error_type: Some(r.error_type),
@@ -164,6 +165,7 @@ fn log_finished(meta: &RequestMeta, trace_id: &str, o: &RequestOutcome) {
         request_id = %meta.id,
         session_id = meta.session.as_deref(),
         trace_id = %trace_id,
+        api = meta.request.api.label(),
         operation = meta.operation(),
         status = o.status.as_str(),
         finish_reason = reasons.join(","),
@@ -204,6 +206,7 @@ fn observe_finished(metrics: &RequestMetrics, meta: &RequestMeta, o: &RequestOut
         .filter(|_| usage.completion_tokens > 1)
         .map(|g| g / (usage.completion_tokens - 1) as f64);
     metrics.observe(&Observation {
+        api: meta.request.api.label(),
         operation: meta.operation(),
         request_model: Some(&meta.request.request_model),
         response_model: &meta.request.model,
@@ -223,7 +226,8 @@ fn log_refused(r: &Refusal, http_status: u16) {
         target: "slotlight::request",
         request_id = %r.id,
         session_id = r.session.as_deref(),
-        operation = r.operation,
+        api = r.api.label(),
+        operation = r.api.operation(),
         status = slotlight_otel::attr::value::STATUS_REFUSED,
         error_type = r.error_type,
         http_status,

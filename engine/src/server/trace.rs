@@ -18,8 +18,8 @@ use slotlight_otel::{attr, span};
 use crate::constraint::ConstraintKind;
 use crate::scheduler::{Event, Placement};
 use crate::server::outcome::RequestOutcome;
-use crate::server::request::RequestMeta;
 use crate::server::request::content::{self, OutputMessage};
+use crate::server::request::{Api, RequestMeta};
 use crate::telemetry::Telemetry;
 use crate::timing::{LegRecord, PathKind, PrefillChunkRecord, PrefillRecord, TimeAnchor};
 
@@ -131,6 +131,7 @@ impl RequestTrace {
         let sampling = &opts.sampling;
         let mut attrs = vec![
             KeyValue::new(attr::GEN_AI_OPERATION_NAME, meta.operation()),
+            KeyValue::new(attr::API, req.api.label()),
             KeyValue::new(attr::GEN_AI_PROVIDER_NAME, attr::value::PROVIDER),
             KeyValue::new(attr::GEN_AI_REQUEST_MODEL, req.request_model.clone()),
             kv_i(attr::GEN_AI_REQUEST_MAX_TOKENS, opts.max_tokens),
@@ -761,8 +762,8 @@ impl RequestTrace {
 pub struct Refusal {
     /// The id given to the request (no response carries it; the span and log line do).
     pub id: String,
-    /// `chat` or `text_completion`, from the route.
-    pub operation: &'static str,
+    /// The API of the route that refused it (names the operation).
+    pub api: Api,
     /// The served model (names the span).
     pub response_model: String,
     /// Session, from `x-session-id`.
@@ -788,7 +789,8 @@ pub fn record_refusal(
     server: &ServerAddress,
 ) -> opentelemetry::trace::SpanContext {
     let mut attrs = vec![
-        KeyValue::new(attr::GEN_AI_OPERATION_NAME, r.operation),
+        KeyValue::new(attr::GEN_AI_OPERATION_NAME, r.api.operation()),
+        KeyValue::new(attr::API, r.api.label()),
         KeyValue::new(attr::GEN_AI_PROVIDER_NAME, attr::value::PROVIDER),
         KeyValue::new(attr::REQUEST_ID, r.id.clone()),
         kv_u(attr::REQUEST_START_TIME, anchor.unix_nanos(r.received)),
@@ -801,7 +803,7 @@ pub fn record_refusal(
         attrs.push(KeyValue::new(attr::GEN_AI_CONVERSATION_ID, s.clone()));
     }
     attrs.extend(server.attrs());
-    let name = span::request_span_name(r.operation, &r.response_model);
+    let name = span::request_span_name(r.api.operation(), &r.response_model);
     let tracer: &BoxedTracer = &telemetry.tracer;
     let mut sp = tracer
         .span_builder(Cow::Owned(name))

@@ -48,6 +48,17 @@ impl Api {
         }
     }
 
+    /// The `slotlight.api` value (span attribute, log line, metric label, turn record).
+    pub fn label(self) -> &'static str {
+        use slotlight_otel::attr::value;
+        match self {
+            Api::Chat => value::API_CHAT_COMPLETIONS,
+            Api::Completions => value::API_COMPLETIONS,
+            Api::Responses => value::API_RESPONSES,
+            Api::Messages => value::API_MESSAGES,
+        }
+    }
+
     /// The prefix of the API's response ids, separator included (`chatcmpl-`, `resp_`).
     pub fn id_prefix(self) -> &'static str {
         match self {
