@@ -26,8 +26,10 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on the API (not on /health).
     #[arg(long, env = "SLOTLIGHT_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// Extra name clients may use for the model (repeatable).
-    #[arg(long)]
+    /// Names clients may use for the model (several after one flag, or the flag repeated):
+    /// the first is the name responses and `/v1/models` report first; every one is listed and
+    /// served, as are the model's own id and its known name.
+    #[arg(long, num_args = 1..)]
     pub served_model_name: Vec<String>,
     /// Batch slots per device group.
     #[arg(long, default_value_t = 8)]
@@ -248,12 +250,15 @@ async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {
             "the model has no chat template: chat requests use its family's built-in turn format (Gemma's for Gemma, else ChatML)"
         );
     }
-    let mut names = vec![model.id.clone()];
-    // `--model gemma3-270m` also answers to the name it was asked for.
-    if let Some(known) = a.model.known_name() {
-        names.push(known.to_owned());
+    // The served names first (the first is reported), then the model's own id and, for
+    // `--model gemma3-270m`, the name it was asked for; each once.
+    let mut names: Vec<String> = Vec::new();
+    let own = std::iter::once(model.id.clone()).chain(a.model.known_name().map(str::to_owned));
+    for n in a.served_model_name.iter().cloned().chain(own) {
+        if !n.is_empty() && !names.contains(&n) {
+            names.push(n);
+        }
     }
-    names.extend(a.served_model_name.iter().cloned());
     let cfg = ServeConfig {
         api_key: a.api_key.clone().filter(|k| !k.is_empty()),
         max_body_bytes: a.max_body_bytes,

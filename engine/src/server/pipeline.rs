@@ -414,6 +414,8 @@ mod tests {
                 constraint: None,
                 reasoning,
                 content: None,
+                tools_skipped: Vec::new(),
+                max_tokens_asked: None,
             },
         })
     }

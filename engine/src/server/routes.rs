@@ -21,7 +21,6 @@ async fn models(State(st): State<SharedState>) -> Response {
         .cfg
         .model_names
         .iter()
-        .take(1)
         .map(|id| {
             json!({
                 "id": id,

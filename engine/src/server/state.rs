@@ -71,13 +71,18 @@ pub struct AppState {
 pub type SharedState = Arc<AppState>;
 
 impl AppState {
-    /// The served model's name, or 404 for another one.
+    /// The name the request is served under: the one it asked for when it is one of the
+    /// served names (every one is served), the first served name when it asked for none, or
+    /// 404 for another one.
     pub fn check_model(&self, asked: Option<&str>) -> Result<String, ApiError> {
         let served = self.cfg.model_names.first().cloned().unwrap_or_default();
         match asked {
             None | Some("") => Ok(served),
-            Some(m) if self.cfg.model_names.iter().any(|n| n == m) => Ok(served),
-            Some(m) => Err(ApiError::model_not_found(m, &served)),
+            Some(m) if self.cfg.model_names.iter().any(|n| n == m) => Ok(m.to_string()),
+            Some(m) => Err(ApiError::model_not_found(
+                m,
+                &self.cfg.model_names.join("`, `"),
+            )),
         }
     }
 }

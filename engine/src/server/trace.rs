@@ -212,6 +212,20 @@ impl RequestTrace {
             attrs.push(KeyValue::new(attr::TOOLS_CHOICE, t.choice.as_str()));
             attrs.push(KeyValue::new(attr::TOOLS_FORMAT, t.format.as_str()));
         }
+        if !req.tools_skipped.is_empty() {
+            attrs.push(KeyValue::new(
+                attr::TOOLS_SKIPPED,
+                Value::Array(Array::String(
+                    req.tools_skipped
+                        .iter()
+                        .map(|t| StringValue::from(t.clone()))
+                        .collect(),
+                )),
+            ));
+        }
+        if let Some(asked) = req.max_tokens_asked {
+            attrs.push(kv_i(attr::REQUEST_MAX_TOKENS_ASKED, asked));
+        }
         let name = span::request_span_name(meta.operation(), &req.model);
         let tracer = Arc::clone(&telemetry.tracer);
         let root_span = tracer

@@ -182,6 +182,7 @@ impl InputMessage {
             ));
         };
         let m = Self {
+            path: format!("messages[{i}]"),
             role,
             content: b.take("content")?,
             name: b.take("name")?,
@@ -516,6 +517,7 @@ fn parse_tool(v: Value, i: usize) -> Result<InputTool, ApiError> {
     let _strict: Option<bool> = f.take("strict")?;
     f.finish()?;
     Ok(InputTool {
+        name_param: format!("tools[{i}].function.name"),
         name,
         description,
         parameters,

@@ -218,6 +218,7 @@ mod tests {
 
     fn msg(role: &str, content: Option<&str>) -> InputMessage {
         InputMessage {
+            path: "messages[0]".into(),
             role: role.into(),
             content: content.map(|c| Content::Text(c.into())),
             name: None,
@@ -253,6 +254,7 @@ mod tests {
             msg("system", Some("Late note.")),
         ];
         let tools = vec![InputTool {
+            name_param: "tools[0].function.name".into(),
             name: "weather".into(),
             description: Some("Current weather".into()),
             parameters: Some(json!({"type": "object"})),

@@ -54,6 +54,9 @@ pub struct InputFunctionCall {
 /// One chat message.
 #[derive(Debug, Clone)]
 pub struct InputMessage {
+    /// Where the message is in the request as the client sent it (`messages[3]`,
+    /// `input[5]`): errors about it name this path.
+    pub path: String,
     /// `system`, `developer`, `user`, `assistant` or `tool`.
     pub role: String,
     /// Content (may be null for an assistant message with tool calls).
@@ -114,6 +117,9 @@ pub struct StreamOptions {
 /// A tool definition as sent.
 #[derive(Debug, Clone)]
 pub struct InputTool {
+    /// The request field of the tool's name as the client sent it
+    /// (`tools[2].function.name`, `tools[2].name`): errors about the name name it.
+    pub name_param: String,
     /// The function's name.
     pub name: String,
     /// What the function does, for the model (rendered into the prompt).

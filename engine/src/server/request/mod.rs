@@ -106,6 +106,12 @@ pub struct ValidRequest {
     pub reasoning: Option<ReasoningStart>,
     /// The request's content for its span, built only with `--trace-content`.
     pub content: Option<InputContent>,
+    /// The types of the tools the request offered that the engine cannot run (hosted tools),
+    /// accepted and left out of the prompt (`slotlight.tools.skipped`).
+    pub tools_skipped: Vec<String>,
+    /// The completion token limit the client asked for, when the door clamped it to
+    /// `opts.max_tokens` (`slotlight.request.max_tokens_asked`).
+    pub max_tokens_asked: Option<usize>,
 }
 
 impl ValidRequest {
@@ -136,6 +142,8 @@ impl ValidRequest {
                 .cfg
                 .trace_content
                 .then(|| InputContent::chat(&req.messages, req.tools.as_deref())),
+            tools_skipped: Vec::new(),
+            max_tokens_asked: None,
         })
     }
 
@@ -164,6 +172,8 @@ impl ValidRequest {
             constraint,
             reasoning: None,
             content,
+            tools_skipped: Vec::new(),
+            max_tokens_asked: None,
         })
     }
 

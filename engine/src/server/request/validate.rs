@@ -546,10 +546,10 @@ fn tool_setup(
     at_most("tools", "tools", wire.len(), limits.max_tools)?;
     let mut seen = HashSet::new();
     let mut tools = Vec::with_capacity(wire.len());
-    for (i, t) in wire.into_iter().enumerate() {
+    for t in wire {
         if !seen.insert(t.name.clone()) {
             return Err(ApiError::invalid_param(
-                &format!("tools[{i}].function.name"),
+                &t.name_param,
                 format!("two tools are named `{}`", t.name),
             ));
         }
@@ -607,7 +607,7 @@ pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, 
     for (i, m) in req.messages.iter().enumerate() {
         let Some(role) = m.author() else {
             return Err(ApiError::invalid_param(
-                &format!("messages[{i}].role"),
+                &format!("{}.role", m.path),
                 format!(
                     "unknown role `{}` (system, user, assistant, tool or developer)",
                     m.role
@@ -624,7 +624,7 @@ pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, 
                         ("text", Some(t)) => s.push_str(t),
                         _ => {
                             return Err(ApiError::invalid_param(
-                                &format!("messages[{i}].content[{j}]"),
+                                &format!("{}.content[{j}]", m.path),
                                 format!(
                                     "content part of type `{}` is not supported (only text)",
                                     p.kind
@@ -638,7 +638,7 @@ pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, 
         };
         if content.len() > limits.max_message_bytes {
             return Err(ApiError::invalid_param(
-                &format!("messages[{i}].content"),
+                &format!("{}.content", m.path),
                 format!(
                     "message content is {} bytes; the limit is {}",
                     content.len(),
@@ -651,7 +651,7 @@ pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, 
         if let Some(r) = &m.reasoning_content {
             if role != Role::Assistant {
                 return Err(ApiError::invalid_param(
-                    &format!("messages[{i}].reasoning_content"),
+                    &format!("{}.reasoning_content", m.path),
                     "only assistant messages carry reasoning_content",
                 ));
             }
@@ -660,7 +660,7 @@ pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, 
         if let Some(calls) = &m.tool_calls {
             if role != Role::Assistant {
                 return Err(ApiError::invalid_param(
-                    &format!("messages[{i}].tool_calls"),
+                    &format!("{}.tool_calls", m.path),
                     "only assistant messages carry tool_calls",
                 ));
             }
@@ -668,7 +668,7 @@ pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, 
             for (j, c) in calls.iter().enumerate() {
                 if c.kind.as_deref().is_some_and(|k| k != "function") {
                     return Err(ApiError::invalid_param(
-                        &format!("messages[{i}].tool_calls[{j}].type"),
+                        &format!("{}.tool_calls[{j}].type", m.path),
                         "only function tool calls are supported",
                     ));
                 }
@@ -693,7 +693,7 @@ pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, 
         if role == Role::Tool {
             let Some(id) = &m.tool_call_id else {
                 return Err(ApiError::invalid_param(
-                    &format!("messages[{i}].tool_call_id"),
+                    &format!("{}.tool_call_id", m.path),
                     "a tool message needs the `tool_call_id` it answers",
                 ));
             };
@@ -703,7 +703,7 @@ pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, 
             }
         } else if m.tool_call_id.is_some() {
             return Err(ApiError::invalid_param(
-                &format!("messages[{i}].tool_call_id"),
+                &format!("{}.tool_call_id", m.path),
                 "only tool messages carry a tool_call_id",
             ));
         }
