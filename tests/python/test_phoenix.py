@@ -21,13 +21,11 @@ SLOTLIGHT_REQUIRE_TOOLS=1.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -76,6 +74,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# Phoenix runs in an environment of its own: it pins the Anthropic SDK below the version the
+# Messages API tests use.
+PHOENIX_PYTHON = Path(
+    os.environ.get("SLOTLIGHT_PHOENIX_PYTHON")
+    or Path(__file__).resolve().parents[2] / ".venv-phoenix" / "bin" / "python"
+)
+
+
 class Phoenix:
     """`phoenix serve` on free loopback ports, its working directory in `workdir`."""
 
@@ -93,7 +99,7 @@ class Phoenix:
         )
         self._log = self.log_path.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "phoenix.server.main", "serve"],
+            [str(PHOENIX_PYTHON), "-m", "phoenix.server.main", "serve"],
             cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + START_DEADLINE_S
@@ -141,12 +147,15 @@ class Phoenix:
 
 @pytest.fixture(scope="module")
 def phoenix(tmp_path_factory):
-    try:
-        found = importlib.util.find_spec("phoenix.server.main") is not None
-    except ModuleNotFoundError:
-        found = False
+    found = PHOENIX_PYTHON.exists() and subprocess.run(
+        [str(PHOENIX_PYTHON), "-c", "import phoenix.server.main"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    ).returncode == 0
     if not found:
-        missing("arize-phoenix is not installed (pip install -r tests/python/requirements.txt)")
+        missing(
+            f"arize-phoenix is not installed in {PHOENIX_PYTHON} "
+            "(scripts/test.sh installs tests/python/requirements-phoenix.txt into .venv-phoenix)"
+        )
     p = Phoenix(tmp_path_factory.mktemp("phoenix"))
     yield p
     p.close()
