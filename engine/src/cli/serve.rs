@@ -298,6 +298,7 @@ async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {
         metrics: Arc::default(),
         anchor: TimeAnchor::now(),
         started: crate::server::ids::created(),
+        diagnostics: Default::default(),
     });
     if let Some(meter) = st.telemetry.meter() {
         crate::metrics::otlp::register(

@@ -1,4 +1,7 @@
-//! API errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+//! API errors, answered in the shape of the API the request came through: OpenAI's
+//! `{"error": {"message", "type", "param", "code"}}`, or Anthropic's
+//! `{"type": "error", "error": {"type", "message"}}` ([`ErrorShape`]). One [`ApiError`] holds
+//! what went wrong; [`ApiError::render`] writes it either way.
 
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -48,6 +51,29 @@ impl ErrorKind {
             ErrorKind::Shutdown => value::ERROR_SHUTDOWN,
             ErrorKind::KvCacheExhausted => value::ERROR_KV_CACHE_EXHAUSTED,
             ErrorKind::Internal => value::ERROR_INTERNAL,
+        }
+    }
+}
+
+/// The wire shape an error is answered in: the API of the route that answers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorShape {
+    /// OpenAI's `{"error": {"message", "type", "param", "code"}}` (chat completions,
+    /// completions, Responses, and every route that is not Anthropic's).
+    OpenAi,
+    /// Anthropic's `{"type": "error", "error": {"type", "message"}}` (`/v1/messages*`), with
+    /// Anthropic's error types and statuses (529 `overloaded_error` for a full queue).
+    Anthropic,
+}
+
+impl ErrorShape {
+    /// The shape of the errors of the route at `path`: Anthropic's for `/v1/messages` and
+    /// what lies under it, OpenAI's for everything else.
+    pub fn of_path(path: &str) -> Self {
+        if path == "/v1/messages" || path.starts_with("/v1/messages/") {
+            ErrorShape::Anthropic
+        } else {
+            ErrorShape::OpenAi
         }
     }
 }
@@ -115,7 +141,7 @@ impl ApiError {
             StatusCode::UNAUTHORIZED,
             "invalid_request_error",
             Some("invalid_api_key"),
-            "missing or invalid API key: send `Authorization: Bearer <key>`",
+            "missing or invalid API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`",
         )
     }
 
@@ -210,7 +236,7 @@ impl ApiError {
         self.error.label()
     }
 
-    /// The body as JSON (built as a value: it cannot fail to serialize).
+    /// The body as JSON in OpenAI's shape (built as a value: it cannot fail to serialize).
     pub fn body(&self) -> serde_json::Value {
         serde_json::json!({
             "error": {
@@ -220,6 +246,62 @@ impl ApiError {
                 "code": self.code,
             }
         })
+    }
+
+    /// Anthropic's error type for this error (`invalid_request_error`, `overloaded_error`, …).
+    pub fn anthropic_type(&self) -> &'static str {
+        match self.error {
+            ErrorKind::Validation | ErrorKind::ContextLength => "invalid_request_error",
+            ErrorKind::NotFound => "not_found_error",
+            ErrorKind::TooLarge => "request_too_large",
+            ErrorKind::Timeout => "timeout_error",
+            ErrorKind::Unauthorized => "authentication_error",
+            ErrorKind::Overloaded => "overloaded_error",
+            ErrorKind::Shutdown | ErrorKind::KvCacheExhausted | ErrorKind::Internal => "api_error",
+        }
+    }
+
+    /// The HTTP status in `shape`: Anthropic answers a full queue with 529, the rest alike.
+    pub fn status_in(&self, shape: ErrorShape) -> StatusCode {
+        match (shape, self.error) {
+            (ErrorShape::Anthropic, ErrorKind::Overloaded) => {
+                StatusCode::from_u16(529).unwrap_or(self.status)
+            }
+            _ => self.status,
+        }
+    }
+
+    /// The body as JSON in `shape`. Anthropic's shape has no `param`: its message names the
+    /// field at fault (prefixed with it when it does not already).
+    pub fn body_in(&self, shape: ErrorShape) -> serde_json::Value {
+        match shape {
+            ErrorShape::OpenAi => self.body(),
+            ErrorShape::Anthropic => {
+                let message = match &self.param {
+                    Some(p) if !self.message.contains(p.as_str()) => {
+                        format!("`{p}`: {}", self.message)
+                    }
+                    _ => self.message.clone(),
+                };
+                serde_json::json!({
+                    "type": "error",
+                    "error": {"type": self.anthropic_type(), "message": message},
+                })
+            }
+        }
+    }
+
+    /// The whole response in `shape`: status, body, `Retry-After` when set, and the typed
+    /// error itself as an extension (the outer layer of the generation routes reads its label
+    /// back, instead of working it out from the status code).
+    pub fn render(self, shape: ErrorShape) -> Response {
+        let mut r = (self.status_in(shape), Json(self.body_in(shape))).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        r.extensions_mut().insert(self);
+        r
     }
 }
 
@@ -257,16 +339,10 @@ impl From<&EngineError> for ApiError {
     }
 }
 
+/// An error answered in OpenAI's shape (every route but Anthropic's, which call
+/// [`ApiError::render`] with [`ErrorShape::Anthropic`]).
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut r = (self.status, Json(self.body())).into_response();
-        if let Some(s) = self.retry_after {
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(s));
-        }
-        // The outer layer of the generation routes reads the typed error back (its label),
-        // instead of working it out from the status code.
-        r.extensions_mut().insert(self);
-        r
+        self.render(ErrorShape::OpenAi)
     }
 }

@@ -1,6 +1,6 @@
 //! The HTTP server: the front doors (OpenAI chat completions and completions in [`openai`],
-//! with `/tokenize`, `/detokenize` and the render API), plus `/v1/models`, `/health`,
-//! `/v1/requests` and `/metrics`.
+//! with `/tokenize`, `/detokenize` and the render API; Anthropic's Messages in [`messages`]),
+//! plus `/v1/models`, `/health`, `/v1/requests` and `/metrics`.
 //!
 //! One request path serves every front door: a door takes its body apart into
 //! [`request::input`], [`request`] validates it into a `ValidRequest` (prompt built, grammar
@@ -9,13 +9,15 @@
 //! [`trace`] and [`record`] write its spans, log line and metrics from its one
 //! [`outcome`]. Around them: the settings and shared state (`state`), the routes (`routes`),
 //! the middleware (arrival, API key, trace context; [`middleware`]), serving and the drain on
-//! shutdown (`listen`).
+//! shutdown (`listen`). [`diagnostics`] keeps what the vendors' cache diagnostics compare.
 
 pub mod body;
+pub mod diagnostics;
 pub mod error;
 pub mod front;
 pub mod ids;
 mod listen;
+pub mod messages;
 pub mod middleware;
 pub mod openai;
 pub mod outcome;

@@ -70,6 +70,9 @@ pub struct ChoiceEnd {
     pub tool_calls: Vec<ToolCall>,
     /// Log-probabilities of tokens not yet sent.
     pub logprobs: Vec<TokenLogprobs>,
+    /// Every token id the choice generated, in order (the exact reply, whatever text it was
+    /// shown as: what a later turn's prompt is compared with).
+    pub tokens: Vec<u32>,
 }
 
 /// Sets the cancel flag when dropped, unless disarmed (a handler dropped mid-request means
@@ -299,6 +302,7 @@ async fn run(
                             reasoning: thought,
                             tool_calls: calls,
                             logprobs: std::mem::take(&mut state.logprobs),
+                            tokens: c.tokens.clone(),
                         })));
                         state.done = Some(*c);
                         finished += 1;

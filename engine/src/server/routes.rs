@@ -11,10 +11,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorShape};
 use super::middleware::{authenticate, stamp_arrival};
-use super::openai;
 use super::state::SharedState;
+use super::{messages, openai};
 
 async fn models(State(st): State<SharedState>) -> Response {
     let data: Vec<_> = st
@@ -83,8 +83,10 @@ async fn metrics(State(st): State<SharedState>, headers: HeaderMap) -> Response 
     ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
-async fn fallback(req: Request) -> ApiError {
-    ApiError::not_found(req.uri().path())
+/// No route: 404 in the shape of the API the path belongs to.
+async fn fallback(req: Request) -> Response {
+    let path = req.uri().path();
+    ApiError::not_found(path).render(ErrorShape::of_path(path))
 }
 
 /// The routes, with authentication. The generation routes' handlers refuse requests while
@@ -94,6 +96,11 @@ pub fn router(st: SharedState) -> Router {
     let mut api = Router::new()
         .route("/v1/chat/completions", post(openai::handler::chat))
         .route("/v1/completions", post(openai::handler::completions))
+        .route("/v1/messages", post(messages::handler::create))
+        .route(
+            "/v1/messages/count_tokens",
+            post(messages::handler::count_tokens),
+        )
         .route("/v1/chat/completions/render", post(openai::render::chat))
         .route("/v1/completions/render", post(openai::render::completions))
         .route("/tokenize", post(openai::tokenize::tokenize))

@@ -65,6 +65,9 @@ pub struct AppState {
     pub context: usize,
     /// When the server started (unix seconds).
     pub started: u64,
+    /// Recent turns by response id, for the cache diagnostics (Anthropic's
+    /// `diagnostics.previous_message_id`).
+    pub diagnostics: super::diagnostics::Registry,
 }
 
 /// The state every handler receives.

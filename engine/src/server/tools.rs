@@ -289,42 +289,63 @@ fn closed(parameters: &Value) -> Value {
 }
 
 /// For templates without tool support: an assistant's calls become the generic format's JSON,
-/// tool results become user messages holding `{"tool_response": ...}`.
+/// tool results become user messages holding `{"tool_response": ...}`. Consecutive results
+/// (the answers to one reply's calls), and a user message right after them, become one user
+/// turn, their contents one per line: templates that insist on alternating roles (Gemma's)
+/// take them, and the others see the results of one reply together.
 pub fn polyfill_history(messages: Vec<ChatMessage>) -> Vec<ChatMessage> {
-    messages
-        .into_iter()
-        .map(|m| {
-            if m.role == Role::Assistant
-                && let Some(calls) = &m.tool_calls
+    let mut out: Vec<ChatMessage> = Vec::with_capacity(messages.len());
+    let mut after_result = false;
+    for m in messages {
+        let is_result = m.role == Role::Tool;
+        let m = polyfill_message(m);
+        match out.last_mut() {
+            Some(prev)
+                if m.role == Role::User
+                    && prev.role == Role::User
+                    && (is_result || after_result) =>
             {
-                let calls: Vec<Value> = calls
-                    .iter()
-                    .map(|c| {
-                        let f = &c["function"];
-                        json!({"name": f["name"], "arguments": f["arguments"], "id": c["id"]})
-                    })
-                    .collect();
-                let mut content = json!({"tool_calls": calls}).to_string();
-                if !m.content.is_empty() {
-                    content = format!("{}\n{content}", m.content);
-                }
-                return ChatMessage::new(Role::Assistant, content);
+                prev.content.push('\n');
+                prev.content.push_str(&m.content);
             }
-            if m.role == Role::Tool {
-                let mut r = Map::new();
-                if let Some(n) = &m.name {
-                    r.insert("name".into(), json!(n));
-                }
-                if let Some(id) = &m.tool_call_id {
-                    r.insert("tool_call_id".into(), json!(id));
-                }
-                r.insert("content".into(), json!(m.content));
-                let content = json!({"tool_response": Value::Object(r)}).to_string();
-                return ChatMessage::new(Role::User, content);
-            }
-            m
-        })
-        .collect()
+            _ => out.push(m),
+        }
+        after_result = is_result;
+    }
+    out
+}
+
+/// One message of [`polyfill_history`], on its own.
+fn polyfill_message(m: ChatMessage) -> ChatMessage {
+    if m.role == Role::Assistant
+        && let Some(calls) = &m.tool_calls
+    {
+        let calls: Vec<Value> = calls
+            .iter()
+            .map(|c| {
+                let f = &c["function"];
+                json!({"name": f["name"], "arguments": f["arguments"], "id": c["id"]})
+            })
+            .collect();
+        let mut content = json!({"tool_calls": calls}).to_string();
+        if !m.content.is_empty() {
+            content = format!("{}\n{content}", m.content);
+        }
+        return ChatMessage::new(Role::Assistant, content);
+    }
+    if m.role == Role::Tool {
+        let mut r = Map::new();
+        if let Some(n) = &m.name {
+            r.insert("name".into(), json!(n));
+        }
+        if let Some(id) = &m.tool_call_id {
+            r.insert("tool_call_id".into(), json!(id));
+        }
+        r.insert("content".into(), json!(m.content));
+        let content = json!({"tool_response": Value::Object(r)}).to_string();
+        return ChatMessage::new(Role::User, content);
+    }
+    m
 }
 
 /// One tool call in a reply, with the id the response and the span give it (serialized in
@@ -935,6 +956,38 @@ mod tests {
         let v: Value = serde_json::from_str(&out[3].content).expect("json");
         assert_eq!(v["tool_response"]["content"], "12:00");
         assert!(out.iter().all(|m| m.tool_calls.is_none()));
+
+        // Two results of one reply, and the user's text after them, are one user turn.
+        let mut second = ChatMessage::new(Role::Tool, "13:00");
+        second.tool_call_id = Some("call_2".into());
+        let mut first = ChatMessage::new(Role::Tool, "12:00");
+        first.tool_call_id = Some("call_1".into());
+        let merged = polyfill_history(vec![
+            ChatMessage::new(Role::User, "Times?"),
+            ChatMessage::new(Role::Assistant, "calling"),
+            first,
+            second,
+            ChatMessage::new(Role::User, "Thanks."),
+            ChatMessage::new(Role::Assistant, "ok"),
+            ChatMessage::new(Role::User, "Again."),
+        ]);
+        let roles: Vec<Role> = merged.iter().map(|m| m.role).collect();
+        assert_eq!(
+            roles,
+            vec![
+                Role::User,
+                Role::Assistant,
+                Role::User,
+                Role::Assistant,
+                Role::User
+            ]
+        );
+        let lines: Vec<&str> = merged[2].content.lines().collect();
+        assert_eq!(lines.len(), 3, "{}", merged[2].content);
+        assert!(lines[0].contains("12:00") && lines[1].contains("13:00"));
+        assert_eq!(lines[2], "Thanks.");
+        // A user message that follows no result stays its own turn.
+        assert_eq!(merged[4].content, "Again.");
 
         // Native formats keep the messages and give the template the tools.
         let h = setup(ToolFormat::Hermes, ToolChoice::Auto);

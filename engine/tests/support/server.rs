@@ -147,6 +147,7 @@ impl TestServer {
             vocab: model.config.vocab,
             context,
             started: 0,
+            diagnostics: Default::default(),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

@@ -136,13 +136,19 @@ impl Body {
     }
 
     /// Refuses whatever is left: [`REFUSED`] fields with their reason, others as unknown.
-    pub fn finish(mut self) -> Result<(), ApiError> {
+    pub fn finish(self) -> Result<(), ApiError> {
+        self.finish_with(REFUSED)
+    }
+
+    /// Refuses whatever is left: top-level fields of `refused` with their reason, others as
+    /// unknown (each API has its own list).
+    pub fn finish_with(mut self, refused: &[(&str, &str)]) -> Result<(), ApiError> {
         self.map.retain(|_, v| !v.is_null());
         let Some(key) = self.map.keys().next().cloned() else {
             return Ok(());
         };
         let p = self.path(&key);
-        let why = REFUSED
+        let why = refused
             .iter()
             .find(|(k, _)| self.prefix.is_empty() && *k == key)
             .map_or_else(
@@ -159,7 +165,8 @@ impl Body {
     }
 }
 
-fn kind_of(v: &Value) -> &'static str {
+/// How a JSON value is named in an error message ("a string", "an array").
+pub fn kind_of(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
