@@ -37,6 +37,18 @@ fn main() {
         put("request", &format!("seed{i}.json"), r.as_bytes());
     }
 
+    // Messages bodies: Claude Code's shape, blocks of every kind, tools, thinking, errors.
+    let messages = [
+        r##"{"model":"m","max_tokens":32000,"stream":true,"system":[{"type":"text","text":"billing"},{"type":"text","text":"You are an agent.","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":[{"type":"text","text":"<system-reminder>r</system-reminder>"},{"type":"text","text":"Say hello.","cache_control":{"type":"ephemeral","ttl":"1h"}}]},{"role":"system","content":"# Environment"}],"tools":[{"name":"Bash","description":"Run","input_schema":{"type":"object","properties":{"command":{"type":"string"}}}},{"name":"Later","input_schema":{"type":"object"},"defer_loading":true}],"metadata":{"user_id":"{\"device_id\":\"d\",\"session_id\":\"s\"}"},"thinking":{"type":"adaptive","display":"omitted"},"context_management":{"edits":[{"type":"clear_thinking_20251015","keep":"all"}]},"output_config":{"effort":"high"}}"##,
+        r##"{"max_tokens":8,"messages":[{"role":"user","content":"a"},{"role":"user","content":[{"type":"text","text":"b"}]},{"role":"assistant","content":[{"type":"thinking","thinking":"t","signature":"sl1.00"},{"type":"redacted_thinking","data":"x"},{"type":"text","text":"calling"},{"type":"tool_use","id":"toolu_1","name":"f","input":{"x":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":[{"type":"text","text":"42"},{"type":"tool_reference","tool_name":"g"}],"is_error":true},{"type":"text","text":"go on"}]}],"tools":[{"name":"f","input_schema":{"type":"object"}},{"type":"web_search_20250305","name":"web_search"}],"tool_choice":{"type":"tool","name":"f","disable_parallel_tool_use":true}}"##,
+        r##"{"max_tokens":0,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AA=="}}]}],"stop_sequences":["\n\n","END"],"temperature":0.5,"top_p":0.9,"top_k":-1}"##,
+        r##"{"max_tokens":4,"messages":[{"role":"user","content":"x"},{"role":"assistant","content":"The answer is ("}],"thinking":{"type":"enabled","budget_tokens":1024},"output_config":{"format":{"type":"json_schema","schema":{"type":"object"}}},"diagnostics":{"previous_message_id":"msg_1"}}"##,
+        r##"{"messages":[{"role":"user","content":"count me"}],"compaction":{},"thread":{"type":"continue","previous_message_id":"msg_1"},"service_tier":"priority","unknown":1}"##,
+    ];
+    for (i, r) in messages.iter().enumerate() {
+        put("messages", &format!("seed{i}.json"), r.as_bytes());
+    }
+
     // GGUF: a whole tiny model (template, vocabulary, weights), and a few bare headers.
     let tiny = TinyLlama {
         hidden: 32,

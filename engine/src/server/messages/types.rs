@@ -906,14 +906,11 @@ impl MessagesRequest {
             }
             t.finish()?;
         }
-        match (b.take_value("compaction"), endpoint) {
-            (Some(_), Endpoint::Create) => {
-                return Err(invalid(
-                    "compaction",
-                    "compaction requests (a summary of the conversation) are not supported",
-                ));
-            }
-            (Some(_) | None, _) => {}
+        if b.take_value("compaction").is_some() && endpoint == Endpoint::Create {
+            return Err(invalid(
+                "compaction",
+                "compaction requests (a summary of the conversation) are not supported",
+            ));
         }
         b.finish_with(&[])?;
         let sections = SectionsSent {

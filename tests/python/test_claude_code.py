@@ -1,0 +1,113 @@
+"""Claude Code (the npm release pinned in tests/agents, installed by `npm ci --prefix
+tests/agents`) against the engine's Messages API, two turns of one session: `claude -p ...
+--output-format json`, then `--resume <session_id>`. Its prompt (a system prompt of text blocks,
+12 tools, a `system` message inside `messages`) is about 13k tokens, so the engine serves
+Gemma 3 270M with a 32k context; Claude Code asks `max_tokens: 32000`, which the engine clamps
+to `--max-tokens-limit 64` (said on the span) so a base model's reply stays bounded.
+
+Judged by the protocol, not by the base model's answers: every request Claude Code sends is
+accepted and served (no refusal, every request `ok`), each turn ends as Claude Code's own
+`success` with its JSON result, and the second turn reads the first turn's tokens back from the
+cache (Claude Code's own `usage.cache_read_input_tokens`, and the engine's `resume`). A base
+model cut at 64 tokens rarely ends its turn: Claude Code then reports the cut
+(`api_error: max_output_tokens`) after its own retries, which is the protocol working as
+Anthropic's API documents `stop_reason: "max_tokens"`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from procs import REPO, EngineProcess, default_model
+
+CLAUDE = REPO / "tests" / "agents" / "node_modules" / ".bin" / "claude"
+GEMMA = default_model().parent / "gemma-3-270m-q4_k_m.gguf"
+
+# A fresh 13k-token prompt prefills in minutes on two CPU cores.
+TURN_TIMEOUT = 1800
+
+
+@pytest.fixture(scope="module")
+def gemma_engine():
+    if not CLAUDE.exists():
+        pytest.skip("Claude Code is not installed (`npm ci --prefix tests/agents`)")
+    if not GEMMA.exists():
+        pytest.skip("Gemma 3 270M is not fetched (`slotlight-engine fetch-model gemma3-270m`)")
+    e = EngineProcess(
+        "--batch", "2", "--max-tokens-limit", "64", "--default-max-tokens", "64",
+        ctx_size=32768, model=GEMMA,
+    )
+    yield e
+    e.close()
+
+
+def _claude(engine: EngineProcess, home: Path, work: Path, *args: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
+    env.update(
+        HOME=str(home),
+        ANTHROPIC_BASE_URL=engine.base,
+        ANTHROPIC_AUTH_TOKEN="none",
+        ANTHROPIC_MODEL=engine.model,
+        ANTHROPIC_DEFAULT_HAIKU_MODEL=engine.model,
+        DISABLE_TELEMETRY="1",
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+    )
+    r = subprocess.run(
+        [str(CLAUDE), *args, "--output-format", "json"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=TURN_TIMEOUT, stdin=subprocess.DEVNULL,
+    )
+    context = f"exit {r.returncode}\nstdout: {r.stdout[-2000:]}\nstderr: {r.stderr[-2000:]}"
+    out = json.loads(r.stdout)
+    assert out["type"] == "result" and out["subtype"] == "success", context
+    if out.get("is_error"):
+        # The only error a base model cut at 64 tokens may cause: Claude Code's own report of
+        # `stop_reason: "max_tokens"` after its retries (it then exits 1). An API failure
+        # (a refusal, a malformed response or stream) would read otherwise.
+        assert out.get("api_error") == "max_output_tokens" and out.get("api_error_status") is None, context
+        assert r.returncode == 1, context
+    else:
+        assert r.returncode == 0, context
+    return out
+
+
+def _finished(engine: EngineProcess) -> list[dict]:
+    """The engine's `Request.Finished` lines, as dicts of their fields."""
+    rows = []
+    for line in list(engine.log):
+        if "Request.Finished" not in line:
+            continue
+        fields = dict(re.findall(r'(\w+)=("[^"]*"|\S+)', line.split("Request.Finished", 1)[1]))
+        rows.append({k: v.strip('"') for k, v in fields.items()})
+    return rows
+
+
+def test_two_turns_of_claude_code(gemma_engine, tmp_path):
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    first = _claude(gemma_engine, home, work, "-p", "Say hello in one word.")
+    session = first["session_id"]
+    served_first = _finished(gemma_engine)
+    assert served_first, "Claude Code's first turn reached the engine"
+    second = _claude(gemma_engine, home, work, "-p", "Now say goodbye in one word.", "--resume", session)
+    assert second["session_id"] == session
+    # Claude Code's own usage: the second turn read the first turn's tokens from the cache.
+    assert second["usage"]["cache_read_input_tokens"] > 0, second["usage"]
+    served = _finished(gemma_engine)
+    assert not any("Request.Refused" in line for line in gemma_engine.log), [
+        line for line in gemma_engine.log if "Request.Refused" in line
+    ]
+    assert all(r["api"] == "messages" and r["status"] == "ok" for r in served), served
+    # Every request of the session (Claude Code's `metadata.user_id`) is the session's turn.
+    assert {r.get("session_id") for r in served} == {session}, served
+    # The second turn's first request resumed the first turn's KV: the first turn's prompt,
+    # and more, read back rather than computed.
+    opening = served_first[0]
+    resumed = served[len(served_first)]
+    assert resumed["resume"] in ("full", "diverged"), resumed
+    assert int(resumed["cached_tokens"]) >= int(opening["prompt_tokens"]), (opening, resumed)
