@@ -23,7 +23,8 @@ pub struct ServeArgs {
     /// Port to bind.
     #[arg(long, default_value_t = 8080, env = "SLOTLIGHT_PORT")]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on the API (not on /health).
+    /// Require the key on the API (not on /health): `Authorization: Bearer KEY` (OpenAI's
+    /// clients, Claude Code) or `x-api-key: KEY` (the anthropic SDKs).
     #[arg(long, env = "SLOTLIGHT_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// Names clients may use for the model (several after one flag, or the flag repeated):
