@@ -70,6 +70,10 @@ pub struct ChoiceEnd {
     pub tool_calls: Vec<ToolCall>,
     /// Log-probabilities of tokens not yet sent.
     pub logprobs: Vec<TokenLogprobs>,
+    /// Every token id the choice generated, its end-of-sequence token included: the reply as
+    /// the KV cache holds it (a stored response continues from these, never from a
+    /// re-rendering of its text).
+    pub tokens: Vec<u32>,
 }
 
 /// Sets the cancel flag when dropped, unless disarmed (a handler dropped mid-request means
@@ -299,6 +303,7 @@ async fn run(
                             reasoning: thought,
                             tool_calls: calls,
                             logprobs: std::mem::take(&mut state.logprobs),
+                            tokens: c.tokens.clone(),
                         })));
                         state.done = Some(*c);
                         finished += 1;
