@@ -24,10 +24,10 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::BroadcastStream;
 
 use crate::assembly::Published;
-use crate::assembly::turns::{TurnQuery, TurnRecord, TurnStatus};
 use crate::error::ViewError;
 use crate::metrics::{Metrics, negotiate};
-use crate::store::{Cursor, TurnDb};
+use crate::store::TurnDb;
+use crate::turn::{Cursor, TurnQuery, TurnRecord, TurnStatus};
 
 /// The live page (self-contained: no external script, style or font).
 pub const PAGE: &str = include_str!("page/index.html");

@@ -36,6 +36,7 @@ pub mod spanmetrics;
 pub mod spans;
 pub mod store;
 pub mod synth;
+pub mod turn;
 pub mod vocab;
 
 pub use config::Config;

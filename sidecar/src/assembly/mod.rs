@@ -10,7 +10,6 @@
 //! tests drive it deterministically.
 
 pub mod slots;
-pub mod turns;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -20,10 +19,10 @@ use tokio::sync::{OwnedSemaphorePermit, broadcast, mpsc, watch};
 
 use crate::metrics::{EvictReason, Metrics};
 use crate::spans::{Body, DecodeSpan, EngineSpan, PrefillWindowSpan, SlotKey};
-use crate::store::TurnWriter;
+use crate::store::{TurnStore, TurnWriter};
+use crate::turn::{PartialTurn, TurnLeg, TurnRecord};
 use crate::vocab::TraceId;
 use slots::{InstanceSnapshot, Occupant, PrefillProgress, Row, RowState, SlotsSnapshot};
-use turns::{PartialTurn, TurnLeg, TurnRecord, TurnStore};
 
 /// Engine instances tracked at once.
 pub const MAX_INSTANCES: usize = 256;

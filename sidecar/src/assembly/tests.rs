@@ -4,9 +4,9 @@
 use super::*;
 use crate::spans::{Path, convert_request};
 use crate::synth::{self, Usage};
+use crate::turn::TurnStatus;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use slots::RowState;
-use turns::TurnStatus;
 
 const MS: i64 = 1_000_000;
 const S: i64 = 1_000_000_000;

@@ -22,9 +22,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::assembly::slots::SlotsSnapshot;
-use crate::assembly::turns::TurnRecord;
 use crate::error::IngestError;
 use crate::spanmetrics::SpanBatch;
+use crate::turn::TurnRecord;
 use exposition::{LiveGauges, OwnCounts, Scrape};
 use requests::RequestMetrics;
 use span_totals::SpanTotals;

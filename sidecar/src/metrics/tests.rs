@@ -2,8 +2,8 @@
 
 use super::requests::MAX_OUTCOMES;
 use super::*;
-use crate::assembly::turns::TurnRecord;
 use crate::spans::{Body, EngineSpan, RequestSpan};
+use crate::turn::TurnRecord;
 use slotlight_otel::metric::{self, label};
 use std::sync::Arc;
 

@@ -10,10 +10,10 @@
 //! once: the row is keyed by (engine instance, trace id, request id), as the assembly keys
 //! requests, and a repeat is ignored.
 //!
-//! `:memory:` keeps no file: the views read the in-memory ring instead (see
-//! [`crate::assembly::turns::TurnStore`]).
+//! `:memory:` keeps no file: the views read the in-memory ring instead ([`TurnStore`]).
 
 pub mod query;
+pub mod ring;
 pub mod schema;
 
 use std::path::{Path, PathBuf};
@@ -24,8 +24,9 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags, params};
 
-use crate::assembly::turns::{TurnQuery, TurnRecord};
-pub use query::{Cursor, TurnPage};
+use crate::turn::{TurnQuery, TurnRecord};
+pub use query::TurnPage;
+pub use ring::TurnStore;
 
 /// Records waiting for the writer; more are not stored (counted in
 /// `slotlight_sidecar_turns_not_stored_total`) rather than stall the assembly. A record is
