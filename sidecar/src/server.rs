@@ -15,9 +15,8 @@ use crate::config::Config;
 use crate::error::StartError;
 use crate::forward::{Forwarder, Upstream};
 use crate::metrics::Metrics;
-use crate::net::AllowList;
 use crate::receiver::grpc::{GrpcLogsReceiver, GrpcMetricsReceiver, GrpcReceiver};
-use crate::receiver::{Ingest, http};
+use crate::receiver::{AllowList, Ingest, http};
 use crate::store::{self, Retention, TurnsDb};
 
 /// A running sidecar.

@@ -12,6 +12,7 @@
 //! bytes, unchanged, to the forwarder. A full queue refuses the whole request (retryable), so a sender that retries
 //! loses nothing.
 
+pub mod allow;
 pub mod grpc;
 pub mod http;
 
@@ -37,9 +38,9 @@ use crate::error::IngestError;
 use crate::forward::Forwarder;
 pub use crate::forward::Signal;
 use crate::metrics::Metrics;
-use crate::net::AllowList;
 use crate::spanmetrics::SpanBatch;
 use crate::spans::convert;
+pub use allow::AllowList;
 
 /// The log records of a logs export request.
 pub fn log_records(req: &ExportLogsServiceRequest) -> u64 {
