@@ -23,10 +23,10 @@ use tonic::server::NamedService;
 use tonic_types::{ErrorDetails, StatusExt};
 
 use super::http::RETRY_AFTER_S;
+use super::raw::{EXPORT_PATH, LOGS_EXPORT_PATH, METRICS_EXPORT_PATH};
 use super::{Ingest, Response, Signal};
 use crate::error::IngestError;
 use crate::metrics::Metrics;
-use crate::raw::{EXPORT_PATH, LOGS_EXPORT_PATH, METRICS_EXPORT_PATH};
 
 /// The OTLP trace service's gRPC name.
 pub const SERVICE_NAME: &str = "opentelemetry.proto.collector.trace.v1.TraceService";

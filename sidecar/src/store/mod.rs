@@ -1,4 +1,5 @@
-//! Durable turn records: the SQLite file behind `/v1/turns` (`--turns-db`).
+//! Where turn records are kept: durable, in the SQLite file behind `/v1/turns` (`--turns-db`),
+//! or in memory, in a bounded ring ([`TurnStore`], `--turns-db :memory:`).
 //!
 //! The assembly hands each finished record to [`TurnWriter::offer`], which never blocks: a
 //! bounded channel feeds one writer thread that commits whatever is queued in one
@@ -274,12 +275,12 @@ fn write_loop(mut c: Connection, path: &Path, rx: Receiver<Arc<TurnRecord>>, ret
                 Err(_) => break,
             }
         }
-        if let Err(e) = write_batch(&mut c, &batch, crate::otlp::unix_now_ns()) {
+        if let Err(e) = write_batch(&mut c, &batch, crate::vocab::unix_now_ns()) {
             tracing::error!(error = %e, path = %path.display(), records = batch.len(), "TurnStore.WriteFailed");
         }
         batch.clear();
         if last_retention.is_none_or(|t| t.elapsed() >= RETENTION_EVERY) {
-            if let Err(e) = apply_retention(&c, retention, crate::otlp::unix_now_ns()) {
+            if let Err(e) = apply_retention(&c, retention, crate::vocab::unix_now_ns()) {
                 tracing::error!(error = %e, path = %path.display(), "TurnStore.RetentionFailed");
             }
             last_retention = Some(Instant::now());

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::spans::{Body, EngineSpan, RequestSpan};
+use crate::receiver::decode::{Body, EngineSpan, RequestSpan};
 use crate::turn::{TurnQuery, TurnStatus};
 
 /// A scratch directory under the system's temporary directory, removed on drop.
@@ -16,7 +16,7 @@ impl Scratch {
         let p = std::env::temp_dir().join(format!(
             "slotlight-store-{name}-{}-{}",
             std::process::id(),
-            crate::otlp::unix_now_ns()
+            crate::vocab::unix_now_ns()
         ));
         std::fs::create_dir_all(&p).expect("scratch dir");
         Scratch(p)

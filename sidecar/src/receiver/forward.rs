@@ -21,9 +21,9 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use super::raw::{EXPORT_PATH, LOGS_EXPORT_PATH, METRICS_EXPORT_PATH, RawExporter};
 use crate::error::StartError;
 use crate::metrics::Metrics;
-use crate::raw::{EXPORT_PATH, LOGS_EXPORT_PATH, METRICS_EXPORT_PATH, RawExporter};
 
 /// An OTLP signal the receivers accept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,11 +1,11 @@
 //! The span decoder: wire spans to typed engine spans, the receivers' validation step.
 //!
-//! A leaf of the crate: the receivers, the assembly, the views and the metrics import it; it
-//! imports only the shared vocabulary ([`crate::vocab`]), the wire reader ([`crate::otlp`]) and
-//! the spanmetrics batch it fills ([`crate::spanmetrics`]).
+//! The receivers, the assembly and the metrics import it; it imports only the shared
+//! vocabulary ([`crate::vocab`]), the wire reader ([`super::otlp`]) and the spanmetrics batch
+//! it fills ([`crate::metrics::spanmetrics`]).
 //!
 //! [`convert`] reads an encoded OTLP export request once, with the zero-copy reader in
-//! [`crate::otlp`], keeps the engine's spans as [`EngineSpan`]s
+//! [`super::otlp`], keeps the engine's spans as [`EngineSpan`]s
 //! (typed, with every attribute the assembly needs already parsed), counts spans from other
 //! producers as ignored, and rejects engine spans that lack a required attribute (the
 //! OTLP partial-success answer reports them). Nothing here touches shared state.
@@ -17,8 +17,8 @@ use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use prost::Message;
 use slotlight_otel::{attr, span as names};
 
-use crate::otlp::{self, Value, WireError};
-use crate::spanmetrics::SpanBatch;
+use super::otlp::{self, Value, WireError};
+use crate::metrics::spanmetrics::SpanBatch;
 pub use crate::vocab::{Path, SlotKey, TraceId, hex};
 
 /// One validated span of the engine.
