@@ -17,7 +17,7 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use slotlight_sidecar::assembly::{Assembler, Outputs};
 use slotlight_sidecar::metrics::Metrics;
-use slotlight_sidecar::receiver::decode::{
+use slotlight_sidecar::spans::{
     Body, DecodeSpan, EngineSpan, LegSpan, Path, PrefillSpan, QueueSpan, RequestSpan, SlotKey,
 };
 

@@ -27,9 +27,9 @@
 //! * [`metrics`]: every metric served on `/metrics`, counted by the parts above.
 //! * [`tools`]: the benchmark and the synthetic spans, apart from the service.
 //!
-//! What the parts share sits below them: [`turn`] (a finished request's record and its
-//! query), [`slots`] (the slot view), [`vocab`], [`net`], [`config`] and [`error`]. [`server`]
-//! starts the parts and stops them.
+//! What the parts share sits below them: [`spans`] (the engine's spans, typed), [`turn`] (a
+//! finished request's record and its query), [`slots`] (the slot view), [`vocab`], [`net`],
+//! [`config`] and [`error`]. [`server`] starts the parts and stops them.
 
 #![deny(clippy::cast_possible_truncation)]
 
@@ -41,6 +41,7 @@ pub mod net;
 pub mod receiver;
 pub mod server;
 pub mod slots;
+pub mod spans;
 pub mod store;
 pub mod tools;
 pub mod turn;

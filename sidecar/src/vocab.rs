@@ -66,3 +66,13 @@ pub fn unix_now_ns() -> i64 {
         .unwrap_or_default();
     i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_is_lowercase() {
+        assert_eq!(hex(&[0x0a, 0xff]), "0aff");
+    }
+}

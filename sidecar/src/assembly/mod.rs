@@ -16,8 +16,8 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, broadcast, mpsc, watch};
 
 use crate::metrics::{EvictReason, Metrics};
-use crate::receiver::decode::{Body, DecodeSpan, EngineSpan, PrefillWindowSpan, SlotKey};
 use crate::slots::{InstanceSnapshot, Occupant, PrefillProgress, Row, RowState, SlotsSnapshot};
+use crate::spans::{Body, DecodeSpan, EngineSpan, PrefillWindowSpan, SlotKey};
 use crate::store::{TurnStore, TurnWriter};
 use crate::turn::{PartialTurn, TurnLeg, TurnRecord};
 use crate::vocab::TraceId;

@@ -2,9 +2,9 @@
 //! [`crate::receiver::decode::convert`], and applied with an explicit clock.
 
 use super::*;
-use crate::receiver::decode::Path;
 use crate::receiver::decode::convert_request;
 use crate::slots::RowState;
+use crate::spans::Path;
 use crate::tools::synth::{self, Usage};
 use crate::turn::TurnStatus;
 use opentelemetry_proto::tonic::trace::v1::Span;

@@ -2,7 +2,7 @@
 
 use super::requests::MAX_OUTCOMES;
 use super::*;
-use crate::receiver::decode::{Body, EngineSpan, RequestSpan};
+use crate::spans::{Body, EngineSpan, RequestSpan};
 use crate::turn::TurnRecord;
 use slotlight_otel::metric::{self, label};
 use std::sync::Arc;

@@ -105,7 +105,7 @@ impl TurnStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::receiver::decode::{Body, EngineSpan, RequestSpan};
+    use crate::spans::{Body, EngineSpan, RequestSpan};
 
     fn root(req: RequestSpan) -> EngineSpan {
         EngineSpan {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::receiver::decode::{Body, EngineSpan, RequestSpan};
+use crate::spans::{Body, EngineSpan, RequestSpan};
 use crate::turn::{TurnQuery, TurnStatus};
 
 /// A scratch directory under the system's temporary directory, removed on drop.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::receiver::decode::{EngineSpan, LegSpan, RequestSpan};
+use crate::spans::{EngineSpan, LegSpan, RequestSpan};
 use crate::vocab::{Path, TraceId, hex};
 
 /// One leg of a finished request.
@@ -376,7 +376,7 @@ pub struct PartialTurn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::receiver::decode::Body;
+    use crate::spans::Body;
 
     fn root(req: RequestSpan) -> EngineSpan {
         EngineSpan {
