@@ -19,6 +19,7 @@ pub mod grpc;
 pub mod http;
 pub mod otlp;
 pub mod raw;
+pub mod signal;
 
 use std::sync::Arc;
 
@@ -38,13 +39,12 @@ use tokio::sync::{Semaphore, mpsc};
 
 use crate::assembly::Batch;
 use crate::error::IngestError;
-// The signal is the forwarder's word: the receivers use it, the forwarder never uses them.
 use crate::metrics::Metrics;
 use crate::metrics::spanmetrics::SpanBatch;
 pub use allow::AllowList;
 use decode::convert;
 use forward::Forwarder;
-pub use forward::Signal;
+pub use signal::Signal;
 
 /// The log records of a logs export request.
 pub fn log_records(req: &ExportLogsServiceRequest) -> u64 {
