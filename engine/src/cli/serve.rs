@@ -112,9 +112,33 @@ pub struct ServeArgs {
     /// KV-cache events.
     #[command(flatten)]
     pub kv_events: KvEventsArgs,
+    /// The Responses API's store.
+    #[command(flatten)]
+    pub responses: ResponsesArgs,
     /// Model and device.
     #[command(flatten)]
     pub model: ModelArgs,
+}
+
+/// Where the Responses API keeps stored responses, and how much (docs/api.md, "Stored
+/// responses").
+#[derive(Debug, Args)]
+pub struct ResponsesArgs {
+    /// The store: an SQLite file (default `responses.db` under `$XDG_STATE_HOME/slotlight`,
+    /// else `~/.local/state/slotlight`), `:memory:` to keep nothing past the process, or a
+    /// Redis URL (`redis://HOST:PORT/DB`) shared by several replicas.
+    #[arg(long, env = "SLOTLIGHT_RESPONSES_DB")]
+    pub responses_db: Option<String>,
+    /// Most stored responses; the oldest go first.
+    #[arg(long, default_value_t = 10_000)]
+    pub responses_max: usize,
+    /// Most bytes of stored responses (their JSON, prompt and reply token ids included); the
+    /// oldest go first.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub responses_max_bytes: u64,
+    /// How long a stored response is kept, in hours (OpenAI keeps them 30 days).
+    #[arg(long, default_value_t = 720)]
+    pub responses_ttl_hours: u64,
 }
 
 /// Arguments of the KV-cache event stream (vLLM's wire format; docs/api.md).
@@ -284,6 +308,24 @@ async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {
             }
         }),
     };
+    let responses = {
+        use crate::server::responses::store::{ResponseStore, StoreLimits, StoreLocation};
+        let r = &a.responses;
+        let location = r
+            .responses_db
+            .as_deref()
+            .map_or_else(StoreLocation::default_file, StoreLocation::parse);
+        let limits = StoreLimits {
+            max_responses: r.responses_max.max(1),
+            max_bytes: r.responses_max_bytes,
+            max_age: Duration::from_secs(r.responses_ttl_hours.saturating_mul(3600).max(1)),
+        };
+        let store = ResponseStore::open(&location, limits)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e} ({location:?})"))?;
+        tracing::info!(store = store.describe(), "Responses.StoreOpened");
+        Arc::new(store)
+    };
     let st = Arc::new(AppState {
         engine,
         grammars: Arc::new(crate::constraint::Grammars::new(
@@ -298,6 +340,7 @@ async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {
         metrics: Arc::default(),
         anchor: TimeAnchor::now(),
         started: crate::server::ids::created(),
+        responses,
     });
     if let Some(meter) = st.telemetry.meter() {
         crate::metrics::otlp::register(

@@ -13,8 +13,8 @@ use serde_json::json;
 
 use super::error::ApiError;
 use super::middleware::{authenticate, stamp_arrival};
-use super::openai;
 use super::state::SharedState;
+use super::{openai, responses};
 
 async fn models(State(st): State<SharedState>) -> Response {
     let data: Vec<_> = st
@@ -94,6 +94,16 @@ pub fn router(st: SharedState) -> Router {
     let mut api = Router::new()
         .route("/v1/chat/completions", post(openai::handler::chat))
         .route("/v1/completions", post(openai::handler::completions))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/input_tokens", post(responses::input_tokens))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(responses::input_items),
+        )
         .route("/v1/chat/completions/render", post(openai::render::chat))
         .route("/v1/completions/render", post(openai::render::completions))
         .route("/tokenize", post(openai::tokenize::tokenize))

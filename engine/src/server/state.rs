@@ -65,6 +65,8 @@ pub struct AppState {
     pub context: usize,
     /// When the server started (unix seconds).
     pub started: u64,
+    /// The Responses API's stored responses (`--responses-db`).
+    pub responses: Arc<crate::server::responses::store::ResponseStore>,
 }
 
 /// The state every handler receives.

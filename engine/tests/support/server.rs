@@ -147,6 +147,14 @@ impl TestServer {
             vocab: model.config.vocab,
             context,
             started: 0,
+            responses: Arc::new(
+                slotlight_engine::server::responses::store::ResponseStore::open(
+                    &slotlight_engine::server::responses::store::StoreLocation::Memory,
+                    Default::default(),
+                )
+                .await
+                .expect("in-memory response store"),
+            ),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
