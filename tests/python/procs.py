@@ -103,6 +103,9 @@ class EngineProcess:
             args += ["--no-telemetry"]
         if api_key:
             args += ["--api-key", api_key]
+        if "--responses-db" not in extra:
+            # Stored responses stay in the process unless a test gives a file or Redis.
+            args += ["--responses-db", ":memory:"]
         args += list(extra)
         env = dict(os.environ, RUST_LOG="info", **(env or {}))
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -47,6 +47,10 @@ pub const IGNORED: &[(&str, &str)] = &[
         "image generation is not supported (the option only configures it)",
     ),
     ("background_options", "background requests run at once"),
+    (
+        "client_metadata",
+        "a client's own metadata (Codex CLI's installation, thread and turn ids); the session comes from `prompt_cache_key`",
+    ),
 ];
 
 /// How a prompt too long for the context is handled (`truncation`).
@@ -356,6 +360,7 @@ impl ResponsesRequest {
         }
         messages.extend(to_messages(history, "previous_response_id")?);
         messages.extend(to_messages(&self.input, "input")?);
+        let messages = merge_adjacent(messages);
         let mut chat_template_kwargs = Map::new();
         if let Some(on) = enable_thinking {
             chat_template_kwargs.insert("enable_thinking".into(), Value::Bool(on));
@@ -669,6 +674,38 @@ pub fn to_messages(items: &[Value], prefix: &str) -> Result<Vec<InputMessage>, A
     Ok(out)
 }
 
+/// Adjacent plain messages of one author become one, their texts joined by a blank line:
+/// `instructions` and developer messages are one system message, and a user's messages in a
+/// row one user turn. Agents send items like that (Codex: two developer messages, then two
+/// user messages), and many chat templates (Gemma's, Llama 2's) refuse roles that do not
+/// alternate.
+fn merge_adjacent(messages: Vec<InputMessage>) -> Vec<InputMessage> {
+    let plain = |m: &InputMessage| m.tool_calls.is_none() && m.tool_call_id.is_none();
+    let author = |m: &InputMessage| match m.role.as_str() {
+        "developer" => "system".to_string(),
+        r => r.to_string(),
+    };
+    let mut out: Vec<InputMessage> = Vec::with_capacity(messages.len());
+    for m in messages {
+        if let Some(last) = out.last_mut()
+            && plain(last)
+            && plain(&m)
+            && author(last) == author(&m)
+            && matches!(author(&m).as_str(), "system" | "user")
+            && let (Some(Content::Text(a)), Some(Content::Text(b))) =
+                (&mut last.content, &m.content)
+        {
+            if !a.is_empty() && !b.is_empty() {
+                a.push_str("\n\n");
+            }
+            a.push_str(b);
+            continue;
+        }
+        out.push(m);
+    }
+    out
+}
+
 /// `tools`: function tools as the engine takes them, the function tools as sent, every tool
 /// as sent, and the types of those left out of the prompt.
 #[allow(clippy::type_complexity)]
@@ -854,11 +891,26 @@ mod tests {
         ]}));
         let m = r.chat(&[], None).expect("chat").messages;
         assert_eq!(m.len(), 4);
+        assert_eq!(m[0].role, "user");
         assert_eq!(m[1].role, "assistant");
         assert_eq!(m[1].tool_calls.as_ref().map(Vec::len), Some(2));
         assert_eq!(m[1].reasoning_content.as_deref(), Some("think"));
         assert_eq!(m[3].tool_call_id.as_deref(), Some("call_2"));
         assert!(matches!(&m[3].content, Some(Content::Text(t)) if t == "rain"));
+    }
+
+    #[test]
+    fn adjacent_messages_of_one_author_are_one_turn() {
+        let r = parse(json!({"instructions": "I", "input": [
+            {"type": "message", "role": "developer", "content": "D1"},
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "D2"}]},
+            {"type": "message", "role": "user", "content": "U1"},
+            {"type": "message", "role": "user", "content": "U2"},
+        ]}));
+        let m = r.chat(&[], None).expect("chat").messages;
+        assert_eq!(m.len(), 2);
+        assert!(matches!(&m[0].content, Some(Content::Text(t)) if t == "I\n\nD1\n\nD2"));
+        assert!(matches!(&m[1].content, Some(Content::Text(t)) if t == "U1\n\nU2"));
     }
 
     #[test]
