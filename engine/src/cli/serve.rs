@@ -103,6 +103,11 @@ pub struct ServeArgs {
     /// Length of decode progress windows (`slotlight.decode` spans), ms; 0 turns them off.
     #[arg(long, default_value_t = 250)]
     pub progress_interval_ms: u64,
+    /// Offer tools to models whose chat template has no tool support, in a generic JSON format
+    /// the output is held to (`on`), or leave the tools out of such models' prompts and let
+    /// them answer in text (`off`: the request span lists the tools as skipped).
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    pub generic_tools: Switch,
     /// Record the conversation on the request span in the GenAI conventions (`gen_ai.input.messages`, `gen_ai.output.messages`, ...); off by default: no content leaves the engine.
     #[arg(long)]
     pub trace_content: bool,
@@ -219,6 +224,15 @@ fn start_kv_events(
     Ok(Some(crate::kv_events::publisher::start(cfg)?))
 }
 
+/// A feature switched on or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    /// On.
+    On,
+    /// Off.
+    Off,
+}
+
 /// Metric names served beside slotlight's own (`--metrics-compat`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum MetricsCompat {
@@ -301,6 +315,7 @@ async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {
         read_timeout: Duration::from_secs(a.read_timeout_s.max(1)),
         max_header_bytes: a.max_header_bytes,
         metrics_public: a.metrics_public,
+        generic_tools: a.generic_tools == Switch::On,
         vllm_metrics: (a.metrics_compat == MetricsCompat::Vllm).then(|| {
             crate::metrics::VllmCompat {
                 model_name: model.id.clone(),

@@ -139,6 +139,7 @@ impl TestServer {
                 read_timeout: Duration::from_secs(30),
                 max_header_bytes: 64 * 1024,
                 metrics_public: o.metrics_public,
+                generic_tools: true,
                 vllm_metrics: None,
             },
             telemetry: Arc::new(telemetry),

@@ -142,7 +142,9 @@ async fn prepare(st: &AppState, v: Value) -> Result<Prepared, ApiError> {
             valid = build(st, &req, &history, thinking).await?;
         }
     }
-    valid.tools_skipped = req.tools_skipped.clone();
+    valid
+        .tools_skipped
+        .extend(req.tools_skipped.iter().cloned());
     if req.cache.prewarm {
         // A prefill without generation: the one token the prefill samples is dropped.
         valid.opts.max_tokens = 1;
@@ -217,7 +219,7 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
     });
     let prewarm = req.cache.prewarm;
     let stream = valid.opts.stream;
-    let skipped = req.tools_skipped.join(",");
+    let skipped = valid.tools_skipped.join(",");
     let frame = Frame {
         id: id.clone(),
         created_at: created(),
