@@ -8,8 +8,7 @@
 
 use std::sync::Arc;
 
-use crate::chat_template::{ChatMessage, ChatTemplate, TemplateError};
-use crate::model::config::Arch;
+use crate::chat_template::{ChatMessage, ChatTemplate, TemplateError, fallback_template};
 use crate::model::loader::Model;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
@@ -22,18 +21,6 @@ pub enum PromptError {
     /// Tokenization failed.
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] TokenizerError),
-}
-
-/// The turn format a model of family `arch` that ships no chat template is prompted with.
-pub fn fallback_template(
-    arch: Arch,
-    bos_token: Option<String>,
-    eos_token: Option<String>,
-) -> ChatTemplate {
-    match arch {
-        Arch::Gemma2 | Arch::Gemma3 => ChatTemplate::gemma_fallback(bos_token, eos_token),
-        _ => ChatTemplate::chatml_fallback(bos_token, eos_token),
-    }
 }
 
 /// Builds prompts for one model.
@@ -52,7 +39,7 @@ impl PromptBuilder {
         let (template, fallback) = match &model.chat_template {
             Some(t) => (Arc::clone(t), false),
             None => (
-                Arc::new(fallback_template(model.config.arch, bos, eos)),
+                Arc::new(fallback_template(model.config.arch.turn_format(), bos, eos)),
                 true,
             ),
         };

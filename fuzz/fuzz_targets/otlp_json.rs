@@ -7,8 +7,8 @@
 use libfuzzer_sys::fuzz_target;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message;
-use slotlight_sidecar::spanmetrics::SpanBatch;
-use slotlight_sidecar::spans::convert;
+use slotlight_sidecar::metrics::spanmetrics::SpanBatch;
+use slotlight_sidecar::receiver::decode::convert;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(req) = serde_json::from_slice::<ExportTraceServiceRequest>(data) else {

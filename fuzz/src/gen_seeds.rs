@@ -7,7 +7,7 @@ use std::path::Path;
 use prost::Message;
 use slotlight_engine::model::testing::{GgufBuilder, TinyLlama};
 use slotlight_engine::model::weights::DType;
-use slotlight_sidecar::synth;
+use slotlight_sidecar::tools::synth;
 
 fn put(target: &str, name: &str, bytes: &[u8]) {
     let dir = Path::new("corpus").join(target);

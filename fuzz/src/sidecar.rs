@@ -3,8 +3,8 @@
 
 use slotlight_sidecar::assembly::{Assembler, AssemblyConfig, Outputs};
 use slotlight_sidecar::metrics::Metrics;
-use slotlight_sidecar::spanmetrics::SpanBatch;
-use slotlight_sidecar::spans::convert;
+use slotlight_sidecar::metrics::spanmetrics::SpanBatch;
+use slotlight_sidecar::receiver::decode::convert;
 
 /// Small limits, so eviction and the caps are reached by small inputs.
 pub fn small_config() -> AssemblyConfig {

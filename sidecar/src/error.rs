@@ -170,6 +170,39 @@ pub enum StartError {
     TurnStore(#[from] crate::store::StoreError),
 }
 
+/// Why one engine span was rejected (label of `slotlight_sidecar_spans_rejected_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpanReject {
+    /// A required attribute is absent.
+    MissingAttribute = 0,
+    /// A required attribute has the wrong type or an unknown value.
+    InvalidAttribute = 1,
+    /// The trace id is not 16 bytes, or all zero.
+    InvalidId = 2,
+    /// The engine's resource has no `service.instance.id`.
+    MissingInstance = 3,
+}
+
+impl SpanReject {
+    /// Every reason, in label order.
+    pub const ALL: [SpanReject; 4] = [
+        SpanReject::MissingAttribute,
+        SpanReject::InvalidAttribute,
+        SpanReject::InvalidId,
+        SpanReject::MissingInstance,
+    ];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            SpanReject::MissingAttribute => "missing_attribute",
+            SpanReject::InvalidAttribute => "invalid_attribute",
+            SpanReject::InvalidId => "invalid_id",
+            SpanReject::MissingInstance => "missing_instance",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,7 +24,7 @@ fn main() -> anyhow::Result<()> {
                 .enable_all()
                 .build()
                 .context("building the runtime")?;
-            rt.block_on(slotlight_sidecar::bench::run(args))?;
+            rt.block_on(slotlight_sidecar::tools::bench::run(args))?;
             Ok(())
         }
         None => serve(cli.serve),

@@ -1,4 +1,4 @@
-//! Addresses: the OTLP source allow list.
+//! IP networks: the entries of `--allow-otlp-from`, which the receivers' allow list holds.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -76,25 +76,6 @@ impl fmt::Display for IpNet {
     }
 }
 
-/// The receivers' source filter. Empty means everyone may send.
-#[derive(Debug, Clone, Default)]
-pub struct AllowList(Vec<IpNet>);
-
-impl AllowList {
-    /// A filter over `nets` (empty: allow all).
-    pub fn new(nets: Vec<IpNet>) -> Self {
-        AllowList(nets)
-    }
-
-    /// True when `ip` may send OTLP. An unknown peer passes only an empty list.
-    pub fn allows(&self, ip: Option<IpAddr>) -> bool {
-        if self.0.is_empty() {
-            return true;
-        }
-        ip.is_some_and(|ip| self.0.iter().any(|n| n.contains(ip)))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,14 +100,5 @@ mod tests {
         assert!(all.contains(ip("8.8.8.8")));
         assert!("10.0.0.0/33".parse::<IpNet>().is_err());
         assert!("banana".parse::<IpNet>().is_err());
-    }
-
-    #[test]
-    fn allow_list() {
-        assert!(AllowList::default().allows(None));
-        let l = AllowList::new(vec!["127.0.0.1".parse().expect("ip")]);
-        assert!(l.allows(Some(ip("127.0.0.1"))));
-        assert!(!l.allows(Some(ip("127.0.0.2"))));
-        assert!(!l.allows(None));
     }
 }

@@ -9,16 +9,15 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::api::{self, ApiState};
 use crate::assembly::{self, Assembly, AssemblyConfig, Published, TurnLog};
 use crate::config::Config;
 use crate::error::StartError;
-use crate::forward::{Forwarder, Upstream};
 use crate::metrics::Metrics;
-use crate::net::AllowList;
+use crate::receiver::forward::{Forwarder, Upstream};
 use crate::receiver::grpc::{GrpcLogsReceiver, GrpcMetricsReceiver, GrpcReceiver};
-use crate::receiver::{Ingest, http};
+use crate::receiver::{AllowList, Ingest, http};
 use crate::store::{self, Retention, TurnsDb};
+use crate::views::{self, ApiState};
 
 /// A running sidecar.
 #[derive(Debug)]
@@ -218,7 +217,7 @@ pub async fn start(cfg: Config) -> Result<Sidecar, StartError> {
     }));
 
     // Views.
-    let api = api::router(ApiState {
+    let views_app = views::router(ApiState {
         published: published.clone(),
         store,
         metrics: metrics.clone(),
@@ -234,7 +233,7 @@ pub async fn start(cfg: Config) -> Result<Sidecar, StartError> {
         let l = views_l.tap_io(|s| {
             let _ = s.set_nodelay(true);
         });
-        let r = axum::serve(l, api)
+        let r = axum::serve(l, views_app)
             .with_graceful_shutdown(views_shutdown)
             .await;
         if let Err(e) = r {

@@ -1,5 +1,6 @@
-//! The sidecar's shared vocabulary: trace ids and where a request runs (path and slot).
-//! A leaf: the span decoder, the assembly, the views and the metrics all import it.
+//! The sidecar's shared vocabulary: trace ids, where a request runs (path and slot), and the
+//! wall clock. A leaf: the span decoder, the assembly, the store, the views and the metrics
+//! all import it.
 
 use serde::Serialize;
 use slotlight_otel::attr;
@@ -56,4 +57,22 @@ pub struct SlotKey {
     pub path: Path,
     /// The slot index within its group; `None` on the solo path.
     pub index: Option<i64>,
+}
+
+/// Wall-clock time in nanoseconds since the Unix epoch (the unit of every OTLP timestamp).
+pub fn unix_now_ns() -> i64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_is_lowercase() {
+        assert_eq!(hex(&[0x0a, 0xff]), "0aff");
+    }
 }

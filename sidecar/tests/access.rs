@@ -3,7 +3,7 @@
 
 mod support;
 
-use slotlight_sidecar::synth;
+use slotlight_sidecar::tools::synth;
 use support::*;
 
 #[tokio::test]

@@ -5,7 +5,7 @@
 mod support;
 
 use slotlight_otel::metric;
-use slotlight_sidecar::synth;
+use slotlight_sidecar::tools::synth;
 use support::*;
 
 async fn forwards_to(scheme_url: impl FnOnce(&TestSidecar) -> String) {

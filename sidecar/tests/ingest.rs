@@ -6,7 +6,7 @@ mod support;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
 use prost::Message;
 use slotlight_otel::{attr, metric};
-use slotlight_sidecar::synth::{self, Request, resource_spans};
+use slotlight_sidecar::tools::synth::{self, Request, resource_spans};
 use support::*;
 
 fn window(
@@ -224,7 +224,7 @@ async fn bad_input_gets_the_right_error_and_nothing_else_is_lost() {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", t.sc.otlp_grpc))
         .unwrap()
         .connect_lazy();
-    let mut raw = slotlight_sidecar::raw::RawExporter::new(channel, false);
+    let mut raw = slotlight_sidecar::receiver::raw::RawExporter::new(channel, false);
     let err = raw
         .export(bytes::Bytes::from_static(b"\xff\xff\xff\xff garbage"))
         .await
@@ -246,7 +246,7 @@ async fn bad_input_gets_the_right_error_and_nothing_else_is_lost() {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", t.sc.otlp_grpc))
         .unwrap()
         .connect_lazy();
-    let mut gz = slotlight_sidecar::raw::RawExporter::new(channel, true);
+    let mut gz = slotlight_sidecar::receiver::raw::RawExporter::new(channel, true);
     let err = gz
         .export(bytes::Bytes::from(vec![0u8; 32 << 20]))
         .await

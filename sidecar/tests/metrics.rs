@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 
 use slotlight_otel::attr::value;
 use slotlight_otel::metric::{self, label};
-use slotlight_sidecar::synth::{self, Usage};
+use slotlight_sidecar::tools::synth::{self, Usage};
 use support::*;
 
 async fn populated() -> TestSidecar {

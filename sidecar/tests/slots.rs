@@ -4,7 +4,7 @@
 
 mod support;
 
-use slotlight_sidecar::synth::{self, Request, Usage};
+use slotlight_sidecar::tools::synth::{self, Request, Usage};
 use support::*;
 
 /// A request decodes alone at 50 tok/s for 3 s (synthetic windows, no sleeping), then moves

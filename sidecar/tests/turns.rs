@@ -5,7 +5,7 @@ mod support;
 
 use serde_json::Value;
 use slotlight_otel::attr::value;
-use slotlight_sidecar::synth::{self, Request, Usage};
+use slotlight_sidecar::tools::synth::{self, Request, Usage};
 use support::*;
 
 /// Sends one finished request with the given usage and returns its record.

@@ -56,6 +56,37 @@ def require_model():
         pytest.skip(f"the default model is not at {default_model()} (run `slotlight-engine fetch-model`)")
 
 
+def gemma_model() -> Path:
+    """Gemma 3 270M (Q4_K_M), where `slotlight-engine fetch-model gemma3-270m` puts it."""
+    return default_model().parent / "gemma-3-270m-q4_k_m.gguf"
+
+
+def require_gemma() -> Path:
+    """Gemma 3 270M's path; skips the calling test when it is missing, or fails it when
+    SLOTLIGHT_REQUIRE_MODEL=1."""
+    import pytest
+
+    p = gemma_model()
+    if not p.exists():
+        if os.environ.get("SLOTLIGHT_REQUIRE_MODEL") == "1":
+            pytest.fail(f"Gemma 3 270M is required but missing at {p}")
+        pytest.skip("Gemma 3 270M is not fetched (`slotlight-engine fetch-model gemma3-270m`)")
+    return p
+
+
+def agent_cli(name: str) -> Path:
+    """An agent CLI installed from npm into tests/agents (`codex`, `claude`); skips the calling
+    test when it is missing, or fails it when SLOTLIGHT_REQUIRE_TOOLS=1."""
+    import pytest
+
+    p = REPO / "tests" / "agents" / "node_modules" / ".bin" / name
+    if not p.exists():
+        if os.environ.get("SLOTLIGHT_REQUIRE_TOOLS") == "1":
+            pytest.fail(f"{name} is required but missing at {p} (npm ci --prefix tests/agents)")
+        pytest.skip(f"{name} is not installed (npm ci --prefix tests/agents)")
+    return p
+
+
 def http_json(method: str, url: str, body=None, headers=None, timeout=60):
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json", **(headers or {})})
@@ -103,6 +134,9 @@ class EngineProcess:
             args += ["--no-telemetry"]
         if api_key:
             args += ["--api-key", api_key]
+        if "--responses-db" not in extra:
+            # Stored responses stay in the process unless a test gives a file or Redis.
+            args += ["--responses-db", ":memory:"]
         args += list(extra)
         env = dict(os.environ, RUST_LOG="info", **(env or {}))
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

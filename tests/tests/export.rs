@@ -42,6 +42,8 @@ fn run(protocol: &str) {
         &endpoint,
         "--otlp-protocol",
         protocol,
+        "--responses-db",
+        ":memory:",
     ]
     .map(String::from);
     let (engine, line) =

@@ -41,8 +41,10 @@ use minijinja::value::{Serde, Value};
 use minijinja::{AutoEscape, Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
 
+mod fallback;
 mod pycompat;
 
+pub use fallback::{TurnFormat, fallback_template};
 #[cfg(test)]
 use pycompat::strftime;
 use pycompat::{Raised, raise_exception, strftime_now, tojson};

@@ -104,6 +104,11 @@ pub struct ServeArgs {
     /// Length of decode progress windows (`slotlight.decode` spans), ms; 0 turns them off.
     #[arg(long, default_value_t = 250)]
     pub progress_interval_ms: u64,
+    /// Offer tools to models whose chat template has no tool support, in a generic JSON format
+    /// the output is held to (`on`), or leave the tools out of such models' prompts and let
+    /// them answer in text (`off`: the request span lists the tools as skipped).
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    pub generic_tools: Switch,
     /// Record the conversation on the request span in the GenAI conventions (`gen_ai.input.messages`, `gen_ai.output.messages`, ...); off by default: no content leaves the engine.
     #[arg(long)]
     pub trace_content: bool,
@@ -113,9 +118,33 @@ pub struct ServeArgs {
     /// KV-cache events.
     #[command(flatten)]
     pub kv_events: KvEventsArgs,
+    /// The Responses API's store.
+    #[command(flatten)]
+    pub responses: ResponsesArgs,
     /// Model and device.
     #[command(flatten)]
     pub model: ModelArgs,
+}
+
+/// Where the Responses API keeps stored responses, and how much (docs/api.md, "Stored
+/// responses").
+#[derive(Debug, Args)]
+pub struct ResponsesArgs {
+    /// The store: an SQLite file (default `responses.db` under `$XDG_STATE_HOME/slotlight`,
+    /// else `~/.local/state/slotlight`), `:memory:` to keep nothing past the process, or a
+    /// Redis URL (`redis://HOST:PORT/DB`) shared by several replicas.
+    #[arg(long, env = "SLOTLIGHT_RESPONSES_DB")]
+    pub responses_db: Option<String>,
+    /// Most stored responses; the oldest go first.
+    #[arg(long, default_value_t = 10_000)]
+    pub responses_max: usize,
+    /// Most bytes of stored responses (their JSON, prompt and reply token ids included); the
+    /// oldest go first.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub responses_max_bytes: u64,
+    /// How long a stored response is kept, in hours (OpenAI keeps them 30 days).
+    #[arg(long, default_value_t = 720)]
+    pub responses_ttl_hours: u64,
 }
 
 /// Arguments of the KV-cache event stream (vLLM's wire format; docs/api.md).
@@ -194,6 +223,15 @@ fn start_kv_events(
     };
     tracing::info!(endpoint = %cfg.endpoint, topic = %cfg.topic, replay = ?cfg.replay_endpoint, "Startup.KvEvents");
     Ok(Some(crate::kv_events::publisher::start(cfg)?))
+}
+
+/// A feature switched on or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    /// On.
+    On,
+    /// Off.
+    Off,
 }
 
 /// Metric names served beside slotlight's own (`--metrics-compat`).
@@ -278,12 +316,31 @@ async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {
         read_timeout: Duration::from_secs(a.read_timeout_s.max(1)),
         max_header_bytes: a.max_header_bytes,
         metrics_public: a.metrics_public,
+        generic_tools: a.generic_tools == Switch::On,
         vllm_metrics: (a.metrics_compat == MetricsCompat::Vllm).then(|| {
             crate::metrics::VllmCompat {
                 model_name: model.id.clone(),
                 block_size: crate::runtime::KV_BLOCK_SIZE,
             }
         }),
+    };
+    let responses = {
+        use crate::server::responses::store::{ResponseStore, StoreLimits, StoreLocation};
+        let r = &a.responses;
+        let location = r
+            .responses_db
+            .as_deref()
+            .map_or_else(StoreLocation::default_file, StoreLocation::parse);
+        let limits = StoreLimits {
+            max_responses: r.responses_max.max(1),
+            max_bytes: r.responses_max_bytes,
+            max_age: Duration::from_secs(r.responses_ttl_hours.saturating_mul(3600).max(1)),
+        };
+        let store = ResponseStore::open(&location, limits)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e} ({location:?})"))?;
+        tracing::info!(store = store.describe(), "Responses.StoreOpened");
+        Arc::new(store)
     };
     let st = Arc::new(AppState {
         engine,
@@ -300,6 +357,7 @@ async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {
         anchor: TimeAnchor::now(),
         started: crate::server::ids::created(),
         diagnostics: Default::default(),
+        responses,
     });
     if let Some(meter) = st.telemetry.meter() {
         crate::metrics::otlp::register(

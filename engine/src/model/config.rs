@@ -3,6 +3,7 @@
 use serde::Deserialize;
 
 use super::gguf::{GgufFile, Value};
+use crate::chat_template::TurnFormat;
 
 /// How RoPE pairs the dimensions of a head.
 ///
@@ -57,6 +58,15 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3",
+        }
+    }
+
+    /// The turn format its models are prompted with when they ship no chat template:
+    /// Gemma's for Gemma, ChatML for the others.
+    pub fn turn_format(self) -> TurnFormat {
+        match self {
+            Arch::Gemma2 | Arch::Gemma3 => TurnFormat::Gemma,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => TurnFormat::ChatMl,
         }
     }
 }
@@ -661,4 +671,18 @@ struct HfConfig {
     rope_local_base_freq: Option<f64>,
     attn_logit_softcapping: Option<f64>,
     final_logit_softcapping: Option<f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gemma_families_fall_back_to_gemma_turns_and_the_others_to_chatml() {
+        assert_eq!(Arch::Gemma2.turn_format(), TurnFormat::Gemma);
+        assert_eq!(Arch::Gemma3.turn_format(), TurnFormat::Gemma);
+        for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
+            assert_eq!(arch.turn_format(), TurnFormat::ChatMl, "{}", arch.name());
+        }
+    }
 }

@@ -9,7 +9,7 @@ use super::config::{ConfigError, ModelConfig};
 use super::gguf::{GgufError, GgufFile, Value};
 use super::llama::{GGUF_NAMES, HF_GEMMA_NAMES, HF_NAMES, LlamaWeights, WeightsError};
 use super::safetensors::{Checkpoint, SafetensorsError};
-use crate::chat_template::{ChatTemplate, TemplateError};
+use crate::chat_template::{ChatTemplate, TemplateError, fallback_template};
 use crate::tokenizer::{GgufVocab, Tokenizer, TokenizerConfig, TokenizerError};
 use slotlight_otel::span::OPS_TARGET;
 use slotlight_otel::{attr, span};
@@ -272,7 +272,7 @@ impl Model {
     /// The chat template source the model's chat prompts are rendered with, from metadata
     /// only (no weights): its own (GGUF `tokenizer.chat_template`, or `tokenizer_config.json`
     /// in a Hugging Face folder), else its family's fallback
-    /// ([`crate::prompt::fallback_template`]).
+    /// ([`fallback_template`] of its [`Arch::turn_format`]).
     pub fn load_chat_template_source(
         path: &Path,
         tokenizer: &Tokenizer,
@@ -301,8 +301,11 @@ impl Model {
             }
             ModelConfig::from_gguf(&g).map_err(config_err)?.arch
         };
-        let fallback =
-            crate::prompt::fallback_template(arch, tokenizer.bos_token(), tokenizer.eos_token());
+        let fallback = fallback_template(
+            arch.turn_format(),
+            tokenizer.bos_token(),
+            tokenizer.eos_token(),
+        );
         Ok(fallback.source().to_owned())
     }
 

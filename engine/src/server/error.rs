@@ -169,6 +169,19 @@ impl ApiError {
         )
     }
 
+    /// 404 naming the request field whose id is unknown (`previous_response_id`).
+    pub fn not_found_param(param: &str, message: impl Into<String>) -> Self {
+        let mut e = Self::new(
+            ErrorKind::NotFound,
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            Some("not_found"),
+            message,
+        );
+        e.param = Some(param.to_string());
+        e
+    }
+
     /// 413: the body is over the limit.
     pub fn too_large(limit: usize) -> Self {
         Self::new(

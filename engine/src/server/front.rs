@@ -139,7 +139,17 @@ pub trait Encoder: Send + 'static {
     fn closing(&mut self) -> Vec<SseEvent> {
         Vec::new()
     }
+
+    /// Work the door must finish before the request's last events are sent (the Responses
+    /// API stores a response before its `response.completed`): when this gives a future for
+    /// the request's end, its events are sent in place of [`Encoder::on`]'s.
+    fn finish(&mut self, _outcome: &RequestOutcome) -> Option<Finishing> {
+        None
+    }
 }
+
+/// The events of a request's end, once the door's work is done.
+pub type Finishing = std::pin::Pin<Box<dyn std::future::Future<Output = Vec<SseEvent>> + Send>>;
 
 /// Streams a launched request through `encoder` as server-sent events. The request is
 /// cancelled if the client goes away before its last output.
@@ -155,10 +165,17 @@ pub fn stream(launched: Launched, mut encoder: impl Encoder) -> Response {
         let mut s = state?;
         match s.out.recv().await {
             Some(o) => {
-                if matches!(o, Out::Done(_)) {
-                    s.guard.disarm();
-                }
-                let events = s.encoder.on(o);
+                let finishing = match &o {
+                    Out::Done(f) => {
+                        s.guard.disarm();
+                        s.encoder.finish(f)
+                    }
+                    _ => None,
+                };
+                let events = match finishing {
+                    Some(f) => f.await,
+                    None => s.encoder.on(o),
+                };
                 Some((events, Some(s)))
             }
             None => Some((s.encoder.closing(), None)),

@@ -25,6 +25,7 @@ pub mod pipeline;
 pub mod reasoning;
 pub mod record;
 pub mod request;
+pub mod responses;
 mod routes;
 pub mod state;
 pub mod tools;

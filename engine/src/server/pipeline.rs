@@ -70,8 +70,9 @@ pub struct ChoiceEnd {
     pub tool_calls: Vec<ToolCall>,
     /// Log-probabilities of tokens not yet sent.
     pub logprobs: Vec<TokenLogprobs>,
-    /// Every token id the choice generated, in order (the exact reply, whatever text it was
-    /// shown as: what a later turn's prompt is compared with).
+    /// Every token id the choice generated, its end-of-sequence token included: the reply as
+    /// the KV cache holds it (a stored response continues from these, never from a
+    /// re-rendering of its text).
     pub tokens: Vec<u32>,
 }
 

@@ -14,7 +14,7 @@ use serde_json::json;
 use super::error::{ApiError, ErrorShape};
 use super::middleware::{authenticate, stamp_arrival};
 use super::state::SharedState;
-use super::{messages, openai};
+use super::{messages, openai, responses};
 
 async fn models(State(st): State<SharedState>) -> Response {
     let data: Vec<_> = st
@@ -100,6 +100,16 @@ pub fn router(st: SharedState) -> Router {
         .route(
             "/v1/messages/count_tokens",
             post(messages::handler::count_tokens),
+        )
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/input_tokens", post(responses::input_tokens))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(responses::input_items),
         )
         .route("/v1/chat/completions/render", post(openai::render::chat))
         .route("/v1/completions/render", post(openai::render::completions))

@@ -36,6 +36,9 @@ pub struct ServeConfig {
     pub read_timeout: Duration,
     /// Largest request head (request line and headers), bytes; larger ones get 431.
     pub max_header_bytes: usize,
+    /// Offer tools to a model whose chat template cannot call them in the generic JSON format
+    /// (`--generic-tools`); off leaves them out.
+    pub generic_tools: bool,
     /// Serve `GET /metrics` without the API key (for a scraper that has none).
     pub metrics_public: bool,
     /// With `--metrics-compat vllm`: also serve the model-server protocol's metrics under
@@ -68,6 +71,8 @@ pub struct AppState {
     /// Recent turns by response id, for the cache diagnostics (Anthropic's
     /// `diagnostics.previous_message_id`).
     pub diagnostics: super::diagnostics::Registry,
+    /// The Responses API's stored responses (`--responses-db`).
+    pub responses: Arc<crate::server::responses::store::ResponseStore>,
 }
 
 /// The state every handler receives.

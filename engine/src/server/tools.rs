@@ -202,6 +202,19 @@ impl ToolSetup {
 
     /// The grammar the reply must follow, when one is enforced.
     pub fn grammar(&self) -> Option<GrammarSpec> {
+        self.grammar_answering(json!({"type": "string"}))
+    }
+
+    /// Whether an answer may take a shape of its own beside the calls (`text.format` with
+    /// tools): the generic format with `tool_choice: auto` says `{"response": ...}` in JSON,
+    /// which can be any JSON schema.
+    pub fn answers_in_json(&self) -> bool {
+        self.format == ToolFormat::Generic && self.choice == ToolChoice::Auto && self.active()
+    }
+
+    /// The grammar of the generic format whose direct answer (`response`) follows `answer`
+    /// (a JSON schema); the other formats ignore `answer`.
+    pub fn grammar_answering(&self, answer: Value) -> Option<GrammarSpec> {
         if !self.enforced() {
             return None;
         }
@@ -244,7 +257,7 @@ impl ToolSetup {
                 if self.choice == ToolChoice::Auto {
                     GrammarSpec::JsonSchema(json!({"anyOf": [calls, {
                         "type": "object",
-                        "properties": {"response": {"type": "string"}},
+                        "properties": {"response": answer},
                         "required": ["response"],
                         "additionalProperties": false,
                     }]}))
@@ -289,63 +302,65 @@ fn closed(parameters: &Value) -> Value {
 }
 
 /// For templates without tool support: an assistant's calls become the generic format's JSON,
-/// tool results become user messages holding `{"tool_response": ...}`. Consecutive results
-/// (the answers to one reply's calls), and a user message right after them, become one user
-/// turn, their contents one per line: templates that insist on alternating roles (Gemma's)
-/// take them, and the others see the results of one reply together.
+/// tool results become user messages holding `{"tool_response": ...}`, the results of one
+/// turn's calls one user message (a line each: templates that need roles to alternate refuse
+/// two user messages in a row), and a user message right after them joins that one too (the
+/// Messages API sends results and the user's text as one turn).
 pub fn polyfill_history(messages: Vec<ChatMessage>) -> Vec<ChatMessage> {
     let mut out: Vec<ChatMessage> = Vec::with_capacity(messages.len());
-    let mut after_result = false;
+    let mut results_open = false;
     for m in messages {
-        let is_result = m.role == Role::Tool;
-        let m = polyfill_message(m);
-        match out.last_mut() {
-            Some(prev)
-                if m.role == Role::User
-                    && prev.role == Role::User
-                    && (is_result || after_result) =>
-            {
-                prev.content.push('\n');
-                prev.content.push_str(&m.content);
+        if m.role == Role::Assistant
+            && let Some(calls) = &m.tool_calls
+        {
+            let calls: Vec<Value> = calls
+                .iter()
+                .map(|c| {
+                    let f = &c["function"];
+                    json!({"name": f["name"], "arguments": f["arguments"], "id": c["id"]})
+                })
+                .collect();
+            let mut content = json!({"tool_calls": calls}).to_string();
+            if !m.content.is_empty() {
+                content = format!("{}\n{content}", m.content);
             }
-            _ => out.push(m),
+            out.push(ChatMessage::new(Role::Assistant, content));
+            results_open = false;
+            continue;
         }
-        after_result = is_result;
+        if m.role == Role::Tool {
+            let mut r = Map::new();
+            if let Some(n) = &m.name {
+                r.insert("name".into(), json!(n));
+            }
+            if let Some(id) = &m.tool_call_id {
+                r.insert("tool_call_id".into(), json!(id));
+            }
+            r.insert("content".into(), json!(m.content));
+            let line = json!({"tool_response": Value::Object(r)}).to_string();
+            match out.last_mut() {
+                Some(last) if results_open => {
+                    last.content.push('\n');
+                    last.content.push_str(&line);
+                }
+                _ => out.push(ChatMessage::new(Role::User, line)),
+            }
+            results_open = true;
+            continue;
+        }
+        if m.role == Role::User
+            && results_open
+            && let Some(last) = out.last_mut()
+        {
+            last.content.push('\n');
+            last.content.push_str(&m.content);
+            results_open = false;
+            continue;
+        }
+        results_open = false;
+        out.push(m);
     }
     out
-}
-
-/// One message of [`polyfill_history`], on its own.
-fn polyfill_message(m: ChatMessage) -> ChatMessage {
-    if m.role == Role::Assistant
-        && let Some(calls) = &m.tool_calls
-    {
-        let calls: Vec<Value> = calls
-            .iter()
-            .map(|c| {
-                let f = &c["function"];
-                json!({"name": f["name"], "arguments": f["arguments"], "id": c["id"]})
-            })
-            .collect();
-        let mut content = json!({"tool_calls": calls}).to_string();
-        if !m.content.is_empty() {
-            content = format!("{}\n{content}", m.content);
-        }
-        return ChatMessage::new(Role::Assistant, content);
-    }
-    if m.role == Role::Tool {
-        let mut r = Map::new();
-        if let Some(n) = &m.name {
-            r.insert("name".into(), json!(n));
-        }
-        if let Some(id) = &m.tool_call_id {
-            r.insert("tool_call_id".into(), json!(id));
-        }
-        r.insert("content".into(), json!(m.content));
-        let content = json!({"tool_response": Value::Object(r)}).to_string();
-        return ChatMessage::new(Role::User, content);
-    }
-    m
 }
 
 /// One tool call in a reply, with the id the response and the span give it (serialized in
@@ -525,10 +540,12 @@ fn parse_generic(text: &str) -> Parsed {
             };
         }
     }
-    if let Some(r) = v.get("response").and_then(Value::as_str) {
-        return text_only(r);
+    match v.get("response") {
+        Some(Value::String(r)) => text_only(r),
+        // An answer in a JSON shape of its own (`text.format` beside tools): its JSON text.
+        Some(r @ (Value::Object(_) | Value::Array(_))) => text_only(&r.to_string()),
+        _ => text_only(text),
     }
-    text_only(text)
 }
 
 /// How the generic format's plain answer starts (compact JSON: the grammar allows no spaces).
@@ -1063,6 +1080,47 @@ mod tests {
             "{\"tool_calls\":[{\"name\":\"get_time\",\"arguments\":{}}]}"
         ));
         assert!(!accepts(&generic, "hello"));
+    }
+
+    #[test]
+    fn one_turns_results_are_one_user_message_for_templates_that_alternate() {
+        let call = |id: &str| json!({"id": id, "type": "function", "function": {"name": "f", "arguments": {}}});
+        let mut asked = ChatMessage::new(Role::Assistant, "");
+        asked.tool_calls = Some(vec![call("a"), call("b")]);
+        let result = |id: &str, text: &str| {
+            let mut m = ChatMessage::new(Role::Tool, text);
+            m.tool_call_id = Some(id.into());
+            m
+        };
+        let out = polyfill_history(vec![
+            ChatMessage::new(Role::User, "go"),
+            asked,
+            result("a", "one"),
+            result("b", "two"),
+            ChatMessage::new(Role::User, "and?"),
+        ]);
+        let roles: Vec<Role> = out.iter().map(|m| m.role).collect();
+        assert_eq!(roles, [Role::User, Role::Assistant, Role::User]);
+        let lines: Vec<&str> = out[2].content.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert!(lines[0].contains("\"one\"") && lines[1].contains("\"two\""));
+        assert_eq!(lines[2], "and?");
+    }
+
+    #[test]
+    fn a_json_answer_shape_sits_beside_the_generic_calls() {
+        let s = setup(ToolFormat::Generic, ToolChoice::Auto);
+        assert!(s.answers_in_json());
+        let schema = json!({"type": "object", "properties": {"a": {"enum": ["x"]}}});
+        let Some(GrammarSpec::JsonSchema(g)) = s.grammar_answering(schema.clone()) else {
+            panic!("a JSON schema");
+        };
+        assert_eq!(g["anyOf"][1]["properties"]["response"], schema);
+        assert!(!setup(ToolFormat::Hermes, ToolChoice::Auto).answers_in_json());
+        // The answer comes back as its JSON text.
+        let p = parse(ToolFormat::Generic, r#"{"response":{"a":"x"}}"#);
+        assert!(p.calls.is_empty());
+        assert_eq!(p.content.as_deref(), Some(r#"{"a":"x"}"#));
     }
 
     #[test]

@@ -41,6 +41,47 @@ pub struct Usage {
     pub legs: Vec<LegUsage>,
 }
 
+/// slotlight's extras of a usage: the request's own timings, its resume facts and its legs,
+/// which every API's usage carries beside its own counts (chat completions' [`Usage`] has them
+/// inline; the Responses and Messages usages flatten this).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct UsageExtras {
+    /// The request's own timings.
+    #[serde(flatten)]
+    pub timings: UsageTimings,
+    /// Whether the turn reused its conversation's KV and, if not, why (as [`Usage::resume`]).
+    pub resume: Option<&'static str>,
+    /// Tokens the prompt had in common with the session's remembered last turn.
+    pub reusable_tokens: Option<usize>,
+    /// Where the prompt departs from the session's last turn.
+    pub diverged_at: Option<usize>,
+    /// Reusable tokens whose KV blocks had been reclaimed.
+    pub evicted_tokens: Option<usize>,
+    /// The request's legs.
+    pub legs: Vec<LegUsage>,
+}
+
+impl Usage {
+    /// The extras every API's usage carries.
+    pub fn extras(&self) -> UsageExtras {
+        UsageExtras {
+            timings: self.timings,
+            resume: self.resume,
+            reusable_tokens: self.reusable_tokens,
+            diverged_at: self.diverged_at,
+            evicted_tokens: self.evicted_tokens,
+            legs: self.legs.clone(),
+        }
+    }
+
+    /// Reasoning tokens (0 without a thinking template).
+    pub fn reasoning_tokens(&self) -> usize {
+        self.completion_tokens_details
+            .as_ref()
+            .map_or(0, |d| d.reasoning_tokens)
+    }
+}
+
 /// One leg in `usage.legs`.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct LegUsage {

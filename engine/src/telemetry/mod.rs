@@ -2,9 +2,12 @@
 //! bridge from `tracing` (operational spans, and warnings logged while serving a request as
 //! events on its request span).
 //!
-//! Set-up is one plain function per exporter kind ([`otlp_grpc`], [`otlp_http`],
-//! [`Telemetry::disabled`], and [`Telemetry::with_provider`] for tests), chosen by
-//! [`from_config`]; a failure is a typed [`TelemetryError`].
+//! Set-up is one plain function per OTLP [`Signal`] ([`otlp_spans`], [`otlp_metrics`],
+//! [`otlp_logs`]), each over the same resolution of its protocol and endpoint (flags, else the
+//! signal's variables, else the general ones: [`signal_target`]; the collector's default port and
+//! the signal's HTTP path: [`signal_endpoint`]) and the same exporter shape, chosen by
+//! [`from_config`]; [`Telemetry::disabled`], and [`Telemetry::with_provider`] for tests. A
+//! failure is a typed [`TelemetryError`].
 //!
 //! The exporter is configured by the standard variables (`OTEL_EXPORTER_OTLP_ENDPOINT`,
 //! `OTEL_EXPORTER_OTLP_PROTOCOL`, `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`,
@@ -556,6 +559,37 @@ impl OtlpProtocol {
     }
 }
 
+/// An OTLP signal the engine exports. Each is resolved and built the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// Spans (always, unless telemetry is off).
+    Traces,
+    /// Metrics (`OTEL_METRICS_EXPORTER=otlp`).
+    Metrics,
+    /// The per-turn log records (`OTEL_LOGS_EXPORTER=otlp`).
+    Logs,
+}
+
+impl Signal {
+    /// Its part of the standard variables' names (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`).
+    fn env_key(self) -> &'static str {
+        match self {
+            Signal::Traces => "TRACES",
+            Signal::Metrics => "METRICS",
+            Signal::Logs => "LOGS",
+        }
+    }
+
+    /// Its OTLP/HTTP path segment (`/v1/traces`).
+    fn http_path(self) -> &'static str {
+        match self {
+            Signal::Traces => "traces",
+            Signal::Metrics => "metrics",
+            Signal::Logs => "logs",
+        }
+    }
+}
+
 /// The first of these variables that is set.
 fn env_first(names: &[&str]) -> Option<String> {
     names.iter().find_map(|n| std::env::var(n).ok())
@@ -570,22 +604,20 @@ pub fn from_config(cfg: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
     if cfg.disabled || env_true("OTEL_SDK_DISABLED") {
         return with_env_metrics(Telemetry::disabled(), cfg);
     }
-    let (protocol, endpoint) = signal_target(cfg, "TRACES")?;
+    let (protocol, endpoint) = signal_target(cfg, Signal::Traces)?;
     let limits = cfg.queue.unwrap_or_else(QueueLimits::from_env);
-    let telemetry = match protocol {
-        OtlpProtocol::Grpc => otlp_grpc(endpoint.as_deref(), limits),
-        OtlpProtocol::HttpProtobuf => otlp_http(endpoint.as_deref(), limits),
-    }?;
+    let telemetry = otlp_spans(protocol, endpoint.as_deref(), limits)?;
     with_env_metrics(telemetry, cfg)
 }
 
-/// Where `signal` (`TRACES`, `METRICS`, `LOGS`) goes: the flags' protocol and endpoint, else
-/// `OTEL_EXPORTER_OTLP_{signal}_*`, else `OTEL_EXPORTER_OTLP_*` (gRPC by default).
+/// Where `signal` goes: the flags' protocol and endpoint, else
+/// `OTEL_EXPORTER_OTLP_{SIGNAL}_*`, else `OTEL_EXPORTER_OTLP_*` (gRPC by default). The endpoint
+/// is completed by [`signal_endpoint`].
 fn signal_target(
     cfg: &TelemetryConfig,
-    signal: &str,
+    signal: Signal,
 ) -> Result<(OtlpProtocol, Option<String>), TelemetryError> {
-    let var = |what: &str| format!("OTEL_EXPORTER_OTLP_{signal}_{what}");
+    let var = |what: &str| format!("OTEL_EXPORTER_OTLP_{}_{what}", signal.env_key());
     let protocol = cfg
         .protocol
         .clone()
@@ -604,38 +636,55 @@ fn exporter_wanted(var: &str) -> bool {
         && !env_true("OTEL_SDK_DISABLED")
 }
 
-/// One signal's OTLP exporter (`$builder`: its `Exporter::builder()`) over `$protocol` to
-/// `$endpoint` (else the collector's default port; over HTTP, `/v1/$path` appended), with an
-/// export timeout; a build failure names the transport and endpoint. A macro because each
-/// signal's builder is its own type.
+/// The endpoint `signal` is exported to over `protocol`: `endpoint`, else the collector's
+/// default port (4317 for gRPC, 4318 for HTTP); over HTTP with the signal's path
+/// (`/v1/traces`, `/v1/metrics`, `/v1/logs`) appended unless present.
+fn signal_endpoint(signal: Signal, protocol: OtlpProtocol, endpoint: Option<&str>) -> String {
+    match protocol {
+        OtlpProtocol::Grpc => endpoint.unwrap_or("http://127.0.0.1:4317").to_string(),
+        OtlpProtocol::HttpProtobuf => http_url(
+            endpoint.unwrap_or("http://127.0.0.1:4318"),
+            signal.http_path(),
+        ),
+    }
+}
+
+/// `$signal`'s OTLP exporter (`$builder`: its `Exporter::builder()`) over `$protocol` to
+/// [`signal_endpoint`], with an export timeout and, when given, a retry policy: the exporter
+/// and the endpoint it sends to. A build failure names the transport and endpoint. A macro
+/// because each signal's builder is its own type.
 macro_rules! otlp_exporter {
-    ($builder:expr, $protocol:expr, $endpoint:expr, $path:literal, $timeout:expr) => {{
-        let (built, transport, endpoint) = match $protocol {
+    ($builder:expr, $signal:expr, $protocol:expr, $endpoint:expr, $timeout:expr $(, $retry:expr)?) => {{
+        let endpoint = signal_endpoint($signal, $protocol, $endpoint);
+        let (built, transport) = match $protocol {
             OtlpProtocol::Grpc => {
-                let endpoint = $endpoint.unwrap_or("http://127.0.0.1:4317").to_string();
                 let e = $builder
                     .with_tonic()
                     .with_endpoint(endpoint.clone())
                     .with_timeout($timeout)
+                    $(.with_retry_policy($retry))?
                     .build();
-                (e, "gRPC", endpoint)
+                (e, "gRPC")
             }
             OtlpProtocol::HttpProtobuf => {
-                let endpoint = http_url($endpoint.unwrap_or("http://127.0.0.1:4318"), $path);
                 let e = $builder
                     .with_http()
                     .with_protocol(Protocol::HttpBinary)
                     .with_endpoint(endpoint.clone())
                     .with_timeout($timeout)
+                    $(.with_retry_policy($retry))?
                     .build();
-                (e, "HTTP", endpoint)
+                (e, "HTTP")
             }
         };
-        built.map_err(|source| TelemetryError::Exporter {
-            transport,
-            endpoint,
-            source,
-        })
+        match built {
+            Ok(exporter) => Ok((exporter, endpoint)),
+            Err(source) => Err(TelemetryError::Exporter {
+                transport,
+                endpoint,
+                source,
+            }),
+        }
     }};
 }
 
@@ -649,7 +698,7 @@ fn with_env_logs(
     if !exporter_wanted("OTEL_LOGS_EXPORTER") {
         return Ok(telemetry);
     }
-    let (protocol, endpoint) = signal_target(cfg, "LOGS")?;
+    let (protocol, endpoint) = signal_target(cfg, Signal::Logs)?;
     telemetry.logger_provider = Some(otlp_logs(
         protocol,
         endpoint.as_deref(),
@@ -665,11 +714,11 @@ pub fn otlp_logs(
     endpoint: Option<&str>,
     instance_id: &str,
 ) -> Result<SdkLoggerProvider, TelemetryError> {
-    let exporter = otlp_exporter!(
+    let (exporter, _) = otlp_exporter!(
         opentelemetry_otlp::LogExporter::builder(),
+        Signal::Logs,
         protocol,
         endpoint,
-        "logs",
         export_timeout()
     )?;
     Ok(SdkLoggerProvider::builder()
@@ -687,7 +736,7 @@ fn with_env_metrics(
     cfg: &TelemetryConfig,
 ) -> Result<Telemetry, TelemetryError> {
     if exporter_wanted("OTEL_METRICS_EXPORTER") {
-        let (protocol, endpoint) = signal_target(cfg, "METRICS")?;
+        let (protocol, endpoint) = signal_target(cfg, Signal::Metrics)?;
         telemetry.meter_provider = Some(otlp_metrics(
             protocol,
             endpoint.as_deref(),
@@ -705,11 +754,11 @@ pub fn otlp_metrics(
     endpoint: Option<&str>,
     instance_id: &str,
 ) -> Result<SdkMeterProvider, TelemetryError> {
-    let exporter = otlp_exporter!(
+    let (exporter, _) = otlp_exporter!(
         opentelemetry_otlp::MetricExporter::builder(),
+        Signal::Metrics,
         protocol,
         endpoint,
-        "metrics",
         Duration::from_secs(2)
     )?;
     Ok(SdkMeterProvider::builder()
@@ -718,25 +767,27 @@ pub fn otlp_metrics(
         .build())
 }
 
-/// Spans over OTLP/gRPC to `endpoint` (default `http://127.0.0.1:4317`), through an export
-/// queue of `limits`. Must run inside a tokio runtime.
-pub fn otlp_grpc(endpoint: Option<&str>, limits: QueueLimits) -> Result<Telemetry, TelemetryError> {
-    let endpoint = endpoint.unwrap_or("http://127.0.0.1:4317").to_string();
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_tonic()
-        .with_endpoint(endpoint.clone())
-        .with_timeout(export_timeout())
-        .with_retry_policy(retry_policy())
-        .build()
-        .map_err(|source| TelemetryError::Exporter {
-            transport: "gRPC",
-            endpoint: endpoint.clone(),
-            source,
-        })?;
+/// Spans over OTLP with `protocol` to `endpoint` ([`signal_endpoint`]: default
+/// `http://127.0.0.1:4317` for gRPC; over HTTP a base URL, default `http://127.0.0.1:4318`,
+/// with `/v1/traces` appended unless present), through an export queue of `limits`, retried
+/// within each attempt ([`retry_policy`]). Must run inside a tokio runtime for gRPC.
+pub fn otlp_spans(
+    protocol: OtlpProtocol,
+    endpoint: Option<&str>,
+    limits: QueueLimits,
+) -> Result<Telemetry, TelemetryError> {
+    let (exporter, endpoint) = otlp_exporter!(
+        opentelemetry_otlp::SpanExporter::builder(),
+        Signal::Traces,
+        protocol,
+        endpoint,
+        export_timeout(),
+        retry_policy()
+    )?;
     exporting(exporter, endpoint, limits)
 }
 
-/// The full OTLP/HTTP URL of `signal` (`traces`, `metrics`) from a base URL, or the URL itself
+/// The full OTLP/HTTP URL of `signal` (`traces`, `metrics`, `logs`) from a base URL, or the URL itself
 /// when it already ends in `/v1/{signal}`.
 fn http_url(base: &str, signal: &str) -> String {
     let base = base.trim_end_matches('/');
@@ -746,25 +797,6 @@ fn http_url(base: &str, signal: &str) -> String {
     } else {
         format!("{base}{path}")
     }
-}
-
-/// Spans over OTLP/HTTP (protobuf) to `endpoint`, a base URL (`/v1/traces` is appended unless
-/// present; default `http://127.0.0.1:4318`), through an export queue of `limits`.
-pub fn otlp_http(endpoint: Option<&str>, limits: QueueLimits) -> Result<Telemetry, TelemetryError> {
-    let endpoint = http_url(endpoint.unwrap_or("http://127.0.0.1:4318"), "traces");
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_protocol(Protocol::HttpBinary)
-        .with_endpoint(endpoint.clone())
-        .with_timeout(export_timeout())
-        .with_retry_policy(retry_policy())
-        .build()
-        .map_err(|source| TelemetryError::Exporter {
-            transport: "HTTP",
-            endpoint: endpoint.clone(),
-            source,
-        })?;
-    exporting(exporter, endpoint, limits)
 }
 
 /// One export attempt's budget, its own retries included: `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`
@@ -878,15 +910,43 @@ mod tests {
     }
 
     #[test]
+    fn every_signal_gets_the_default_port_of_its_protocol_and_its_own_http_path() {
+        use OtlpProtocol::{Grpc, HttpProtobuf};
+        for signal in [Signal::Traces, Signal::Metrics, Signal::Logs] {
+            assert_eq!(signal_endpoint(signal, Grpc, None), "http://127.0.0.1:4317");
+            assert_eq!(
+                signal_endpoint(signal, Grpc, Some("http://c:4317")),
+                "http://c:4317"
+            );
+        }
+        assert_eq!(
+            signal_endpoint(Signal::Traces, HttpProtobuf, None),
+            "http://127.0.0.1:4318/v1/traces"
+        );
+        assert_eq!(
+            signal_endpoint(Signal::Metrics, HttpProtobuf, Some("http://c:4318")),
+            "http://c:4318/v1/metrics"
+        );
+        assert_eq!(
+            signal_endpoint(Signal::Logs, HttpProtobuf, Some("http://c:4318/v1/logs")),
+            "http://c:4318/v1/logs"
+        );
+    }
+
+    #[test]
     fn a_malformed_grpc_endpoint_is_an_exporter_error() {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("runtime");
         let _g = rt.enter();
-        let e = otlp_grpc(Some("not a url"), QueueLimits::default())
-            .err()
-            .expect("an error");
+        let e = otlp_spans(
+            OtlpProtocol::Grpc,
+            Some("not a url"),
+            QueueLimits::default(),
+        )
+        .err()
+        .expect("an error");
         assert!(
             matches!(
                 &e,

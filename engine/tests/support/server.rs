@@ -139,6 +139,7 @@ impl TestServer {
                 read_timeout: Duration::from_secs(30),
                 max_header_bytes: 64 * 1024,
                 metrics_public: o.metrics_public,
+                generic_tools: true,
                 vllm_metrics: None,
             },
             telemetry: Arc::new(telemetry),
@@ -148,6 +149,14 @@ impl TestServer {
             context,
             started: 0,
             diagnostics: Default::default(),
+            responses: Arc::new(
+                slotlight_engine::server::responses::store::ResponseStore::open(
+                    &slotlight_engine::server::responses::store::StoreLocation::Memory,
+                    Default::default(),
+                )
+                .await
+                .expect("in-memory response store"),
+            ),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

@@ -9,9 +9,6 @@
 //! [`Assembler`] itself is synchronous and takes the clock as an argument (`now_ns`), so the
 //! tests drive it deterministically.
 
-pub mod slots;
-pub mod turns;
-
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,11 +16,11 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, broadcast, mpsc, watch};
 
 use crate::metrics::{EvictReason, Metrics};
+use crate::slots::{InstanceSnapshot, Occupant, PrefillProgress, Row, RowState, SlotsSnapshot};
 use crate::spans::{Body, DecodeSpan, EngineSpan, PrefillWindowSpan, SlotKey};
-use crate::store::TurnWriter;
+use crate::store::{TurnStore, TurnWriter};
+use crate::turn::{PartialTurn, TurnLeg, TurnRecord};
 use crate::vocab::TraceId;
-use slots::{InstanceSnapshot, Occupant, PrefillProgress, Row, RowState, SlotsSnapshot};
-use turns::{PartialTurn, TurnLeg, TurnRecord, TurnStore};
 
 /// Engine instances tracked at once.
 pub const MAX_INSTANCES: usize = 256;
@@ -775,14 +772,14 @@ pub async fn run(
         tokio::select! {
             batch = rx.recv() => {
                 let Some(batch) = batch else { break };
-                assembler.apply(batch.spans, crate::otlp::unix_now_ns(), &mut out);
+                assembler.apply(batch.spans, crate::vocab::unix_now_ns(), &mut out);
                 drop(batch.permit);
                 if last_publish.elapsed() >= publish_interval {
                     publish(&mut assembler, &mut last_publish);
                 }
             }
             _ = tick.tick() => {
-                assembler.tick(crate::otlp::unix_now_ns(), &mut out);
+                assembler.tick(crate::vocab::unix_now_ns(), &mut out);
                 publish(&mut assembler, &mut last_publish);
                 metrics.set_traces_in_flight(assembler.in_flight());
             }

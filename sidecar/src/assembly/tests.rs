@@ -1,12 +1,13 @@
-//! Deterministic assembly tests: spans are built with [`crate::synth`], validated with
-//! [`crate::spans::convert`], and applied with an explicit clock.
+//! Deterministic assembly tests: spans are built with [`crate::tools::synth`], validated with
+//! [`crate::receiver::decode::convert`], and applied with an explicit clock.
 
 use super::*;
-use crate::spans::{Path, convert_request};
-use crate::synth::{self, Usage};
+use crate::receiver::decode::convert_request;
+use crate::slots::RowState;
+use crate::spans::Path;
+use crate::tools::synth::{self, Usage};
+use crate::turn::TurnStatus;
 use opentelemetry_proto::tonic::trace::v1::Span;
-use slots::RowState;
-use turns::TurnStatus;
 
 const MS: i64 = 1_000_000;
 const S: i64 = 1_000_000_000;

@@ -18,8 +18,8 @@ use super::histogram::TraceHistogram;
 use super::requests::{RequestMetrics, SeriesMetrics, genai_labels};
 use super::span_totals::SpanTotals;
 use super::{EvictReason, REQUEST_REJECT_LABELS};
-use crate::assembly::slots::SlotsSnapshot;
-use crate::spans::SpanReject;
+use crate::error::SpanReject;
+use crate::slots::SlotsSnapshot;
 
 /// A sample's labels, in the order they are written.
 type Labels = Vec<(&'static str, String)>;

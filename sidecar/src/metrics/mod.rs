@@ -17,17 +17,18 @@ pub mod exposition;
 pub mod histogram;
 pub mod requests;
 pub mod span_totals;
+pub mod spanmetrics;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::assembly::slots::SlotsSnapshot;
-use crate::assembly::turns::TurnRecord;
 use crate::error::IngestError;
-use crate::spanmetrics::SpanBatch;
+use crate::slots::SlotsSnapshot;
+use crate::turn::TurnRecord;
 use exposition::{LiveGauges, OwnCounts, Scrape};
 use requests::RequestMetrics;
 use span_totals::SpanTotals;
+use spanmetrics::SpanBatch;
 
 pub use slotlight_otel::exposition::negotiate;
 

@@ -8,7 +8,7 @@ use slotlight_otel::metric::buckets;
 
 use super::OVERFLOW;
 use super::histogram::{self, TraceHistogram};
-use crate::spanmetrics::SpanBatch;
+use super::spanmetrics::SpanBatch;
 
 /// Labels of one stored series: service, span name, kind, status code.
 pub type SeriesKey = (Box<str>, Box<str>, i32, i32);

@@ -2,8 +2,8 @@
 
 use super::requests::MAX_OUTCOMES;
 use super::*;
-use crate::assembly::turns::TurnRecord;
 use crate::spans::{Body, EngineSpan, RequestSpan};
+use crate::turn::TurnRecord;
 use slotlight_otel::metric::{self, label};
 use std::sync::Arc;
 
@@ -271,8 +271,8 @@ fn span_series_are_capped() {
         }],
     };
     let buf = prost::Message::encode_to_vec(&req);
-    let mut batch = crate::spanmetrics::SpanBatch::default();
-    crate::spans::convert(&buf, &mut batch).expect("decodes");
+    let mut batch = crate::metrics::spanmetrics::SpanBatch::default();
+    crate::receiver::decode::convert(&buf, &mut batch).expect("decodes");
     m.merge_spans(batch);
     let text = m.render(&SlotsSnapshot::default(), false);
     let calls: Vec<&str> = text

@@ -26,23 +26,9 @@ use super::http::RETRY_AFTER_S;
 use super::{Ingest, Response, Signal};
 use crate::error::IngestError;
 use crate::metrics::Metrics;
-use crate::raw::{EXPORT_PATH, LOGS_EXPORT_PATH, METRICS_EXPORT_PATH};
 
-/// The OTLP trace service's gRPC name.
-pub const SERVICE_NAME: &str = "opentelemetry.proto.collector.trace.v1.TraceService";
-
-/// The OTLP metrics service's gRPC name.
-pub const METRICS_SERVICE_NAME: &str = "opentelemetry.proto.collector.metrics.v1.MetricsService";
-
-/// The OTLP logs service's gRPC name.
-pub const LOGS_SERVICE_NAME: &str = "opentelemetry.proto.collector.logs.v1.LogsService";
-
-/// What a gRPC service receives: its name, its one method's path, its signal.
+/// What a gRPC service receives: its signal (whose service and method it serves).
 pub trait GrpcSignal: Send + Sync + 'static {
-    /// The gRPC service name.
-    const NAME: &'static str;
-    /// The `Export` method's path.
-    const PATH: &'static str;
     /// The signal.
     const SIGNAL: Signal;
 }
@@ -52,8 +38,6 @@ pub trait GrpcSignal: Send + Sync + 'static {
 pub struct Traces;
 
 impl GrpcSignal for Traces {
-    const NAME: &'static str = SERVICE_NAME;
-    const PATH: &'static str = EXPORT_PATH;
     const SIGNAL: Signal = Signal::Traces;
 }
 
@@ -62,8 +46,6 @@ impl GrpcSignal for Traces {
 pub struct MetricsSignal;
 
 impl GrpcSignal for MetricsSignal {
-    const NAME: &'static str = METRICS_SERVICE_NAME;
-    const PATH: &'static str = METRICS_EXPORT_PATH;
     const SIGNAL: Signal = Signal::Metrics;
 }
 
@@ -72,8 +54,6 @@ impl GrpcSignal for MetricsSignal {
 pub struct LogsSignal;
 
 impl GrpcSignal for LogsSignal {
-    const NAME: &'static str = LOGS_SERVICE_NAME;
-    const PATH: &'static str = LOGS_EXPORT_PATH;
     const SIGNAL: Signal = Signal::Logs;
 }
 
@@ -128,7 +108,7 @@ pub fn to_status(e: &IngestError) -> tonic::Status {
 }
 
 impl<S: GrpcSignal> NamedService for Receiver<S> {
-    const NAME: &'static str = S::NAME;
+    const NAME: &'static str = S::SIGNAL.grpc_service();
 }
 
 /// Request: the message's bytes as received; response: the export response.
@@ -218,7 +198,7 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        if req.uri().path() != S::PATH {
+        if req.uri().path() != S::SIGNAL.grpc_method() {
             return Box::pin(async move {
                 let mut resp = http::Response::new(tonic::body::Body::default());
                 let h = resp.headers_mut();

@@ -36,9 +36,9 @@ const JSON: &str = "application/json";
 /// The OTLP/HTTP routes.
 pub fn router(ingest: Ingest) -> Router {
     Router::new()
-        .route("/v1/traces", post(export_traces))
-        .route("/v1/metrics", post(export_metrics))
-        .route("/v1/logs", post(export_logs))
+        .route(Signal::Traces.http_path(), post(export_traces))
+        .route(Signal::Metrics.http_path(), post(export_metrics))
+        .route(Signal::Logs.http_path(), post(export_logs))
         .layer(DefaultBodyLimit::disable())
         .with_state(ingest)
 }

@@ -6,14 +6,20 @@
 //! request offered to the forwarder unchanged; no view is built from them.
 //!
 //! Both transports end in [`Ingest::accept`], which reads the encoded request into typed
-//! spans without copying it ([`crate::spans::convert`]), takes room in the bounded ingest queue (counted in
+//! spans without copying it ([`decode::convert`]), takes room in the bounded ingest queue (counted in
 //! spans, so one huge export cannot hold the queue hostage), sends the batch to the assembly
 //! task without waiting, updates the counters and span metrics, and offers the request's
 //! bytes, unchanged, to the forwarder. A full queue refuses the whole request (retryable), so a sender that retries
 //! loses nothing.
 
+pub mod allow;
+pub mod decode;
+pub mod forward;
 pub mod grpc;
 pub mod http;
+pub mod otlp;
+pub mod raw;
+pub mod signal;
 
 use std::sync::Arc;
 
@@ -33,13 +39,12 @@ use tokio::sync::{Semaphore, mpsc};
 
 use crate::assembly::Batch;
 use crate::error::IngestError;
-// The signal is the forwarder's word: the receivers use it, the forwarder never uses them.
-use crate::forward::Forwarder;
-pub use crate::forward::Signal;
 use crate::metrics::Metrics;
-use crate::net::AllowList;
-use crate::spanmetrics::SpanBatch;
-use crate::spans::convert;
+use crate::metrics::spanmetrics::SpanBatch;
+pub use allow::AllowList;
+use decode::convert;
+use forward::Forwarder;
+pub use signal::Signal;
 
 /// The log records of a logs export request.
 pub fn log_records(req: &ExportLogsServiceRequest) -> u64 {
@@ -245,7 +250,7 @@ impl Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::synth;
+    use crate::tools::synth;
 
     fn ingest(room: usize) -> (Ingest, mpsc::Receiver<Batch>, Arc<Metrics>) {
         let (tx, rx) = mpsc::channel(8);

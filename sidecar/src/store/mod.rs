@@ -1,4 +1,5 @@
-//! Durable turn records: the SQLite file behind `/v1/turns` (`--turns-db`).
+//! Where turn records are kept: durable, in the SQLite file behind `/v1/turns` (`--turns-db`),
+//! or in memory, in a bounded ring ([`TurnStore`], `--turns-db :memory:`).
 //!
 //! The assembly hands each finished record to [`TurnWriter::offer`], which never blocks: a
 //! bounded channel feeds one writer thread that commits whatever is queued in one
@@ -10,10 +11,10 @@
 //! once: the row is keyed by (engine instance, trace id, request id), as the assembly keys
 //! requests, and a repeat is ignored.
 //!
-//! `:memory:` keeps no file: the views read the in-memory ring instead (see
-//! [`crate::assembly::turns::TurnStore`]).
+//! `:memory:` keeps no file: the views read the in-memory ring instead ([`TurnStore`]).
 
 pub mod query;
+pub mod ring;
 pub mod schema;
 
 use std::path::{Path, PathBuf};
@@ -24,8 +25,9 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags, params};
 
-use crate::assembly::turns::{TurnQuery, TurnRecord};
-pub use query::{Cursor, TurnPage};
+use crate::turn::{TurnQuery, TurnRecord};
+pub use query::TurnPage;
+pub use ring::TurnStore;
 
 /// Records waiting for the writer; more are not stored (counted in
 /// `slotlight_sidecar_turns_not_stored_total`) rather than stall the assembly. A record is
@@ -273,12 +275,12 @@ fn write_loop(mut c: Connection, path: &Path, rx: Receiver<Arc<TurnRecord>>, ret
                 Err(_) => break,
             }
         }
-        if let Err(e) = write_batch(&mut c, &batch, crate::otlp::unix_now_ns()) {
+        if let Err(e) = write_batch(&mut c, &batch, crate::vocab::unix_now_ns()) {
             tracing::error!(error = %e, path = %path.display(), records = batch.len(), "TurnStore.WriteFailed");
         }
         batch.clear();
         if last_retention.is_none_or(|t| t.elapsed() >= RETENTION_EVERY) {
-            if let Err(e) = apply_retention(&c, retention, crate::otlp::unix_now_ns()) {
+            if let Err(e) = apply_retention(&c, retention, crate::vocab::unix_now_ns()) {
                 tracing::error!(error = %e, path = %path.display(), "TurnStore.RetentionFailed");
             }
             last_retention = Some(Instant::now());

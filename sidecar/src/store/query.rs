@@ -9,36 +9,7 @@ use rusqlite::Connection;
 use rusqlite::types::Value as Sql;
 use serde_json::value::RawValue;
 
-use crate::assembly::turns::TurnQuery;
-
-/// Where a page ended: the last listed turn's completion number and request start. Written
-/// `SEQ.START_NS` on the wire (`next_cursor`, `cursor=`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cursor {
-    /// The turn's completion number (the store's `seq`, or the ring's count).
-    pub seq: i64,
-    /// The turn's `start_time_unix_nano`.
-    pub start_ns: i64,
-}
-
-impl std::fmt::Display for Cursor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.{}", self.seq, self.start_ns)
-    }
-}
-
-impl std::str::FromStr for Cursor {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || format!("cursor {s:?} is not a next_cursor value (SEQ.START_NS)");
-        let (seq, start) = s.split_once('.').ok_or_else(bad)?;
-        Ok(Cursor {
-            seq: seq.parse().map_err(|_| bad())?,
-            start_ns: start.parse().map_err(|_| bad())?,
-        })
-    }
-}
+use crate::turn::{Cursor, TurnQuery};
 
 /// One page of stored records, each the `/v1/turns` item exactly as it was written.
 #[derive(Debug, Default)]

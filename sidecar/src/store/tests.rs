@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::assembly::turns::{TurnQuery, TurnStatus};
 use crate::spans::{Body, EngineSpan, RequestSpan};
+use crate::turn::{TurnQuery, TurnStatus};
 
 /// A scratch directory under the system's temporary directory, removed on drop.
 struct Scratch(PathBuf);
@@ -16,7 +16,7 @@ impl Scratch {
         let p = std::env::temp_dir().join(format!(
             "slotlight-store-{name}-{}-{}",
             std::process::id(),
-            crate::otlp::unix_now_ns()
+            crate::vocab::unix_now_ns()
         ));
         std::fs::create_dir_all(&p).expect("scratch dir");
         Scratch(p)
@@ -232,7 +232,7 @@ fn cursors_page_through_everything_once_in_both_orders() {
 
 #[test]
 fn the_ring_pages_like_the_store() {
-    let ring = crate::assembly::turns::TurnStore::new(100);
+    let ring = TurnStore::new(100);
     let starts = [50, 10, 30, 30, 20, 70, 60];
     for (i, s) in starts.iter().enumerate() {
         ring.push(turn(&format!("t{i}"), Some("s"), *s, None));

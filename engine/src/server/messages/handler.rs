@@ -162,7 +162,7 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
     m.chat.common.max_tokens = Some(i64::try_from(asked.clamp(1, limit)).unwrap_or(1));
     let mut req = ValidRequest::chat(st, Api::Messages, m.chat.clone()).await?;
     clamp_to_context(st, &mut req, asked)?;
-    req.tools_skipped = m.tools_skipped.clone();
+    req.tools_skipped.extend(m.tools_skipped.iter().cloned());
     let turn = Turn::new(
         sections(&req.model, &m.sections),
         Arc::from(req.prompt.as_slice()),
@@ -185,7 +185,7 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
         tokenizer: Arc::clone(st.prompts.tokenizer()),
         diagnostics,
     };
-    let headers = headers(&launched.meta.id, &m.tools_skipped);
+    let headers = headers(&launched.meta.id, &launched.meta.request.tools_skipped);
     let mut response = if stream {
         front::stream(launched, Streaming::new(answer, Arc::clone(st)))
     } else {

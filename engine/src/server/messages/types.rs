@@ -23,8 +23,8 @@
 use serde_json::{Map, Value, json};
 
 use super::signature::Signer;
+use crate::server::body::{Fields, kind_of};
 use crate::server::error::ApiError;
-use crate::server::openai::types::{Body, kind_of};
 use crate::server::request::input::{
     ChatRequest, Common, Content, InputFunctionCall, InputMessage, InputTool, InputToolCall,
     InputToolChoice, ResponseFormat, StringOrList,
@@ -201,12 +201,12 @@ fn refused_block(kind: &str) -> String {
 struct Ttl(Option<CacheTtl>);
 
 impl Ttl {
-    fn take(&mut self, b: &mut Body, path: &str) -> Result<(), ApiError> {
+    fn take(&mut self, b: &mut Fields, path: &str) -> Result<(), ApiError> {
         let Some(v) = b.take_value("cache_control") else {
             return Ok(());
         };
         let p = format!("{path}cache_control");
-        let mut c = Body::new(v, &format!("{p}."))?;
+        let mut c = Fields::new(v, &format!("{p}."))?;
         let kind: Option<String> = c.take("type")?;
         if kind.as_deref() != Some("ephemeral") {
             return Err(invalid(
@@ -232,7 +232,7 @@ impl Ttl {
 
 /// The text of a `text` block at `path` (its `citations` are accepted: they annotate the text
 /// and change nothing in the prompt).
-fn text_block(mut b: Body, path: &str, ttl: &mut Ttl) -> Result<String, ApiError> {
+fn text_block(mut b: Fields, path: &str, ttl: &mut Ttl) -> Result<String, ApiError> {
     let Some(text) = b.take::<String>("text")? else {
         return Err(invalid(
             &format!("{path}.text"),
@@ -246,7 +246,7 @@ fn text_block(mut b: Body, path: &str, ttl: &mut Ttl) -> Result<String, ApiError
 }
 
 /// The type of a block, taken out of it.
-fn block_type(b: &mut Body, path: &str) -> Result<String, ApiError> {
+fn block_type(b: &mut Fields, path: &str) -> Result<String, ApiError> {
     b.take::<String>("type")?.ok_or_else(|| {
         invalid(
             &format!("{path}.type"),
@@ -263,7 +263,7 @@ fn system_text(v: Value, ttl: &mut Ttl) -> Result<String, ApiError> {
             let mut parts = Vec::with_capacity(blocks.len());
             for (j, block) in blocks.into_iter().enumerate() {
                 let path = format!("system[{j}]");
-                let mut b = Body::new(block, &format!("{path}."))?;
+                let mut b = Fields::new(block, &format!("{path}."))?;
                 let kind = block_type(&mut b, &path)?;
                 if kind != "text" {
                     return Err(invalid(
@@ -294,7 +294,7 @@ fn tool_result_content(v: Value, path: &str, ttl: &mut Ttl) -> Result<String, Ap
             let mut parts = Vec::with_capacity(blocks.len());
             for (k, block) in blocks.into_iter().enumerate() {
                 let p = format!("{path}.content[{k}]");
-                let mut b = Body::new(block, &format!("{p}."))?;
+                let mut b = Fields::new(block, &format!("{p}."))?;
                 let kind = block_type(&mut b, &p)?;
                 match kind.as_str() {
                     "text" => parts.push(text_block(b, &p, ttl)?),
@@ -410,7 +410,7 @@ fn parse_message(
     ttl: &mut Ttl,
 ) -> Result<(), ApiError> {
     let path = format!("messages[{i}]");
-    let mut b = Body::new(v, &format!("{path}."))?;
+    let mut b = Fields::new(v, &format!("{path}."))?;
     let Some(role) = b.take::<String>("role")? else {
         return Err(invalid(
             &format!("{path}.role"),
@@ -439,7 +439,7 @@ fn parse_message(
     };
     for (j, block) in blocks.into_iter().enumerate() {
         let bp = format!("{path}.content[{j}]");
-        let mut b = Body::new(block, &format!("{bp}."))?;
+        let mut b = Fields::new(block, &format!("{bp}."))?;
         let kind = block_type(&mut b, &bp)?;
         match (role.as_str(), kind.as_str()) {
             ("system", "text") => {
@@ -582,7 +582,7 @@ enum ToolEntry {
 
 fn parse_tool(v: Value, i: usize, ttl: &mut Ttl) -> Result<ToolEntry, ApiError> {
     let path = format!("tools[{i}]");
-    let mut b = Body::new(v, &format!("{path}."))?;
+    let mut b = Fields::new(v, &format!("{path}."))?;
     let kind: Option<String> = b.take("type")?;
     if let Some(k) = kind.filter(|k| k != "custom") {
         // Anthropic's server and built-in tools (`web_search_20250305`, `bash_20250124`, …):
@@ -633,7 +633,7 @@ fn parse_tool(v: Value, i: usize, ttl: &mut Ttl) -> Result<ToolEntry, ApiError> 
 
 /// `tool_choice`, and whether it forbids parallel calls.
 fn parse_tool_choice(v: Value) -> Result<(InputToolChoice, Option<bool>), ApiError> {
-    let mut b = Body::new(v, "tool_choice.")?;
+    let mut b = Fields::new(v, "tool_choice.")?;
     let kind: Option<String> = b.take("type")?;
     let choice = match kind.as_deref() {
         Some("auto") => InputToolChoice::Auto,
@@ -662,7 +662,7 @@ fn parse_tool_choice(v: Value) -> Result<(InputToolChoice, Option<bool>), ApiErr
 }
 
 fn parse_thinking(v: Value) -> Result<Thinking, ApiError> {
-    let mut b = Body::new(v, "thinking.")?;
+    let mut b = Fields::new(v, "thinking.")?;
     let kind: Option<String> = b.take("type")?;
     let mode = match kind.as_deref() {
         Some("enabled") => {
@@ -709,7 +709,7 @@ fn parse_thinking(v: Value) -> Result<Thinking, ApiError> {
 
 /// A `json_schema` output format at `path`: its schema.
 fn parse_format(v: Value, path: &str) -> Result<Value, ApiError> {
-    let mut f = Body::new(v, &format!("{path}."))?;
+    let mut f = Fields::new(v, &format!("{path}."))?;
     let kind: Option<String> = f.take("type")?;
     if kind.as_deref() != Some("json_schema") {
         return Err(invalid(
@@ -738,7 +738,7 @@ fn parse_format(v: Value, path: &str) -> Result<Value, ApiError> {
 
 /// `output_config`: `effort`, `format` (`task_budget` is accepted and ignored).
 fn parse_output_config(v: Value) -> Result<(Option<String>, Option<Value>), ApiError> {
-    let mut b = Body::new(v, "output_config.")?;
+    let mut b = Fields::new(v, "output_config.")?;
     let effort: Option<String> = b.take("effort")?;
     if let Some(e) = &effort
         && !["low", "medium", "high", "xhigh", "max"].contains(&e.as_str())
@@ -760,7 +760,7 @@ fn parse_output_config(v: Value) -> Result<(Option<String>, Option<Value>), ApiE
 impl MessagesRequest {
     /// Takes a Messages body apart; thinking blocks coming back are checked with `signer`.
     pub fn from_json(v: Value, endpoint: Endpoint, signer: &Signer) -> Result<Self, ApiError> {
-        let mut b = Body::new(v, "")?;
+        let mut b = Fields::new(v, "")?;
         let mut ttl = Ttl::default();
         ttl.take(&mut b, "")?;
         let model: Option<String> = b.take("model")?;
@@ -854,7 +854,7 @@ impl MessagesRequest {
             match b.take_value("metadata") {
                 None => None,
                 Some(v) => {
-                    let mut m = Body::new(v, "metadata.")?;
+                    let mut m = Fields::new(v, "metadata.")?;
                     let id: Option<String> = m.take("user_id")?;
                     m.finish()?;
                     id
@@ -863,7 +863,7 @@ impl MessagesRequest {
             match b.take_value("diagnostics") {
                 None => None,
                 Some(v) => {
-                    let mut d = Body::new(v, "diagnostics.")?;
+                    let mut d = Fields::new(v, "diagnostics.")?;
                     let previous: Option<String> = d.take("previous_message_id")?;
                     d.finish()?;
                     Some(previous)
@@ -896,7 +896,7 @@ impl MessagesRequest {
             "the service tiers are `auto` and `standard_only` (there is one tier)",
         )?;
         if let Some(t) = b.take_value("thread") {
-            let mut t = Body::new(t, "thread.")?;
+            let mut t = Fields::new(t, "thread.")?;
             let kind: Option<String> = t.take("type")?;
             if kind.as_deref() != Some("create") {
                 return Err(invalid(

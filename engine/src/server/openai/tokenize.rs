@@ -15,7 +15,8 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::types;
+use super::types::REFUSED;
+use crate::server::body::Fields;
 use crate::server::body::read_json;
 use crate::server::error::ApiError;
 use crate::server::request::input::ChatRequest;
@@ -71,7 +72,7 @@ pub async fn tokenize(State(st): State<SharedState>, body: Body) -> Result<Respo
                 chat.insert(key.into(), v);
             }
         }
-        types::Body::new(Value::Object(map), "")?.finish()?;
+        Fields::new(Value::Object(map), "")?.finish_with(REFUSED)?;
         let req = ChatRequest::from_json(Value::Object(chat))?;
         let (text, ids, _) = chat_prompt(&st, &req, add_generation_prompt)?;
         if add_special_tokens == Some(false) {
@@ -103,7 +104,7 @@ pub async fn tokenize(State(st): State<SharedState>, body: Body) -> Result<Respo
                     ));
                 }
             };
-        types::Body::new(Value::Object(map), "")?.finish()?;
+        Fields::new(Value::Object(map), "")?.finish_with(REFUSED)?;
         if text.len() > st.cfg.max_body_bytes {
             return Err(ApiError::invalid_param(param, "the text is too long"));
         }
@@ -139,13 +140,13 @@ pub async fn tokenize(State(st): State<SharedState>, body: Body) -> Result<Respo
 /// Answers `POST /detokenize`: the text of a list of token ids.
 pub async fn detokenize(State(st): State<SharedState>, body: Body) -> Result<Response, ApiError> {
     let v: Value = read_json(body, st.cfg.max_body_bytes, st.cfg.read_timeout).await?;
-    let mut b = types::Body::new(v, "")?;
+    let mut b = Fields::new(v, "")?;
     let model: Option<String> = b.take("model")?;
     st.check_model(model.as_deref())?;
     let Some(ids) = b.take::<Vec<u32>>("tokens")? else {
         return Err(ApiError::invalid_param("tokens", "`tokens` is required"));
     };
-    b.finish()?;
+    b.finish_with(REFUSED)?;
     if let Some(bad) = ids.iter().find(|&&t| t as usize >= st.vocab) {
         return Err(ApiError::invalid_param(
             "tokens",

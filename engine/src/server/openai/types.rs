@@ -8,9 +8,9 @@
 //! accepted for any field (several clients write every unset optional field as `null`).
 //! `docs/api.md` lists every field and what happens to it.
 
-use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
+use crate::server::body::{Fields, kind_of};
 use crate::server::error::ApiError;
 use crate::server::request::input::{
     ChatRequest, Common, CompletionRequest, InputMessage, InputTool, InputToolChoice, Prompt,
@@ -65,122 +65,10 @@ pub const REFUSED: &[(&str, &str)] = &[
     ),
 ];
 
-/// A request body being taken apart.
-#[derive(Debug)]
-pub struct Body {
-    map: Map<String, Value>,
-    /// The path of this object in the request (`""` at the top, `stream_options.` inside).
-    prefix: String,
-}
-
-impl Body {
-    /// The body, which must be a JSON object.
-    pub fn new(v: Value, prefix: &str) -> Result<Self, ApiError> {
-        match v {
-            Value::Object(map) => Ok(Self {
-                map,
-                prefix: prefix.to_string(),
-            }),
-            other => {
-                let what = if prefix.is_empty() {
-                    "the request body".to_string()
-                } else {
-                    format!("`{}`", prefix.trim_end_matches('.'))
-                };
-                let err = format!("{what} must be a JSON object, not {}", kind_of(&other));
-                if prefix.is_empty() {
-                    Err(ApiError::invalid(err))
-                } else {
-                    Err(ApiError::invalid_param(prefix.trim_end_matches('.'), err))
-                }
-            }
-        }
-    }
-
-    fn path(&self, key: &str) -> String {
-        format!("{}{key}", self.prefix)
-    }
-
-    /// Takes `key` as a `T`; absent or `null` is `None`, a wrong type is a 400 naming it.
-    pub fn take<T: DeserializeOwned>(&mut self, key: &str) -> Result<Option<T>, ApiError> {
-        match self.map.remove(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => serde_json::from_value(v).map(Some).map_err(|e| {
-                let p = self.path(key);
-                ApiError::invalid_param(&p, format!("`{p}`: {e}"))
-            }),
-        }
-    }
-
-    /// Takes `key` as a raw JSON value (absent or `null` is `None`).
-    pub fn take_value(&mut self, key: &str) -> Option<Value> {
-        self.map.remove(key).filter(|v| !v.is_null())
-    }
-
-    /// Takes `key`, refusing it unless `accepted` holds for its value.
-    pub fn refuse_unless(
-        &mut self,
-        key: &str,
-        accepted: impl Fn(&Value) -> bool,
-        why: &str,
-    ) -> Result<(), ApiError> {
-        match self.map.remove(key) {
-            Some(v) if !v.is_null() && !accepted(&v) => {
-                let p = self.path(key);
-                let mut e = ApiError::invalid_param(&p, format!("`{p}`: {why}"));
-                e.code = Some("unsupported_parameter");
-                Err(e)
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// Refuses whatever is left: [`REFUSED`] fields with their reason, others as unknown.
-    pub fn finish(self) -> Result<(), ApiError> {
-        self.finish_with(REFUSED)
-    }
-
-    /// Refuses whatever is left: top-level fields of `refused` with their reason, others as
-    /// unknown (each API has its own list).
-    pub fn finish_with(mut self, refused: &[(&str, &str)]) -> Result<(), ApiError> {
-        self.map.retain(|_, v| !v.is_null());
-        let Some(key) = self.map.keys().next().cloned() else {
-            return Ok(());
-        };
-        let p = self.path(&key);
-        let why = refused
-            .iter()
-            .find(|(k, _)| self.prefix.is_empty() && *k == key)
-            .map_or_else(
-                || {
-                    format!(
-                        "unknown field `{p}`: slotlight refuses fields it does not implement rather than ignore them"
-                    )
-                },
-                |(_, why)| format!("`{p}`: {why}"),
-            );
-        let mut e = ApiError::invalid_param(&p, why);
-        e.code = Some("unsupported_parameter");
-        Err(e)
-    }
-}
-
-/// How a JSON value is named in an error message ("a string", "an array").
-pub fn kind_of(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
 impl InputMessage {
     /// Takes message `i` of `messages` apart.
     fn parse(v: Value, i: usize) -> Result<Self, ApiError> {
-        let mut b = Body::new(v, &format!("messages[{i}]."))?;
+        let mut b = Fields::new(v, &format!("messages[{i}]."))?;
         let role: Option<String> = b.take("role")?;
         let Some(role) = role else {
             return Err(ApiError::invalid_param(
@@ -213,11 +101,11 @@ impl InputMessage {
 }
 
 impl Common {
-    fn parse(b: &mut Body) -> Result<Self, ApiError> {
+    fn parse(b: &mut Fields) -> Result<Self, ApiError> {
         let stream_options = match b.take_value("stream_options") {
             None => None,
             Some(v) => {
-                let mut so = Body::new(v, "stream_options.")?;
+                let mut so = Fields::new(v, "stream_options.")?;
                 let r = StreamOptions {
                     include_usage: so.take("include_usage")?.unwrap_or(false),
                     continuous_usage_stats: so.take("continuous_usage_stats")?.unwrap_or(false),
@@ -292,7 +180,7 @@ impl Common {
 }
 
 fn parse_response_format(v: Value) -> Result<ResponseFormat, ApiError> {
-    let mut b = Body::new(v, "response_format.")?;
+    let mut b = Fields::new(v, "response_format.")?;
     let kind: Option<String> = b.take("type")?;
     let r = match kind.as_deref() {
         Some("text") => ResponseFormat::Text,
@@ -304,7 +192,7 @@ fn parse_response_format(v: Value) -> Result<ResponseFormat, ApiError> {
                     "`response_format` of type `json_schema` needs a `json_schema` object",
                 ));
             };
-            let mut j = Body::new(js, "response_format.json_schema.")?;
+            let mut j = Fields::new(js, "response_format.json_schema.")?;
             let _name: Option<String> = j.take("name")?;
             let _description: Option<String> = j.take("description")?;
             // Every schema is enforced by a grammar, so `strict` true or false changes nothing.
@@ -335,7 +223,7 @@ fn parse_response_format(v: Value) -> Result<ResponseFormat, ApiError> {
 }
 
 fn parse_structured_outputs(v: Value) -> Result<StructuredOutputs, ApiError> {
-    let mut b = Body::new(v, "structured_outputs.")?;
+    let mut b = Fields::new(v, "structured_outputs.")?;
     let mut found = Vec::new();
     if let Some(j) = b.take_value("json") {
         let schema = match j {
@@ -389,7 +277,7 @@ fn parse_structured_outputs(v: Value) -> Result<StructuredOutputs, ApiError> {
 impl ChatRequest {
     /// Takes a chat body apart; any field left over is refused.
     pub fn from_json(v: Value) -> Result<Self, ApiError> {
-        let mut b = Body::new(v, "")?;
+        let mut b = Fields::new(v, "")?;
         let messages = match b.take_value("messages") {
             None => {
                 return Err(ApiError::invalid_param(
@@ -443,7 +331,7 @@ impl ChatRequest {
             top_logprobs: b.take("top_logprobs")?,
             chat_template_kwargs,
         };
-        b.finish()?;
+        b.finish_with(REFUSED)?;
         Ok(r)
     }
 }
@@ -478,7 +366,7 @@ fn parse_template_kwargs(v: Value) -> Result<Map<String, Value>, ApiError> {
 }
 
 fn parse_tool(v: Value, i: usize) -> Result<InputTool, ApiError> {
-    let mut b = Body::new(v, &format!("tools[{i}]."))?;
+    let mut b = Fields::new(v, &format!("tools[{i}]."))?;
     let kind: Option<String> = b.take("type")?;
     if kind.as_deref() != Some("function") {
         return Err(ApiError::invalid_param(
@@ -496,7 +384,7 @@ fn parse_tool(v: Value, i: usize) -> Result<InputTool, ApiError> {
         ));
     };
     b.finish()?;
-    let mut f = Body::new(f, &format!("tools[{i}].function."))?;
+    let mut f = Fields::new(f, &format!("tools[{i}].function."))?;
     let name: Option<String> = f.take("name")?;
     let name = name.unwrap_or_default();
     let valid = !name.is_empty()
@@ -543,7 +431,7 @@ fn parse_tool_choice(v: Value) -> Result<InputToolChoice, ApiError> {
             )),
         },
         obj @ Value::Object(_) => {
-            let mut b = Body::new(obj, "tool_choice.")?;
+            let mut b = Fields::new(obj, "tool_choice.")?;
             let kind: Option<String> = b.take("type")?;
             if kind.as_deref() != Some("function") {
                 return Err(ApiError::invalid_param(
@@ -558,7 +446,7 @@ fn parse_tool_choice(v: Value) -> Result<InputToolChoice, ApiError> {
                 ));
             };
             b.finish()?;
-            let mut f = Body::new(f, "tool_choice.function.")?;
+            let mut f = Fields::new(f, "tool_choice.function.")?;
             let name: Option<String> = f.take("name")?;
             f.finish()?;
             match name {
@@ -582,7 +470,7 @@ fn parse_tool_choice(v: Value) -> Result<InputToolChoice, ApiError> {
 impl CompletionRequest {
     /// Takes a completion body apart; any field left over is refused.
     pub fn from_json(v: Value) -> Result<Self, ApiError> {
-        let mut b = Body::new(v, "")?;
+        let mut b = Fields::new(v, "")?;
         let Some(prompt) = b.take::<Prompt>("prompt")? else {
             return Err(ApiError::invalid_param("prompt", "`prompt` is required"));
         };
@@ -593,7 +481,7 @@ impl CompletionRequest {
             echo: b.take("echo")?.unwrap_or(false),
             best_of: b.take("best_of")?,
         };
-        b.finish()?;
+        b.finish_with(REFUSED)?;
         Ok(r)
     }
 }

@@ -126,6 +126,13 @@ impl ValidRequest {
         let reasoning =
             validate::chat_reasoning(st, &req, opts.grammar.as_ref(), tools.as_ref(), &text)?;
         let constraint = validate::compile(st, opts.grammar.as_ref(), tools.as_ref()).await?;
+        // Tools offered and not taken: the template cannot call them (`--generic-tools off`).
+        let tools_skipped = if tools.is_none() && req.tools.as_ref().is_some_and(|t| !t.is_empty())
+        {
+            vec!["function".to_string()]
+        } else {
+            Vec::new()
+        };
         Ok(Self {
             api,
             request_model: req.common.model.clone().unwrap_or_else(|| model.clone()),
@@ -142,7 +149,7 @@ impl ValidRequest {
                 .cfg
                 .trace_content
                 .then(|| InputContent::chat(&req.messages, req.tools.as_deref())),
-            tools_skipped: Vec::new(),
+            tools_skipped,
             max_tokens_asked: None,
         })
     }

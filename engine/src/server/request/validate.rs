@@ -298,23 +298,34 @@ pub fn chat_logprobs(req: &ChatRequest) -> Result<Option<usize>, ApiError> {
 }
 
 /// Refuses a grammar together with tools that may be called (the two would fight over the
-/// output).
+/// output), except a JSON answer shape beside the generic format's calls (the answer is then
+/// `{"response": <that shape>}`: OpenAI allows `text.format` with tools).
 pub fn no_grammar_with_tools(
     grammar: Option<&GrammarRequest>,
     tools: Option<&ToolSetup>,
 ) -> Result<(), ApiError> {
     if let (Some(t), Some(g)) = (tools, grammar)
         && t.active()
+        && !(t.answers_in_json() && answer_schema(g).is_some())
     {
         return Err(ApiError::invalid_param(
             g.param,
             format!(
-                "`{}` cannot be combined with tools (unless tool_choice is `none`)",
+                "`{}` cannot be combined with tools (unless tool_choice is `none`, or the model takes tools in the generic JSON format with tool_choice `auto`)",
                 g.param
             ),
         ));
     }
     Ok(())
+}
+
+/// The JSON schema of an answer shape that can sit beside tool calls: a JSON schema or
+/// object, not a regex, a choice or a grammar.
+fn answer_schema(g: &GrammarRequest) -> Option<Value> {
+    match &g.spec {
+        GrammarSpec::JsonSchema(s) => Some(s.clone()),
+        _ => None,
+    }
 }
 
 /// Where a chat's reply starts with respect to reasoning, given its rendered prompt `text` and
@@ -423,6 +434,10 @@ pub async fn compile(
     tools: Option<&ToolSetup>,
 ) -> Result<Option<Constraint>, ApiError> {
     let enforce = match (grammar, tools) {
+        // An answer shape beside the generic format's calls: one grammar of both.
+        (Some(g), Some(t)) if t.active() && t.answers_in_json() => answer_schema(g)
+            .and_then(|schema| t.grammar_answering(schema))
+            .map(|spec| (spec, g.param, g.kind)),
         (Some(g), _) => Some((g.spec.clone(), g.param, g.kind)),
         (None, Some(t)) if t.enforced() => t.grammar().map(|g| (g, "tools", ConstraintKind::Tools)),
         _ => None,
@@ -504,7 +519,11 @@ pub fn chat_prompt(
 ) -> Result<(String, Vec<u32>, Option<ToolSetup>), ApiError> {
     let limits = &st.cfg.limits;
     let format = ToolFormat::detect(st.prompts.template_source());
-    let tools = tool_setup(req, format, limits)?;
+    let tools = if format == ToolFormat::Generic && !st.cfg.generic_tools {
+        no_generic_tools(req)?
+    } else {
+        tool_setup(req, format, limits)?
+    };
     let messages = messages(req, limits)?;
     let messages = match &tools {
         Some(t) => t.prepare(messages),
@@ -526,6 +545,25 @@ pub fn chat_prompt(
             a
         })?;
     Ok((text, prompt, tools))
+}
+
+/// With `--generic-tools off`, a model whose template cannot call tools is offered none: the
+/// tools are left out of the prompt (the request span lists them as skipped) and the reply is
+/// text; a request that must call one is refused.
+fn no_generic_tools(req: &ChatRequest) -> Result<Option<ToolSetup>, ApiError> {
+    match &req.tool_choice {
+        Some(InputToolChoice::Required | InputToolChoice::Function(_))
+            if req.tools.as_ref().is_some_and(|t| !t.is_empty()) =>
+        {
+            let mut e = ApiError::invalid_param(
+                "tool_choice",
+                "this model's chat template cannot call tools, and the server offers no generic tool format (`--generic-tools off`)",
+            );
+            e.code = Some("unsupported_parameter");
+            Err(e)
+        }
+        _ => Ok(None),
+    }
 }
 
 fn tool_setup(

@@ -8,15 +8,7 @@ use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;
 
-/// The OTLP trace export method.
-pub const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
-
-/// The OTLP metrics export method.
-pub const METRICS_EXPORT_PATH: &str =
-    "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export";
-
-/// The OTLP logs export method.
-pub const LOGS_EXPORT_PATH: &str = "/opentelemetry.proto.collector.logs.v1.LogsService/Export";
+use super::signal::Signal;
 
 /// A codec whose request is an already encoded `ExportTraceServiceRequest`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -97,11 +89,10 @@ impl RawExporter {
         &mut self,
         body: Bytes,
     ) -> Result<ExportTraceServiceResponse, tonic::Status> {
-        self.export_to(EXPORT_PATH, body).await
+        self.export_to(Signal::Traces.grpc_method(), body).await
     }
 
-    /// Sends one export request to the method at `path` ([`EXPORT_PATH`] or
-    /// [`METRICS_EXPORT_PATH`], [`LOGS_EXPORT_PATH`]). The metrics and logs services' responses have the trace response's
+    /// Sends one export request to the method at `path` (a [`Signal::grpc_method`]). The metrics and logs services' responses have the trace response's
     /// wire shape (a partial success of a count and a message, fields 1 and 2), so one
     /// decoder reads both.
     pub async fn export_to(

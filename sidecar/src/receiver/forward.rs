@@ -21,20 +21,10 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use super::raw::RawExporter;
+pub use super::signal::Signal;
 use crate::error::StartError;
 use crate::metrics::Metrics;
-use crate::raw::{EXPORT_PATH, LOGS_EXPORT_PATH, METRICS_EXPORT_PATH, RawExporter};
-
-/// An OTLP signal the receivers accept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Signal {
-    /// Spans (`/v1/traces`, `TraceService`): viewed, counted, forwarded.
-    Traces,
-    /// Metrics (`/v1/metrics`, `MetricsService`): counted and forwarded.
-    Metrics,
-    /// Log records (`/v1/logs`, `LogsService`): counted and forwarded.
-    Logs,
-}
 
 /// Where to forward.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,7 +85,7 @@ pub struct Forwarder {
 /// `/v1/traces`.
 fn signal_url(traces: &str, signal: &str) -> Option<String> {
     traces
-        .strip_suffix("/v1/traces")
+        .strip_suffix(Signal::Traces.http_path())
         .map(|base| format!("{base}/v1/{signal}"))
 }
 
@@ -120,8 +110,8 @@ impl Forwarder {
                 Sender::Http {
                     client,
                     url: url.clone(),
-                    metrics_url: signal_url(url, "metrics"),
-                    logs_url: signal_url(url, "logs"),
+                    metrics_url: signal_url(url, Signal::Metrics.name()),
+                    logs_url: signal_url(url, Signal::Logs.name()),
                 }
             }
             Upstream::Grpc(endpoint) => {
@@ -193,14 +183,7 @@ impl Sender {
                 }
             }
             Sender::Grpc(exp) => exp
-                .export_to(
-                    match signal {
-                        Signal::Traces => EXPORT_PATH,
-                        Signal::Metrics => METRICS_EXPORT_PATH,
-                        Signal::Logs => LOGS_EXPORT_PATH,
-                    },
-                    body,
-                )
+                .export_to(signal.grpc_method(), body)
                 .await
                 .map(|_| ())
                 .map_err(|s| format!("upstream answered {:?}: {}", s.code(), s.message())),

@@ -18,8 +18,8 @@ use prost::Message;
 use tokio::sync::watch;
 
 use crate::config::BenchArgs;
-use crate::raw::RawExporter;
-use crate::synth;
+use crate::receiver::raw::RawExporter;
+use crate::tools::synth;
 
 /// Why the benchmark could not run.
 #[derive(Debug, thiserror::Error)]
@@ -288,13 +288,13 @@ async fn probe(
     let mut exp = RawExporter::new(channel(grpc)?, false);
     let mut lat = Vec::new();
     let mut n = first;
-    let start = crate::otlp::unix_now_ns();
+    let start = crate::vocab::unix_now_ns();
     let mut req = synth::Request::new("probe", 42, start);
     req.first_token_ns = Some(start);
     let leg = req.leg(0, Some(0), start, 0);
     while !stop.load(Ordering::Relaxed) {
         n += 1;
-        let now = crate::otlp::unix_now_ns();
+        let now = crate::vocab::unix_now_ns();
         let span = req.decode(&leg, now - 1_000_000, now, 1, n);
         let body = Bytes::from(synth::export(&instance, vec![span]).encode_to_vec());
         let t0 = Instant::now();
@@ -337,7 +337,7 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
             let dir = std::env::temp_dir().join(format!(
                 "slotlight-bench-{}-{}",
                 std::process::id(),
-                crate::otlp::unix_now_ns()
+                crate::vocab::unix_now_ns()
             ));
             std::fs::create_dir_all(&dir).map_err(setup("creating the scratch directory"))?;
             let db = dir.join("turns.db").display().to_string();
@@ -356,7 +356,7 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
         args.connections,
         args.batch_spans
     );
-    let base = crate::otlp::unix_now_ns();
+    let base = crate::vocab::unix_now_ns();
     let mut workloads: Vec<Workload> = (0..args.connections.max(1))
         .map(|c| Workload::new(&format!("bench-engine-{c}"), &args, base))
         .collect();
@@ -577,8 +577,8 @@ mod tests {
         assert!(n > 0);
         assert_eq!(a.len(), b.len());
         assert_ne!(a, b);
-        let mut batch = crate::spanmetrics::SpanBatch::default();
-        let conv = crate::spans::convert(&b, &mut batch).expect("still valid protobuf");
+        let mut batch = crate::metrics::spanmetrics::SpanBatch::default();
+        let conv = crate::receiver::decode::convert(&b, &mut batch).expect("still valid protobuf");
         assert_eq!(conv.rejected_total(), 0);
         assert!(conv.spans[0].request_id.starts_with("bench-c00000002-"));
     }
@@ -609,8 +609,8 @@ mod breakdown {
                 let (b, k) = w.get(i, cycle);
                 n += k;
                 let t = Instant::now();
-                let mut batch = crate::spanmetrics::SpanBatch::default();
-                let c = crate::spans::convert(&b, &mut batch).expect("decodes");
+                let mut batch = crate::metrics::spanmetrics::SpanBatch::default();
+                let c = crate::receiver::decode::convert(&b, &mut batch).expect("decodes");
                 t_read += t.elapsed().as_secs_f64();
                 let t = Instant::now();
                 metrics.merge_spans(batch);

@@ -3,7 +3,7 @@
 //! The receivers' hot path: decoding into prost's owned types costs an allocation per
 //! attribute key and value (about 2.6 µs per engine span, most of the ingest budget); this
 //! reader borrows every string and byte field from the request buffer instead, and the
-//! validation step ([`crate::spans::convert`]) copies out only what it keeps.
+//! validation step ([`super::decode::convert`]) copies out only what it keeps.
 //! It follows the wire rules prost applies: unknown fields (groups too) are skipped, malformed
 //! varints or lengths are errors, strings the sidecar reads must be UTF-8.
 
@@ -285,16 +285,6 @@ pub fn key_value(buf: &[u8]) -> Result<(&[u8], &[u8]), WireError> {
     Ok((key, value))
 }
 
-/// Wall-clock time in nanoseconds since the Unix epoch (the unit of every OTLP timestamp).
-/// Here, in the leaf module of OTLP helpers, so that the assembly and the receivers can reach
-/// it without going through the crate root.
-pub fn unix_now_ns() -> i64 {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,8 +311,8 @@ mod tests {
         // The fuzzer's find: prost decodes it, so the sidecar's reader must accept it too.
         let found = b"service.instan\x00e.idf\x94";
         assert!(ExportTraceServiceRequest::decode(&found[..]).is_ok());
-        let mut stats = crate::spanmetrics::SpanBatch::default();
-        assert!(crate::spans::convert(found, &mut stats).is_ok());
+        let mut stats = crate::metrics::spanmetrics::SpanBatch::default();
+        assert!(crate::receiver::decode::convert(found, &mut stats).is_ok());
         // What prost refuses, the reader refuses: a stray end, a group left open, a mismatch.
         for bad in [&[0x4c][..], &[0x4b, 0x08, 0x01][..], &[0x4b, 0x54][..]] {
             assert!(ExportTraceServiceRequest::decode(bad).is_err());
@@ -386,8 +376,8 @@ mod tests {
     /// never a panic (a deterministic stand-in for a fuzzer).
     #[test]
     fn mutated_requests_never_panic() {
-        let spans = crate::synth::whole_request("r", 1, 1_000, Some(0), 2, 3);
-        let good = crate::synth::export("i", spans).encode_to_vec();
+        let spans = crate::tools::synth::whole_request("r", 1, 1_000, Some(0), 2, 3);
+        let good = crate::tools::synth::export("i", spans).encode_to_vec();
         let mut state = 0x9E37_79B9_7F4A_7C15u64;
         let mut rand = move || {
             state ^= state << 13;
@@ -405,15 +395,15 @@ mod tests {
             if round % 3 == 0 {
                 buf.truncate(usize::try_from(rand() % len).expect("index"));
             }
-            let mut batch = crate::spanmetrics::SpanBatch::default();
-            let _ = crate::spans::convert(&buf, &mut batch);
+            let mut batch = crate::metrics::spanmetrics::SpanBatch::default();
+            let _ = crate::receiver::decode::convert(&buf, &mut batch);
         }
         for n in 0..500usize {
             let junk: Vec<u8> = (0..n)
                 .map(|_| u8::try_from(rand() & 0xff).expect("byte"))
                 .collect();
-            let mut batch = crate::spanmetrics::SpanBatch::default();
-            let _ = crate::spans::convert(&junk, &mut batch);
+            let mut batch = crate::metrics::spanmetrics::SpanBatch::default();
+            let _ = crate::receiver::decode::convert(&junk, &mut batch);
         }
     }
 }

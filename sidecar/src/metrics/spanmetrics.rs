@@ -1,9 +1,9 @@
 //! One export request's share of the spanmetrics (`traces_span_metrics_*`): what the span
-//! decoder collects per span and [`crate::metrics::Metrics::merge_spans`] adds to the totals
-//! once per request, so the decoder never takes a lock per span.
+//! decoder collects per span and [`super::Metrics::merge_spans`] adds to the totals once per
+//! request, so the decoder never takes a lock per span.
 //!
-//! A leaf of the crate: the decoder ([`crate::spans`]) fills a [`SpanBatch`], the metrics read
-//! it, and it imports neither.
+//! A leaf: the receivers' decoder fills a [`SpanBatch`], the metrics read it, and it imports
+//! neither.
 
 use std::collections::HashMap;
 

@@ -1,0 +1,273 @@
+//! The Responses store: every response created with `store` (OpenAI's default), kept with its
+//! input and output items and the exact token ids of its prompt and reply, so that a later
+//! request's `previous_response_id` continues from those tokens (never from a re-rendering of
+//! their text) and `GET /v1/responses/{id}` answers it.
+//!
+//! Two backends behind one type: SQLite (embedded, WAL; a file, or `:memory:` to keep nothing
+//! on disk), the default, and Redis (`redis://…`) for several replicas behind a gateway. Both
+//! are bounded by count, bytes and age ([`StoreLimits`]): the oldest responses go first, and
+//! a response older than the age bound is gone even if nothing pushed it out. A response is
+//! written whole in one transaction (SQLite) or one atomic pipeline (Redis): a reader never
+//! sees half of one.
+
+mod redis_store;
+mod sqlite;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// A stored response: what `GET` answers, and what a continuation needs.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StoredResponse {
+    /// The response id (`resp_…`).
+    pub id: String,
+    /// When it was created, Unix seconds.
+    pub created_at: u64,
+    /// The session of its chain (the warm-resume key its continuations take).
+    pub session: Option<String>,
+    /// The conversation it belongs to (`conversation`), if any.
+    pub conversation: Option<String>,
+    /// The served model name it was created with.
+    pub model: String,
+    /// Its `instructions` (the system message its prompt began with), if any.
+    pub instructions: Option<String>,
+    /// The function tools it offered, as the engine took them (a continuation offering other
+    /// tools renders its prompt anew).
+    pub tools: Value,
+    /// Its `text.format` and reasoning switch as the engine took them (likewise).
+    pub format: Value,
+    /// Every item of its chain before its own input: the earlier turns' inputs and outputs.
+    pub history: Vec<Value>,
+    /// Its own input items, as the client sent them (normalised to item objects).
+    pub input: Vec<Value>,
+    /// Its output items.
+    pub output: Vec<Value>,
+    /// The exact token ids of its prompt.
+    pub prompt_tokens: Vec<u32>,
+    /// The exact token ids of its reply, its end-of-turn token included.
+    pub reply_tokens: Vec<u32>,
+    /// The response object as it was returned.
+    pub response: Value,
+}
+
+impl StoredResponse {
+    /// The conversation as items: its history, its input, then its output.
+    pub fn conversation_items(&self) -> Vec<Value> {
+        let mut v = self.history.clone();
+        v.extend(self.input.iter().cloned());
+        v.extend(self.output.iter().cloned());
+        v
+    }
+}
+
+/// How much the store keeps: at most `max_responses` responses and `max_bytes` bytes of them,
+/// none older than `max_age`; the oldest go first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreLimits {
+    /// Most responses kept.
+    pub max_responses: usize,
+    /// Most bytes of stored responses (their serialized size).
+    pub max_bytes: u64,
+    /// How long a response is kept.
+    pub max_age: Duration,
+}
+
+impl Default for StoreLimits {
+    fn default() -> Self {
+        Self {
+            max_responses: 10_000,
+            max_bytes: 1 << 30,
+            max_age: Duration::from_secs(30 * 24 * 3600),
+        }
+    }
+}
+
+/// Why the store failed. A failure to store a response fails its request (status `failed`):
+/// a client that asked for `store` must be able to continue from it.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// SQLite failed (opening, a statement, the disk).
+    #[error("response store (SQLite): {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// Redis failed (connecting, a command).
+    #[error("response store (Redis): {0}")]
+    Redis(#[from] redis::RedisError),
+    /// A stored response did not decode (written by another version, or damaged).
+    #[error("response store: a stored response does not decode: {0}")]
+    Decode(#[from] serde_json::Error),
+    /// The store's place cannot be used (its directory cannot be made).
+    #[error("response store: {0}")]
+    Io(#[from] std::io::Error),
+    /// A blocking store task was lost.
+    #[error("response store: {0}")]
+    Task(String),
+}
+
+/// Where the store lives, as `--responses-db` names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreLocation {
+    /// An SQLite file.
+    File(PathBuf),
+    /// SQLite in memory: nothing outlives the process.
+    Memory,
+    /// A Redis server (`redis://…`, `rediss://…`, `redis+unix://…`).
+    Redis(String),
+}
+
+impl StoreLocation {
+    /// Reads `--responses-db`: `:memory:`, a `redis://` URL, or a path.
+    pub fn parse(spec: &str) -> Self {
+        if spec == ":memory:" {
+            StoreLocation::Memory
+        } else if spec.starts_with("redis://")
+            || spec.starts_with("rediss://")
+            || spec.starts_with("redis+unix://")
+        {
+            StoreLocation::Redis(spec.to_string())
+        } else {
+            StoreLocation::File(PathBuf::from(spec))
+        }
+    }
+
+    /// The default: `responses.db` under the user's state directory (`$XDG_STATE_HOME/slotlight`,
+    /// else `~/.local/state/slotlight`), else in memory when there is no home.
+    pub fn default_file() -> Self {
+        dirs::state_dir()
+            .or_else(|| dirs::home_dir().map(|h| h.join(".local").join("state")))
+            .map_or(StoreLocation::Memory, |d| {
+                StoreLocation::File(d.join("slotlight").join("responses.db"))
+            })
+    }
+}
+
+/// The store, whichever its backend.
+pub enum ResponseStore {
+    /// SQLite, in a file or in memory.
+    Sqlite(sqlite::SqliteStore),
+    /// Redis.
+    Redis(redis_store::RedisStore),
+}
+
+impl std::fmt::Debug for ResponseStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.describe())
+    }
+}
+
+impl ResponseStore {
+    /// Opens (creates) the store at `location`, bounded by `limits`.
+    pub async fn open(location: &StoreLocation, limits: StoreLimits) -> Result<Self, StoreError> {
+        Ok(match location {
+            StoreLocation::File(p) => {
+                ResponseStore::Sqlite(sqlite::SqliteStore::open(Some(p.clone()), limits).await?)
+            }
+            StoreLocation::Memory => {
+                ResponseStore::Sqlite(sqlite::SqliteStore::open(None, limits).await?)
+            }
+            StoreLocation::Redis(url) => {
+                ResponseStore::Redis(redis_store::RedisStore::open(url, limits).await?)
+            }
+        })
+    }
+
+    /// A word for logs and `/health`: `sqlite`, `memory` or `redis`.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            ResponseStore::Sqlite(s) if s.in_memory() => "memory",
+            ResponseStore::Sqlite(_) => "sqlite",
+            ResponseStore::Redis(_) => "redis",
+        }
+    }
+
+    /// Stores `r` whole (replacing one of the same id), then drops what is over the bounds.
+    pub async fn put(&self, r: &StoredResponse) -> Result<(), StoreError> {
+        match self {
+            ResponseStore::Sqlite(s) => s.put(r).await,
+            ResponseStore::Redis(s) => s.put(r).await,
+        }
+    }
+
+    /// The response `id`, unless it is unknown or older than the age bound.
+    pub async fn get(&self, id: &str) -> Result<Option<StoredResponse>, StoreError> {
+        match self {
+            ResponseStore::Sqlite(s) => s.get(id).await,
+            ResponseStore::Redis(s) => s.get(id).await,
+        }
+    }
+
+    /// Deletes the response `id`; whether there was one.
+    pub async fn delete(&self, id: &str) -> Result<bool, StoreError> {
+        match self {
+            ResponseStore::Sqlite(s) => s.delete(id).await,
+            ResponseStore::Redis(s) => s.delete(id).await,
+        }
+    }
+
+    /// The latest stored response of `conversation`, if any.
+    pub async fn latest_in(&self, conversation: &str) -> Result<Option<String>, StoreError> {
+        match self {
+            ResponseStore::Sqlite(s) => s.latest_in(conversation).await,
+            ResponseStore::Redis(s) => s.latest_in(conversation).await,
+        }
+    }
+}
+
+/// Unix seconds now.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A response of `id` whose body is about `pad` bytes.
+    pub(crate) fn response(id: &str, conversation: Option<&str>, pad: usize) -> StoredResponse {
+        StoredResponse {
+            id: id.to_string(),
+            created_at: unix_now(),
+            session: Some("s".into()),
+            conversation: conversation.map(str::to_string),
+            model: "m".into(),
+            instructions: Some("be brief".into()),
+            tools: json!([]),
+            format: json!({"type": "text"}),
+            history: vec![],
+            input: vec![json!({"type": "message", "role": "user", "content": "x".repeat(pad)})],
+            output: vec![json!({"type": "message", "role": "assistant", "content": []})],
+            prompt_tokens: vec![1, 2, 3],
+            reply_tokens: vec![4, 5, 2],
+            response: json!({"id": id, "object": "response"}),
+        }
+    }
+
+    #[test]
+    fn locations_are_read_from_the_flag() {
+        assert_eq!(StoreLocation::parse(":memory:"), StoreLocation::Memory);
+        assert_eq!(
+            StoreLocation::parse("redis://127.0.0.1:6379/0"),
+            StoreLocation::Redis("redis://127.0.0.1:6379/0".into())
+        );
+        assert_eq!(
+            StoreLocation::parse("state/responses.db"),
+            StoreLocation::File(PathBuf::from("state/responses.db"))
+        );
+    }
+
+    #[test]
+    fn a_conversation_is_history_then_input_then_output() {
+        let mut r = response("resp_1", None, 1);
+        r.history = vec![json!({"n": 0})];
+        let items = r.conversation_items();
+        assert_eq!(items.len(), 3);
+        assert_eq!(items[0], json!({"n": 0}));
+        assert_eq!(items[2]["role"], "assistant");
+    }
+}

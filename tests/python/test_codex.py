@@ -1,0 +1,96 @@
+"""Codex CLI, as installed from npm, against the engine's Responses API: `codex exec --json`,
+then `codex exec resume --last`, on Gemma 3 270M with a 32k context (Codex's prompt does not
+fit the default model's). Each turn succeeds, and the second shows the first as cached input in
+Codex's own usage.
+
+Gemma 3 270M is a base model whose template has no tool support, and a model never trained
+on tools, offered Codex's, calls them until its token limit. The engine runs with
+`--generic-tools off` (the tools are left out of its prompt, and listed as skipped), Codex with
+its optional tools off and `--output-schema` (its final answer held to a JSON schema), so each
+turn ends with an answer: what is tested is the protocol, not the model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from procs import EngineProcess, agent_cli, require_gemma
+
+MODEL_NAME = "gemma-local"
+# Codex's optional tools, off: what is left is a tool the engine skips for this model.
+DISABLED = [
+    "shell_tool", "unified_exec", "goals", "multi_agent", "view_image", "apps", "plugins",
+    "image_generation", "skill_search", "tool_suggest", "sleep_tool", "browser_use",
+    "computer_use", "in_app_browser",
+]
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "enum": ["hello"]}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    gemma = require_gemma()
+    e = EngineProcess(
+        "--batch", "2", "--served-model-name", MODEL_NAME, "--generic-tools", "off",
+        "--max-tokens-limit", "64", "--default-max-tokens", "64",
+        ctx_size=32768, model=gemma,
+    )
+    yield e
+    e.close()
+
+
+def codex(home: Path, work: Path, *args: str) -> list[dict]:
+    """Runs `codex exec` with `args` in `work`, with its config in `home`; its JSON events."""
+    cmd = [str(agent_cli("codex")), "exec"]
+    for f in DISABLED:
+        cmd += ["--disable", f]
+    cmd += ["-c", 'web_search="disabled"', "--output-schema", str(home / "schema.json"),
+            "--json", "--skip-git-repo-check", *args]
+    env = dict(os.environ, CODEX_HOME=str(home), OPENAI_API_KEY="none", HOME=str(home))
+    p = subprocess.run(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True, timeout=1200)
+    events = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    assert events, f"codex printed no events (rc {p.returncode}):\n{p.stderr[-3000:]}"
+    return events
+
+
+def test_codex_runs_two_turns_and_the_second_reuses_the_first(engine, tmp_path):
+    home, work = tmp_path / "codex-home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    (home / "schema.json").write_text(json.dumps(SCHEMA))
+    # The README's block: a provider of its own, on the Responses API.
+    (home / "config.toml").write_text(
+        f'model = "{MODEL_NAME}"\n'
+        'model_provider = "slotlight"\n\n'
+        "[model_providers.slotlight]\n"
+        'name = "slotlight"\n'
+        f'base_url = "{engine.base}/v1"\n'
+        'wire_api = "responses"\n'
+    )
+    first = codex(home, work, "Say hello.")
+    done = [e for e in first if e["type"] == "turn.completed"]
+    assert done, first
+    assert not [e for e in first if e["type"] in ("turn.failed", "error")], first
+    messages = [e["item"] for e in first
+                if e["type"] == "item.completed" and e["item"]["type"] == "agent_message"]
+    assert messages and json.loads(messages[-1]["text"]) == {"answer": "hello"}
+    u1 = done[-1]["usage"]
+    assert u1["input_tokens"] > 2000, u1  # Codex's whole prompt reached the engine
+
+    second = codex(home, work, "resume", "--last", "Say hello again.")
+    done2 = [e for e in second if e["type"] == "turn.completed"]
+    assert done2 and not [e for e in second if e["type"] in ("turn.failed", "error")], second
+    u2 = done2[-1]["usage"]
+    # Codex reports the thread's usage so far: the second turn's prompt resent the first
+    # turn whole (`store: false`), and the engine served it from the KV cache.
+    assert u2["cached_input_tokens"] >= u1["input_tokens"] - 32, (u1, u2)
+    assert u2["input_tokens"] > u1["input_tokens"]
