@@ -11,7 +11,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use slotlight_engine::server::openai::read_json;
+use slotlight_engine::server::body::read_json;
 use slotlight_engine::server::Limits;
 use slotlight_engine::server::request::input::{ChatRequest, CompletionRequest, Prompt};
 use slotlight_engine::server::request::validate::messages;

@@ -37,6 +37,17 @@ fn main() {
         put("request", &format!("seed{i}.json"), r.as_bytes());
     }
 
+    // Responses bodies: strings and items, calls and outputs, reasoning, hosted tools.
+    let responses = [
+        r#"{"model":"m","input":"Hello","instructions":"Be brief.","max_output_tokens":16}"#,
+        r#"{"input":[{"role":"developer","content":"a"},{"type":"message","role":"user","content":[{"type":"input_text","text":"b"}]},{"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"sl168690a"},{"type":"function_call","call_id":"call_1","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"call_1","output":[{"type":"input_text","text":"ok"}]}],"tools":[{"type":"function","name":"f","parameters":{"type":"object"}},{"type":"web_search"},{"type":"namespace","name":"n","tools":[]}],"tool_choice":{"type":"function","name":"f"},"parallel_tool_calls":true,"stream":true,"store":false,"include":["reasoning.encrypted_content"],"prompt_cache_key":"k","reasoning":{"effort":"low","summary":"auto"}}"#,
+        r#"{"input":"x","text":{"format":{"type":"json_schema","name":"n","schema":{"type":"object"},"strict":true},"verbosity":"low"},"truncation":"auto","metadata":{"a":"b"},"prompt_cache_options":{"comparison_response_id":"resp_1","prewarm":true,"ttl":"30m"},"previous_response_id":"resp_0"}"#,
+        r#"{"input":[{"type":"input_image"},{"role":"user","content":[{"type":"input_file"}]}],"conversation":{"id":"c"},"top_logprobs":21}"#,
+    ];
+    for (i, r) in responses.iter().enumerate() {
+        put("responses", &format!("seed{i}.json"), r.as_bytes());
+    }
+
     // GGUF: a whole tiny model (template, vocabulary, weights), and a few bare headers.
     let tiny = TinyLlama {
         hidden: 32,
