@@ -18,7 +18,7 @@ seconds=${1:?usage: fuzz/run.sh SECONDS [TARGET...]}
 shift
 targets=("$@")
 if ((${#targets[@]} == 0)); then
-  targets=(request messages prompt gguf otlp_proto otlp_json gzip assembly)
+  targets=(request responses messages prompt gguf otlp_proto otlp_json gzip assembly)
 fi
 export RUSTC_BOOTSTRAP=1
 sanitizer=${FUZZ_SANITIZER:-address}

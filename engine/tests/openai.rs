@@ -359,6 +359,38 @@ fn regex_lite(pattern: &str) -> impl Fn(&str) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_answer_shape_sits_beside_generic_tool_calls() {
+    let m = model();
+    let s = server(&m).await;
+    let weather = json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}});
+    let schema = json!({"type": "object", "properties": {"a": {"enum": ["x"]}}, "required": ["a"]});
+    for seed in 0..4 {
+        let (code, v) = s
+            .chat(json!({"messages": user("x"), "max_tokens": 120, "seed": seed, "tools": [weather],
+                         "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}}))
+            .await;
+        assert_eq!(code, 200, "{v}");
+        let c = &v["choices"][0];
+        if c["finish_reason"] == "length" {
+            continue;
+        }
+        // Either calls, or an answer that follows the schema.
+        let calls = c["message"]["tool_calls"].as_array().map_or(0, Vec::len);
+        if calls == 0 {
+            let text = c["message"]["content"].as_str().unwrap_or("");
+            assert_eq!(
+                serde_json::from_str::<Value>(text).ok(),
+                Some(json!({"a": "x"})),
+                "{v}"
+            );
+        } else {
+            assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+        }
+    }
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_schemas_grammars_and_tools_are_400s_and_the_engine_serves_on() {
     let m = model();
     let s = server(&m).await;
@@ -420,9 +452,10 @@ async fn bad_schemas_grammars_and_tools_are_400s_and_the_engine_serves_on() {
             json!({"tools": [weather], "tool_choice": "sometimes"}),
             "tool_choice",
         ),
+        // A JSON answer shape may sit beside the generic format's calls; a regex cannot.
         (
-            json!({"tools": [weather], "response_format": {"type": "json_object"}}),
-            "response_format",
+            json!({"tools": [weather], "structured_outputs": {"regex": "[a-z]+"}}),
+            "structured_outputs",
         ),
         (
             json!({"logprobs": false, "top_logprobs": 3}),

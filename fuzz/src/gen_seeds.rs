@@ -37,6 +37,17 @@ fn main() {
         put("request", &format!("seed{i}.json"), r.as_bytes());
     }
 
+    // Responses bodies: strings and items, calls and outputs, reasoning, hosted tools.
+    let responses = [
+        r#"{"model":"m","input":"Hello","instructions":"Be brief.","max_output_tokens":16}"#,
+        r#"{"input":[{"role":"developer","content":"a"},{"type":"message","role":"user","content":[{"type":"input_text","text":"b"}]},{"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"sl168690a"},{"type":"function_call","call_id":"call_1","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"call_1","output":[{"type":"input_text","text":"ok"}]}],"tools":[{"type":"function","name":"f","parameters":{"type":"object"}},{"type":"web_search"},{"type":"namespace","name":"n","tools":[]}],"tool_choice":{"type":"function","name":"f"},"parallel_tool_calls":true,"stream":true,"store":false,"include":["reasoning.encrypted_content"],"prompt_cache_key":"k","reasoning":{"effort":"low","summary":"auto"}}"#,
+        r#"{"input":"x","text":{"format":{"type":"json_schema","name":"n","schema":{"type":"object"},"strict":true},"verbosity":"low"},"truncation":"auto","metadata":{"a":"b"},"prompt_cache_options":{"comparison_response_id":"resp_1","prewarm":true,"ttl":"30m"},"previous_response_id":"resp_0"}"#,
+        r#"{"input":[{"type":"input_image"},{"role":"user","content":[{"type":"input_file"}]}],"conversation":{"id":"c"},"top_logprobs":21}"#,
+    ];
+    for (i, r) in responses.iter().enumerate() {
+        put("responses", &format!("seed{i}.json"), r.as_bytes());
+    }
+
     // Messages bodies: Claude Code's shape, blocks of every kind, tools, thinking, errors.
     let messages = [
         r##"{"model":"m","max_tokens":32000,"stream":true,"system":[{"type":"text","text":"billing"},{"type":"text","text":"You are an agent.","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":[{"type":"text","text":"<system-reminder>r</system-reminder>"},{"type":"text","text":"Say hello.","cache_control":{"type":"ephemeral","ttl":"1h"}}]},{"role":"system","content":"# Environment"}],"tools":[{"name":"Bash","description":"Run","input_schema":{"type":"object","properties":{"command":{"type":"string"}}}},{"name":"Later","input_schema":{"type":"object"},"defer_loading":true}],"metadata":{"user_id":"{\"device_id\":\"d\",\"session_id\":\"s\"}"},"thinking":{"type":"adaptive","display":"omitted"},"context_management":{"edits":[{"type":"clear_thinking_20251015","keep":"all"}]},"output_config":{"effort":"high"}}"##,

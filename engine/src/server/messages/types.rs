@@ -563,15 +563,6 @@ fn parse_message(
     Ok(())
 }
 
-/// A custom tool's name: 1 to 128 letters, digits, `_` or `-`.
-fn valid_tool_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 128
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-}
-
 /// One entry of `tools`: a custom tool, or the type of a tool the engine cannot run.
 enum ToolEntry {
     Custom(InputTool),
@@ -589,32 +580,15 @@ fn parse_tool(v: Value, i: usize, ttl: &mut Ttl) -> Result<ToolEntry, ApiError> 
         // their definitions are Anthropic's own; the engine leaves them out of the prompt.
         return Ok(ToolEntry::Skipped(k));
     }
-    let name: String = b.take("name")?.unwrap_or_default();
-    if !valid_tool_name(&name) {
+    // The shared parser of a function tool (name, description, schema, `strict`).
+    let tool = InputTool::take(&mut b, &path, "input_schema")?;
+    if tool.parameters.is_none() {
         return Err(invalid(
-            &format!("{path}.name"),
-            format!("invalid tool name `{name}`: 1 to 128 letters, digits, `_` or `-`"),
+            &format!("{path}.input_schema"),
+            "a tool needs an `input_schema`",
         ));
     }
-    let description: Option<String> = b.take("description")?;
-    let schema = match b.take_value("input_schema") {
-        Some(s @ Value::Object(_)) => s,
-        Some(other) => {
-            return Err(invalid(
-                &format!("{path}.input_schema"),
-                format!("must be a JSON schema object, not {}", kind_of(&other)),
-            ));
-        }
-        None => {
-            return Err(invalid(
-                &format!("{path}.input_schema"),
-                "a tool needs an `input_schema`",
-            ));
-        }
-    };
     ttl.take(&mut b, &format!("{path}."))?;
-    // Inputs are always enforced by a grammar when a call is required; `strict` adds nothing.
-    let _strict: Option<bool> = b.take("strict")?;
     let deferred = b.take::<bool>("defer_loading")?.unwrap_or(false);
     let _callers = b.take_value("allowed_callers");
     let _eager: Option<bool> = b.take("eager_input_streaming")?;
@@ -623,12 +597,7 @@ fn parse_tool(v: Value, i: usize, ttl: &mut Ttl) -> Result<ToolEntry, ApiError> 
     if deferred {
         return Ok(ToolEntry::Deferred);
     }
-    Ok(ToolEntry::Custom(InputTool {
-        name_param: format!("{path}.name"),
-        name,
-        description,
-        parameters: Some(schema),
-    }))
+    Ok(ToolEntry::Custom(tool))
 }
 
 /// `tool_choice`, and whether it forbids parallel calls.
@@ -1175,7 +1144,10 @@ mod tests {
         for (body, field) in cases {
             let e = parse(body.clone()).expect_err(&format!("refused: {body}"));
             assert_eq!(e.param.as_deref(), Some(field), "{body}: {}", e.message);
-            assert!(e.message.contains(field), "{body}: {}", e.message);
+            // Anthropic's shape has no `param`: its message names the field.
+            let wire = e.body_in(crate::server::error::ErrorShape::Anthropic);
+            let message = wire["error"]["message"].as_str().unwrap_or("");
+            assert!(message.contains(field), "{body}: {message}");
         }
     }
 

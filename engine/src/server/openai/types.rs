@@ -384,39 +384,11 @@ fn parse_tool(v: Value, i: usize) -> Result<InputTool, ApiError> {
         ));
     };
     b.finish()?;
-    let mut f = Fields::new(f, &format!("tools[{i}].function."))?;
-    let name: Option<String> = f.take("name")?;
-    let name = name.unwrap_or_default();
-    let valid = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.');
-    if !valid {
-        return Err(ApiError::invalid_param(
-            &format!("tools[{i}].function.name"),
-            format!("invalid function name `{name}`: 1 to 64 letters, digits, `_`, `-` or `.`"),
-        ));
-    }
-    let description: Option<String> = f.take("description")?;
-    let parameters = f.take_value("parameters");
-    if let Some(p) = &parameters
-        && !p.is_object()
-    {
-        return Err(ApiError::invalid_param(
-            &format!("tools[{i}].function.parameters"),
-            "`parameters` must be a JSON schema object",
-        ));
-    }
-    // Arguments are always enforced by a grammar when a call is required; `strict` adds nothing.
-    let _strict: Option<bool> = f.take("strict")?;
+    let path = format!("tools[{i}].function");
+    let mut f = Fields::new(f, &format!("{path}."))?;
+    let tool = InputTool::take(&mut f, &path, "parameters")?;
     f.finish()?;
-    Ok(InputTool {
-        name_param: format!("tools[{i}].function.name"),
-        name,
-        description,
-        parameters,
-    })
+    Ok(tool)
 }
 
 fn parse_tool_choice(v: Value) -> Result<InputToolChoice, ApiError> {

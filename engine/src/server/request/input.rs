@@ -9,6 +9,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::chat_template::Role;
+use crate::server::body::Fields;
+use crate::server::error::ApiError;
 
 /// Message content: a string or a list of parts (only text parts are supported).
 #[derive(Debug, Clone, Deserialize)]
@@ -126,6 +128,46 @@ pub struct InputTool {
     pub description: Option<String>,
     /// Its arguments' JSON schema.
     pub parameters: Option<Value>,
+}
+
+impl InputTool {
+    /// Takes a function tool's fields out of `f`, the object at `path` (`tools[2].function`,
+    /// `tools[2]`): its `name` (1 to 64 letters, digits, `_`, `-` or `.`), `description`, the
+    /// arguments' JSON schema under `schema_key` (`parameters`, Anthropic's `input_schema`),
+    /// and `strict` (arguments are enforced by a grammar whenever a call is required, so it adds
+    /// nothing). Errors name the field.
+    pub fn take(f: &mut Fields, path: &str, schema_key: &str) -> Result<Self, ApiError> {
+        let name: String = f.take("name")?.unwrap_or_default();
+        let name_param = format!("{path}.name");
+        let valid = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.');
+        if !valid {
+            return Err(ApiError::invalid_param(
+                &name_param,
+                format!("invalid function name `{name}`: 1 to 64 letters, digits, `_`, `-` or `.`"),
+            ));
+        }
+        let description: Option<String> = f.take("description")?;
+        let parameters = f.take_value(schema_key);
+        if let Some(p) = &parameters
+            && !p.is_object()
+        {
+            return Err(ApiError::invalid_param(
+                &format!("{path}.{schema_key}"),
+                format!("`{schema_key}` must be a JSON schema object"),
+            ));
+        }
+        let _strict: Option<bool> = f.take("strict")?;
+        Ok(Self {
+            name_param,
+            name,
+            description,
+            parameters,
+        })
+    }
 }
 
 /// `tool_choice` as sent.

@@ -9,7 +9,7 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::server::body::Fields;
+use crate::server::body::{Fields, kind_of};
 use crate::server::error::ApiError;
 use crate::server::request::input::{
     ChatRequest, Common, Content, InputFunctionCall, InputMessage, InputTool, InputToolCall,
@@ -194,7 +194,7 @@ impl ResponsesRequest {
                     "input",
                     format!(
                         "`input` must be a string or an array of items, not {}",
-                        kind(&other)
+                        kind_of(&other)
                     ),
                 ));
             }
@@ -205,7 +205,7 @@ impl ResponsesRequest {
             Some(other) => {
                 return Err(ApiError::invalid_param(
                     "tools",
-                    format!("`tools` must be an array, not {}", kind(&other)),
+                    format!("`tools` must be an array, not {}", kind_of(&other)),
                 ));
             }
         };
@@ -258,7 +258,7 @@ impl ResponsesRequest {
                     "conversation",
                     format!(
                         "`conversation` must be an id or an object, not {}",
-                        kind(&other)
+                        kind_of(&other)
                     ),
                 ));
             }
@@ -394,23 +394,12 @@ pub fn rename_param(param: &str) -> Option<String> {
     Some(renamed.to_string())
 }
 
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
 /// An input item as an object with its `type` (a bare `{role, content}` is a message).
 fn normalize_item(v: Value, path: &str) -> Result<Value, ApiError> {
     let Value::Object(mut m) = v else {
         return Err(ApiError::invalid_param(
             path,
-            format!("`{path}` must be an item object, not {}", kind(&v)),
+            format!("`{path}` must be an item object, not {}", kind_of(&v)),
         ));
     };
     if !m.contains_key("type") {
@@ -480,7 +469,7 @@ fn content_text(v: &Value, path: &str) -> Result<String, ApiError> {
             &format!("{path}.content"),
             format!(
                 "`content` must be a string or an array of parts, not {}",
-                kind(other)
+                kind_of(other)
             ),
         )),
     }
@@ -738,40 +727,12 @@ fn parse_tools(
         }
         let mut b = Fields::new(t.clone(), &format!("{path}."))?;
         let _kind: Option<String> = b.take("type")?;
-        let name: String = b.take("name")?.unwrap_or_default();
-        let valid = !name.is_empty()
-            && name.len() <= 64
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.');
-        if !valid {
-            return Err(ApiError::invalid_param(
-                &format!("{path}.name"),
-                format!("invalid function name `{name}`: 1 to 64 letters, digits, `_`, `-` or `.`"),
-            ));
-        }
-        let description: Option<String> = b.take("description")?;
-        let parameters = b.take_value("parameters");
-        if let Some(p) = &parameters
-            && !p.is_object()
-        {
-            return Err(ApiError::invalid_param(
-                &format!("{path}.parameters"),
-                "`parameters` must be a JSON schema object",
-            ));
-        }
-        // Arguments are enforced by a grammar whenever a call is required; `strict` adds nothing.
-        let _strict: Option<bool> = b.take("strict")?;
+        let tool = InputTool::take(&mut b, &path, "parameters")?;
         // Deferred loading is a hosted tool-search feature; the tool is offered at once here.
         let _defer: Option<bool> = b.take("defer_loading")?;
         b.finish()?;
         wire.push(t);
-        tools.push(InputTool {
-            name_param: format!("{path}.name"),
-            name,
-            description,
-            parameters,
-        });
+        tools.push(tool);
     }
     Ok((tools, wire, echo, skipped))
 }
@@ -811,7 +772,7 @@ fn parse_tool_choice(v: &Value) -> Result<Option<InputToolChoice>, ApiError> {
             "tool_choice",
             format!(
                 "`tool_choice` must be a string or an object, not {}",
-                kind(other)
+                kind_of(other)
             ),
         )),
     }
