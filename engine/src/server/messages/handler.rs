@@ -26,11 +26,8 @@ use crate::server::ids::new_id;
 use crate::server::middleware::Arrived;
 use crate::server::record::{self, Refused};
 use crate::server::request::{Api, ValidRequest, session, validate};
+use crate::server::responses::TOOLS_SKIPPED_HEADER;
 use crate::server::state::{AppState, SharedState};
-
-/// The header naming the types of the tools the request offered that the engine cannot run
-/// (left out of the prompt), comma-separated.
-pub const TOOLS_SKIPPED_HEADER: &str = "x-slotlight-tools-skipped";
 
 /// Answers `POST /v1/messages`: a reply, whole or streamed. A refusal is recorded here, where
 /// it is answered (a span of status `refused`, a log line, a count).
@@ -160,18 +157,26 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
     let prewarm = asked == 0;
     let limit = st.cfg.limits.max_tokens;
     m.chat.common.max_tokens = Some(i64::try_from(asked.clamp(1, limit)).unwrap_or(1));
-    let mut req = ValidRequest::chat(st, Api::Messages, m.chat.clone()).await?;
+    let hint = m.session_hint();
+    let MessagesRequest {
+        chat,
+        thinking,
+        diagnostics,
+        tools_skipped,
+        sections: sent,
+        ..
+    } = m;
+    let mut req = ValidRequest::chat(st, Api::Messages, chat).await?;
     clamp_to_context(st, &mut req, asked)?;
-    req.tools_skipped.extend(m.tools_skipped.iter().cloned());
+    req.tools_skipped.extend(tools_skipped);
     let turn = Turn::new(
-        sections(&req.model, &m.sections),
+        sections(&req.model, &sent),
         Arc::from(req.prompt.as_slice()),
     );
-    let diagnostics = match &m.diagnostics {
+    let diagnostics = match &diagnostics {
         Some(Some(previous)) => Diagnostics::of(st.diagnostics.compare(previous, &turn)),
         Some(None) | None => None,
     };
-    let hint = m.session_hint();
     let session = session(&arrived.headers, hint.as_deref());
     let stream = req.opts.stream;
     let id = new_id(Api::Messages.id_prefix());
@@ -180,7 +185,7 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
     let answer = Answer {
         meta: Arc::clone(&launched.meta),
         signer: signer(st),
-        omitted: m.thinking.is_some_and(|t| t.omitted),
+        omitted: thinking.is_some_and(|t| t.omitted),
         prewarm,
         tokenizer: Arc::clone(st.prompts.tokenizer()),
         diagnostics,
