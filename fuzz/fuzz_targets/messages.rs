@@ -37,7 +37,10 @@ fuzz_target!(|data: &[u8]| {
             let chat = &req.chat.messages;
             for (i, m) in chat.iter().enumerate() {
                 assert!(m.author().is_some(), "role {}", m.role);
-                assert!(m.role != "system" || i == 0, "a system message after the first");
+                assert!(
+                    m.role != "system" || i == 0,
+                    "a system message after the first"
+                );
                 if i > 0 {
                     assert!(
                         !(m.role == "user" && chat[i - 1].role == "user"),
@@ -46,7 +49,10 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
             assert!(chat.last().is_none_or(|m| m.role != "assistant"));
-            assert!(req.session_hint().is_none_or(|s| !s.is_empty() && s.len() <= 256));
+            assert!(
+                req.session_hint()
+                    .is_none_or(|s| !s.is_empty() && s.len() <= 256)
+            );
             let _ = req.chat.common.validate(&limits, 49_152);
             let _ = messages(&req.chat, &limits);
         }
@@ -54,6 +60,9 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {
         let carried = signer.sign(text, true);
         assert_eq!(signer.verify("", &carried).as_deref(), Ok(text));
-        assert_eq!(signer.verify(text, &signer.sign(text, false)).as_deref(), Ok(text));
+        assert_eq!(
+            signer.verify(text, &signer.sign(text, false)).as_deref(),
+            Ok(text)
+        );
     }
 });

@@ -11,8 +11,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use slotlight_engine::server::body::read_json;
 use slotlight_engine::server::Limits;
+use slotlight_engine::server::body::read_json;
 use slotlight_engine::server::request::input::{ChatRequest, CompletionRequest, Prompt};
 use slotlight_engine::server::request::validate::messages;
 use slotlight_engine::stop::StopMatcher;
