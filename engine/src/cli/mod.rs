@@ -7,11 +7,13 @@ pub mod serve;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand};
 
 use crate::model::loader::Model;
 use crate::runtime::{self, RuntimeConfig};
 use crate::scheduler::{EngineHandle, SchedulerConfig};
+use crate::speculation::SpeculationConfig;
 use crate::telemetry::OPS_TARGET;
 use slotlight_otel::span;
 
@@ -138,6 +140,43 @@ pub struct ModelArgs {
     /// Context length (capped by the model's own).
     #[arg(long, default_value_t = 4096)]
     pub ctx_size: usize,
+}
+
+/// Speculative decoding's flags (`serve`, `generate`, `bench`).
+#[derive(Debug, Clone, Args)]
+pub struct SpeculationArgs {
+    /// Speculative decoding: `ngram` drafts tokens from each request's own prompt and reply
+    /// (prompt lookup) and verifies a draft of K tokens in one forward step over K + 1
+    /// positions, exactly (the output is the one plain decoding gives); `off` drafts nothing
+    /// from them. A request's `prediction` (OpenAI's Predicted Outputs) is drafted from either
+    /// way.
+    #[arg(long, value_enum, default_value_t = Speculative::Ngram)]
+    pub speculative: Speculative,
+    /// The most tokens one draft may have (1 to 15); each sequence's draft length adapts
+    /// below it, and drafting pauses where drafts keep failing.
+    #[arg(long, default_value_t = SpeculationConfig::default().max_tokens,
+          value_parser = clap::value_parser!(u8).range(1..=15).map(usize::from))]
+    pub speculative_tokens: usize,
+}
+
+/// Where drafts come from (`--speculative`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Speculative {
+    /// From each request's own prompt and reply.
+    Ngram,
+    /// Not from them (a request's `prediction` still is).
+    Off,
+}
+
+impl SpeculationArgs {
+    /// The scheduler's speculation settings.
+    pub fn config(&self) -> SpeculationConfig {
+        SpeculationConfig {
+            ngram: self.speculative == Speculative::Ngram,
+            max_tokens: self.speculative_tokens,
+            ..SpeculationConfig::default()
+        }
+    }
 }
 
 impl ModelArgs {

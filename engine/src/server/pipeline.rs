@@ -167,6 +167,7 @@ fn unanswered(choice: usize, meta: &RequestMeta) -> Completion {
         group: 0,
         choice,
         mask: None,
+        speculation: crate::speculation::SpeculationMode::Off,
     }
 }
 
@@ -404,6 +405,7 @@ mod tests {
                     frequency_penalty_given: None,
                     presence_penalty_given: None,
                     n_given: None,
+                    prediction: None,
                 },
                 logprobs: None,
                 echo: false,
@@ -411,6 +413,7 @@ mod tests {
                 constraint: None,
                 reasoning,
                 content: None,
+                prediction: None,
             },
         })
     }
@@ -491,6 +494,7 @@ mod tests {
                 group: 0,
                 choice: 0,
                 mask: None,
+                speculation: crate::speculation::SpeculationMode::Off,
             })))
             .expect("send");
         drop(events);
@@ -677,7 +681,7 @@ mod tests {
             t.mark_admitted(at(1));
             t.start_leg(PathKind::Solo, 0, None, at(1));
             t.add_step(Duration::from_millis(1), 1, true);
-            t.mark_token(at(2));
+            t.mark_token(at(2), false);
             t.mark_finished(at(3 + choice as u64));
             let send = |ev| events.send(ev).expect("send");
             send(Event::Admitted {
@@ -691,6 +695,8 @@ mod tests {
                 generated: 1,
                 step_device: Duration::from_millis(1),
                 from_prefill: true,
+                same_step: false,
+                draft: None,
                 placement,
                 logprobs: None,
             });
@@ -702,6 +708,7 @@ mod tests {
                 group: 0,
                 choice,
                 mask: None,
+                speculation: crate::speculation::SpeculationMode::Off,
             })));
             rxs.push(rx);
         }
@@ -806,7 +813,7 @@ mod tests {
         for (k, text) in texts.iter().enumerate() {
             let k64 = u64::try_from(k).expect("small");
             t.add_step(Duration::from_millis(1), 1, k == 0);
-            t.mark_token(at(2 + k64));
+            t.mark_token(at(2 + k64), k > 0);
             send(Event::Token {
                 id: 7,
                 text: (*text).to_string(),
@@ -814,6 +821,8 @@ mod tests {
                 generated: k + 1,
                 step_device: Duration::from_millis(1),
                 from_prefill: k == 0,
+                same_step: false,
+                draft: None,
                 placement,
                 logprobs: None,
             });
@@ -827,6 +836,7 @@ mod tests {
             group: 0,
             choice: 0,
             mask: None,
+            speculation: crate::speculation::SpeculationMode::Off,
         })));
         drop(events);
         let (tx, mut out) = mpsc::unbounded_channel();

@@ -112,7 +112,11 @@ mod tests {
         assert_eq!(idx.lookup(&source, &[42], 0), None);
         let mut strict = NgramIndex::new(2, 3);
         strict.extend(&source, source.len());
-        assert_eq!(strict.lookup(&source, &[6, 7], 0), None, "one token is too short");
+        assert_eq!(
+            strict.lookup(&source, &[6, 7], 0),
+            None,
+            "one token is too short"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ use slotlight_engine::runtime::{self, RuntimeConfig};
 use slotlight_engine::scheduler::{EngineHandle, SchedulerConfig};
 use slotlight_engine::server::openai::types::Limits;
 use slotlight_engine::server::{AppState, ServeConfig};
+use slotlight_engine::speculation::SpeculationConfig;
 use slotlight_engine::telemetry::Telemetry;
 use slotlight_engine::timing::TimeAnchor;
 
@@ -49,6 +50,8 @@ pub struct Options {
     pub metrics_public: bool,
     /// The engine's data-parallel rank, stated on request spans.
     pub data_parallel_rank: u32,
+    /// How decoding drafts (speculative decoding; the engine's default unless set).
+    pub speculation: SpeculationConfig,
 }
 
 impl Default for Options {
@@ -68,6 +71,7 @@ impl Default for Options {
             trace_content: false,
             metrics_public: false,
             data_parallel_rank: 0,
+            speculation: SpeculationConfig::default(),
         }
     }
 }
@@ -98,6 +102,7 @@ impl TestServer {
             mixed_prefill_chunk: 32,
             return_to_solo: true,
             max_sessions: 64,
+            speculation: o.speculation.clone(),
         };
         let backends =
             runtime::build_backends_for(model, &devices, &rc, Some(&sched)).expect("backends");

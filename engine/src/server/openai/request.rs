@@ -96,6 +96,8 @@ pub struct ValidOptions {
     pub presence_penalty_given: Option<f32>,
     /// `n` as the request gave it; the span records it only when given.
     pub n_given: Option<i64>,
+    /// The reply the client expects (`prediction`), as text.
+    pub prediction: Option<String>,
 }
 
 /// A request ready to generate: checked, its prompt built and its grammar compiled.
@@ -126,6 +128,8 @@ pub struct ValidRequest {
     pub reasoning: Option<ReasoningStart>,
     /// The request's content for its span, built only with `--trace-content`.
     pub content: Option<InputContent>,
+    /// The prediction's token ids (drafted from first; never changes the output).
+    pub prediction: Option<Vec<u32>>,
 }
 
 impl ValidRequest {
@@ -140,6 +144,7 @@ impl ValidRequest {
         let reasoning =
             validate::chat_reasoning(st, &req, opts.grammar.as_ref(), tools.as_ref(), &text)?;
         let constraint = validate::compile(st, opts.grammar.as_ref(), tools.as_ref()).await?;
+        let prediction = validate::prediction_tokens(st, opts.prediction.as_deref())?;
         Ok(Self {
             endpoint: Endpoint::Chat,
             request_model: req.common.model.clone().unwrap_or_else(|| model.clone()),
@@ -156,6 +161,7 @@ impl ValidRequest {
                 .cfg
                 .trace_content
                 .then(|| InputContent::chat(&req.messages, req.tools.as_deref())),
+            prediction,
         })
     }
 
@@ -167,6 +173,7 @@ impl ValidRequest {
         let logprobs = validate::completion_logprobs(&req)?;
         let (text, prompt) = validate::completion_prompt(st, &req)?;
         let constraint = validate::compile(st, opts.grammar.as_ref(), None).await?;
+        let prediction = validate::prediction_tokens(st, opts.prediction.as_deref())?;
         let content = st
             .cfg
             .trace_content
@@ -184,6 +191,7 @@ impl ValidRequest {
             constraint,
             reasoning: None,
             content,
+            prediction,
         })
     }
 
@@ -210,6 +218,7 @@ impl ValidRequest {
             n: opts.n,
             logprobs: self.logprobs,
             constraint: self.constraint.clone(),
+            prediction: self.prediction.clone(),
         }
     }
 

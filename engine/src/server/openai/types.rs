@@ -60,7 +60,6 @@ pub const REFUSED: &[(&str, &str)] = &[
         "function_call",
         "the deprecated `function_call` is not supported; use `tool_choice`",
     ),
-    ("prediction", "predicted outputs are not supported"),
     (
         "reasoning_effort",
         "`reasoning_effort` is not supported; thinking templates are switched through `chat_template_kwargs` (e.g. `{\"enable_thinking\": false}`)",
@@ -438,6 +437,9 @@ pub struct Common {
     pub json_schema: Option<Value>,
     /// llama.cpp's `grammar` (Lark here).
     pub grammar: Option<String>,
+    /// `prediction` (OpenAI's Predicted Outputs): the text the client expects the reply to
+    /// be, as one string (a list of text parts is joined).
+    pub prediction: Option<String>,
 }
 
 impl Common {
@@ -467,6 +469,10 @@ impl Common {
             None => None,
             Some(v) => Some(parse_structured_outputs(v)?),
         };
+        let prediction = match b.take_value("prediction") {
+            None => None,
+            Some(v) => Some(parse_prediction(v)?),
+        };
         let c = Self {
             model: b.take("model")?,
             max_tokens: b.take("max_tokens")?,
@@ -493,6 +499,7 @@ impl Common {
             structured_outputs,
             json_schema: b.take_value("json_schema"),
             grammar: b.take("grammar")?,
+            prediction,
         };
         // Settings that match what slotlight always does are accepted; others are refused.
         b.refuse_unless(
@@ -517,6 +524,48 @@ impl Common {
         )?;
         Ok(c)
     }
+}
+
+/// `prediction`: `{"type": "content", "content": ...}`, the content a string or a list of
+/// `{"type": "text", "text": ...}` parts (joined), as OpenAI's Predicted Outputs take it.
+fn parse_prediction(v: Value) -> Result<String, ApiError> {
+    let mut b = Body::new(v, "prediction.")?;
+    let kind: Option<String> = b.take("type")?;
+    if kind.as_deref() != Some("content") {
+        return Err(ApiError::invalid_param(
+            "prediction.type",
+            format!(
+                "`prediction.type` must be `content`, not `{}`",
+                kind.unwrap_or_default()
+            ),
+        ));
+    }
+    let text = match b.take::<Content>("content")? {
+        None => {
+            return Err(ApiError::invalid_param(
+                "prediction.content",
+                "`prediction` needs a `content`",
+            ));
+        }
+        Some(Content::Text(t)) => t,
+        Some(Content::Parts(parts)) => {
+            let mut text = String::new();
+            for (i, p) in parts.into_iter().enumerate() {
+                match (p.kind.as_str(), p.text) {
+                    ("text", Some(t)) => text.push_str(&t),
+                    _ => {
+                        return Err(ApiError::invalid_param(
+                            &format!("prediction.content[{i}]"),
+                            "a prediction's content parts must be `{\"type\": \"text\", \"text\": ...}`",
+                        ));
+                    }
+                }
+            }
+            text
+        }
+    };
+    b.finish()?;
+    Ok(text)
 }
 
 fn parse_response_format(v: Value) -> Result<ResponseFormat, ApiError> {

@@ -131,6 +131,14 @@ impl Common {
                 "stream_options is only allowed with stream: true",
             ));
         }
+        if let Some(p) = &self.prediction {
+            at_most(
+                "prediction",
+                "bytes of prediction",
+                p.len(),
+                limits.max_message_bytes,
+            )?;
+        }
         check_id("user", &self.user)?;
         check_id("safety_identifier", &self.safety_identifier)?;
         check_id("prompt_cache_key", &self.prompt_cache_key)?;
@@ -156,6 +164,7 @@ impl Common {
             frequency_penalty_given: self.frequency_penalty,
             presence_penalty_given: self.presence_penalty,
             n_given: self.n,
+            prediction: self.prediction.clone(),
         })
     }
 
@@ -316,6 +325,20 @@ pub fn completion_logprobs(req: &CompletionRequest) -> Result<Option<usize>, Api
         ));
     }
     Ok(logprobs)
+}
+
+/// A prediction's token ids (OpenAI's Predicted Outputs: drafted from, verified like any
+/// draft); an empty prediction gives none.
+pub fn prediction_tokens(st: &AppState, text: Option<&str>) -> Result<Option<Vec<u32>>, ApiError> {
+    let Some(text) = text.filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    let ids = st
+        .prompts
+        .tokenizer()
+        .encode(text, false)
+        .map_err(|e| ApiError::invalid_param("prediction", e.to_string()))?;
+    Ok(Some(ids))
 }
 
 /// A completion's one prompt, as text and as token ids (a prompt of ids is checked against
