@@ -81,7 +81,6 @@ async fn every_field_is_honored_or_refused_by_name() {
         ("audio", json!({"voice": "alloy", "format": "wav"})),
         ("functions", json!([{"name": "f"}])),
         ("function_call", json!("auto")),
-        ("prediction", json!({"type": "content", "content": "x"})),
         ("reasoning_effort", json!("high")),
         ("verbosity", json!("low")),
         ("web_search_options", json!({})),

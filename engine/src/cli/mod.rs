@@ -3,6 +3,7 @@
 mod bench;
 mod generate;
 pub mod serve;
+mod spec_bench;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -456,7 +456,10 @@ mod tests {
             "vllm:lora_requests_info{model_name=\"smol\",max_lora=\"0\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"} "
         ));
         assert!(text.contains("# TYPE vllm:num_requests_waiting gauge"));
-        assert!(text.contains("# TYPE vllm:spec_decode_num_drafts counter"));
+        assert!(
+            text.contains("# TYPE vllm:spec_decode_num_drafts_total counter"),
+            "{text}"
+        );
         assert!(
             !text.contains("position=\"3\""),
             "only the positions a draft may have"

@@ -52,6 +52,8 @@ pub struct Options {
     pub data_parallel_rank: u32,
     /// How decoding drafts (speculative decoding; the engine's default unless set).
     pub speculation: SpeculationConfig,
+    /// Serve vLLM's metric names too (`--metrics-compat vllm`).
+    pub vllm_metrics: bool,
 }
 
 impl Default for Options {
@@ -72,6 +74,7 @@ impl Default for Options {
             metrics_public: false,
             data_parallel_rank: 0,
             speculation: SpeculationConfig::default(),
+            vllm_metrics: false,
         }
     }
 }
@@ -144,7 +147,12 @@ impl TestServer {
                 read_timeout: Duration::from_secs(30),
                 max_header_bytes: 64 * 1024,
                 metrics_public: o.metrics_public,
-                vllm_metrics: None,
+                vllm_metrics: o
+                    .vllm_metrics
+                    .then(|| slotlight_engine::metrics::VllmCompat {
+                        model_name: model.id.clone(),
+                        block_size: 16,
+                    }),
             },
             telemetry: Arc::new(telemetry),
             metrics: Arc::default(),
