@@ -537,3 +537,81 @@ fn sampling_with_drafts_verifies_by_rejection() {
     check_counts(&c);
     assert!(c.timings.drafts.drafts > 0, "{:?}", c.timings.drafts);
 }
+
+/// The CPU backend computes a verification chunk's rows as one-token steps do: each row's
+/// logits equal, bit for bit, the logits of a step of that one token at that position (the
+/// integer kernels keep each row's accumulators apart, and attention states merge in one
+/// order), so `exact_rows` may say any length.
+fn a_verification_chunk_gives_one_token_steps_logits(model: &Model) {
+    use slotlight_engine::backend::{Backend, SeqChunk};
+    let mut b = support::cpu_backend(model, 512);
+    assert_eq!(b.exact_rows(), usize::MAX);
+    let prompt = chat(model, "Count from one to ten.");
+    let draft: Vec<u32> = prompt[prompt.len() - 12..].to_vec();
+    let table: Vec<u32> = (0..u32::try_from(b.num_blocks()).expect("blocks")).collect();
+    let prefill = |b: &mut dyn Backend| {
+        let mut logits = Vec::new();
+        b.forward(
+            &[SeqChunk {
+                tokens: &prompt,
+                start_pos: 0,
+                blocks: &table,
+                all_logits: false,
+                no_logits: false,
+            }],
+            &mut logits,
+        )
+        .expect("prefill");
+    };
+    prefill(&mut b);
+    let mut steps = Vec::new();
+    for (i, t) in draft.iter().enumerate() {
+        b.forward(
+            &[SeqChunk {
+                tokens: std::slice::from_ref(t),
+                start_pos: prompt.len() + i,
+                blocks: &table,
+                all_logits: false,
+                no_logits: false,
+            }],
+            &mut steps,
+        )
+        .expect("step");
+    }
+    prefill(&mut b);
+    let mut verified = Vec::new();
+    b.forward(
+        &[SeqChunk {
+            tokens: &draft,
+            start_pos: prompt.len(),
+            blocks: &table,
+            all_logits: true,
+            no_logits: false,
+        }],
+        &mut verified,
+    )
+    .expect("verify");
+    assert_eq!(verified.len(), steps.len());
+    let vocab = model.config.vocab;
+    let differ = verified
+        .iter()
+        .zip(&steps)
+        .position(|(x, y)| x.to_bits() != y.to_bits());
+    assert_eq!(
+        differ.map(|i| i / vocab),
+        None,
+        "the first row that differs"
+    );
+}
+
+#[test]
+fn a_verification_chunk_gives_one_token_steps_logits_on_smollm2() {
+    let Some(m) = default_model() else { return };
+    a_verification_chunk_gives_one_token_steps_logits(m);
+}
+
+#[test]
+fn a_verification_chunk_gives_one_token_steps_logits_on_gemma3() {
+    let Some(m) = gemma_model() else { return };
+    a_verification_chunk_gives_one_token_steps_logits(m);
+}

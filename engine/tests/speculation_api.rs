@@ -123,10 +123,16 @@ async fn a_prediction_is_verified_and_counted_everywhere() {
         "not drafted for: no details {u}"
     );
     assert_eq!((n(&u["drafted_tokens"]), n(&u["accepted_tokens"])), (0, 0));
-    assert!(plain["timings"].get("draft_n").is_none(), "{}", plain["timings"]);
+    assert!(
+        plain["timings"].get("draft_n").is_none(),
+        "{}",
+        plain["timings"]
+    );
 
     let (code, v) = s
-        .chat(ask(json!({"prediction": {"type": "content", "content": content}})))
+        .chat(ask(
+            json!({"prediction": {"type": "content", "content": content}}),
+        ))
         .await;
     assert_eq!(code, 200, "{v}");
     assert_eq!(v["choices"][0]["message"]["content"], content.as_str());
@@ -250,12 +256,18 @@ async fn the_prediction_field_is_checked_and_taken_on_both_endpoints() {
     for (bad, param) in [
         (json!({"type": "text", "content": "x"}), "prediction.type"),
         (json!({"type": "content"}), "prediction.content"),
-        (json!({"type": "content", "content": 3}), "prediction.content"),
+        (
+            json!({"type": "content", "content": 3}),
+            "prediction.content",
+        ),
         (
             json!({"type": "content", "content": [{"type": "image_url"}]}),
             "prediction.content[0]",
         ),
-        (json!({"type": "content", "content": "x", "extra": 1}), "prediction.extra"),
+        (
+            json!({"type": "content", "content": "x", "extra": 1}),
+            "prediction.extra",
+        ),
         (json!("x"), "prediction"),
     ] {
         let (code, v) = s
@@ -271,7 +283,10 @@ async fn the_prediction_field_is_checked_and_taken_on_both_endpoints() {
     };
     let base = json!({"prompt": "abc", "max_tokens": 16, "temperature": 0, "ignore_eos": true});
     let plain = complete(base.clone()).await;
-    let text = plain["choices"][0]["text"].as_str().expect("text").to_string();
+    let text = plain["choices"][0]["text"]
+        .as_str()
+        .expect("text")
+        .to_string();
     let mut with = base.clone();
     with["prediction"] = json!({"type": "content", "content": text});
     let v = complete(with.clone()).await;

@@ -158,6 +158,11 @@ pub struct SpeculationArgs {
     #[arg(long, default_value_t = SpeculationConfig::default().max_tokens,
           value_parser = clap::value_parser!(u8).range(1..=15).map(usize::from))]
     pub speculative_tokens: usize,
+    /// The shortest run of a request's last tokens looked up in its prompt and reply (2 to 4):
+    /// shorter runs find more drafts, and more that fail.
+    #[arg(long, default_value_t = SpeculationConfig::default().min_ngram,
+          value_parser = clap::value_parser!(u8).range(2..=4).map(usize::from))]
+    pub speculative_ngram: usize,
 }
 
 /// Where drafts come from (`--speculative`).
@@ -175,7 +180,7 @@ impl SpeculationArgs {
         SpeculationConfig {
             ngram: self.speculative == Speculative::Ngram,
             max_tokens: self.speculative_tokens,
-            ..SpeculationConfig::default()
+            min_ngram: self.speculative_ngram,
         }
     }
 }
