@@ -465,7 +465,9 @@ fn constraints_stop_strings_logprobs_and_n_keep_working() {
         assert_eq!(got.tokens, want.tokens, "{name}");
         assert_eq!(got.finish_reason, want.finish_reason, "{name}");
         check_counts(&got);
-        let lp = |evs: &[Event]| -> Vec<(u32, u32, Vec<(u32, u32)>)> {
+        // Each token's id, log-probability bits and alternatives' (id, bits).
+        type Bits = (u32, u32, Vec<(u32, u32)>);
+        let lp = |evs: &[Event]| -> Vec<Bits> {
             evs.iter()
                 .filter_map(|e| match e {
                     Event::Token {

@@ -132,6 +132,18 @@ impl Chunk {
     }
 }
 
+/// What a step's forward pass reads of one sequence.
+struct SeqView<'a> {
+    /// Its tokens (prompt and reply).
+    tokens: &'a [u32],
+    /// Its full-pool block table.
+    full: &'a [u32],
+    /// Its window-pool block table (empty without a window pool).
+    window: &'a [u32],
+    /// Its verification chunk's tokens (the last token, then the draft).
+    verify: &'a [u32],
+}
+
 /// How a token came out of its step.
 #[derive(Debug, Clone, Copy)]
 struct Made {
@@ -851,8 +863,7 @@ impl<'t> Loop<'t> {
         for c in plan {
             wants_mask[c.seq] = c.samples;
         }
-        let mut views: Vec<(&[u32], &[u32], &[u32], &[u32])> =
-            Vec::with_capacity(self.active.len());
+        let mut views: Vec<SeqView<'_>> = Vec::with_capacity(self.active.len());
         let mut jobs: Vec<&mut SeqConstraint> = Vec::new();
         for (i, s) in self.active.iter_mut().enumerate() {
             let Seq {
@@ -862,12 +873,12 @@ impl<'t> Loop<'t> {
                 verify,
                 ..
             } = s;
-            views.push((
-                tokens.as_slice(),
-                blocks.full.table.as_slice(),
-                blocks.window.table.as_slice(),
-                verify.as_slice(),
-            ));
+            views.push(SeqView {
+                tokens,
+                full: &blocks.full.table,
+                window: &blocks.window.table,
+                verify,
+            });
             if wants_mask[i]
                 && let Some(c) = constraint.as_mut()
             {
@@ -879,19 +890,19 @@ impl<'t> Loop<'t> {
             .map(|c| SeqChunk {
                 // A verification chunk: the last token, then the draft.
                 tokens: if c.draft > 0 {
-                    views[c.seq].3
+                    views[c.seq].verify
                 } else {
-                    &views[c.seq].0[c.start..c.start + c.len]
+                    &views[c.seq].tokens[c.start..c.start + c.len]
                 },
                 start_pos: c.start,
-                blocks: views[c.seq].1,
+                blocks: views[c.seq].full,
                 all_logits: c.draft > 0,
                 no_logits: !c.samples,
             })
             .collect();
         // Without a window pool, no tables: the backend keeps every layer whole.
         let windows: Vec<&[u32]> = if self.blocks.window().is_some() {
-            plan.iter().map(|c| views[c.seq].2).collect()
+            plan.iter().map(|c| views[c.seq].window).collect()
         } else {
             Vec::new()
         };
