@@ -151,8 +151,8 @@ pub struct SpeculationArgs {
     /// positions, exactly (the output is the one plain decoding gives); `off` drafts nothing
     /// from them. A request's `prediction` (OpenAI's Predicted Outputs) is drafted from either
     /// way.
-    #[arg(long, value_enum, default_value_t = Speculative::Ngram)]
-    pub speculative: Speculative,
+    #[arg(long, default_value = "ngram", value_parser = ["ngram", "off"])]
+    pub speculative: String,
     /// The most tokens one draft may have (1 to 15); each sequence's draft length adapts
     /// below it, and drafting pauses where drafts keep failing.
     #[arg(long, default_value_t = SpeculationConfig::default().max_tokens,
@@ -165,20 +165,11 @@ pub struct SpeculationArgs {
     pub speculative_ngram: usize,
 }
 
-/// Where drafts come from (`--speculative`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Speculative {
-    /// From each request's own prompt and reply.
-    Ngram,
-    /// Not from them (a request's `prediction` still is).
-    Off,
-}
-
 impl SpeculationArgs {
     /// The scheduler's speculation settings.
     pub fn config(&self) -> SpeculationConfig {
         SpeculationConfig {
-            ngram: self.speculative == Speculative::Ngram,
+            ngram: self.speculative == "ngram",
             max_tokens: self.speculative_tokens,
             min_ngram: self.speculative_ngram,
         }
