@@ -177,7 +177,8 @@ pub enum Event {
         /// yields the draft tokens taken and one more): the step, its device time and its
         /// draft are counted with the first.
         same_step: bool,
-        /// On the first token of a verification step: what the step did with its draft.
+        /// On the last token of a verification step (its last candidate, or the token that
+        /// ended the request): what the step did with its draft.
         draft: Option<DraftCheck>,
         /// The path, group and slot it was admitted to.
         placement: Placement,
