@@ -61,7 +61,10 @@ scrape it). Each row names the vLLM metric that an existing autoscaling rule or 
 reads, and the slotlight series to read instead. With `serve --metrics-compat vllm` the engine
 also serves the endpoint picker's signals under vLLM's own names (`vllm:num_requests_waiting`,
 `vllm:num_requests_running`, `vllm:kv_cache_usage_perc`, `vllm:cache_config_info`,
-`vllm:lora_requests_info`, each with `model_name`), each equal to the slotlight series it
+`vllm:lora_requests_info`, each with `model_name`), and speculative decoding's counters
+(`vllm:spec_decode_num_drafts_total`, `vllm:spec_decode_num_draft_tokens_total`,
+`vllm:spec_decode_num_accepted_tokens_total`,
+`vllm:spec_decode_num_accepted_tokens_per_pos_total`), each equal to the slotlight series it
 mirrors ([metrics.md](metrics.md), "The inference gateway").
 
 | vLLM | slotlight engine | notes |
@@ -81,6 +84,10 @@ mirrors ([metrics.md](metrics.md), "The inference gateway").
 | `vllm:time_per_output_token_seconds` (`vllm:inter_token_latency_seconds`) | `gen_ai_server_time_per_output_token_seconds` | per request: `generation_ms / (completion_tokens - 1)` |
 | `vllm:e2e_request_latency_seconds` | `gen_ai_server_request_duration_seconds` | every request answered, refusals included, `error_type` on failures |
 | `vllm:request_queue_time_seconds` | `slotlight_engine_queue_time_seconds` | arrival to first admission, admitted requests only |
+| `vllm:spec_decode_num_drafts_total` | `slotlight_engine_spec_decode_drafts_total` | verification steps with a draft (from the prompt and reply, or a client's `prediction`) |
+| `vllm:spec_decode_num_draft_tokens_total` | `slotlight_engine_spec_decode_draft_tokens_total` | draft tokens verified |
+| `vllm:spec_decode_num_accepted_tokens_total` | `slotlight_engine_spec_decode_accepted_tokens_total` | draft tokens taken; acceptance rate = taken / verified |
+| `vllm:spec_decode_num_accepted_tokens_per_pos_total{position}` | `slotlight_engine_spec_decode_accepted_tokens_per_pos_total{position}` | per position in the draft, from 0 |
 | `vllm:iteration_tokens_total` | `slotlight_engine_step_batch_size` | requests per forward step (TGI `tgi_batch_current_size`) |
 | — | `slotlight_engine_step_duration_seconds` | each forward step as the backend measures it (TGI `tgi_batch_forward_duration`) |
 | — | `slotlight_engine_batch_slots`, `slotlight_engine_kv_evicted_blocks_total` | capacity and prefix-cache churn |

@@ -23,6 +23,7 @@ pub mod runtime;
 pub mod sampling;
 pub mod scheduler;
 pub mod server;
+pub mod speculation;
 pub mod stop;
 pub mod telemetry;
 pub mod timing;

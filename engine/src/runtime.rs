@@ -103,8 +103,9 @@ impl Default for RuntimeConfig {
 ///
 /// A sequence at `next` holds the blocks from the one holding `B + 1 - window` (`B`, the last
 /// block boundary at or before `next`) to the one holding its chunk's last position:
-/// `ceil((window - 1) / block_size) + 1` blocks for a decode row, and one per `block_size`
-/// tokens of prefill chunk (plus one) beyond.
+/// `ceil((window - 1) / block_size) + 1` blocks for a decode row (and one per `block_size`
+/// tokens of a draft being verified beyond it), and one per `block_size` tokens of prefill
+/// chunk (plus one) beyond.
 pub fn window_pool_blocks(
     cfg: &ModelConfig,
     block_size: usize,
@@ -114,7 +115,9 @@ pub fn window_pool_blocks(
     let window = cfg.family.sliding_window.as_ref()?.window;
     let bs = block_size.max(1);
     let chunk = sched.prefill_chunk.max(sched.mixed_prefill_chunk);
-    let per_slot = window.saturating_sub(1).div_ceil(bs) + 2;
+    // A draft's verification reaches past the decode row by the draft's length.
+    let draft = sched.speculation.max_tokens.div_ceil(bs);
+    let per_slot = window.saturating_sub(1).div_ceil(bs) + 2 + draft;
     let bound = sched.batch.max(1) * per_slot + chunk.div_ceil(bs);
     Some(bound.min(full_blocks))
 }

@@ -13,6 +13,13 @@
 //! 3. greedy (`temperature == 0`): argmax, ties to the lowest id; otherwise
 //! 4. temperature, top-k, top-p, min-p, then one draw from what is left, renormalised.
 //!
+//! [`Sampler::verify`] decides on a draft token (speculative decoding) through the same steps:
+//! greedy, it is taken when it is the argmax; otherwise by rejection sampling against the
+//! distribution step 4 draws from: taken with its probability `p(d)`, else the token is drawn
+//! from that distribution without `d`, renormalised. A draft from the prompt or a prediction is
+//! one token with certainty, so that rule keeps every token's probability what a plain draw
+//! gives it: `p(d)` for `d`, and `(1 - p(d)) · p(x) / (1 - p(d)) = p(x)` for any other `x`.
+//!
 //! The vocabulary is large (49,152 for SmolLM2), so a step must not sort it: weights come from
 //! one vectorisable pass (a polynomial `exp`); filtered draws collect only the tokens above a
 //! weight threshold that provably keeps every survivor (usually a few dozen), top-k uses partial
@@ -217,6 +224,15 @@ pub struct Sampler {
     buckets: Vec<f64>,
 }
 
+/// What [`Sampler::verify`] decided on a draft token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// The token generated: the draft token when it was taken, else the sampler's own choice.
+    pub token: u32,
+    /// Whether the draft token was taken.
+    pub accepted: bool,
+}
+
 impl Sampler {
     /// Builds the sampler for a request. `prompt_tokens` feed the repetition penalty (they are
     /// only recorded when that penalty is on).
@@ -252,6 +268,19 @@ impl Sampler {
     /// ignored, a `+inf` logit wins outright, `-inf` means "never", and an empty slice yields
     /// token 0.
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        self.choose(logits, None).token
+    }
+
+    /// Decides on the draft token `draft` from `logits` (the model's logits at its position)
+    /// and records the token generated, as [`Sampler::sample`] does: greedy, the draft is taken
+    /// when it is the argmax (the token is the argmax either way); otherwise by rejection
+    /// sampling (see the module docs), which keeps the distribution a plain draw has.
+    pub fn verify(&mut self, logits: &mut [f32], draft: u32) -> Verdict {
+        self.choose(logits, Some(draft))
+    }
+
+    /// The steps of [`Sampler::sample`], deciding on `draft` when there is one.
+    fn choose(&mut self, logits: &mut [f32], draft: Option<u32>) -> Verdict {
         for &(id, bias) in &self.params.logit_bias {
             if let Some(l) = logits.get_mut(id as usize) {
                 *l += bias;
@@ -259,13 +288,17 @@ impl Sampler {
         }
         self.apply_penalties(logits);
         let t = self.params.temperature;
-        let token = if self.params.is_greedy() || t.is_nan() || t <= 0.0 {
-            argmax(logits).0
+        let verdict = if self.params.is_greedy() || t.is_nan() || t <= 0.0 {
+            let token = argmax(logits).0;
+            Verdict {
+                token,
+                accepted: draft == Some(token),
+            }
         } else {
-            self.draw(logits)
+            self.draw(logits, draft)
         };
-        self.accept(token);
-        token
+        self.accept(verdict.token);
+        verdict
     }
 
     /// Records `token` as generated without sampling it (forced or prefilled tokens), so the
@@ -302,12 +335,15 @@ impl Sampler {
         }
     }
 
-    /// Temperature, top-k, top-p, min-p, then a draw.
-    fn draw(&mut self, logits: &[f32]) -> u32 {
+    /// Temperature, top-k, top-p, min-p, then a draw (deciding on `draft` first, when given).
+    fn draw(&mut self, logits: &[f32], draft: Option<u32>) -> Verdict {
         let (best, max) = argmax(logits);
         if !max.is_finite() {
             // +inf wins outright; all -inf/NaN leaves nothing to draw from.
-            return best;
+            return Verdict {
+                token: best,
+                accepted: draft == Some(best),
+            };
         }
         let inv_t = 1.0 / self.params.temperature.min(MAX_TEMPERATURE * 100.0);
         // One vectorisable pass: weights relative to the maximum, which gets exactly 1.
@@ -325,7 +361,7 @@ impl Sampler {
         let use_p = top_p < 1.0;
         let use_min_p = min_p > 0.0 && min_p.is_finite();
         if !use_k && !use_p && !use_min_p {
-            return self.draw_dense(best);
+            return self.draw_dense(best, draft);
         }
 
         // Collect candidates above a weight threshold, lowering it until the set provably
@@ -381,26 +417,71 @@ impl Sampler {
             cands.retain(|c| c.w >= threshold);
         }
 
-        let total: f64 = cands.iter().map(|c| f64::from(c.w)).sum();
+        let mut total: f64 = cands.iter().map(|c| f64::from(c.w)).sum();
+        if let Some(d) = draft {
+            let wd = cands
+                .iter()
+                .find(|c| c.id == d)
+                .map_or(0.0, |c| f64::from(c.w));
+            if wd > 0.0 {
+                if uniform(&mut self.rng) * total < wd {
+                    return Verdict {
+                        token: d,
+                        accepted: true,
+                    };
+                }
+                // Rejected: the draw is from what is left without it.
+                cands.retain(|c| c.id != d);
+                total = cands.iter().map(|c| f64::from(c.w)).sum();
+            }
+        }
         let target = uniform(&mut self.rng) * total;
         let mut acc = 0.0;
         for c in cands.iter() {
             acc += f64::from(c.w);
             if acc > target {
-                return c.id;
+                return Verdict {
+                    token: c.id,
+                    accepted: false,
+                };
             }
         }
         // Only reachable through rounding: fall back to the most likely token.
-        best
+        Verdict {
+            token: best,
+            accepted: draft == Some(best),
+        }
     }
 
     /// A draw over the whole vocabulary from `self.weights`: chunk sums first, so the draw
     /// scans one chunk instead of the whole vocabulary.
-    fn draw_dense(&mut self, best: u32) -> u32 {
+    fn draw_dense(&mut self, best: u32, draft: Option<u32>) -> Verdict {
         self.chunk_sums.clear();
         self.chunk_sums
             .extend(self.weights.chunks(CHUNK).map(|c| f64::from(sum_f32(c))));
-        let total: f64 = self.chunk_sums.iter().sum();
+        let mut total: f64 = self.chunk_sums.iter().sum();
+        if let Some(d) = draft
+            && let Some(&wd) = self.weights.get(d as usize)
+            && wd > 0.0
+        {
+            if uniform(&mut self.rng) * total < f64::from(wd) {
+                return Verdict {
+                    token: d,
+                    accepted: true,
+                };
+            }
+            // Rejected: the draw is from what is left without it.
+            let at = d as usize;
+            self.weights[at] = 0.0;
+            let ci = at / CHUNK;
+            let end = ((ci + 1) * CHUNK).min(self.weights.len());
+            self.chunk_sums[ci] = f64::from(sum_f32(&self.weights[ci * CHUNK..end]));
+            total = self.chunk_sums.iter().sum();
+        }
+        let drawn = |token: u32| Verdict {
+            token,
+            accepted: false,
+        };
         let target = uniform(&mut self.rng) * total;
         let mut acc = 0.0;
         for (ci, &cs) in self.chunk_sums.iter().enumerate() {
@@ -414,17 +495,20 @@ impl Sampler {
                     }
                     inner += f64::from(w);
                     if inner > target && w > 0.0 {
-                        return index_u32(ci * CHUNK + j);
+                        return drawn(index_u32(ci * CHUNK + j));
                     }
                 }
                 // Rounding between the chunk's sum and its elements: take its last candidate.
                 if let Some(j) = last_positive {
-                    return index_u32(ci * CHUNK + j);
+                    return drawn(index_u32(ci * CHUNK + j));
                 }
             }
             acc += cs;
         }
-        best
+        Verdict {
+            token: best,
+            accepted: draft == Some(best),
+        }
     }
 }
 
@@ -687,6 +771,103 @@ mod tests {
             counts[sampler.sample(&mut l) as usize] += 1;
         }
         counts
+    }
+
+    /// Pearson's chi-square of `counts` against probabilities `p` (cells with `p == 0` must be
+    /// empty).
+    fn chi_square(counts: &[usize], p: &[f64]) -> f64 {
+        let n: usize = counts.iter().sum();
+        let mut chi = 0.0;
+        for (&c, &pi) in counts.iter().zip(p) {
+            if pi == 0.0 {
+                assert_eq!(c, 0, "a token of probability 0 was generated");
+                continue;
+            }
+            let e = n as f64 * pi;
+            chi += (c as f64 - e).powi(2) / e;
+        }
+        chi
+    }
+
+    /// Rejection sampling of a draft token keeps the distribution a plain draw has, whatever
+    /// the draft: a chi-square test (fixed seeds, so it is deterministic) over 40,000 verdicts
+    /// for each draft, on the dense path and on the filtered one. An acceptance rule biased
+    /// either way (taking drafts too often, or too rarely) moves the draft's share and fails.
+    #[test]
+    fn verifying_a_draft_keeps_the_sampling_distribution() {
+        let probs = [0.35f64, 0.25, 0.15, 0.12, 0.08, 0.05];
+        let logits: Vec<f32> = probs.iter().map(|&p| p.ln() as f32).collect();
+        let norm = |w: Vec<f64>| {
+            let t: f64 = w.iter().sum();
+            w.into_iter().map(|x| x / t).collect::<Vec<f64>>()
+        };
+        let cases = [
+            (params(1.0), probs.to_vec()),
+            (params(0.5), norm(probs.iter().map(|p| p * p).collect())),
+            (
+                SamplingParams {
+                    top_k: 3,
+                    ..params(1.0)
+                },
+                norm(vec![0.35, 0.25, 0.15, 0.0, 0.0, 0.0]),
+            ),
+        ];
+        // Chi-square at 5 degrees of freedom: P(X > 20.52) = 0.001.
+        const LIMIT: f64 = 20.52;
+        let n = 40_000;
+        for (ci, (p, want)) in cases.iter().enumerate() {
+            for draft in [0u32, 2, 5] {
+                let mut s = Sampler::new(
+                    SamplingParams {
+                        seed: Some(1000 + 10 * ci as u64 + u64::from(draft)),
+                        ..p.clone()
+                    },
+                    &[],
+                );
+                let mut counts = vec![0usize; probs.len()];
+                let mut taken = 0usize;
+                for _ in 0..n {
+                    let mut l = logits.clone();
+                    let v = s.verify(&mut l, draft);
+                    if v.accepted {
+                        assert_eq!(v.token, draft);
+                        taken += 1;
+                    } else {
+                        assert_ne!(v.token, draft, "a rejected draft is never the token");
+                    }
+                    counts[v.token as usize] += 1;
+                }
+                let chi = chi_square(&counts, want);
+                assert!(
+                    chi < LIMIT,
+                    "case {ci}, draft {draft}: chi-square {chi:.1} for {counts:?} against {want:?}"
+                );
+                // Every time the draft comes out, it was taken: it is never drawn again after
+                // a rejection.
+                assert_eq!(taken, counts[draft as usize], "case {ci}, draft {draft}");
+            }
+        }
+        // Plain draws from the same sampler settings give the same distribution (the test's
+        // reference is right).
+        let mut s = Sampler::new(params(1.0), &[]);
+        let counts = histogram(&mut s, &logits, n);
+        assert!(chi_square(&counts, &probs) < LIMIT, "{counts:?}");
+    }
+
+    /// Greedy, a draft is taken exactly when it is the argmax, and the token is the argmax
+    /// either way (what plain greedy decoding gives).
+    #[test]
+    fn a_greedy_verdict_is_the_argmax() {
+        let logits = logits_of(&[0.1, 0.6, 0.3]);
+        let mut s = Sampler::new(SamplingParams::greedy(), &[]);
+        for (draft, accepted) in [(1, true), (0, false), (2, false), (7, false)] {
+            let mut l = logits.clone();
+            assert_eq!(
+                s.verify(&mut l, draft),
+                Verdict { token: 1, accepted },
+                "draft {draft}"
+            );
+        }
     }
 
     /// Deterministic pseudo-random logits for a big vocabulary.

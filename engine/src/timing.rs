@@ -171,6 +171,10 @@ pub struct LegRecord {
     pub steps: u64,
     /// Largest batch among them.
     pub batch_max: usize,
+    /// Draft tokens verified during the leg (speculative decoding).
+    pub drafted_tokens: usize,
+    /// Of those, the ones taken.
+    pub accepted_tokens: usize,
     /// Sum of their batch sizes (for the mean).
     pub batch_sum: u64,
     /// Why it ended.
@@ -304,6 +308,40 @@ impl PrefillChunkRecord {
     }
 }
 
+/// What one verification step did with its draft (speculative decoding).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DraftCheck {
+    /// Draft tokens verified.
+    pub drafted: usize,
+    /// Of those, the ones taken: the leading tokens that were the model's own choice.
+    pub accepted: usize,
+}
+
+/// A request's drafts (speculative decoding), over its decode steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DraftCounts {
+    /// Verification steps with a draft (each also one of [`RequestTimings::decode_steps`]).
+    pub drafts: u64,
+    /// Draft tokens verified.
+    pub drafted_tokens: usize,
+    /// Of those, the ones taken (each also one of [`RequestTimings::generated_tokens`]).
+    pub accepted_tokens: usize,
+}
+
+impl DraftCounts {
+    /// Draft tokens verified and not taken (OpenAI's `rejected_prediction_tokens`).
+    pub fn rejected_tokens(&self) -> usize {
+        self.drafted_tokens.saturating_sub(self.accepted_tokens)
+    }
+
+    /// Adds `other`'s counts.
+    pub fn add(&mut self, other: &DraftCounts) {
+        self.drafts += other.drafts;
+        self.drafted_tokens += other.drafted_tokens;
+        self.accepted_tokens += other.accepted_tokens;
+    }
+}
+
 /// A request's own clocks and counts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequestTimings {
@@ -331,9 +369,15 @@ pub struct RequestTimings {
     pub prefilled_tokens: usize,
     /// Tokens generated, from prefills and decode steps alike (`usage.completion_tokens`).
     pub generated_tokens: usize,
-    /// Decode steps taken. Each yields exactly one token of this request; the other tokens
-    /// (the first, and one per re-prefill after a preemption) come from prefill steps.
+    /// Decode steps taken (a verification step of a draft is one). Each yields at least one
+    /// token of this request; the other tokens (the first, and one per re-prefill after a
+    /// preemption) come from prefill steps.
     pub decode_steps: u64,
+    /// Tokens those decode steps yielded: one per plain step, the draft tokens taken and one
+    /// more per verification step.
+    pub decode_tokens: u64,
+    /// The request's drafts (speculative decoding).
+    pub drafts: DraftCounts,
     /// Legs, in order.
     pub legs: Vec<LegRecord>,
     /// Prefills, in order.
@@ -365,10 +409,11 @@ pub struct UsageTimings {
     pub decode_ms: Option<f64>,
     /// First to last token, wall clock.
     pub generation_ms: Option<f64>,
-    /// Tokens produced by decode steps per second of `decode_ms`: `decode_steps /
-    /// (decode_ms / 1000)`. Each decode step yields one token of the request, so numerator and
-    /// denominator cover the same steps; the tokens prefills produce (the first, and one per
-    /// re-prefill after a preemption) are in neither.
+    /// Tokens produced by decode steps per second of `decode_ms`: `decode_tokens /
+    /// (decode_ms / 1000)`. Numerator and denominator cover the same steps (a plain step yields
+    /// one token of the request, a verification step the draft tokens taken and one more); the
+    /// tokens prefills produce (the first, and one per re-prefill after a preemption) are in
+    /// neither.
     pub decode_tps: Option<f64>,
     /// Arrival to finish, wall clock.
     pub e2e_ms: Option<f64>,
@@ -409,6 +454,8 @@ impl RequestTimings {
             prefilled_tokens: 0,
             generated_tokens: 0,
             decode_steps: 0,
+            decode_tokens: 0,
+            drafts: DraftCounts::default(),
             legs: Vec::new(),
             prefills: Vec::new(),
             resume: None,
@@ -423,9 +470,13 @@ impl RequestTimings {
         }
     }
 
-    /// Records a produced token at `at`.
-    pub fn mark_token(&mut self, at: Instant) {
+    /// Records a produced token at `at`, from a decode step (`from_decode`) or a prefill's last
+    /// chunk.
+    pub fn mark_token(&mut self, at: Instant, from_decode: bool) {
         debug_assert!(self.admitted.is_some(), "token before admission");
+        if from_decode {
+            self.decode_tokens += 1;
+        }
         if self.first_token.is_none() {
             self.first_token = Some(at);
         }
@@ -463,6 +514,8 @@ impl RequestTimings {
             steps: 0,
             batch_max: 0,
             batch_sum: 0,
+            drafted_tokens: 0,
+            accepted_tokens: 0,
             end_reason: None,
         });
         &self.legs[index]
@@ -498,6 +551,18 @@ impl RequestTimings {
         }
     }
 
+    /// Accounts a verification step's draft (the step itself is accounted by
+    /// [`RequestTimings::add_step`]).
+    pub fn add_draft(&mut self, check: DraftCheck) {
+        self.drafts.drafts += 1;
+        self.drafts.drafted_tokens += check.drafted;
+        self.drafts.accepted_tokens += check.accepted;
+        if let Some(leg) = self.legs.last_mut().filter(|l| l.end.is_none()) {
+            leg.drafted_tokens += check.drafted;
+            leg.accepted_tokens += check.accepted;
+        }
+    }
+
     /// Marks the finish at `at`: the end of the request's `e2e_ms`.
     pub fn mark_finished(&mut self, at: Instant) {
         self.finished = Some(at);
@@ -525,7 +590,7 @@ impl RequestTimings {
             generation_ms: self.first_to_last().map(ms),
             decode_tps: decode_ms
                 .filter(|d| *d > 0.0)
-                .map(|d| self.decode_steps as f64 / (d / 1000.0)),
+                .map(|d| self.decode_tokens as f64 / (d / 1000.0)),
             e2e_ms: at(self.finished),
         }
     }
@@ -578,7 +643,7 @@ mod tests {
         t.start_leg(PathKind::Solo, 0, None, t0 + Duration::from_millis(5));
         t.add_step(Duration::from_millis(20), 1, true);
         for i in 0..50 {
-            t.mark_token(t0 + Duration::from_millis(30 + 20 * i));
+            t.mark_token(t0 + Duration::from_millis(30 + 20 * i), i > 0);
             if i > 0 {
                 t.add_step(Duration::from_millis(20), 1, false);
             }
@@ -587,7 +652,7 @@ mod tests {
         let moved_at = t0 + Duration::from_millis(1010);
         t.end_leg(moved_at, LegEnd::Moved);
         t.start_leg(PathKind::Slot, 0, Some(0), moved_at);
-        t.mark_token(t0 + Duration::from_millis(1030));
+        t.mark_token(t0 + Duration::from_millis(1030), true);
         t.add_step(Duration::from_millis(20), 2, false);
         assert_eq!((t.received, t.first_token), (before.0, before.1));
         let rate = t.tok_s().expect("rate");
@@ -641,7 +706,7 @@ mod tests {
             (None, None, None)
         );
         // One token, from the prefill: generation is known (zero long), decoding is not.
-        t.mark_token(t0 + Duration::from_millis(6));
+        t.mark_token(t0 + Duration::from_millis(6), false);
         let u = t.usage();
         assert_eq!((u.ttft_ms, u.generation_ms), (Some(6.0), Some(0.0)));
         assert_eq!((u.decode_ms, u.decode_tps), (None, None));
@@ -657,17 +722,17 @@ mod tests {
         let mut t = RequestTimings::new(t0, 10);
         t.mark_admitted(t0);
         t.add_step(ms(50), 1, true);
-        t.mark_token(t0 + ms(50)); // first token, from the prefill
+        t.mark_token(t0 + ms(50), false); // first token, from the prefill
         for i in 1..=10 {
             t.add_step(ms(20), 1, false);
-            t.mark_token(t0 + ms(50 + 20 * i));
+            t.mark_token(t0 + ms(50 + 20 * i), true);
         }
         // Preempted; re-prefill of prompt and reply: 100 ms, one more token.
         t.add_step(ms(100), 2, true);
-        t.mark_token(t0 + ms(400));
+        t.mark_token(t0 + ms(400), false);
         for i in 1..=10 {
             t.add_step(ms(20), 2, false);
-            t.mark_token(t0 + ms(400 + 20 * i));
+            t.mark_token(t0 + ms(400 + 20 * i), true);
         }
         let u = t.usage();
         assert_eq!(t.generated_tokens, 22);
@@ -686,9 +751,9 @@ mod tests {
         let mut t = RequestTimings::new(t0, 10);
         t.mark_admitted(t0 + ms(100));
         t.add_step(ms(5), 8, true); // device time is far below the wall time under batching
-        t.mark_token(t0 + ms(300));
+        t.mark_token(t0 + ms(300), false);
         t.add_step(ms(5), 8, false);
-        t.mark_token(t0 + ms(700));
+        t.mark_token(t0 + ms(700), true);
         t.mark_finished(t0 + ms(750));
         let v = t.vllm_latencies();
         let close = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1e-9);
@@ -703,5 +768,50 @@ mod tests {
             Some(5.0),
             "device time stays under slotlight's name"
         );
+    }
+
+    /// A verification step is one decode step: its device time counts once, and `decode_tps`
+    /// counts every token it yields (the draft tokens taken and one more); the leg keeps the
+    /// draft counts too.
+    #[test]
+    fn a_verification_step_is_one_decode_step_of_several_tokens() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut t = RequestTimings::new(t0, 10);
+        t.mark_admitted(t0);
+        t.start_leg(PathKind::Solo, 0, None, t0);
+        t.add_step(ms(10), 1, true);
+        t.mark_token(t0 + ms(10), false);
+        // A plain decode step, then one verifying 4 draft tokens of which 3 are taken.
+        t.add_step(ms(10), 1, false);
+        t.mark_token(t0 + ms(20), true);
+        t.add_step(ms(10), 1, false);
+        t.add_draft(DraftCheck {
+            drafted: 4,
+            accepted: 3,
+        });
+        for _ in 0..4 {
+            t.mark_token(t0 + ms(30), true);
+        }
+        assert_eq!(
+            (t.decode_steps, t.decode_tokens, t.generated_tokens),
+            (2, 5, 6)
+        );
+        let u = t.usage();
+        assert_eq!(u.decode_ms, Some(20.0));
+        let tps = u.decode_tps.expect("tps");
+        assert!((tps - 250.0).abs() < 1e-9, "5 tokens in 20 ms: {tps}");
+        assert_eq!(
+            t.drafts,
+            DraftCounts {
+                drafts: 1,
+                drafted_tokens: 4,
+                accepted_tokens: 3
+            }
+        );
+        assert_eq!(t.drafts.rejected_tokens(), 1);
+        let leg = t.current_leg().expect("leg");
+        assert_eq!((leg.drafted_tokens, leg.accepted_tokens), (4, 3));
+        assert_eq!((leg.steps, leg.tokens_generated), (3, 6));
     }
 }

@@ -1154,3 +1154,97 @@ fn windowed_kv_in_batched_steps_matches_each_sequence_alone() {
         }
     }
 }
+
+/// A draft's verification (speculative decoding) on the emulated device: one chunk of K + 1
+/// rows, every row's logits, gives each row the logits a one-token step at its position gives,
+/// bit for bit, for chunks of up to `exact_rows` rows: any length on the matvec path, and
+/// below the GEMM threshold with the GEMM path on (longer chunks would take the GEMM).
+#[test]
+fn a_verification_chunk_equals_one_token_steps_bit_for_bit() {
+    if skip() {
+        return;
+    }
+    let dir = support::fixtures().join("tiny");
+    let mut models: Vec<(String, ModelConfig, Arc<LlamaWeights>)> = ["qwen3", "gemma3"]
+        .iter()
+        .map(|name| {
+            let m = Model::load(&dir.join(name)).expect("fixture");
+            (name.to_string(), m.config.clone(), Arc::clone(&m.weights))
+        })
+        .collect();
+    let tiny = TinyLlama {
+        dtype: DType::Q4_1,
+        vocab: 96,
+        ..TinyLlama::default()
+    };
+    let (cfg, w) = Model::load_weights(&tiny.write_temp()).expect("load");
+    models.push(("llama q4_1".into(), cfg, w));
+    for (name, cfg, w) in &models {
+        for (opts, gemm) in [(matvec_only(), false), (CudaOptions::default(), true)] {
+            let mut b = emu_backend(cfg, w, 8 * 16, opts.clone(), gemm);
+            let rows = b.exact_rows().min(12);
+            if gemm {
+                assert_eq!(b.exact_rows(), opts.gemm_min_rows - 1, "{name}");
+            } else {
+                assert_eq!(b.exact_rows(), usize::MAX, "{name}");
+            }
+            let prompt = tokens(21, cfg.vocab);
+            let draft = tokens(rows + 3, cfg.vocab)[3..].to_vec();
+            let table: Vec<u32> = (0..8).collect();
+            let prefill = |b: &mut GpuBackend<EmuGpu>| {
+                let mut logits = Vec::new();
+                b.forward(
+                    &[SeqChunk {
+                        tokens: &prompt,
+                        start_pos: 0,
+                        blocks: &table,
+                        all_logits: false,
+                        no_logits: false,
+                    }],
+                    &mut logits,
+                )
+                .expect("prefill");
+            };
+            prefill(&mut b);
+            let mut steps = Vec::new();
+            for (i, t) in draft.iter().enumerate() {
+                let mut logits = Vec::new();
+                b.forward(
+                    &[SeqChunk {
+                        tokens: std::slice::from_ref(t),
+                        start_pos: prompt.len() + i,
+                        blocks: &table,
+                        all_logits: false,
+                        no_logits: false,
+                    }],
+                    &mut logits,
+                )
+                .expect("step");
+                steps.extend(logits);
+            }
+            prefill(&mut b);
+            let mut verified = Vec::new();
+            b.forward(
+                &[SeqChunk {
+                    tokens: &draft,
+                    start_pos: prompt.len(),
+                    blocks: &table,
+                    all_logits: true,
+                    no_logits: false,
+                }],
+                &mut verified,
+            )
+            .expect("verify");
+            assert_eq!(verified.len(), steps.len(), "{name}");
+            let differ = verified
+                .iter()
+                .zip(&steps)
+                .position(|(x, y)| x.to_bits() != y.to_bits());
+            assert_eq!(
+                differ.map(|i| i / cfg.vocab),
+                None,
+                "{name} (gemm {gemm}): the first row whose logits differ"
+            );
+        }
+    }
+}

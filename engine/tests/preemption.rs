@@ -40,6 +40,7 @@ fn engine(model: &Model, ctx: usize, prefill_chunk: usize, mixed: usize) -> Engi
             mixed_prefill_chunk: mixed,
             return_to_solo: true,
             max_sessions: 64,
+            ..SchedulerConfig::default()
         },
     )
 }
@@ -164,9 +165,17 @@ async fn decode_tps_after_a_preemption_counts_decode_steps_only() {
         (tps * decode_ms / 1000.0 - decode_tokens).abs() < 1e-6,
         "decode_tps {tps} over decode_ms {decode_ms} covers {decode_tokens} decode tokens"
     );
+    // Every other token came from a decode step (a verification step of a draft yields the
+    // draft tokens taken and one more, so there may be fewer steps than tokens).
     assert_eq!(
-        t.decode_steps,
+        t.decode_tokens,
         u64::try_from(t.generated_tokens - finished_prefills).expect("n")
+    );
+    // Each step yields one token beyond the draft tokens it takes (no draft is cut short by
+    // the length: a draft never reaches past `max_tokens`).
+    assert_eq!(
+        t.decode_tokens - t.decode_steps,
+        u64::try_from(t.drafts.accepted_tokens).expect("n")
     );
 }
 

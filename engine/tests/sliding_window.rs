@@ -20,6 +20,7 @@ use slotlight_engine::scheduler::resume::ResumeOutcome;
 use slotlight_engine::scheduler::{
     Completion, EngineHandle, Event, GenerateRequest, SchedulerConfig,
 };
+use slotlight_engine::speculation::SpeculationConfig;
 
 const WINDOW: usize = 16;
 const BLOCK: usize = 4;
@@ -39,6 +40,8 @@ fn model() -> Model {
     m
 }
 
+/// One slot, small prefill chunks, and no drafts (the window pool below is sized for plain
+/// decoding; `engine/tests/speculation.rs` runs drafts over Gemma 3's window pool).
 fn sched() -> SchedulerConfig {
     SchedulerConfig {
         batch: 1,
@@ -47,6 +50,10 @@ fn sched() -> SchedulerConfig {
         mixed_prefill_chunk: 4,
         return_to_solo: true,
         max_sessions: 16,
+        speculation: SpeculationConfig {
+            max_tokens: 0,
+            ..SpeculationConfig::off()
+        },
     }
 }
 
@@ -113,6 +120,18 @@ fn the_window_pool_is_smaller_than_a_sequence() {
     assert_eq!(w.window, WINDOW);
     // One slot: its window (ceil(15 / 4) + 2 = 6 blocks) and one prefill chunk (2 blocks).
     assert_eq!(w.blocks, 8);
+    // Drafts of up to 10 tokens reach 3 blocks further past a decode row.
+    let drafting = SchedulerConfig {
+        speculation: SpeculationConfig {
+            max_tokens: 10,
+            ..SpeculationConfig::default()
+        },
+        ..sched()
+    };
+    assert_eq!(
+        window_pool_blocks(&m.config, BLOCK, FULL_BLOCKS, &drafting),
+        Some(8 + 3)
+    );
     // The local layer's half of the KV lives there; the full pool keeps the global layer's.
     assert_eq!(w.block_bytes, b.kv_block_bytes());
     assert!(backend(&m, false).windowed_kv().is_none());

@@ -135,10 +135,18 @@ crate::contract! {
     USAGE_DECODE_MS = "slotlight.usage.decode_ms", "double", "ms";
     /// Request span (same as `usage.generation_ms`): first token to last token, wall clock. Absent without a token.
     USAGE_GENERATION_MS = "slotlight.usage.generation_ms", "double", "ms";
-    /// Request span (same as `usage.decode_tps`): tokens produced by decode steps per second of `decode_ms`. Each decode step produces one token of the request, so numerator and denominator cover the same steps; a token a prefill produces (the first, or one after a preemption's re-prefill) is in neither. Absent without a decode step.
+    /// Request span (same as `usage.decode_tps`): tokens produced by decode steps per second of `decode_ms`: numerator and denominator cover the same steps (a plain decode step produces one token of the request, a verification step of a draft the draft tokens taken and one more); a token a prefill produces (the first, or one after a preemption's re-prefill) is in neither. Absent without a decode step.
     USAGE_DECODE_TPS = "slotlight.usage.decode_tps", "double", "{token}/s";
     /// Request span (same as `usage.e2e_ms`): arrival to finish, wall clock.
     USAGE_E2E_MS = "slotlight.usage.e2e_ms", "double", "ms";
+    /// Request span: how the request was drafted for (speculative decoding): `ngram` (from its own prompt and reply), `prediction` (from the client's `prediction`, and from the prompt and reply where it has nothing to offer when the engine drafts from them too) or `off` (no drafts: `--speculative off` and no prediction).
+    SPECULATION = "slotlight.speculation", "string", "";
+    /// Request span (same as `usage.drafts`): verification steps with a draft, over all choices. Each is one decode step: its device time is in `slotlight.usage.decode_ms` once.
+    USAGE_DRAFTS = "slotlight.usage.drafts", "int", "{draft}";
+    /// Request span (same as `usage.drafted_tokens`): draft tokens verified, over all choices; `slotlight.usage.drafted_tokens` − `slotlight.usage.accepted_tokens` is `usage.completion_tokens_details.rejected_prediction_tokens`.
+    USAGE_DRAFTED_TOKENS = "slotlight.usage.drafted_tokens", "int", "{token}";
+    /// Request span (same as `usage.accepted_tokens` and `usage.completion_tokens_details.accepted_prediction_tokens`): draft tokens taken as the model's own, over all choices (each is one of `gen_ai.usage.output_tokens`).
+    USAGE_ACCEPTED_TOKENS = "slotlight.usage.accepted_tokens", "int", "{token}";
     /// Request span: prompt tokens actually computed (prompt − cached, plus any re-prefill). Every prefill rate slotlight shows (the sidecar's `prefill_tps`, llama.cpp `timings.prompt_per_second`, `generate`'s prefill figure) is these tokens per second of prefill: tokens reused from the cache are never counted.
     USAGE_PREFILLED_TOKENS = "slotlight.usage.prefilled_tokens", "int", "{token}";
     /// Request span: whether the turn reused its conversation's KV and, if not, why: `first` (no earlier turn of the session remembered), `full` (everything reusable was reused, to block granularity), `diverged` (the prompt departs from the last turn), `evicted` (blocks of the reusable prefix had been reclaimed), `other_group` (the session's KV lives in another slot group); without a session `none` or `prefix` (a prefix shared with any earlier request was reused). Decided at admission from the session's remembered last turn and what the prefix cache gave; absent for a request never admitted.
@@ -170,6 +178,10 @@ crate::contract! {
     LEG_BATCH_SIZE_MEAN = "slotlight.leg.batch_size.mean", "double", "";
     /// Leg span: time inside the forward steps of this leg.
     LEG_DEVICE_MS = "slotlight.leg.device_ms", "double", "ms";
+    /// Leg span: draft tokens verified during this leg (speculative decoding).
+    LEG_DRAFTED_TOKENS = "slotlight.leg.drafted_tokens", "int", "{token}";
+    /// Leg span: of those, draft tokens taken; over `slotlight.leg.drafted_tokens`, the leg's acceptance rate.
+    LEG_ACCEPTED_TOKENS = "slotlight.leg.accepted_tokens", "int", "{token}";
     /// Leg span: why the leg ended (`moved`, `finished`, `preempted`, `cancelled`).
     LEG_END_REASON = "slotlight.leg.end_reason", "string", "";
 
@@ -196,12 +208,18 @@ crate::contract! {
     /// Prefill window: when the window's last chunk's forward pass ended.
     PREFILL_LAST_CHUNK_TIME = "slotlight.prefill.last_chunk_time_unix_nano", "int", "ns";
 
-    /// Decode span: tokens produced by decode steps in this window. A window holds only decode steps: the token a prefill produces is in none, and a leg's first window starts where its first decode step starts.
+    /// Decode span: tokens produced by decode steps in this window. A window holds only decode steps: the token a prefill produces is in none, and a leg's first window starts where its first decode step starts. A verification step (speculative decoding) produces the draft tokens taken and one more, so this may exceed `slotlight.decode.window_steps`.
     DECODE_WINDOW_TOKENS = "slotlight.decode.window_tokens", "int", "{token}";
     /// Decode span: tokens generated by the request so far, over all its legs.
     DECODE_TOKENS_GENERATED = "slotlight.decode.tokens_generated", "int", "{token}";
     /// Decode span: when the window's last token was produced.
     DECODE_LAST_TOKEN_TIME = "slotlight.decode.last_token_time_unix_nano", "int", "ns";
+    /// Decode span: decode steps in this window (a verification step of a draft is one step).
+    DECODE_WINDOW_STEPS = "slotlight.decode.window_steps", "int", "{step}";
+    /// Decode span: draft tokens verified in this window's steps.
+    DECODE_DRAFTED_TOKENS = "slotlight.decode.drafted_tokens", "int", "{token}";
+    /// Decode span: of those, draft tokens taken; over `slotlight.decode.drafted_tokens`, the window's acceptance rate.
+    DECODE_ACCEPTED_TOKENS = "slotlight.decode.accepted_tokens", "int", "{token}";
     /// Decode span: time inside the decode forward steps of this window (never a prefill step).
     DECODE_DEVICE_MS = "slotlight.decode.device_ms", "double", "ms";
 
@@ -343,6 +361,13 @@ pub mod value {
     pub const RESUME_NONE: &str = "none";
     /// `slotlight.resume`: no session; a prefix shared with an earlier request was reused.
     pub const RESUME_PREFIX: &str = "prefix";
+
+    /// `slotlight.speculation`: drafts from the request's own prompt and reply.
+    pub const SPECULATION_NGRAM: &str = "ngram";
+    /// `slotlight.speculation`: drafts from the client's `prediction` first.
+    pub const SPECULATION_PREDICTION: &str = "prediction";
+    /// `slotlight.speculation`: no drafts.
+    pub const SPECULATION_OFF: &str = "off";
 
     /// `error.type`: the client cancelled (disconnected).
     pub const ERROR_CANCELLED: &str = "cancelled";

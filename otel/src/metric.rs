@@ -126,6 +126,14 @@ pub mod engine {
         GENERATION_TOKENS = "slotlight_engine_generation_tokens_total", "counter", "{token}";
         /// Counter (engine), per `slot_group`: requests (each choice of a request with `n` > 1) finished by the step loop, by `finish_reason` (`stop`, `length`, `cancelled`, `error`; tool calls count as `stop`) and, for `cancelled` and `error`, `error_type` (vLLM `vllm:request_success_total`).
         REQUESTS_FINISHED = "slotlight_engine_requests_finished_total", "counter", "{request}";
+        /// Counter (engine), per `slot_group`: verification steps with a draft (speculative decoding: each decode step of a sequence that checked a draft from its prompt, its reply or the client's prediction) (vLLM `vllm:spec_decode_num_drafts_total`).
+        SPEC_DECODE_DRAFTS = "slotlight_engine_spec_decode_drafts_total", "counter", "{draft}";
+        /// Counter (engine), per `slot_group`: draft tokens verified (vLLM `vllm:spec_decode_num_draft_tokens_total`).
+        SPEC_DECODE_DRAFT_TOKENS = "slotlight_engine_spec_decode_draft_tokens_total", "counter", "{token}";
+        /// Counter (engine), per `slot_group`: of those, draft tokens taken as the model's own (`usage.completion_tokens_details.accepted_prediction_tokens` once the requests finish) (vLLM `vllm:spec_decode_num_accepted_tokens_total`).
+        SPEC_DECODE_ACCEPTED_TOKENS = "slotlight_engine_spec_decode_accepted_tokens_total", "counter", "{token}";
+        /// Counter (engine), per `slot_group` and `position` (0 for a draft's first token): draft tokens taken at each position of their draft; position 0 counts drafts whose first token was taken (vLLM `vllm:spec_decode_num_accepted_tokens_per_pos_total`).
+        SPEC_DECODE_ACCEPTED_TOKENS_PER_POS = "slotlight_engine_spec_decode_accepted_tokens_per_pos_total", "counter", "{token}";
         /// Counter (engine): requests answered with an error before reaching a step loop, by `error_type` (`validation`, `overloaded`, `shutdown`, …); the same requests the sidecar counts with status `refused`. Requests without a valid API key are not counted.
         REQUESTS_REFUSED = "slotlight_engine_requests_refused_total", "counter", "{request}";
         /// Histogram (engine), per admitted request: arrival to first admission (`usage.queue_ms`), with the GenAI labels (vLLM `vllm:request_queue_time_seconds`).
@@ -178,6 +186,14 @@ pub mod vllm {
         CACHE_CONFIG_INFO = "vllm:cache_config_info", "gauge", "1";
         /// Gauge (engine, `--metrics-compat vllm`): the scrape time in Unix seconds, with `max_lora` 0 and empty `running_lora_adapters` and `waiting_lora_adapters` as labels (the engine serves no LoRA adapters).
         LORA_REQUESTS_INFO = "vllm:lora_requests_info", "gauge", "s";
+        /// Counter (engine, `--metrics-compat vllm`): verification steps with a draft, the sum over groups of `slotlight_engine_spec_decode_drafts_total`.
+        SPEC_DECODE_NUM_DRAFTS = "vllm:spec_decode_num_drafts_total", "counter", "{draft}";
+        /// Counter (engine, `--metrics-compat vllm`): draft tokens verified, the sum over groups of `slotlight_engine_spec_decode_draft_tokens_total`.
+        SPEC_DECODE_NUM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total", "counter", "{token}";
+        /// Counter (engine, `--metrics-compat vllm`): draft tokens taken, the sum over groups of `slotlight_engine_spec_decode_accepted_tokens_total`.
+        SPEC_DECODE_NUM_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total", "counter", "{token}";
+        /// Counter (engine, `--metrics-compat vllm`), per `position`: draft tokens taken at each position of their draft, the sum over groups of `slotlight_engine_spec_decode_accepted_tokens_per_pos_total`.
+        SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter", "{token}";
     }
 }
 
@@ -230,6 +246,8 @@ pub mod label {
     pub const MAX_LORA: &str = "max_lora";
     /// `vllm:lora_requests_info`: adapters of running requests, comma-separated.
     pub const RUNNING_LORA_ADAPTERS: &str = "running_lora_adapters";
+    /// A draft token's position in its draft, from 0 (`*_spec_decode_*accepted_tokens_per_pos`).
+    pub const POSITION: &str = "position";
     /// `vllm:lora_requests_info`: adapters of waiting requests, comma-separated.
     pub const WAITING_LORA_ADAPTERS: &str = "waiting_lora_adapters";
 }

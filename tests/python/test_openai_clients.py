@@ -1,8 +1,8 @@
 """The official `openai` SDK, used as agent frameworks, extraction code and eval harnesses use
 it, against the engine with the default model (SmolLM2-135M-Instruct, whose template has no
 tool support, so tools take the generic format): `parse` with a pydantic model, a tool loop
-with `tool_choice="required"`, logprobs, `n=3`, every refused field, `/tokenize`, and the
-sidecar's turn record of a request of three choices."""
+with `tool_choice="required"`, logprobs, `n=3`, Predicted Outputs (`prediction`), every refused
+field, `/tokenize`, and the sidecar's turn record of a request of three choices."""
 
 from __future__ import annotations
 
@@ -210,12 +210,51 @@ def test_n_three_choices(client, lone_engine):
     assert one.usage.prompt_tokens == r.usage.prompt_tokens
 
 
+def test_a_prediction_is_verified_and_reported_in_openai_usage(client, lone_engine):
+    """Predicted Outputs through the SDK: a prediction of a reply that copies its prompt gives
+    the same reply as without one (drafts are verified exactly), with OpenAI's
+    `accepted_prediction_tokens` and `rejected_prediction_tokens` and slotlight's counts."""
+    code = "def area(width, height):\n    return width * height\n\n\nprint(area(3, 4))\n"
+    messages = [
+        {"role": "user", "content": "Repeat this Python code exactly, and nothing else:\n\n" + code},
+    ]
+    plain = client.chat.completions.create(
+        model=lone_engine.model, messages=messages, max_tokens=64, temperature=0
+    )
+    reply = plain.choices[0].message.content
+    r = client.chat.completions.create(
+        model=lone_engine.model,
+        messages=messages,
+        max_tokens=64,
+        temperature=0,
+        prediction={"type": "content", "content": reply},
+    )
+    assert r.choices[0].message.content == reply
+    details = r.usage.completion_tokens_details
+    assert details is not None, r.usage
+    assert details.accepted_prediction_tokens > 0, r.usage
+    assert details.rejected_prediction_tokens >= 0
+    extra = r.usage.model_extra
+    assert extra["accepted_tokens"] == details.accepted_prediction_tokens
+    assert extra["drafted_tokens"] == details.accepted_prediction_tokens + details.rejected_prediction_tokens
+    # A prediction that departs from the reply: its tokens are rejected, the reply unchanged.
+    half = len(reply) // 2
+    wrong = client.chat.completions.create(
+        model=lone_engine.model,
+        messages=messages,
+        max_tokens=64,
+        temperature=0,
+        prediction={"type": "content", "content": [{"type": "text", "text": reply[:half] + " zzzz qqqq" + reply[half:]}]},
+    )
+    assert wrong.choices[0].message.content == reply
+    assert wrong.usage.completion_tokens_details.rejected_prediction_tokens > 0, wrong.usage
+
+
 REFUSED = {
     "audio": {"voice": "alloy", "format": "wav"},
     "modalities": ["text", "audio"],
     "functions": [{"name": "f", "parameters": {}}],
     "function_call": "auto",
-    "prediction": {"type": "content", "content": "x"},
     "reasoning_effort": "low",
     "verbosity": "low",
     "web_search_options": {},

@@ -77,6 +77,10 @@ impl Backend for CudaBackend {
         match *self {}
     }
 
+    fn exact_rows(&self) -> usize {
+        match *self {}
+    }
+
     fn weight_bytes_per_step(&self) -> usize {
         match *self {}
     }

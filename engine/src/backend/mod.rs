@@ -125,6 +125,13 @@ pub trait Backend: Send {
     fn isa_name(&self) -> &'static str;
     /// Bytes of weights one decode step reads.
     fn weight_bytes_per_step(&self) -> usize;
+    /// The most positions of one chunk for which every row's logits are, bit for bit, those a
+    /// one-token step at that position gives. A draft's verification (speculative decoding)
+    /// stays within it, so that greedy output is the same with drafts and without. 1 (no
+    /// drafts) unless the backend says more.
+    fn exact_rows(&self) -> usize {
+        1
+    }
     /// Bytes of one block of the (full) KV pool. By default every layer's f16 keys and values.
     fn kv_block_bytes(&self) -> usize {
         kv_block_bytes(self.config(), self.config().layers, self.block_size())

@@ -49,6 +49,16 @@ pub struct BenchArgs {
     /// print what publishing costs decode.
     #[arg(long)]
     pub kv_events_endpoint: Option<String>,
+    /// Time speculative decoding on a prompt set (JSON, as
+    /// `tests/bench/speculative/prompts.json`) instead: each prompt, as one chat message, is
+    /// generated greedily with drafts (`--speculative`, `--speculative-tokens`) and without,
+    /// in turns, `--reps` times; prints each one's completion tokens per second end to end,
+    /// the decode rates, the drafts' acceptance and whether the outputs are identical.
+    #[arg(long)]
+    pub speculative_prompts: Option<std::path::PathBuf>,
+    /// Speculative decoding (of the drafting engine of `--speculative-prompts`).
+    #[command(flatten)]
+    pub speculation: super::SpeculationArgs,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -101,6 +111,16 @@ fn bench_tokens(model: &Model, n: usize) -> anyhow::Result<Vec<u32>> {
 #[allow(clippy::cast_precision_loss)]
 pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
     let model = a.model.load()?;
+    if let Some(set) = &a.speculative_prompts {
+        return super::spec_bench::run(
+            &model,
+            &a.model,
+            set,
+            a.speculation.config(),
+            a.reps.max(1),
+            a.json,
+        );
+    }
     let devices = runtime::parse_devices(&a.model.device)?;
     let rc = RuntimeConfig {
         threads: a.model.threads,

@@ -50,6 +50,13 @@ pub struct GenerateArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    /// The reply expected (OpenAI's Predicted Outputs): drafted from first, verified like
+    /// any draft, so it never changes the output.
+    #[arg(long)]
+    pub prediction: Option<String>,
+    /// Speculative decoding.
+    #[command(flatten)]
+    pub speculation: super::SpeculationArgs,
     /// Model and device.
     #[command(flatten)]
     pub model: ModelArgs,
@@ -88,11 +95,21 @@ pub(super) fn run(a: GenerateArgs) -> anyhow::Result<()> {
         );
     }
     let max_tokens = a.max_tokens.min(ctx - prompt.len());
-    let engine = super::start_engine(&model, &a.model, ctx, SchedulerConfig::default())?;
+    let sched = SchedulerConfig {
+        speculation: a.speculation.config(),
+        ..SchedulerConfig::default()
+    };
+    let engine = super::start_engine(&model, &a.model, ctx, sched)?;
+    let prediction = a
+        .prediction
+        .as_deref()
+        .map(|p| model.tokenizer.encode(p, false))
+        .transpose()?;
     let mut rx = engine.submit(GenerateRequest {
         sampling,
         stop: crate::stop::StopMatcher::new(&a.stop)?,
         ignore_eos: a.ignore_eos,
+        prediction,
         ..GenerateRequest::new("generate", prompt.clone(), max_tokens)
     })?;
     let mut out = std::io::stdout().lock();
@@ -131,18 +148,26 @@ pub(super) fn run(a: GenerateArgs) -> anyhow::Result<()> {
                             "ttft_ms": u.ttft_ms,
                             "e2e_ms": u.e2e_ms,
                         },
+                        "speculation": c.speculation.as_str(),
+                        "decode_steps": t.decode_steps,
+                        "drafts": t.drafts.drafts,
+                        "drafted_tokens": t.drafts.drafted_tokens,
+                        "accepted_tokens": t.drafts.accepted_tokens,
                     });
                     writeln!(out, "{v}")?;
                 } else {
                     out.write_all(c.tail_text.as_bytes())?;
                     writeln!(out)?;
                     eprintln!(
-                        "[{} prompt tokens, {} generated, prefill {} tok/s, decode {} tok/s, finish: {}]",
+                        "[{} prompt tokens, {} generated, prefill {} tok/s, decode {} tok/s, finish: {}; drafts ({}): {} of {} tokens taken]",
                         prompt.len(),
                         c.tokens.len(),
                         prefill_tps.map_or("-".into(), |v| format!("{v:.0}")),
                         u.decode_tps.map_or("-".into(), |v| format!("{v:.1}")),
-                        c.finish_reason.as_str()
+                        c.finish_reason.as_str(),
+                        c.speculation.as_str(),
+                        t.drafts.accepted_tokens,
+                        t.drafts.drafted_tokens,
                     );
                 }
                 break;

@@ -3,15 +3,18 @@
 mod bench;
 mod generate;
 pub mod serve;
+mod spec_bench;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand};
 
 use crate::model::loader::Model;
 use crate::runtime::{self, RuntimeConfig};
 use crate::scheduler::{EngineHandle, SchedulerConfig};
+use crate::speculation::SpeculationConfig;
 use crate::telemetry::OPS_TARGET;
 use slotlight_otel::span;
 
@@ -138,6 +141,39 @@ pub struct ModelArgs {
     /// Context length (capped by the model's own).
     #[arg(long, default_value_t = 4096)]
     pub ctx_size: usize,
+}
+
+/// Speculative decoding's flags (`serve`, `generate`, `bench`).
+#[derive(Debug, Clone, Args)]
+pub struct SpeculationArgs {
+    /// Speculative decoding: `ngram` drafts tokens from each request's own prompt and reply
+    /// (prompt lookup) and verifies a draft of K tokens in one forward step over K + 1
+    /// positions, exactly (the output is the one plain decoding gives); `off` drafts nothing
+    /// from them. A request's `prediction` (OpenAI's Predicted Outputs) is drafted from either
+    /// way.
+    #[arg(long, default_value = "ngram", value_parser = ["ngram", "off"])]
+    pub speculative: String,
+    /// The most tokens one draft may have (1 to 15); each sequence's draft length adapts
+    /// below it, and drafting pauses where drafts keep failing.
+    #[arg(long, default_value_t = SpeculationConfig::default().max_tokens,
+          value_parser = clap::value_parser!(u8).range(1..=15).map(usize::from))]
+    pub speculative_tokens: usize,
+    /// The shortest run of a request's last tokens looked up in its prompt and reply (2 to 4):
+    /// shorter runs find more drafts, and more that fail.
+    #[arg(long, default_value_t = SpeculationConfig::default().min_ngram,
+          value_parser = clap::value_parser!(u8).range(2..=4).map(usize::from))]
+    pub speculative_ngram: usize,
+}
+
+impl SpeculationArgs {
+    /// The scheduler's speculation settings.
+    pub fn config(&self) -> SpeculationConfig {
+        SpeculationConfig {
+            ngram: self.speculative == "ngram",
+            max_tokens: self.speculative_tokens,
+            min_ngram: self.speculative_ngram,
+        }
+    }
 }
 
 impl ModelArgs {

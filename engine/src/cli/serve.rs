@@ -115,6 +115,9 @@ pub struct ServeArgs {
     /// How log lines are written: text for people, JSON for log collectors.
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Speculative decoding.
+    #[command(flatten)]
+    pub speculation: super::SpeculationArgs,
     /// KV-cache events.
     #[command(flatten)]
     pub kv_events: KvEventsArgs,
@@ -270,6 +273,7 @@ async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {
             mixed_prefill_chunk: a.mixed_prefill_chunk.max(1),
             return_to_solo: true,
             max_sessions: a.max_sessions,
+            speculation: a.speculation.config(),
         };
         let kv_events = start_kv_events(&a, &model.id, &telemetry.instance_id)?;
         let engine = Arc::new(super::start_engine_with_events(

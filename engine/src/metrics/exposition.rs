@@ -169,6 +169,23 @@ impl Scrape {
             }
         }
         {
+            let mut m = family(
+                enc,
+                engine::SPEC_DECODE_ACCEPTED_TOKENS_PER_POS,
+                MetricType::Counter,
+            )?;
+            for g in &self.groups {
+                for (pos, n) in g.spec_accepted_per_pos[..g.draft_positions]
+                    .iter()
+                    .enumerate()
+                {
+                    let mut l = group_labels(g);
+                    l.push((label::POSITION, pos.to_string()));
+                    counter(&mut m, &l, *n)?;
+                }
+            }
+        }
+        {
             let mut m = family(enc, engine::REQUESTS_FINISHED, MetricType::Counter)?;
             for g in &self.groups {
                 for ((finish, error), n) in OUTCOMES.iter().zip(g.finished) {
@@ -291,6 +308,42 @@ impl Scrape {
             &cache,
             1u64,
         )?;
+        for (name, v) in [
+            (vllm::SPEC_DECODE_NUM_DRAFTS, sum(|g| g.spec_drafts)),
+            (
+                vllm::SPEC_DECODE_NUM_DRAFT_TOKENS,
+                sum(|g| g.spec_draft_tokens),
+            ),
+            (
+                vllm::SPEC_DECODE_NUM_ACCEPTED_TOKENS,
+                sum(|g| g.spec_accepted_tokens),
+            ),
+        ] {
+            counter(&mut family(enc, name, MetricType::Counter)?, &model, v)?;
+        }
+        {
+            let positions = self
+                .groups
+                .iter()
+                .map(|g| g.draft_positions)
+                .max()
+                .unwrap_or(0);
+            let mut m = family(
+                enc,
+                vllm::SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS,
+                MetricType::Counter,
+            )?;
+            for pos in 0..positions {
+                let mut l = model.clone();
+                l.push((label::POSITION, pos.to_string()));
+                let n: u64 = self
+                    .groups
+                    .iter()
+                    .map(|g| g.spec_accepted_per_pos[pos])
+                    .sum();
+                counter(&mut m, &l, n)?;
+            }
+        }
         let mut lora = model;
         lora.push((label::MAX_LORA, "0".to_string()));
         lora.push((label::RUNNING_LORA_ADAPTERS, String::new()));
@@ -326,8 +379,10 @@ mod tests {
     use std::time::Duration;
 
     fn scrape() -> Scrape {
-        let g = GroupMetrics::new(0, 4);
+        let g = GroupMetrics::new(0, 4).with_draft_positions(3);
         g.enter_queue(2);
+        g.count_draft(3, 2);
+        g.count_draft(2, 0);
         // A full pool of 64 blocks of 256 bytes (3 held) and a window pool of 16 blocks of
         // 1 KiB (4 held).
         let kv = crate::metrics::group::KvUsage {
@@ -387,6 +442,15 @@ mod tests {
             "vllm:kv_cache_usage_perc{model_name=\"smol\"} 0.1484375\n",
             "slotlight_engine_kv_cache_usage_ratio{slot_group=\"0\"} 0.1484375\n",
             "vllm:cache_config_info{model_name=\"smol\",block_size=\"16\",num_gpu_blocks=\"64\"} 1\n",
+            // Two drafts of 5 tokens, 2 taken, both at their draft's first two positions.
+            "vllm:spec_decode_num_drafts_total{model_name=\"smol\"} 2\n",
+            "vllm:spec_decode_num_draft_tokens_total{model_name=\"smol\"} 5\n",
+            "vllm:spec_decode_num_accepted_tokens_total{model_name=\"smol\"} 2\n",
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"smol\",position=\"0\"} 1\n",
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"smol\",position=\"1\"} 1\n",
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"smol\",position=\"2\"} 0\n",
+            "slotlight_engine_spec_decode_drafts_total{slot_group=\"0\"} 2\n",
+            "slotlight_engine_spec_decode_accepted_tokens_per_pos_total{slot_group=\"0\",position=\"1\"} 1\n",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
@@ -394,6 +458,14 @@ mod tests {
             "vllm:lora_requests_info{model_name=\"smol\",max_lora=\"0\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"} "
         ));
         assert!(text.contains("# TYPE vllm:num_requests_waiting gauge"));
+        assert!(
+            text.contains("# TYPE vllm:spec_decode_num_drafts_total counter"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("position=\"3\""),
+            "only the positions a draft may have"
+        );
     }
 
     #[test]

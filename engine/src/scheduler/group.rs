@@ -30,7 +30,9 @@ use crate::kv_cache::KvPools;
 use crate::kv_events::KvEventSink;
 use crate::metrics::GroupMetrics;
 use crate::metrics::group::KvUsage;
-use crate::timing::{LegEnd, PathKind, PrefillEnd, PrefillReason};
+use crate::sampling::{TokenLogprobs, Verdict};
+use crate::speculation::MAX_DRAFT_TOKENS;
+use crate::timing::{DraftCheck, LegEnd, PathKind, PrefillEnd, PrefillReason};
 use crate::tokenizer::Tokenizer;
 
 /// Cumulative counters of one group (not per-request timing: those live in each request).
@@ -114,6 +116,44 @@ struct Chunk {
     len: usize,
     /// Whether the chunk ends the sequence's known tokens, so it yields logits and a token.
     samples: bool,
+    /// Draft tokens it verifies after the sequence's last token (0: a plain chunk). A
+    /// verification chunk yields logits at every position.
+    draft: usize,
+}
+
+impl Chunk {
+    /// Rows of logits the chunk yields.
+    fn rows(&self) -> usize {
+        match (self.samples, self.draft) {
+            (false, _) => 0,
+            (true, 0) => 1,
+            (true, k) => k + 1,
+        }
+    }
+}
+
+/// What a step's forward pass reads of one sequence.
+struct SeqView<'a> {
+    /// Its tokens (prompt and reply).
+    tokens: &'a [u32],
+    /// Its full-pool block table.
+    full: &'a [u32],
+    /// Its window-pool block table (empty without a window pool).
+    window: &'a [u32],
+    /// Its verification chunk's tokens (the last token, then the draft).
+    verify: &'a [u32],
+}
+
+/// How a token came out of its step.
+#[derive(Debug, Clone, Copy)]
+struct Made {
+    /// A prefill's last chunk made it (else a decode step).
+    from_prefill: bool,
+    /// An earlier token of the same step came first.
+    same_step: bool,
+    /// In a verification step: its draft so far (the tokens taken up to this one), and
+    /// whether this is the step's last candidate token.
+    draft: Option<(DraftCheck, bool)>,
 }
 
 /// What the forward pass of a step took.
@@ -144,6 +184,14 @@ pub(super) fn run(
         kv_events,
     } = shared;
     let tok: &Tokenizer = &tokenizer;
+    let mut cfg = cfg;
+    // A draft's verification stays within the rows the backend computes exactly as one-token
+    // steps, so drafts never change greedy output.
+    let spec = &mut cfg.speculation;
+    spec.max_tokens = spec
+        .max_tokens
+        .min(MAX_DRAFT_TOKENS)
+        .min(backend.exact_rows().saturating_sub(1));
     let windowed = backend.windowed_kv();
     let blocks = match windowed {
         Some(w) => KvPools::windowed(
@@ -243,6 +291,7 @@ impl<'t> Loop<'t> {
                         choice,
                         constraint.clone().map(SeqConstraint::new),
                         prior.clone(),
+                        &self.cfg.speculation,
                     ));
                 }
                 false
@@ -314,6 +363,8 @@ impl<'t> Loop<'t> {
                 leg_tokens,
                 #[allow(clippy::cast_precision_loss)]
                 leg_tok_s: in_leg.filter(|t| *t > 0.0).map(|t| leg_tokens as f64 / t),
+                drafted_tokens: s.timings.drafts.drafted_tokens,
+                accepted_tokens: s.timings.drafts.accepted_tokens,
                 session_id: s.req.session.clone(),
                 prompt_progress: prefill.map(|p| p.0),
                 prefill_tok_s: prefill.and_then(|p| p.1),
@@ -358,6 +409,7 @@ impl<'t> Loop<'t> {
         now: Instant,
     ) -> usize {
         seq.cut_prefill(prefill_end);
+        seq.draft = None;
         if let Some(leg) = seq.timings.end_leg(now, leg_end).cloned() {
             seq.emit(Event::LegEnded(leg));
         }
@@ -634,6 +686,7 @@ impl<'t> Loop<'t> {
         if self.active.is_empty() {
             return Ok(());
         }
+        self.plan_drafts();
         self.reserve_decode_room();
         self.settle_paths();
         let mut plan = self.plan_step();
@@ -655,8 +708,13 @@ impl<'t> Loop<'t> {
                 continue;
             }
             let logits = row;
-            row += 1;
-            if let Some(reason) = self.sample_and_emit(c, logits, &ran) {
+            row += c.rows();
+            let finished = if c.draft > 0 {
+                self.verify_and_emit(c, logits, &ran)
+            } else {
+                self.sample_and_emit(c, logits, &ran)
+            };
+            if let Some(reason) = finished {
                 done.push((c.seq, reason));
             }
         }
@@ -668,9 +726,30 @@ impl<'t> Loop<'t> {
         Ok(())
     }
 
-    /// Makes sure every decoding sequence has room for one more position, preempting the
-    /// newest other request when the cache is full (or ending the sequence when nothing is
-    /// left to preempt).
+    /// Plans each decoding sequence's draft for this step, within what its request may still
+    /// generate and the context holds: the step then yields at most every draft token and one
+    /// more.
+    fn plan_drafts(&mut self) {
+        let context = self.backend.config().context;
+        for s in &mut self.active {
+            if s.phase != Phase::Decode {
+                s.draft = None;
+                continue;
+            }
+            let generated = s.tokens.len() - s.req.prompt.len();
+            let room = s
+                .req
+                .max_tokens
+                .saturating_sub(generated + 1)
+                .min(context.saturating_sub(s.tokens.len() + 1));
+            s.plan_draft(room);
+        }
+    }
+
+    /// Makes sure every decoding sequence has room for one more position (and its draft's,
+    /// when the cache has them free: a draft never preempts anyone, it is dropped instead),
+    /// preempting the newest other request when the cache is full (or ending the sequence when
+    /// nothing is left to preempt).
     fn reserve_decode_room(&mut self) {
         let decoding: Vec<u64> = self
             .active
@@ -680,13 +759,18 @@ impl<'t> Loop<'t> {
             .collect();
         for order in decoding {
             while let Some(i) = self.active.iter().position(|s| s.order == order) {
-                let need = self.active[i].computed + 1;
+                let drafted = self.active[i].draft_len();
+                let need = self.active[i].computed + 1 + drafted;
                 let mut blocks = std::mem::take(&mut self.active[i].blocks);
                 let reserved = self.blocks.reserve(&mut blocks, need);
                 self.active[i].blocks = blocks;
                 let Err(out_of_blocks) = reserved else {
                     break;
                 };
+                if drafted > 0 {
+                    self.active[i].draft = None;
+                    continue;
+                }
                 if !self.preempt_newest_except(order) {
                     let s = self.active.swap_remove(i);
                     let e = EngineError::KvCacheExhausted(out_of_blocks);
@@ -741,11 +825,18 @@ impl<'t> Loop<'t> {
             start,
             len,
             samples: start + len == self.active[seq].tokens.len(),
+            draft: 0,
         };
         let mut plan: Vec<Chunk> = Vec::new();
         for (i, s) in self.active.iter().enumerate() {
             if s.phase == Phase::Decode {
-                plan.push(chunk(i, s.computed, 1));
+                let draft = s.draft_len();
+                plan.push(Chunk {
+                    len: 1 + draft,
+                    samples: true,
+                    draft,
+                    ..chunk(i, s.computed, 1)
+                });
             }
         }
         let mut order: Vec<usize> = (0..self.active.len())
@@ -772,20 +863,22 @@ impl<'t> Loop<'t> {
         for c in plan {
             wants_mask[c.seq] = c.samples;
         }
-        let mut views: Vec<(&[u32], &[u32], &[u32])> = Vec::with_capacity(self.active.len());
+        let mut views: Vec<SeqView<'_>> = Vec::with_capacity(self.active.len());
         let mut jobs: Vec<&mut SeqConstraint> = Vec::new();
         for (i, s) in self.active.iter_mut().enumerate() {
             let Seq {
                 tokens,
                 blocks,
                 constraint,
+                verify,
                 ..
             } = s;
-            views.push((
-                tokens.as_slice(),
-                blocks.full.table.as_slice(),
-                blocks.window.table.as_slice(),
-            ));
+            views.push(SeqView {
+                tokens,
+                full: &blocks.full.table,
+                window: &blocks.window.table,
+                verify,
+            });
             if wants_mask[i]
                 && let Some(c) = constraint.as_mut()
             {
@@ -795,16 +888,21 @@ impl<'t> Loop<'t> {
         let chunks: Vec<SeqChunk<'_>> = plan
             .iter()
             .map(|c| SeqChunk {
-                tokens: &views[c.seq].0[c.start..c.start + c.len],
+                // A verification chunk: the last token, then the draft.
+                tokens: if c.draft > 0 {
+                    views[c.seq].verify
+                } else {
+                    &views[c.seq].tokens[c.start..c.start + c.len]
+                },
                 start_pos: c.start,
-                blocks: views[c.seq].1,
-                all_logits: false,
+                blocks: views[c.seq].full,
+                all_logits: c.draft > 0,
                 no_logits: !c.samples,
             })
             .collect();
         // Without a window pool, no tables: the backend keeps every layer whole.
         let windows: Vec<&[u32]> = if self.blocks.window().is_some() {
-            plan.iter().map(|c| views[c.seq].2).collect()
+            plan.iter().map(|c| views[c.seq].window).collect()
         } else {
             Vec::new()
         };
@@ -838,49 +936,162 @@ impl<'t> Loop<'t> {
     /// A chunk ran: its positions are computed, its step is on the request's clocks (and on
     /// its prefill's, when prefilling), its full blocks join the prefix cache, and the window
     /// pool's blocks its window has now passed go back.
+    /// A verification chunk's positions are settled once its draft is decided
+    /// ([`Loop::verify_and_emit`]).
     fn record_chunk(&mut self, c: &Chunk, batch: usize, ran: &Ran) {
         let s = &mut self.active[c.seq];
         let is_prefill = s.phase == Phase::Prefill;
-        s.computed = c.start + c.len;
         s.timings.add_step(ran.device, batch, is_prefill);
+        if c.draft > 0 {
+            return;
+        }
+        s.computed = c.start + c.len;
         if is_prefill && let Some(p) = s.prefill.as_mut() {
             let progress = p.chunk_done(ran.started, ran.stepped, ran.device, s.computed, c.len);
             s.emit(Event::PrefillChunk(progress));
         }
+        self.commit_kv(c.seq);
+    }
+
+    /// Sequence `i`'s computed positions are settled: its full blocks join the prefix cache,
+    /// and the window pool's blocks its window has passed go back.
+    fn commit_kv(&mut self, i: usize) {
+        let s = &mut self.active[i];
         let computed = s.computed;
         self.blocks
             .register_full(&mut s.blocks, &s.tokens, computed);
         self.blocks.slide(&mut s.blocks, computed);
     }
 
-    /// Samples the next token of a chunk's sequence from logits row `row`, emits it (ending
-    /// a finished prefill first), and says whether the sequence is done and why.
-    fn sample_and_emit(&mut self, c: &Chunk, row: usize, ran: &Ran) -> Option<FinishReason> {
+    /// Decides sequence `i`'s next token from logits row `row`: its grammar's mask, then a
+    /// plain draw, or the verdict on `draft` when there is one. The token's log-probabilities
+    /// come from the model's own distribution, before any mask, bias, penalty or sampling
+    /// filter. A grammar that allows nothing ends the sequence.
+    fn choose_token(
+        &mut self,
+        i: usize,
+        row: usize,
+        draft: Option<u32>,
+    ) -> Result<(Verdict, Option<Box<TokenLogprobs>>), FinishReason> {
         let vocab = self.backend.config().vocab;
-        let context = self.backend.config().context;
-        let s = &mut self.active[c.seq];
-        let is_prefill = s.phase == Phase::Prefill;
+        let s = &mut self.active[i];
         let logits = &mut self.logits[row * vocab..(row + 1) * vocab];
-        // Logprobs are taken from the model's own distribution, before any mask, bias,
-        // penalty or sampling filter.
         let raw = s.req.logprobs.map(|_| logits.to_vec());
         if let Some(c) = s.constraint.as_mut()
             && let Err(e) = c.apply(logits)
         {
-            return Some(FinishReason::Error(EngineError::StructuredOutput(
+            return Err(FinishReason::Error(EngineError::StructuredOutput(
                 e.to_string(),
             )));
         }
-        let id = s.sampler.sample(logits);
+        let verdict = match draft {
+            Some(d) => s.sampler.verify(logits, d),
+            None => Verdict {
+                token: s.sampler.sample(logits),
+                accepted: false,
+            },
+        };
         let logprobs = raw.map(|r| {
             Box::new(crate::sampling::logprobs(
                 &r,
-                id,
+                verdict.token,
                 s.req.logprobs.unwrap_or(0),
             ))
         });
+        Ok((verdict, logprobs))
+    }
+
+    /// Samples the next token of a chunk's sequence from logits row `row`, emits it (ending
+    /// a finished prefill first), and says whether the sequence is done and why.
+    fn sample_and_emit(&mut self, c: &Chunk, row: usize, ran: &Ran) -> Option<FinishReason> {
+        let (verdict, logprobs) = match self.choose_token(c.seq, row, None) {
+            Ok(v) => v,
+            Err(reason) => return Some(reason),
+        };
+        let made = Made {
+            from_prefill: self.active[c.seq].phase == Phase::Prefill,
+            same_step: false,
+            draft: None,
+        };
+        let finished = self.emit_token(c.seq, verdict.token, logprobs, made, ran);
+        let s = &mut self.active[c.seq];
+        if let Some(d) = s.drafter.as_mut() {
+            d.observe(verdict.token, &s.tokens);
+        }
+        finished
+    }
+
+    /// Decides a verification chunk's draft from its logits rows `first..`, in order: each
+    /// draft token the model takes is emitted and the next row decides the next one; the first
+    /// one it does not take is replaced by its own choice, and a draft taken whole earns the
+    /// token of its last row. Then the KV cache keeps only the positions of the tokens taken
+    /// (the rest were never computed, as far as the sequence and the prefix cache know), and
+    /// the drafter learns how the draft fared.
+    fn verify_and_emit(&mut self, c: &Chunk, first: usize, ran: &Ran) -> Option<FinishReason> {
+        let Some(draft) = self.active[c.seq].draft.take() else {
+            // Unreachable: a verification chunk is planned from its sequence's draft.
+            return self.sample_and_emit(c, first, ran);
+        };
+        let drafted = draft.tokens.len();
+        let mut check = DraftCheck {
+            drafted,
+            accepted: 0,
+        };
+        let mut finished = None;
+        let mut next = None;
+        for r in 0..=drafted {
+            let (verdict, logprobs) =
+                match self.choose_token(c.seq, first + r, draft.tokens.get(r).copied()) {
+                    Ok(v) => v,
+                    Err(reason) => {
+                        finished = Some(reason);
+                        break;
+                    }
+                };
+            if verdict.accepted {
+                check.accepted += 1;
+            } else {
+                next = Some(verdict.token);
+            }
+            let last = !verdict.accepted || r == drafted;
+            let made = Made {
+                from_prefill: false,
+                same_step: r > 0,
+                draft: Some((check, last)),
+            };
+            finished = self.emit_token(c.seq, verdict.token, logprobs, made, ran);
+            if finished.is_some() || last {
+                break;
+            }
+        }
+        self.metrics.count_draft(drafted, check.accepted);
+        let s = &mut self.active[c.seq];
+        s.timings.add_draft(check);
+        // Positions of the last token and of the draft tokens taken hold their KV; the next
+        // position's, if any was computed, belongs to a token not taken.
+        s.computed = c.start + 1 + check.accepted;
+        if let Some(d) = s.drafter.as_mut() {
+            d.record(&draft, check.accepted, next, &s.tokens);
+        }
+        self.commit_kv(c.seq);
+        finished
+    }
+
+    /// Emits token `id` of sequence `i`, made as `made` in step `ran` (ending a finished
+    /// prefill first), and says whether the sequence is done and why: an end-of-sequence
+    /// token, a stop string, a complete grammar, its length, or a failure.
+    fn emit_token(
+        &mut self,
+        i: usize,
+        id: u32,
+        logprobs: Option<Box<TokenLogprobs>>,
+        made: Made,
+        ran: &Ran,
+    ) -> Option<FinishReason> {
+        let context = self.backend.config().context;
+        let s = &mut self.active[i];
         let now = Instant::now();
-        if is_prefill {
+        if made.from_prefill {
             if let Some(mut p) = s.prefill.take() {
                 p.last_end = Some(now);
                 let rec = p.record(s.computed, PrefillEnd::Finished);
@@ -891,7 +1102,7 @@ impl<'t> Loop<'t> {
             s.phase = Phase::Decode;
         }
         s.tokens.push(id);
-        s.timings.mark_token(now);
+        s.timings.mark_token(now, !made.from_prefill);
         self.metrics.count_token();
         let is_eos = !s.req.ignore_eos && self.tok.is_stop_token(id);
         // A token that does not decode ends the choice with an error (after its token event,
@@ -908,6 +1119,27 @@ impl<'t> Loop<'t> {
             }
         };
         let out = s.stop.push(&delta);
+        // The grammar follows the token; once complete, nothing more may come.
+        let grammar = match s.constraint.as_mut() {
+            None => Ok(false),
+            Some(c) => c.constraint.consume(id).map(|()| c.constraint.is_stopped()),
+        };
+        let generated = s.tokens.len() - s.req.prompt.len();
+        let finished = if let Some(e) = undecodable {
+            Some(FinishReason::Error(EngineError::Decode(e.to_string())))
+        } else {
+            match grammar {
+                Err(e) => Some(FinishReason::Error(EngineError::StructuredOutput(
+                    e.to_string(),
+                ))),
+                Ok(_) if is_eos || out.matched.is_some() => Some(FinishReason::Stop),
+                Ok(true) => Some(FinishReason::Stop),
+                Ok(false) if generated >= s.req.max_tokens || s.tokens.len() >= context => {
+                    Some(FinishReason::Length)
+                }
+                Ok(false) => None,
+            }
+        };
         // A sequence in a step always has a placement; the fallback only keeps a broken
         // invariant from panicking the step loop.
         let placement = s.placement.unwrap_or(Placement {
@@ -915,35 +1147,24 @@ impl<'t> Loop<'t> {
             group: self.group,
             slot: None,
         });
+        // The step's draft goes with its last token (the last candidate, or the one that ended
+        // the sequence), once what was taken is known.
+        let draft = made
+            .draft
+            .filter(|&(_, last)| last || finished.is_some())
+            .map(|(check, _)| check);
         s.emit(Event::Token {
             id,
             text: out.text,
             at: now,
             generated: s.timings.generated_tokens,
             step_device: ran.device,
-            from_prefill: is_prefill,
+            from_prefill: made.from_prefill,
+            same_step: made.same_step,
+            draft,
             placement,
             logprobs,
         });
-        // The grammar follows the token; once complete, nothing more may come.
-        let grammar = match s.constraint.as_mut() {
-            None => Ok(false),
-            Some(c) => c.constraint.consume(id).map(|()| c.constraint.is_stopped()),
-        };
-        let generated = s.tokens.len() - s.req.prompt.len();
-        if let Some(e) = undecodable {
-            return Some(FinishReason::Error(EngineError::Decode(e.to_string())));
-        }
-        match grammar {
-            Err(e) => Some(FinishReason::Error(EngineError::StructuredOutput(
-                e.to_string(),
-            ))),
-            Ok(_) if is_eos || out.matched.is_some() => Some(FinishReason::Stop),
-            Ok(true) => Some(FinishReason::Stop),
-            Ok(false) if generated >= s.req.max_tokens || s.tokens.len() >= context => {
-                Some(FinishReason::Length)
-            }
-            Ok(false) => None,
-        }
+        finished
     }
 }

@@ -23,8 +23,11 @@ use crate::backend::Backend;
 use crate::constraint::Constraint;
 use crate::metrics::GroupMetrics;
 use crate::sampling::{SamplingParams, TokenLogprobs};
+use crate::speculation::{SpeculationConfig, SpeculationMode};
 use crate::stop::StopMatcher;
-use crate::timing::{LegRecord, PathKind, PrefillChunkRecord, PrefillRecord, RequestTimings};
+use crate::timing::{
+    DraftCheck, LegRecord, PathKind, PrefillChunkRecord, PrefillRecord, RequestTimings,
+};
 use crate::tokenizer::Tokenizer;
 
 pub use crate::finish::{EngineError, FinishReason};
@@ -49,6 +52,8 @@ pub struct SchedulerConfig {
     /// Sessions whose last turn the engine remembers for warm resume (least recently used
     /// dropped first; 0 remembers none).
     pub max_sessions: usize,
+    /// How decoding sequences draft tokens to verify (speculative decoding).
+    pub speculation: SpeculationConfig,
 }
 
 impl Default for SchedulerConfig {
@@ -60,6 +65,7 @@ impl Default for SchedulerConfig {
             mixed_prefill_chunk: 64,
             return_to_solo: true,
             max_sessions: 4096,
+            speculation: SpeculationConfig::default(),
         }
     }
 }
@@ -97,6 +103,9 @@ pub struct GenerateRequest {
     /// A grammar the output must follow (structured outputs, enforced tool calls); each
     /// choice gets its own copy.
     pub constraint: Option<Constraint>,
+    /// The tokens the client expects the reply to be (OpenAI's Predicted Outputs): drafted
+    /// from first, verified like any draft, so they never change the output.
+    pub prediction: Option<Vec<u32>>,
 }
 
 impl GenerateRequest {
@@ -115,6 +124,7 @@ impl GenerateRequest {
             n: 1,
             logprobs: None,
             constraint: None,
+            prediction: None,
         }
     }
 }
@@ -163,6 +173,13 @@ pub enum Event {
         /// Whether a prefill step produced it (the first token, or the one after a
         /// preemption's re-prefill) rather than a decode step.
         from_prefill: bool,
+        /// Whether an earlier token of the same step came before it (a verification step
+        /// yields the draft tokens taken and one more): the step, its device time and its
+        /// draft are counted with the first.
+        same_step: bool,
+        /// On the last token of a verification step (its last candidate, or the token that
+        /// ended the request): what the step did with its draft.
+        draft: Option<DraftCheck>,
         /// The path, group and slot it was admitted to.
         placement: Placement,
         /// Its log-probabilities, when the request asked for them.
@@ -198,6 +215,8 @@ pub struct Completion {
     pub choice: usize,
     /// Grammar mask statistics, for a constrained request.
     pub mask: Option<MaskStats>,
+    /// How the choice was drafted for (its counts are in `timings.drafts`).
+    pub speculation: SpeculationMode,
 }
 
 /// Why a request was not accepted.
@@ -253,6 +272,10 @@ pub struct InFlight {
     pub leg_tokens: usize,
     /// The current leg's own rate (its tokens over its time so far).
     pub leg_tok_s: Option<f64>,
+    /// Draft tokens verified so far (speculative decoding).
+    pub drafted_tokens: usize,
+    /// Of those, the ones taken.
+    pub accepted_tokens: usize,
     /// The request's session (`x-session-id` or `user`), if any.
     pub session_id: Option<String>,
     /// Where its prefill stands, while it prefills (llama.cpp's `prompt_progress` counts).
@@ -362,7 +385,10 @@ impl EngineHandle {
             .map(|(g, backend)| {
                 let (tx, rx) = mpsc::unbounded_channel();
                 let load = Arc::new(AtomicUsize::new(0));
-                let metrics = Arc::new(GroupMetrics::new(g, cfg.batch));
+                let metrics = Arc::new(
+                    GroupMetrics::new(g, cfg.batch)
+                        .with_draft_positions(cfg.speculation.max_tokens),
+                );
                 let tok = Arc::clone(&tokenizer);
                 let cfg = cfg.clone();
                 let shared = group::Shared {

@@ -12,6 +12,7 @@ use super::{
 use crate::constraint::SeqConstraint;
 use crate::kv_cache::SeqKv;
 use crate::sampling::Sampler;
+use crate::speculation::{Draft, Drafter, SpeculationConfig, SpeculationMode};
 use crate::stop::StopMatcher;
 use crate::timing::{
     LegEnd, PrefillChunkRecord, PrefillEnd, PrefillReason, PrefillRecord, RequestTimings,
@@ -159,6 +160,14 @@ pub struct Seq<'t> {
     pub constraint: Option<SeqConstraint>,
     /// What the engine remembered of the request's session when it arrived.
     pub prior: Option<Prior>,
+    /// How the sequence drafts (`None`: it never does).
+    pub drafter: Option<Drafter>,
+    /// How it was drafted for (its counts are in `timings.drafts`).
+    pub speculation: SpeculationMode,
+    /// The draft the next step verifies, planned with the step (`None`: a plain decode).
+    pub draft: Option<Draft>,
+    /// The verification chunk's tokens: the last token, then the draft's.
+    pub verify: Vec<u32>,
     /// Whether its completion was sent. A sequence dropped before that (its step loop
     /// panicked or went away) sends one itself, as lost, with its own clocks.
     pub answered: bool,
@@ -166,8 +175,9 @@ pub struct Seq<'t> {
 
 impl<'t> Seq<'t> {
     /// Choice `choice` of request `req` (of request family `family`), waiting to be admitted:
-    /// its events go to `events`, its text through `decoder`, and its output follows
-    /// `constraint` when it has one.
+    /// its events go to `events`, its text through `decoder`, its output follows `constraint`
+    /// when it has one, and it drafts as `speculation` says.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         req: Box<GenerateRequest>,
         events: mpsc::UnboundedSender<Event>,
@@ -176,9 +186,16 @@ impl<'t> Seq<'t> {
         choice: usize,
         constraint: Option<SeqConstraint>,
         prior: Option<Prior>,
+        speculation: &SpeculationConfig,
     ) -> Self {
         let timings = RequestTimings::new(req.received, req.prompt.len());
         let sampler = Sampler::new(req.sampling.clone(), &req.prompt);
+        let drafter = Drafter::new(speculation, req.prediction.as_deref());
+        let mode = if drafter.is_some() {
+            SpeculationMode::of(speculation, req.prediction.is_some())
+        } else {
+            SpeculationMode::Off
+        };
         let tokens = req.prompt.clone();
         let stop = req.stop.clone();
         Self {
@@ -200,6 +217,10 @@ impl<'t> Seq<'t> {
             choice,
             constraint,
             prior,
+            drafter,
+            speculation: mode,
+            draft: None,
+            verify: Vec::new(),
             answered: false,
         }
     }
@@ -218,6 +239,7 @@ impl<'t> Seq<'t> {
                 time: c.mask_time,
                 masks: c.masks,
             }),
+            speculation: self.speculation,
         };
         self.emit(Event::Done(Box::new(completion)));
         self.answered = true;
@@ -243,6 +265,29 @@ impl Drop for Seq<'_> {
 }
 
 impl Seq<'_> {
+    /// Plans the next step's draft of at most `room` tokens (fills [`Seq::draft`] and
+    /// [`Seq::verify`]); returns its length (0: a plain decode).
+    pub fn plan_draft(&mut self, room: usize) -> usize {
+        self.draft = None;
+        let (Some(drafter), Some(&last)) = (self.drafter.as_mut(), self.tokens.last()) else {
+            return 0;
+        };
+        let Some(draft) = drafter.propose(&self.tokens, room) else {
+            return 0;
+        };
+        self.verify.clear();
+        self.verify.push(last);
+        self.verify.extend_from_slice(&draft.tokens);
+        let k = draft.tokens.len();
+        self.draft = Some(draft);
+        k
+    }
+
+    /// The length of the draft planned for the next step (0: none).
+    pub fn draft_len(&self) -> usize {
+        self.draft.as_ref().map_or(0, |d| d.tokens.len())
+    }
+
     /// Tokens generated so far.
     pub fn generated(&self) -> &[u32] {
         &self.tokens[self.req.prompt.len()..]
@@ -297,6 +342,7 @@ mod tests {
             0,
             None,
             None,
+            &SpeculationConfig::default(),
         );
         seq.timings.mark_admitted(admitted);
         seq.timings.start_leg(PathKind::Solo, 2, None, admitted);
@@ -328,6 +374,7 @@ mod tests {
             0,
             None,
             None,
+            &SpeculationConfig::default(),
         );
         seq.answer(FinishReason::Stop, String::new(), 0);
         drop(seq);

@@ -17,7 +17,8 @@ use slotlight_otel::attr::value;
 use super::error::ApiError;
 use super::usage::{CompletionDetails, LegUsage, LlamaCppTimings, PromptDetails, Usage};
 use crate::scheduler::{Completion, EngineError, FinishReason};
-use crate::timing::{LegRecord, UsageTimings};
+use crate::speculation::SpeculationMode;
+use crate::timing::{DraftCounts, LegRecord, UsageTimings};
 
 /// How a request ended (`slotlight.request.status`, the log line's `status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,6 +194,10 @@ pub struct RequestOutcome {
     pub masks: Option<(Duration, u64)>,
     /// Tool calls found over all choices.
     pub tool_calls: usize,
+    /// How the request was drafted for (speculative decoding; every choice alike).
+    pub speculation: SpeculationMode,
+    /// Its drafts, over all choices.
+    pub drafts: DraftCounts,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -239,9 +244,27 @@ impl RequestOutcome {
             let (t, n) = acc.unwrap_or((Duration::ZERO, 0));
             Some((t + m.time, n + m.masks))
         });
+        let speculation = done
+            .iter()
+            .map(|c| c.speculation)
+            .find(|m| *m != SpeculationMode::Off)
+            .unwrap_or(SpeculationMode::Off);
+        let mut drafts = DraftCounts::default();
+        for c in done {
+            drafts.add(&c.timings.drafts);
+        }
+        let mut usage = usage(&instants, done, &legs);
+        usage.drafted_tokens = drafts.drafted_tokens;
+        usage.accepted_tokens = drafts.accepted_tokens;
+        usage.completion_tokens_details = CompletionDetails::of(None, speculation, &drafts);
+        let mut timings = llama_cpp_timings(&instants, done);
+        if speculation != SpeculationMode::Off {
+            timings.draft_n = Some(drafts.drafted_tokens);
+            timings.draft_n_accepted = Some(drafts.accepted_tokens);
+        }
         Self {
-            usage: usage(&instants, done, &legs),
-            timings: llama_cpp_timings(&instants, done),
+            usage,
+            timings,
             status,
             failure,
             finish_reasons: done.iter().map(|c| c.finish_reason.clone()).collect(),
@@ -252,6 +275,8 @@ impl RequestOutcome {
             legs,
             masks,
             tool_calls,
+            speculation,
+            drafts,
         }
     }
 
@@ -273,7 +298,7 @@ impl RequestOutcome {
     /// parsed for reasoning), in `usage.completion_tokens_details`.
     pub fn set_reasoning_tokens(&mut self, tokens: Option<usize>) {
         self.usage.completion_tokens_details =
-            tokens.map(|reasoning_tokens| CompletionDetails { reasoning_tokens });
+            CompletionDetails::of(tokens, self.speculation, &self.drafts);
     }
 
     /// Reasoning tokens over the choices, when the replies were parsed for reasoning.
@@ -281,7 +306,7 @@ impl RequestOutcome {
         self.usage
             .completion_tokens_details
             .as_ref()
-            .map(|d| d.reasoning_tokens)
+            .and_then(|d| d.reasoning_tokens)
     }
 
     /// Whether a choice ran more than one leg (it moved).
@@ -293,16 +318,16 @@ impl RequestOutcome {
 /// The timings of a request of one or more choices: arrival to the first admission
 /// (`queue_ms`), to the first token of any choice (`ttft_ms`) and to the last finish
 /// (`e2e_ms`); first to last token over all choices (`generation_ms`); prefill and decode
-/// device time summed over the choices, and `decode_tps` = decode steps per second of that
-/// decode time (each decode step yields one token of its choice, so numerator and denominator
-/// cover the same steps). A value no choice had is `None`. With one choice these are its own
-/// timings.
+/// device time summed over the choices, and `decode_tps` = the tokens of decode steps per
+/// second of that decode time (numerator and denominator cover the same steps). A value no
+/// choice had is `None`. With one choice these are its own timings.
 #[allow(clippy::cast_precision_loss)] // step counts are far below 2^53
 fn merged_timings(at: &Instants, done: &[Completion]) -> UsageTimings {
     let since = |t: Option<Instant>| t.map(|t| ms(t.saturating_duration_since(at.received)));
     let prefill_steps: u64 = done.iter().map(|c| c.timings.prefill_steps).sum();
     let prefill: Duration = done.iter().map(|c| c.timings.prefill_device).sum();
     let decode_steps: u64 = done.iter().map(|c| c.timings.decode_steps).sum();
+    let decode_tokens: u64 = done.iter().map(|c| c.timings.decode_tokens).sum();
     let decode: Duration = done.iter().map(|c| c.timings.decode_device).sum();
     let decode_ms = (decode_steps > 0).then(|| ms(decode));
     UsageTimings {
@@ -313,7 +338,7 @@ fn merged_timings(at: &Instants, done: &[Completion]) -> UsageTimings {
         generation_ms: at.generation().map(ms),
         decode_tps: decode_ms
             .filter(|d| *d > 0.0)
-            .map(|d| decode_steps as f64 / (d / 1000.0)),
+            .map(|d| decode_tokens as f64 / (d / 1000.0)),
         e2e_ms: since(at.finished),
     }
 }
@@ -355,6 +380,9 @@ fn llama_cpp_timings(at: &Instants, done: &[Completion]) -> LlamaCppTimings {
         predicted_per_token_ms: per_token(predicted_n, predicted_ms),
         // predicted_per_second: `predicted_n` per second of `predicted_ms`.
         predicted_per_second: per_second(predicted_n, predicted_ms),
+        // draft_n, draft_n_accepted: set by the caller when the request was drafted for.
+        draft_n: None,
+        draft_n_accepted: None,
     }
 }
 
@@ -375,6 +403,8 @@ fn usage(at: &Instants, done: &[Completion], legs: &[ChoiceLeg]) -> Usage {
         total_tokens: prompt_tokens + completion_tokens,
         prompt_tokens_details: PromptDetails { cached_tokens },
         completion_tokens_details: None,
+        drafted_tokens: 0,
+        accepted_tokens: 0,
         timings: merged_timings(at, done),
         legs: legs
             .iter()
@@ -390,6 +420,8 @@ fn usage(at: &Instants, done: &[Completion], legs: &[ChoiceLeg]) -> Usage {
                     .end
                     .map(|e| ms(e.saturating_duration_since(l.record.start))),
                 device_ms: ms(l.record.device),
+                drafted_tokens: l.record.drafted_tokens,
+                accepted_tokens: l.record.accepted_tokens,
             })
             .collect(),
     }
@@ -409,7 +441,7 @@ mod tests {
         t.start_leg(PathKind::Slot, 0, Some(index), at(admit_ms));
         t.add_step(Duration::from_millis(10), 2, true);
         for i in 0..tokens {
-            t.mark_token(at(admit_ms + 20 + 10 * i));
+            t.mark_token(at(admit_ms + 20 + 10 * i), i > 0);
             if i > 0 {
                 t.add_step(Duration::from_millis(10), 2, false);
             }
@@ -423,6 +455,7 @@ mod tests {
             group: 0,
             choice: index,
             mask: None,
+            speculation: crate::speculation::SpeculationMode::Off,
         }
     }
 

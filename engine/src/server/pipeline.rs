@@ -171,6 +171,7 @@ fn unanswered(choice: usize, meta: &RequestMeta) -> Completion {
         group: 0,
         choice,
         mask: None,
+        speculation: crate::speculation::SpeculationMode::Off,
     }
 }
 
@@ -412,6 +413,7 @@ mod tests {
                     frequency_penalty_given: None,
                     presence_penalty_given: None,
                     n_given: None,
+                    prediction: None,
                 },
                 logprobs: None,
                 echo: false,
@@ -421,6 +423,7 @@ mod tests {
                 content: None,
                 tools_skipped: Vec::new(),
                 max_tokens_asked: None,
+                prediction: None,
             },
         })
     }
@@ -501,6 +504,7 @@ mod tests {
                 group: 0,
                 choice: 0,
                 mask: None,
+                speculation: crate::speculation::SpeculationMode::Off,
             })))
             .expect("send");
         drop(events);
@@ -687,7 +691,7 @@ mod tests {
             t.mark_admitted(at(1));
             t.start_leg(PathKind::Solo, 0, None, at(1));
             t.add_step(Duration::from_millis(1), 1, true);
-            t.mark_token(at(2));
+            t.mark_token(at(2), false);
             t.mark_finished(at(3 + choice as u64));
             let send = |ev| events.send(ev).expect("send");
             send(Event::Admitted {
@@ -701,6 +705,8 @@ mod tests {
                 generated: 1,
                 step_device: Duration::from_millis(1),
                 from_prefill: true,
+                same_step: false,
+                draft: None,
                 placement,
                 logprobs: None,
             });
@@ -712,6 +718,7 @@ mod tests {
                 group: 0,
                 choice,
                 mask: None,
+                speculation: crate::speculation::SpeculationMode::Off,
             })));
             rxs.push(rx);
         }
@@ -816,7 +823,7 @@ mod tests {
         for (k, text) in texts.iter().enumerate() {
             let k64 = u64::try_from(k).expect("small");
             t.add_step(Duration::from_millis(1), 1, k == 0);
-            t.mark_token(at(2 + k64));
+            t.mark_token(at(2 + k64), k > 0);
             send(Event::Token {
                 id: 7,
                 text: (*text).to_string(),
@@ -824,6 +831,8 @@ mod tests {
                 generated: k + 1,
                 step_device: Duration::from_millis(1),
                 from_prefill: k == 0,
+                same_step: false,
+                draft: None,
                 placement,
                 logprobs: None,
             });
@@ -837,6 +846,7 @@ mod tests {
             group: 0,
             choice: 0,
             mask: None,
+            speculation: crate::speculation::SpeculationMode::Off,
         })));
         drop(events);
         let (tx, mut out) = mpsc::unbounded_channel();

@@ -151,6 +151,8 @@ fn log_finished(meta: &RequestMeta, trace_id: &str, o: &RequestOutcome) {
                 "tokens": r.tokens_generated,
                 "ms": r.end.map(|e| e.saturating_duration_since(r.start).as_secs_f64() * 1000.0),
                 "device_ms": r.device.as_secs_f64() * 1000.0,
+                "drafted_tokens": r.drafted_tokens,
+                "accepted_tokens": r.accepted_tokens,
                 "end": r.end_reason.map(|e| e.as_str()),
             })
         })
@@ -180,6 +182,9 @@ fn log_finished(meta: &RequestMeta, trace_id: &str, o: &RequestOutcome) {
         evicted_tokens = usage.evicted_tokens,
         completion_tokens = usage.completion_tokens,
         reasoning_tokens = o.reasoning_tokens(),
+        speculation = o.speculation.as_str(),
+        drafted_tokens = o.drafts.drafted_tokens,
+        accepted_tokens = o.drafts.accepted_tokens,
         queue_ms = u.queue_ms,
         prefill_ms = u.prefill_ms,
         ttft_ms = u.ttft_ms,

@@ -49,7 +49,12 @@ struct Window {
     start: Instant,
     last: Instant,
     tokens: usize,
+    /// Decode steps (a verification step is one, whatever it yields).
+    steps: usize,
     device: Duration,
+    /// Draft tokens verified, and taken.
+    drafted: usize,
+    accepted: usize,
 }
 
 /// The chunks of a prefill since its last progress window.
@@ -371,6 +376,8 @@ impl RequestTrace {
                 generated,
                 placement,
                 from_prefill,
+                same_step,
+                draft,
                 ..
             } => {
                 self.first_token = Some(self.first_token.map_or(*at, |f| f.min(*at)));
@@ -394,10 +401,21 @@ impl RequestTrace {
                     start: floor.min(*at),
                     last: *at,
                     tokens: 0,
+                    steps: 0,
                     device: Duration::ZERO,
+                    drafted: 0,
+                    accepted: 0,
                 });
                 w.tokens += 1;
-                w.device += *step_device;
+                // A step's device time once, with its first token.
+                if !*same_step {
+                    w.steps += 1;
+                    w.device += *step_device;
+                }
+                if let Some(d) = draft {
+                    w.drafted += d.drafted;
+                    w.accepted += d.accepted;
+                }
                 w.last = *at;
             }
             Event::Done(_) => self.close_choice(choice),
@@ -572,6 +590,8 @@ impl RequestTrace {
             kv_i(attr::LEG_BATCH_SIZE_MAX, leg.batch_max),
             KeyValue::new(attr::LEG_BATCH_SIZE_MEAN, leg.batch_mean()),
             KeyValue::new(attr::LEG_DEVICE_MS, ms(leg.device)),
+            kv_i(attr::LEG_DRAFTED_TOKENS, leg.drafted_tokens),
+            kv_i(attr::LEG_ACCEPTED_TOKENS, leg.accepted_tokens),
         ];
         if let Some(r) = leg.end_reason {
             attrs.push(KeyValue::new(attr::LEG_END_REASON, r.as_str()));
@@ -607,6 +627,9 @@ impl RequestTrace {
             kv_u(attr::LEG_START_TIME, self.anchor.unix_nanos(l.start)),
             kv_i(attr::LEG_TOKENS_CARRIED, l.tokens_carried),
             kv_i(attr::DECODE_WINDOW_TOKENS, w.tokens),
+            kv_i(attr::DECODE_WINDOW_STEPS, w.steps),
+            kv_i(attr::DECODE_DRAFTED_TOKENS, w.drafted),
+            kv_i(attr::DECODE_ACCEPTED_TOKENS, w.accepted),
             kv_i(
                 attr::DECODE_TOKENS_GENERATED,
                 self.choices[choice].generated,
@@ -657,6 +680,10 @@ impl RequestTrace {
             ),
             KeyValue::new(attr::REQUEST_STATUS, o.status.as_str()),
             kv_i(attr::USAGE_PREFILLED_TOKENS, o.prefilled_tokens),
+            KeyValue::new(attr::SPECULATION, o.speculation.as_str()),
+            kv_u(attr::USAGE_DRAFTS, o.drafts.drafts),
+            kv_i(attr::USAGE_DRAFTED_TOKENS, o.drafts.drafted_tokens),
+            kv_i(attr::USAGE_ACCEPTED_TOKENS, o.drafts.accepted_tokens),
             kv_i(attr::REQUEST_LEGS, o.legs.len()),
             KeyValue::new(attr::REQUEST_MOVED, o.moved()),
             kv_i(attr::SLOT_GROUP, o.group),

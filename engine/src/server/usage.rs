@@ -4,7 +4,8 @@
 
 use serde::Serialize;
 
-use crate::timing::UsageTimings;
+use crate::speculation::SpeculationMode;
+use crate::timing::{DraftCounts, UsageTimings};
 
 /// `usage`, with the request's own timings.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -17,10 +18,16 @@ pub struct Usage {
     pub total_tokens: usize,
     /// Details of the prompt.
     pub prompt_tokens_details: PromptDetails,
-    /// Details of the completion: present only for chats with a thinking template (whose
-    /// replies are parsed for reasoning), absent otherwise.
+    /// Details of the completion: present for chats with a thinking template (whose replies
+    /// are parsed for reasoning) and for requests drafted for (speculative decoding), absent
+    /// otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub completion_tokens_details: Option<CompletionDetails>,
+    /// Draft tokens verified, over all choices (slotlight extension; speculative decoding).
+    pub drafted_tokens: usize,
+    /// Of those, the ones taken as the model's own (the same count as
+    /// `completion_tokens_details.accepted_prediction_tokens`).
+    pub accepted_tokens: usize,
     /// The request's own timings.
     #[serde(flatten)]
     pub timings: UsageTimings,
@@ -59,6 +66,10 @@ pub struct UsageExtras {
     pub evicted_tokens: Option<usize>,
     /// The request's legs.
     pub legs: Vec<LegUsage>,
+    /// Draft tokens verified, over all choices (speculative decoding).
+    pub drafted_tokens: usize,
+    /// Of those, the ones taken as the model's own.
+    pub accepted_tokens: usize,
 }
 
 impl Usage {
@@ -71,6 +82,8 @@ impl Usage {
             diverged_at: self.diverged_at,
             evicted_tokens: self.evicted_tokens,
             legs: self.legs.clone(),
+            drafted_tokens: self.drafted_tokens,
+            accepted_tokens: self.accepted_tokens,
         }
     }
 
@@ -78,7 +91,8 @@ impl Usage {
     pub fn reasoning_tokens(&self) -> usize {
         self.completion_tokens_details
             .as_ref()
-            .map_or(0, |d| d.reasoning_tokens)
+            .and_then(|d| d.reasoning_tokens)
+            .unwrap_or(0)
     }
 }
 
@@ -101,6 +115,10 @@ pub struct LegUsage {
     pub ms: Option<f64>,
     /// Time in the forward steps of the leg.
     pub device_ms: f64,
+    /// Draft tokens verified in the leg.
+    pub drafted_tokens: usize,
+    /// Of those, the ones taken.
+    pub accepted_tokens: usize,
 }
 
 /// `usage.prompt_tokens_details`.
@@ -114,8 +132,35 @@ pub struct PromptDetails {
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct CompletionDetails {
     /// Generated tokens inside the reasoning block, its `<think>` and `</think>` tags
-    /// included, over all choices.
-    pub reasoning_tokens: usize,
+    /// included, over all choices (only when the replies were parsed for reasoning).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_tokens: Option<usize>,
+    /// Draft tokens taken as the model's own, from the client's `prediction` or from the
+    /// request's own prompt and reply (only when the request was drafted for).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accepted_prediction_tokens: Option<usize>,
+    /// Draft tokens verified and not taken (only when the request was drafted for). Like
+    /// OpenAI's, they are not completion tokens: every completion token is the model's own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rejected_prediction_tokens: Option<usize>,
+}
+
+impl CompletionDetails {
+    /// The details of a request whose replies had `reasoning` tokens (`None`: not parsed for
+    /// reasoning), drafted for as `speculation` with `drafts`; `None` when there is nothing to
+    /// say.
+    pub fn of(
+        reasoning: Option<usize>,
+        speculation: SpeculationMode,
+        drafts: &DraftCounts,
+    ) -> Option<Self> {
+        let drafted = speculation != SpeculationMode::Off;
+        (reasoning.is_some() || drafted).then(|| Self {
+            reasoning_tokens: reasoning,
+            accepted_prediction_tokens: drafted.then_some(drafts.accepted_tokens),
+            rejected_prediction_tokens: drafted.then_some(drafts.rejected_tokens()),
+        })
+    }
 }
 
 /// llama.cpp's `timings` object, with llama.cpp's definitions (see [`super::outcome`]); a
@@ -140,4 +185,11 @@ pub struct LlamaCppTimings {
     pub predicted_per_token_ms: Option<f64>,
     /// `predicted_n` per second of `predicted_ms`.
     pub predicted_per_second: Option<f64>,
+    /// Draft tokens verified (llama.cpp's speculative decoding; only when the request was
+    /// drafted for).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draft_n: Option<usize>,
+    /// Of those, the ones taken.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draft_n_accepted: Option<usize>,
 }

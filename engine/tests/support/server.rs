@@ -12,6 +12,7 @@ use slotlight_engine::runtime::{self, RuntimeConfig};
 use slotlight_engine::scheduler::{EngineHandle, SchedulerConfig};
 use slotlight_engine::server::Limits;
 use slotlight_engine::server::{AppState, ServeConfig};
+use slotlight_engine::speculation::SpeculationConfig;
 use slotlight_engine::telemetry::Telemetry;
 use slotlight_engine::timing::TimeAnchor;
 
@@ -49,6 +50,10 @@ pub struct Options {
     pub metrics_public: bool,
     /// The engine's data-parallel rank, stated on request spans.
     pub data_parallel_rank: u32,
+    /// How decoding drafts (speculative decoding; the engine's default unless set).
+    pub speculation: SpeculationConfig,
+    /// Serve vLLM's metric names too (`--metrics-compat vllm`).
+    pub vllm_metrics: bool,
 }
 
 impl Default for Options {
@@ -68,6 +73,8 @@ impl Default for Options {
             trace_content: false,
             metrics_public: false,
             data_parallel_rank: 0,
+            speculation: SpeculationConfig::default(),
+            vllm_metrics: false,
         }
     }
 }
@@ -98,6 +105,7 @@ impl TestServer {
             mixed_prefill_chunk: 32,
             return_to_solo: true,
             max_sessions: 64,
+            speculation: o.speculation.clone(),
         };
         let backends =
             runtime::build_backends_for(model, &devices, &rc, Some(&sched)).expect("backends");
@@ -140,7 +148,12 @@ impl TestServer {
                 max_header_bytes: 64 * 1024,
                 metrics_public: o.metrics_public,
                 generic_tools: true,
-                vllm_metrics: None,
+                vllm_metrics: o
+                    .vllm_metrics
+                    .then(|| slotlight_engine::metrics::VllmCompat {
+                        model_name: model.id.clone(),
+                        block_size: 16,
+                    }),
             },
             telemetry: Arc::new(telemetry),
             metrics: Arc::default(),

@@ -687,6 +687,14 @@ impl Backend for CpuBackend {
         self.weights.bytes_per_step()
     }
 
+    /// Any chunk: each row has its own activations' quantization and accumulators in the
+    /// integer kernels ([`gemm`]), its own dot products on float weights ([`matmul`]), and
+    /// attention states computed and merged in the same order whether it decodes alone or runs
+    /// among others ([`attention`]).
+    fn exact_rows(&self) -> usize {
+        usize::MAX
+    }
+
     fn describe(&self) -> String {
         let window = self.windowed_kv().map_or(String::new(), |w| {
             format!(

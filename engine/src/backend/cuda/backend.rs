@@ -1177,6 +1177,16 @@ impl<G: Gpu> Backend for GpuBackend<G> {
         "cuda"
     }
 
+    /// Chunks below the GEMM threshold: their rows take the quantized matvec kernels, each row
+    /// as a one-token step does (the cuBLAS GEMM path sums in another order).
+    fn exact_rows(&self) -> usize {
+        if self.gemm {
+            self.opts.gemm_min_rows.saturating_sub(1).max(1)
+        } else {
+            usize::MAX
+        }
+    }
+
     fn weight_bytes_per_step(&self) -> usize {
         self.weight_bytes
     }

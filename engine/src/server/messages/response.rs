@@ -14,7 +14,7 @@ use crate::server::outcome::{ApiFinishReason, RequestOutcome};
 use crate::server::pipeline::ChoiceEnd;
 use crate::server::request::RequestMeta;
 use crate::server::tools::ToolCall;
-use crate::server::usage::{LegUsage, Usage};
+use crate::server::usage::{Usage, UsageExtras};
 use crate::stop::StopMatcher;
 use crate::timing::UsageTimings;
 use crate::tokenizer::Tokenizer;
@@ -116,20 +116,11 @@ pub struct MessageUsage {
     pub output_tokens_details: Option<OutputDetails>,
     /// Always `standard` (there is one tier).
     pub service_tier: &'static str,
-    /// The request's own timings.
+    /// slotlight's extras, as in chat usage: the request's own timings, its resume facts
+    /// (`resume`: `first`, `full`, `diverged`, `evicted`, `expired`, `other_group`; `none` or
+    /// `prefix` without a session), its legs and its draft counts.
     #[serde(flatten)]
-    pub timings: UsageTimings,
-    /// Whether the turn reused its session's KV and, if not, why (`first`, `full`,
-    /// `diverged`, `evicted`, `other_group`; `none` or `prefix` without a session).
-    pub resume: Option<&'static str>,
-    /// Tokens the prompt had in common with the session's remembered last turn.
-    pub reusable_tokens: Option<usize>,
-    /// Where the prompt departs from the session's last turn.
-    pub diverged_at: Option<usize>,
-    /// Reusable tokens whose KV blocks had been reclaimed.
-    pub evicted_tokens: Option<usize>,
-    /// Where the request ran and what each stretch did.
-    pub legs: Vec<LegUsage>,
+    pub extras: UsageExtras,
 }
 
 impl MessageUsage {
@@ -142,16 +133,15 @@ impl MessageUsage {
             cache_creation_input_tokens: 0,
             cache_creation: CacheCreation::default(),
             output_tokens: if prewarm { 0 } else { u.completion_tokens },
-            output_tokens_details: u.completion_tokens_details.as_ref().map(|d| OutputDetails {
-                thinking_tokens: if prewarm { 0 } else { d.reasoning_tokens },
-            }),
+            output_tokens_details: u
+                .completion_tokens_details
+                .as_ref()
+                .and_then(|d| d.reasoning_tokens)
+                .map(|r| OutputDetails {
+                    thinking_tokens: if prewarm { 0 } else { r },
+                }),
             service_tier: "standard",
-            timings: u.timings,
-            resume: u.resume,
-            reusable_tokens: u.reusable_tokens,
-            diverged_at: u.diverged_at,
-            evicted_tokens: u.evicted_tokens,
-            legs: u.legs.clone(),
+            extras: u.extras(),
         }
     }
 
@@ -166,20 +156,24 @@ impl MessageUsage {
             output_tokens: 0,
             output_tokens_details: None,
             service_tier: "standard",
-            timings: UsageTimings {
-                queue_ms: None,
-                prefill_ms: None,
-                ttft_ms: None,
-                decode_ms: None,
-                generation_ms: None,
-                decode_tps: None,
-                e2e_ms: None,
+            extras: UsageExtras {
+                timings: UsageTimings {
+                    queue_ms: None,
+                    prefill_ms: None,
+                    ttft_ms: None,
+                    decode_ms: None,
+                    generation_ms: None,
+                    decode_tps: None,
+                    e2e_ms: None,
+                },
+                resume: None,
+                reusable_tokens: None,
+                diverged_at: None,
+                evicted_tokens: None,
+                legs: Vec::new(),
+                drafted_tokens: 0,
+                accepted_tokens: 0,
             },
-            resume: None,
-            reusable_tokens: None,
-            diverged_at: None,
-            evicted_tokens: None,
-            legs: Vec::new(),
         }
     }
 }

@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 use crate::server::body::{Fields, kind_of};
 use crate::server::error::ApiError;
 use crate::server::request::input::{
-    ChatRequest, Common, CompletionRequest, InputMessage, InputTool, InputToolChoice, Prompt,
+    ChatRequest, Common, CompletionRequest, Content, InputMessage, InputTool, InputToolChoice, Prompt,
     ResponseFormat, StreamOptions, StructuredOutputs,
 };
 
@@ -28,7 +28,6 @@ pub const REFUSED: &[(&str, &str)] = &[
         "function_call",
         "the deprecated `function_call` is not supported; use `tool_choice`",
     ),
-    ("prediction", "predicted outputs are not supported"),
     (
         "reasoning_effort",
         "`reasoning_effort` is not supported; thinking templates are switched through `chat_template_kwargs` (e.g. `{\"enable_thinking\": false}`)",
@@ -127,6 +126,10 @@ impl Common {
             None => None,
             Some(v) => Some(parse_structured_outputs(v)?),
         };
+        let prediction = match b.take_value("prediction") {
+            None => None,
+            Some(v) => Some(parse_prediction(v)?),
+        };
         let c = Self {
             model: b.take("model")?,
             max_tokens: b.take("max_tokens")?,
@@ -153,6 +156,7 @@ impl Common {
             structured_outputs,
             json_schema: b.take_value("json_schema"),
             grammar: b.take("grammar")?,
+            prediction,
         };
         // Settings that match what slotlight always does are accepted; others are refused.
         b.refuse_unless(
@@ -177,6 +181,48 @@ impl Common {
         )?;
         Ok(c)
     }
+}
+
+/// `prediction`: `{"type": "content", "content": ...}`, the content a string or a list of
+/// `{"type": "text", "text": ...}` parts (joined), as OpenAI's Predicted Outputs take it.
+fn parse_prediction(v: Value) -> Result<String, ApiError> {
+    let mut b = Fields::new(v, "prediction.")?;
+    let kind: Option<String> = b.take("type")?;
+    if kind.as_deref() != Some("content") {
+        return Err(ApiError::invalid_param(
+            "prediction.type",
+            format!(
+                "`prediction.type` must be `content`, not `{}`",
+                kind.unwrap_or_default()
+            ),
+        ));
+    }
+    let text = match b.take::<Content>("content")? {
+        None => {
+            return Err(ApiError::invalid_param(
+                "prediction.content",
+                "`prediction` needs a `content`",
+            ));
+        }
+        Some(Content::Text(t)) => t,
+        Some(Content::Parts(parts)) => {
+            let mut text = String::new();
+            for (i, p) in parts.into_iter().enumerate() {
+                match (p.kind.as_str(), p.text) {
+                    ("text", Some(t)) => text.push_str(&t),
+                    _ => {
+                        return Err(ApiError::invalid_param(
+                            &format!("prediction.content[{i}]"),
+                            "a prediction's content parts must be `{\"type\": \"text\", \"text\": ...}`",
+                        ));
+                    }
+                }
+            }
+            text
+        }
+    };
+    b.finish()?;
+    Ok(text)
 }
 
 fn parse_response_format(v: Value) -> Result<ResponseFormat, ApiError> {

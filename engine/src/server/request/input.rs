@@ -263,6 +263,9 @@ pub struct Common {
     pub json_schema: Option<Value>,
     /// llama.cpp's `grammar` (Lark here).
     pub grammar: Option<String>,
+    /// `prediction` (OpenAI's Predicted Outputs): the text the client expects the reply to
+    /// be, as one string (a list of text parts is joined).
+    pub prediction: Option<String>,
 }
 
 /// `POST /v1/chat/completions` body.

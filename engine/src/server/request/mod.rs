@@ -112,6 +112,8 @@ pub struct ValidRequest {
     /// The completion token limit the client asked for, when the door clamped it to
     /// `opts.max_tokens` (`slotlight.request.max_tokens_asked`).
     pub max_tokens_asked: Option<usize>,
+    /// The prediction's token ids (drafted from first; never changes the output).
+    pub prediction: Option<Vec<u32>>,
 }
 
 impl ValidRequest {
@@ -133,6 +135,7 @@ impl ValidRequest {
         } else {
             Vec::new()
         };
+        let prediction = validate::prediction_tokens(st, opts.prediction.as_deref())?;
         Ok(Self {
             api,
             request_model: req.common.model.clone().unwrap_or_else(|| model.clone()),
@@ -151,6 +154,7 @@ impl ValidRequest {
                 .then(|| InputContent::chat(&req.messages, req.tools.as_deref())),
             tools_skipped,
             max_tokens_asked: None,
+            prediction,
         })
     }
 
@@ -162,6 +166,7 @@ impl ValidRequest {
         let logprobs = validate::completion_logprobs(&req)?;
         let (text, prompt) = validate::completion_prompt(st, &req)?;
         let constraint = validate::compile(st, opts.grammar.as_ref(), None).await?;
+        let prediction = validate::prediction_tokens(st, opts.prediction.as_deref())?;
         let content = st
             .cfg
             .trace_content
@@ -181,6 +186,7 @@ impl ValidRequest {
             content,
             tools_skipped: Vec::new(),
             max_tokens_asked: None,
+            prediction,
         })
     }
 
@@ -207,6 +213,7 @@ impl ValidRequest {
             n: opts.n,
             logprobs: self.logprobs,
             constraint: self.constraint.clone(),
+            prediction: self.prediction.clone(),
         }
     }
 

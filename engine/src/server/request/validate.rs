@@ -69,6 +69,8 @@ pub struct ValidOptions {
     pub presence_penalty_given: Option<f32>,
     /// `n` as the request gave it; the span records it only when given.
     pub n_given: Option<i64>,
+    /// The reply the client expects (`prediction`), as text.
+    pub prediction: Option<String>,
 }
 
 /// Refuses `param` when it holds more than `max` items (`what` names them in the message).
@@ -181,6 +183,14 @@ impl Common {
                 "stream_options is only allowed with stream: true",
             ));
         }
+        if let Some(p) = &self.prediction {
+            at_most(
+                "prediction",
+                "bytes of prediction",
+                p.len(),
+                limits.max_message_bytes,
+            )?;
+        }
         check_id("user", &self.user)?;
         check_id("safety_identifier", &self.safety_identifier)?;
         check_id("prompt_cache_key", &self.prompt_cache_key)?;
@@ -206,6 +216,7 @@ impl Common {
             frequency_penalty_given: self.frequency_penalty,
             presence_penalty_given: self.presence_penalty,
             n_given: self.n,
+            prediction: self.prediction.clone(),
         })
     }
 
@@ -377,6 +388,20 @@ pub fn completion_logprobs(req: &CompletionRequest) -> Result<Option<usize>, Api
         ));
     }
     Ok(logprobs)
+}
+
+/// A prediction's token ids (OpenAI's Predicted Outputs: drafted from, verified like any
+/// draft); an empty prediction gives none.
+pub fn prediction_tokens(st: &AppState, text: Option<&str>) -> Result<Option<Vec<u32>>, ApiError> {
+    let Some(text) = text.filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    let ids = st
+        .prompts
+        .tokenizer()
+        .encode(text, false)
+        .map_err(|e| ApiError::invalid_param("prediction", e.to_string()))?;
+    Ok(Some(ids))
 }
 
 /// A completion's one prompt, as text and as token ids (a prompt of ids is checked against
