@@ -40,6 +40,7 @@ fn engine(model: &Model, ctx: usize, prefill_chunk: usize, mixed: usize) -> Engi
             mixed_prefill_chunk: mixed,
             return_to_solo: true,
             max_sessions: 64,
+            session_kv: Default::default(),
         },
     )
 }

@@ -244,6 +244,7 @@ fn engine(model: &Model, batch: usize) -> EngineHandle {
             mixed_prefill_chunk: 16,
             return_to_solo: true,
             max_sessions: 64,
+            session_kv: Default::default(),
         },
     )
 }

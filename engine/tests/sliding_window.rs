@@ -47,6 +47,7 @@ fn sched() -> SchedulerConfig {
         mixed_prefill_chunk: 4,
         return_to_solo: true,
         max_sessions: 16,
+        session_kv: Default::default(),
     }
 }
 

@@ -7,9 +7,10 @@
 //! compiled), [`front`] launches it and answers it (collected whole, or streamed through the
 //! door's encoder), [`pipeline`] runs its task (events to output: [`reasoning`], [`tools`]),
 //! [`trace`] and [`record`] write its spans, log line and metrics from its one
-//! [`outcome`]. Around them: the settings and shared state (`state`), the routes (`routes`),
-//! the middleware (arrival, API key, trace context; [`middleware`]), serving and the drain on
-//! shutdown (`listen`).
+//! [`outcome`]. Every door finds its requests' session keys through [`session`]. Around
+//! them: the settings and shared state (`state`), the routes (`routes`), the middleware
+//! (arrival, API key, trace context; [`middleware`]), serving and the drain on shutdown
+//! (`listen`).
 
 pub mod body;
 pub mod error;
@@ -24,6 +25,7 @@ pub mod reasoning;
 pub mod record;
 pub mod request;
 mod routes;
+pub mod session;
 pub mod state;
 pub mod tools;
 pub mod trace;

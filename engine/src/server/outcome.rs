@@ -193,6 +193,9 @@ pub struct RequestOutcome {
     pub masks: Option<(Duration, u64)>,
     /// Tool calls found over all choices.
     pub tool_calls: usize,
+    /// How long after the request the engine keeps its session's KV (`None` without a
+    /// session; zero when it keeps none).
+    pub session_kv_ttl: Option<Duration>,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -252,6 +255,7 @@ impl RequestOutcome {
             legs,
             masks,
             tool_calls,
+            session_kv_ttl: done.first().and_then(|c| c.timings.session_kv_ttl),
         }
     }
 

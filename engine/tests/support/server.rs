@@ -9,7 +9,7 @@ use opentelemetry_sdk::trace::{SdkTracerProvider, SimpleSpanProcessor, SpanData,
 use slotlight_engine::model::loader::Model;
 use slotlight_engine::prompt::PromptBuilder;
 use slotlight_engine::runtime::{self, RuntimeConfig};
-use slotlight_engine::scheduler::{EngineHandle, SchedulerConfig};
+use slotlight_engine::scheduler::{EngineHandle, KeepConfig, SchedulerConfig};
 use slotlight_engine::server::Limits;
 use slotlight_engine::server::{AppState, ServeConfig};
 use slotlight_engine::telemetry::Telemetry;
@@ -49,6 +49,8 @@ pub struct Options {
     pub metrics_public: bool,
     /// The engine's data-parallel rank, stated on request spans.
     pub data_parallel_rank: u32,
+    /// How live sessions' KV is kept.
+    pub session_kv: KeepConfig,
 }
 
 impl Default for Options {
@@ -68,6 +70,7 @@ impl Default for Options {
             trace_content: false,
             metrics_public: false,
             data_parallel_rank: 0,
+            session_kv: KeepConfig::default(),
         }
     }
 }
@@ -98,6 +101,7 @@ impl TestServer {
             mixed_prefill_chunk: 32,
             return_to_solo: true,
             max_sessions: 64,
+            session_kv: o.session_kv,
         };
         let backends =
             runtime::build_backends_for(model, &devices, &rc, Some(&sched)).expect("backends");
