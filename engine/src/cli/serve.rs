@@ -183,7 +183,9 @@ pub(super) fn run(a: ServeArgs) -> anyhow::Result<()> {
 /// Starts the KV-event publisher when `--kv-events-endpoint` is given.
 /// A number of seconds: finite, not negative, at most a year.
 fn seconds(s: &str) -> Result<f64, String> {
-    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
     if v.is_finite() && (0.0..=31_536_000.0).contains(&v) {
         Ok(v)
     } else {

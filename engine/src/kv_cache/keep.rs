@@ -122,7 +122,8 @@ mod tests {
         let (mut m, a) = cached(2, &[1, 2, 3, 4]);
         let kept = m.keep(&a);
         let (mut s, _) = m.match_prefix(&[7, 7, 7]);
-        m.reserve(&mut s, 3).expect("the kept blocks are still available");
+        m.reserve(&mut s, 3)
+            .expect("the kept blocks are still available");
         assert_eq!((m.kept_evictions(), m.kept_blocks()), (2, 0));
         assert!(!m.intact(&kept));
         // Letting go of a void keeping changes nothing.

@@ -402,7 +402,11 @@ mod tests {
                 loop {
                     // Batches go out once connected (a PUB drops them while no peer has
                     // subscribed): hand one over until one arrives.
-                    sink.submit(&mut epoch, vec![crate::kv_cache::KvEvent::Cleared], Vec::new);
+                    sink.submit(
+                        &mut epoch,
+                        vec![crate::kv_cache::KvEvent::Cleared],
+                        Vec::new,
+                    );
                     if let Ok(Ok(m)) =
                         tokio::time::timeout(Duration::from_millis(200), sub.recv()).await
                     {

@@ -22,8 +22,8 @@ use tokio::sync::mpsc;
 
 use super::keep::SessionKeeping;
 use super::resume;
-use super::sessions::SessionMemory;
 use super::sequence::{Phase, PrefillProgress, Seq};
+use super::sessions::SessionMemory;
 use super::slots::Slots;
 use super::{Command, EngineError, Event, FinishReason, InFlight, Placement, SchedulerConfig};
 use crate::backend::{Backend, BackendError, SeqChunk};
@@ -248,10 +248,10 @@ fn idle_wait(
     expiry: Option<Instant>,
 ) -> Idle {
     let next = match (waiter, expiry) {
-        (Some(rt), Some(at)) => rt.block_on(tokio::time::timeout_at(
-            tokio::time::Instant::from_std(at),
-            rx.recv(),
-        )),
+        // The timer is made inside the runtime, which drives it.
+        (Some(rt), Some(at)) => rt.block_on(async {
+            tokio::time::timeout_at(tokio::time::Instant::from_std(at), rx.recv()).await
+        }),
         _ => Ok(rx.blocking_recv()),
     };
     match next {
@@ -472,19 +472,13 @@ impl<'t> Loop<'t> {
             );
         }
         let full = (computed / self.blocks.block_size()).min(table.len());
-        self.keeping.keep(
-            &session,
-            &table[..full],
-            ttl,
-            now,
-            self.blocks.full_mut(),
-        );
+        self.keeping
+            .keep(&session, &table[..full], ttl, now, self.blocks.full_mut());
     }
 
     /// Ends the keepings of sessions whose TTL has passed.
     fn expire_keepings(&mut self) {
-        self.keeping
-            .expire(Instant::now(), self.blocks.full_mut());
+        self.keeping.expire(Instant::now(), self.blocks.full_mut());
     }
 
     /// Ends every request, running and queued, with `why`.

@@ -298,10 +298,22 @@ mod tests {
         let a = turn(&mut m, &[1, 2, 3, 4]);
         k.keep("a", &a, Duration::from_secs(10), t0, &mut m);
         let b = turn(&mut m, &[5, 6, 7, 8]);
-        k.keep("b", &b, Duration::from_secs(10), t0 + Duration::from_secs(1), &mut m);
+        k.keep(
+            "b",
+            &b,
+            Duration::from_secs(10),
+            t0 + Duration::from_secs(1),
+            &mut m,
+        );
         assert_eq!(k.stats(&m).blocks, 4);
         let c = turn(&mut m, &[9, 10, 11, 12]);
-        k.keep("c", &c, Duration::from_secs(10), t0 + Duration::from_secs(2), &mut m);
+        k.keep(
+            "c",
+            &c,
+            Duration::from_secs(10),
+            t0 + Duration::from_secs(2),
+            &mut m,
+        );
         let s = k.stats(&m);
         assert_eq!((s.blocks, s.evicted_share), (4, 2));
         // "a" was let go (not expired): a loss of its blocks is `evicted`.
@@ -310,7 +322,13 @@ mod tests {
         assert!(k.expired_intact("b"));
         // A turn larger than the share keeps its leading blocks only.
         let d = turn(&mut m, &[1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6]);
-        k.keep("d", &d, Duration::from_secs(10), t0 + Duration::from_secs(30), &mut m);
+        k.keep(
+            "d",
+            &d,
+            Duration::from_secs(10),
+            t0 + Duration::from_secs(30),
+            &mut m,
+        );
         assert_eq!(k.stats(&m).blocks, 4);
     }
 

@@ -533,15 +533,13 @@ impl EngineHandle {
     /// request without one, goes to the least loaded group (the lowest index on a tie).
     /// The request's turn in its session is decided here too (found, for a keyless request
     /// that looks for its session).
-    fn route(
-        &self,
-        req: &GenerateRequest,
-    ) -> (usize, Option<resume::Prior>, Option<SessionTurn>) {
+    fn route(&self, req: &GenerateRequest) -> (usize, Option<resume::Prior>, Option<SessionTurn>) {
         let load = |g: usize| self.groups[g].load.load(Ordering::Relaxed);
         let least = (0..self.groups.len()).min_by_key(|&g| load(g)).unwrap_or(0);
-        let opened = self.sessions.lock().ok().and_then(|mut m| {
-            m.open_turn(req.session.as_deref(), req.find_session, &req.prompt)
-        });
+        let opened =
+            self.sessions.lock().ok().and_then(|mut m| {
+                m.open_turn(req.session.as_deref(), req.find_session, &req.prompt)
+            });
         let Some((turn, prior)) = opened else {
             return (least, None, None);
         };

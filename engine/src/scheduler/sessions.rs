@@ -410,7 +410,9 @@ mod tests {
         let mut m = SessionMemory::new(8);
         // Turn 0, keyless: remembered as a candidate under an engine-made id.
         assert!(turn(&mut m, None, &[1, 2, 3]).is_none());
-        let id = m.remember(None, &[1, 2, 3, 10, 11], 0, "req-0").expect("id");
+        let id = m
+            .remember(None, &[1, 2, 3, 10, 11], 0, "req-0")
+            .expect("id");
         assert!(id.starts_with("found-"));
         assert_eq!((m.len(), m.candidates()), (0, 1));
         // Turn 1 resends the history (prompt and reply) and adds to it.
@@ -425,7 +427,10 @@ mod tests {
         // Its reply is remembered under the found id; turn 2 finds that, not turn 0.
         m.remember(Some(&id), &[1, 2, 3, 10, 11, 4, 5, 12], 0, "req-1");
         let t2 = turn(&mut m, None, &[1, 2, 3, 10, 11, 4, 5, 12, 6]).expect("found");
-        assert_eq!((t2.id.as_str(), t2.index, t2.extends), (id.as_str(), 2, None));
+        assert_eq!(
+            (t2.id.as_str(), t2.index, t2.extends),
+            (id.as_str(), 2, None)
+        );
         // The old turn is no longer indexed: a fork from turn 0 finds nothing.
         assert!(turn(&mut m, None, &[1, 2, 3, 10, 11, 7]).is_none());
     }
@@ -452,7 +457,10 @@ mod tests {
         let id = m.remember(None, &[1, 2], 0, "r").expect("id");
         // Point the entry's hash at other tokens of the same length.
         let h = RunningHash::of(&[7, 8]);
-        let stored = m.by_tokens.remove(&RunningHash::of(&[1, 2])).expect("indexed");
+        let stored = m
+            .by_tokens
+            .remove(&RunningHash::of(&[1, 2]))
+            .expect("indexed");
         assert_eq!(stored, id);
         m.by_tokens.insert(h, id);
         assert!(turn(&mut m, None, &[7, 8, 9]).is_none());

@@ -18,9 +18,9 @@ use super::error::ApiError;
 use super::outcome::{ApiFinishReason, RequestOutcome};
 use super::reasoning::{ReasoningSplitter, ReasoningStart};
 use super::record::{self, Refused};
+use super::request::content::OutputMessage;
 use super::request::{RequestMeta, ValidRequest};
 use super::session::{SessionKey, TurnSession};
-use super::request::content::OutputMessage;
 use super::state::AppState;
 use super::tools::Shaper;
 use super::tools::ToolCall;
@@ -118,7 +118,11 @@ pub struct Pending {
 }
 
 /// A request the engine took: what it is, its output channel and its cancel flag.
-pub type Running = (Arc<RequestMeta>, mpsc::UnboundedReceiver<Out>, Arc<AtomicBool>);
+pub type Running = (
+    Arc<RequestMeta>,
+    mpsc::UnboundedReceiver<Out>,
+    Arc<AtomicBool>,
+);
 
 /// Submits a request and starts its task. Returns the request as the engine placed it (its
 /// session found, its turn counted), its output channel and cancel flag, or the scheduler's

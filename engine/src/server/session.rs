@@ -258,9 +258,15 @@ mod tests {
         assert_eq!(chat(&none, safety), key("si", KeySource::User));
         assert_eq!(chat(&none, ChatKeys::default()), None);
         // An empty or oversized header is no key: the body's is taken.
-        assert_eq!(chat(&header(""), all), key("pck", KeySource::PromptCacheKey));
+        assert_eq!(
+            chat(&header(""), all),
+            key("pck", KeySource::PromptCacheKey)
+        );
         let long = "x".repeat(MAX_KEY_BYTES + 1);
-        assert_eq!(chat(&header(&long), all), key("pck", KeySource::PromptCacheKey));
+        assert_eq!(
+            chat(&header(&long), all),
+            key("pck", KeySource::PromptCacheKey)
+        );
         assert_eq!(
             chat(&header(&long[1..]), all).map(|k| k.id.len()),
             Some(MAX_KEY_BYTES)
@@ -331,7 +337,10 @@ mod tests {
         );
         assert_eq!(messages(&none, Some("")), None);
         assert_eq!(messages(&none, None), None);
-        assert_eq!(messages(&header("h"), Some(claude)), key("h", KeySource::Header));
+        assert_eq!(
+            messages(&header("h"), Some(claude)),
+            key("h", KeySource::Header)
+        );
     }
 
     #[test]
@@ -354,7 +363,10 @@ mod tests {
             extends: None,
         };
         let s = TurnSession::of(k.clone(), Some(keyed)).expect("session");
-        assert_eq!((s.id.as_str(), s.source, s.turn), ("k", KeySource::Header, Some(3)));
+        assert_eq!(
+            (s.id.as_str(), s.source, s.turn),
+            ("k", KeySource::Header, Some(3))
+        );
         // Refused by the engine: the key, no turn.
         let s = TurnSession::of(k, None).expect("session");
         assert_eq!(s.turn, None);
