@@ -20,7 +20,7 @@ prompt tokens, turns after the first), time to first token per turn index (the e
 `usage.ttft_ms`: arrival to first token), and the turns by resume outcome. `--json` prints one
 JSON object; otherwise a Markdown table (docs/performance.md, "Agent sessions").
 
-    .venv/bin/python tests/bench/sessions/agent_replay.py --sessions 8 --turns 8
+    .venv/bin/python tests/bench/sessions/agent_replay.py --sessions 8 --turns 10
 """
 
 from __future__ import annotations
@@ -45,9 +45,19 @@ WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu 
          "sigma tau upsilon phi chi psi omega file line error test build module crate function "
          "value struct trait import return match branch commit diff patch log trace span").split()
 
-SYSTEM = ("You are a coding agent. You work in a repository, run tools (read files, run tests, "
-          "search the code) and answer with the next step. Tools: read_file(path), "
-          "run_tests(filter), grep(pattern), apply_patch(diff). Be terse.")
+SYSTEM_HEAD = ("You are a coding agent. You work in a repository, run tools (read files, run "
+               "tests, search the code) and answer with the next step. Be terse. Tools:\n")
+
+
+def system_prompt(words: int) -> str:
+    """The agents' shared system prompt: instructions and a tool list of about `words` words
+    (agents send thousands of tokens of tool definitions with every turn)."""
+    rng = random.Random(0)
+    tools = []
+    while sum(len(t.split()) for t in tools) < words:
+        name = rng.choice(WORDS) + "_" + rng.choice(WORDS)
+        tools.append(f"- {name}({rng.choice(WORDS)}: string): {text(rng, 12)}")
+    return SYSTEM_HEAD + "\n".join(tools)
 
 
 def engine_bin() -> Path:
@@ -116,9 +126,10 @@ def plan(seed: int, sessions: int, turns: int, gap: tuple[float, float], tool_wo
     return out
 
 
-def run_session(engine: Engine, sid: str, p: dict, max_tokens: int, out: list, lock: threading.Lock):
+def run_session(engine: Engine, sid: str, p: dict, system: str, max_tokens: int, out: list,
+                lock: threading.Lock):
     time.sleep(p["start"])
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": p["task"]}]
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": p["task"]}]
     for i, t in enumerate(p["turns"]):
         r = engine.post("/v1/chat/completions",
                         {"messages": messages, "max_tokens": max_tokens, "temperature": 0},
@@ -136,12 +147,15 @@ def run_session(engine: Engine, sid: str, p: dict, max_tokens: int, out: list, l
         messages.append({"role": "user", "content": "Tool output:\n" + t["tool"]})
 
 
-def other_traffic(engine: Engine, seed: int, words: int, stop: threading.Event, count: list):
-    """One-off requests without a session, one after another, until the sessions are done."""
+def other_traffic(engine: Engine, seed: int, words: int, pause: float, stop: threading.Event,
+                  count: list):
+    """One-off requests without a session, one after another with `pause` seconds between,
+    until the sessions are done."""
     rng = random.Random(seed + 1)
     while not stop.is_set():
         engine.post("/v1/completions", {"prompt": text(rng, words), "max_tokens": 1})
         count[0] += 1
+        stop.wait(pause)
 
 
 def replay(mode: str, a) -> dict:
@@ -155,12 +169,15 @@ def replay(mode: str, a) -> dict:
         lock = threading.Lock()
         stop = threading.Event()
         others = [0]
-        bg = [threading.Thread(target=other_traffic, args=(engine, a.seed + k, a.other_words, stop, others))
+        bg = [threading.Thread(target=other_traffic,
+                               args=(engine, a.seed + k, a.other_words, a.other_pause, stop, others))
               for k in range(a.other)]
+        system = system_prompt(a.system_words)
         for t in bg:
             t.start()
         started = time.monotonic()
-        threads = [threading.Thread(target=run_session, args=(engine, f"agent-{mode}-{s}", p, a.max_tokens, rows, lock))
+        threads = [threading.Thread(target=run_session,
+                                    args=(engine, f"agent-{mode}-{s}", p, system, a.max_tokens, rows, lock))
                    for s, p in enumerate(load)]
         for t in threads:
             t.start()
@@ -227,14 +244,16 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", help="a model file or a known model name")
     p.add_argument("--sessions", type=int, default=8)
-    p.add_argument("--turns", type=int, default=8)
+    p.add_argument("--turns", type=int, default=10)
+    p.add_argument("--system-words", type=int, default=120, help="words of the shared system prompt")
     p.add_argument("--gap-min", type=float, default=1.0, help="shortest tool gap, seconds")
     p.add_argument("--gap-max", type=float, default=4.0, help="longest tool gap, seconds")
-    p.add_argument("--tool-words", type=int, default=60, help="words of tool output per turn")
+    p.add_argument("--tool-words", type=int, default=20, help="words of tool output per turn")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--other", type=int, default=1, help="clients of one-off requests beside the sessions")
-    p.add_argument("--other-words", type=int, default=300)
-    p.add_argument("--kv-tokens", type=int, default=4096)
+    p.add_argument("--other-words", type=int, default=200)
+    p.add_argument("--other-pause", type=float, default=0.3, help="seconds between one-off requests")
+    p.add_argument("--kv-tokens", type=int, default=12288)
     p.add_argument("--ctx", type=int, default=2048)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--share", type=float, default=0.5)
