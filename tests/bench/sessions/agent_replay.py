@@ -20,7 +20,7 @@ prompt tokens, turns after the first), time to first token per turn index (the e
 `usage.ttft_ms`: arrival to first token), and the turns by resume outcome. `--json` prints one
 JSON object; otherwise a Markdown table (docs/performance.md, "Agent sessions").
 
-    .venv/bin/python tests/bench/sessions/agent_replay.py --sessions 8 --turns 10
+    .venv/bin/python tests/bench/sessions/agent_replay.py
 """
 
 from __future__ import annotations
@@ -243,17 +243,17 @@ def fmt(outcomes: dict) -> str:
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", help="a model file or a known model name")
-    p.add_argument("--sessions", type=int, default=8)
+    p.add_argument("--sessions", type=int, default=6)
     p.add_argument("--turns", type=int, default=10)
     p.add_argument("--system-words", type=int, default=120, help="words of the shared system prompt")
-    p.add_argument("--gap-min", type=float, default=1.0, help="shortest tool gap, seconds")
-    p.add_argument("--gap-max", type=float, default=4.0, help="longest tool gap, seconds")
+    p.add_argument("--gap-min", type=float, default=2.0, help="shortest tool gap, seconds")
+    p.add_argument("--gap-max", type=float, default=6.0, help="longest tool gap, seconds")
     p.add_argument("--tool-words", type=int, default=20, help="words of tool output per turn")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--other", type=int, default=1, help="clients of one-off requests beside the sessions")
     p.add_argument("--other-words", type=int, default=200)
-    p.add_argument("--other-pause", type=float, default=0.3, help="seconds between one-off requests")
-    p.add_argument("--kv-tokens", type=int, default=12288)
+    p.add_argument("--other-pause", type=float, default=0.2, help="seconds between one-off requests")
+    p.add_argument("--kv-tokens", type=int, default=4096)
     p.add_argument("--ctx", type=int, default=2048)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--share", type=float, default=0.5)
