@@ -91,6 +91,7 @@ mirrors ([metrics.md](metrics.md), "The inference gateway").
 | `vllm:iteration_tokens_total` | `slotlight_engine_step_batch_size` | requests per forward step (TGI `tgi_batch_current_size`) |
 | — | `slotlight_engine_step_duration_seconds` | each forward step as the backend measures it (TGI `tgi_batch_forward_duration`) |
 | — | `slotlight_engine_batch_slots`, `slotlight_engine_kv_evicted_blocks_total` | capacity and prefix-cache churn |
+| — | `slotlight_engine_session_kv_blocks`, `slotlight_engine_session_kv_expiries_total`, `slotlight_engine_session_kv_evicted_blocks_total{reason}` | KV kept for live sessions (`--session-kv-ttl`, `--session-kv-share`): blocks kept now, keepings that reached their TTL, kept blocks lost before it (`pressure`: nothing else was evictable; `share`: let go to stay within the share) |
 | — | `slotlight_engine_spans_exported_total`, `slotlight_engine_spans_dropped_total`, `slotlight_engine_span_export_failures_total`, `slotlight_engine_span_queue_spans` | the span export queue's health (as in `/health`): delivered, lost past its bounds, failed attempts (retried), held now |
 | — | `slotlight_engine_trace_sampling_ratio` | the share of traces the sampler keeps |
 """

@@ -25,6 +25,9 @@ pub enum ResumeOutcome {
     /// resume needs (the window before the reuse point), given back as the window passed them
     /// and reclaimed since: the prefix cache then reuses a shorter prefix, or none.
     Evicted,
+    /// Blocks of the reusable prefix had been reclaimed after the session's KV stopped being
+    /// kept: the turn came after the session's TTL (`--session-kv-ttl`) had passed.
+    Expired,
     /// The session's KV lives in another slot group than the one serving this turn.
     OtherGroup,
     /// No session, and nothing reused.
@@ -41,6 +44,7 @@ impl ResumeOutcome {
             ResumeOutcome::Full => value::RESUME_FULL,
             ResumeOutcome::Diverged => value::RESUME_DIVERGED,
             ResumeOutcome::Evicted => value::RESUME_EVICTED,
+            ResumeOutcome::Expired => value::RESUME_EXPIRED,
             ResumeOutcome::OtherGroup => value::RESUME_OTHER_GROUP,
             ResumeOutcome::None => value::RESUME_NONE,
             ResumeOutcome::Prefix => value::RESUME_PREFIX,
@@ -61,7 +65,7 @@ pub struct Resume {
     /// Where the prompt departs from the last turn (`diverged`, and `evicted` when the
     /// history changed too).
     pub diverged_at: Option<usize>,
-    /// Reusable tokens whose blocks had been reclaimed (`evicted`).
+    /// Reusable tokens whose blocks had been reclaimed (`evicted`, `expired`).
     pub evicted_tokens: Option<usize>,
 }
 
@@ -385,6 +389,9 @@ pub struct RequestTimings {
     /// Whether the request reused its conversation's KV and, if not, why (decided at its
     /// first admission; `None` before).
     pub resume: Option<Resume>,
+    /// How long after its finish the engine keeps the session's KV ahead of other cached
+    /// prefixes (`Some(0)`: not kept); `None` for a request without a session.
+    pub session_kv_ttl: Option<Duration>,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -459,6 +466,7 @@ impl RequestTimings {
             legs: Vec::new(),
             prefills: Vec::new(),
             resume: None,
+            session_kv_ttl: None,
         }
     }
 

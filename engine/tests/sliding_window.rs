@@ -54,6 +54,7 @@ fn sched() -> SchedulerConfig {
             max_tokens: 0,
             ..SpeculationConfig::off()
         },
+        session_kv: Default::default(),
     }
 }
 

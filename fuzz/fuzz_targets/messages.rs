@@ -10,6 +10,7 @@
 //! from `metadata.user_id` is at most 256 bytes.
 #![no_main]
 
+use axum::http::HeaderMap;
 use libfuzzer_sys::fuzz_target;
 use slotlight_engine::server::Limits;
 use slotlight_engine::server::body::read_json;
@@ -50,8 +51,8 @@ fuzz_target!(|data: &[u8]| {
             }
             assert!(chat.last().is_none_or(|m| m.role != "assistant"));
             assert!(
-                req.session_hint()
-                    .is_none_or(|s| !s.is_empty() && s.len() <= 256)
+                req.session_key(&HeaderMap::new())
+                    .is_none_or(|k| !k.id.is_empty() && k.id.len() <= 256)
             );
             let _ = req.chat.common.validate(&limits, 49_152);
             let _ = messages(&req.chat, &limits);

@@ -66,8 +66,18 @@ crate::contract! {
     /// Request span: generated tokens inside the reasoning block (`<think>` to `</think>`, both tags included), over all choices (`usage.completion_tokens_details.reasoning_tokens`). Only on chats whose template is a thinking template.
     GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = "gen_ai.usage.reasoning.output_tokens", "int", "{token}";
 
-    /// Request span: the conversation (session), from the request's `x-session-id` header or its `user` field. Also on every child span, which the sidecar keys by it.
+    /// Request span: the conversation (session) the turn belongs to, however its key was found (`slotlight.session.source`): the `x-session-id` header, the Responses `conversation`, the session of a `previous_response_id` chain, `prompt_cache_key`, the Messages `metadata.user_id` (Claude Code's `session_id`), the `user` field, or an engine-made id for a prompt that extends the whole of an earlier turn. Also on every child span, which the sidecar keys by it.
     GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id", "string", "";
+    /// Request span: the same session id as `gen_ai.conversation.id`, under the key OpenInference (Arize Phoenix) and Langfuse group traces into sessions by.
+    SESSION_ID = "session.id", "string", "";
+    /// Request span of a turn with a session: how its key was found: `header` (`x-session-id`), `conversation` (Responses `conversation`), `response_chain` (the session of the `previous_response_id` chain), `prompt_cache_key`, `metadata` (Messages `metadata.user_id`, its `session_id` when it holds Claude Code's JSON), `user` (`user`, else `safety_identifier`), or `found` (no key: the prompt extends the whole of an earlier turn, prompt and reply, and joins that turn's session under an engine-made id).
+    SESSION_SOURCE = "slotlight.session.source", "string", "";
+    /// Request span of a turn with a session: the turn's index in its session, from 0, in the order the engine received the session's turns (restarts at 0 for a session the engine no longer remembers, `--max-sessions`).
+    SESSION_TURN = "slotlight.session.turn", "int", "";
+    /// Request span of the second turn of a found session (`slotlight.session.source` `found`, `slotlight.session.turn` 1): the request id of the earlier turn, sent without a key, whose whole prompt and reply its prompt extends: that turn is the session's turn 0 (the sidecar files it under the session).
+    SESSION_EXTENDS = "slotlight.session.extends", "string", "";
+    /// Request span of a served turn with a session: how long after the turn's end the engine keeps the session's KV ahead of other cached prefixes (`--session-kv-ttl`, or the request's own TTL within `--session-kv-ttl-max`); 0 when it keeps none. The sidecar counts the session live until then.
+    SESSION_KV_TTL_MS = "slotlight.session.kv_ttl_ms", "double", "ms";
     /// Request span (refusals too): the API the request came through: `chat.completions`, `completions`, `responses` (OpenAI Responses) or `messages` (Anthropic Messages). Every API takes the one request path; only the wire format differs.
     API = "slotlight.api", "string", "";
     /// Request span: the types of tools the request offered that the engine cannot run (hosted tools such as `web_search`, Codex's `namespace`), accepted and left out of the prompt.
@@ -149,13 +159,13 @@ crate::contract! {
     USAGE_ACCEPTED_TOKENS = "slotlight.usage.accepted_tokens", "int", "{token}";
     /// Request span: prompt tokens actually computed (prompt − cached, plus any re-prefill). Every prefill rate slotlight shows (the sidecar's `prefill_tps`, llama.cpp `timings.prompt_per_second`, `generate`'s prefill figure) is these tokens per second of prefill: tokens reused from the cache are never counted.
     USAGE_PREFILLED_TOKENS = "slotlight.usage.prefilled_tokens", "int", "{token}";
-    /// Request span: whether the turn reused its conversation's KV and, if not, why: `first` (no earlier turn of the session remembered), `full` (everything reusable was reused, to block granularity), `diverged` (the prompt departs from the last turn), `evicted` (blocks of the reusable prefix had been reclaimed), `other_group` (the session's KV lives in another slot group); without a session `none` or `prefix` (a prefix shared with any earlier request was reused). Decided at admission from the session's remembered last turn and what the prefix cache gave; absent for a request never admitted.
+    /// Request span: whether the turn reused its conversation's KV and, if not, why: `first` (no earlier turn of the session remembered), `full` (everything reusable was reused, to block granularity), `diverged` (the prompt departs from the last turn), `evicted` (blocks of the reusable prefix had been reclaimed while the session's KV was kept, or with no keeping at all), `expired` (they had been reclaimed after the session's KV stopped being kept: the turn came later than `slotlight.session.kv_ttl_ms` after the last), `other_group` (the session's KV lives in another slot group); without a session `none` or `prefix` (a prefix shared with any earlier request was reused). Decided at admission from the session's remembered last turn and what the prefix cache gave; absent for a request never admitted.
     RESUME = "slotlight.resume", "string", "";
     /// Request span: tokens the prompt has in common with the session's remembered last turn (its prompt and the reply tokens whose KV was computed): what could have been reused. Absent without a remembered turn.
     RESUME_REUSABLE_TOKENS = "slotlight.resume.reusable_tokens", "int", "{token}";
     /// Request span: the token index where the prompt departs from the session's last turn (`diverged`, and `evicted` when the history changed too).
     RESUME_DIVERGED_AT = "slotlight.resume.diverged_at", "int", "{token}";
-    /// Request span (`evicted`): reusable tokens, to block granularity, whose KV blocks had been reclaimed by other traffic.
+    /// Request span (`evicted`, `expired`): reusable tokens, to block granularity, whose KV blocks had been reclaimed by other traffic.
     RESUME_EVICTED_TOKENS = "slotlight.resume.evicted_tokens", "int", "{token}";
 
     /// Queue, leg and decode spans: `solo` or `slot`.
@@ -355,6 +365,9 @@ pub mod value {
     pub const RESUME_DIVERGED: &str = "diverged";
     /// `slotlight.resume`: blocks of the reusable prefix had been reclaimed.
     pub const RESUME_EVICTED: &str = "evicted";
+    /// `slotlight.resume`: blocks of the reusable prefix had been reclaimed after the session's
+    /// KV stopped being kept (the turn came after its TTL).
+    pub const RESUME_EXPIRED: &str = "expired";
     /// `slotlight.resume`: the session's KV lives in another slot group.
     pub const RESUME_OTHER_GROUP: &str = "other_group";
     /// `slotlight.resume`: no session, nothing reused.
@@ -368,6 +381,23 @@ pub mod value {
     pub const SPECULATION_PREDICTION: &str = "prediction";
     /// `slotlight.speculation`: no drafts.
     pub const SPECULATION_OFF: &str = "off";
+    /// `slotlight.session.source`: the `x-session-id` header.
+    pub const SESSION_SOURCE_HEADER: &str = "header";
+    /// `slotlight.session.source`: the Responses API's `conversation`.
+    pub const SESSION_SOURCE_CONVERSATION: &str = "conversation";
+    /// `slotlight.session.source`: the session of the stored response a Responses request
+    /// continues (`previous_response_id`).
+    pub const SESSION_SOURCE_RESPONSE_CHAIN: &str = "response_chain";
+    /// `slotlight.session.source`: `prompt_cache_key` (Codex sends its conversation id there).
+    pub const SESSION_SOURCE_PROMPT_CACHE_KEY: &str = "prompt_cache_key";
+    /// `slotlight.session.source`: the Messages API's `metadata.user_id` (Claude Code's
+    /// `session_id` when it holds Claude Code's JSON object, else the string itself).
+    pub const SESSION_SOURCE_METADATA: &str = "metadata";
+    /// `slotlight.session.source`: the `user` field (else `safety_identifier`).
+    pub const SESSION_SOURCE_USER: &str = "user";
+    /// `slotlight.session.source`: no key; the prompt extends the whole of an earlier turn
+    /// and joins its session under an engine-made id.
+    pub const SESSION_SOURCE_FOUND: &str = "found";
 
     /// `error.type`: the client cancelled (disconnected).
     pub const ERROR_CANCELLED: &str = "cancelled";

@@ -36,8 +36,16 @@ crate::contract! {
     GENERATED_TOKENS = "slotlight_generated_tokens_total", "counter", "{token}";
     /// Counter: turns (every request the engine answered), by `status` (`ok`, `cancelled`, `refused`, `error`), `finish_reason` (served turns) and `error_type` (the others).
     REQUESTS = "slotlight_requests_total", "counter", "{request}";
-    /// Counter: served turns by `resume` outcome (`slotlight.resume`: `first`, `full`, `diverged`, `evicted`, `other_group`, `none`, `prefix`).
+    /// Counter: served turns by `resume` outcome (`slotlight.resume`: `first`, `full`, `diverged`, `evicted`, `expired`, `other_group`, `none`, `prefix`).
     TURNS_BY_RESUME = "slotlight_turns_by_resume_total", "counter", "{turn}";
+    /// Histogram: turns per session, observed once per session when it stops being live (its last turn ended longer ago than the engine keeps its KV, else `--session-idle-s`), as `/v1/sessions` counts them (`turns`).
+    SESSION_TURNS = "slotlight_session_turns", "histogram", "{turn}";
+    /// Histogram: a session's duration, its first turn's arrival to its last turn's end (`last_turn_at - first_turn_at`), observed once per session when it stops being live.
+    SESSION_DURATION = "slotlight_session_duration_seconds", "histogram", "s";
+    /// Histogram: a session's cache-hit ratio, its prompt tokens served from the KV cache over its prompt tokens (`cache_hit_ratio`), observed once per session with prompt tokens when it stops being live.
+    SESSION_CACHE_HIT_RATIO = "slotlight_session_cache_hit_ratio", "histogram", "1";
+    /// Histogram: the client's share of a session's time, the gaps between one turn's end and the next turn's arrival (`client_s`, the agent's tools and its user) over the session's model time plus those gaps (`model_s + client_s`), observed once per session of two turns or more when it stops being live.
+    SESSION_CLIENT_SHARE = "slotlight_session_client_share", "histogram", "1";
     /// Counter: moves of a request between paths (solo to slot or back).
     MOVES = "slotlight_moves_total", "counter", "{move}";
     /// Gauge: requests admitted and not yet finished, per engine instance.
@@ -112,6 +120,12 @@ pub mod engine {
         KV_CACHE_USAGE = "slotlight_engine_kv_cache_usage_ratio", "gauge", "1";
         /// Counter (engine), per `slot_group`: cached prefix blocks evicted to make room.
         KV_EVICTED_BLOCKS = "slotlight_engine_kv_evicted_blocks_total", "counter", "{block}";
+        /// Gauge (engine), per `slot_group`: KV blocks kept for live sessions (`--session-kv-ttl`): their last turn's blocks, evicted only after every other cached prefix, at most `--session-kv-share` of the group's blocks.
+        SESSION_KV_BLOCKS = "slotlight_engine_session_kv_blocks", "gauge", "{block}";
+        /// Counter (engine), per `slot_group`: sessions whose KV stopped being kept because their TTL passed without a next turn.
+        SESSION_KV_EXPIRIES = "slotlight_engine_session_kv_expiries_total", "counter", "{session}";
+        /// Counter (engine), per `slot_group` and `reason`: blocks of live sessions that lost their keeping before the TTL: `pressure` (reclaimed for a request when nothing else was evictable) or `share` (let go to keep the sessions' blocks within `--session-kv-share`, the longest-idle session first).
+        SESSION_KV_EVICTED_BLOCKS = "slotlight_engine_session_kv_evicted_blocks_total", "counter", "{block}";
         /// Counter (engine), per `slot_group`: requests preempted (their KV freed; they wait and re-prefill) (vLLM `vllm:num_preemptions_total`).
         PREEMPTIONS = "slotlight_engine_preemptions_total", "counter", "{preemption}";
         /// Counter (engine), per `slot_group`: prompt tokens looked up in the prefix cache, at every admission (re-admissions after a preemption included) (vLLM `vllm:prefix_cache_queries_total`).
@@ -252,6 +266,16 @@ pub mod label {
     pub const WAITING_LORA_ADAPTERS: &str = "waiting_lora_adapters";
 }
 
+/// Values of the `reason` label of the engine's session KV metrics.
+pub mod reason {
+    /// `slotlight_engine_session_kv_evicted_blocks_total`: reclaimed for a request when nothing
+    /// else was evictable.
+    pub const PRESSURE: &str = "pressure";
+    /// `slotlight_engine_session_kv_evicted_blocks_total`: let go to keep the sessions' blocks
+    /// within `--session-kv-share`.
+    pub const SHARE: &str = "share";
+}
+
 /// Bucket boundaries, in seconds unless named otherwise.
 pub mod buckets {
     /// `gen_ai.server.time_to_first_token`: GenAI semantic conventions' advice.
@@ -270,6 +294,20 @@ pub mod buckets {
     /// of a small model on a GPU) to 10 s (a long prefill chunk on a CPU).
     pub const STEP_DURATION: &[f64] = &[
         0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ];
+    /// `slotlight_session_turns`: vLLM's agent sessions have a median of 43 turns; powers of
+    /// two up to 1024.
+    pub const SESSION_TURNS: &[f64] = &[
+        1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+    ];
+    /// `slotlight_session_duration_seconds`: from a second to a working day.
+    pub const SESSION_DURATION: &[f64] = &[
+        1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0,
+    ];
+    /// `slotlight_session_cache_hit_ratio` and `slotlight_session_client_share`: tenths, with
+    /// finer steps near 1 (agent sessions' prefix-cache hit rates sit above 0.9).
+    pub const RATIO: &[f64] = &[
+        0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 1.0,
     ];
     /// `slotlight_engine_step_batch_size`: powers of two, as vLLM's `vllm:iteration_tokens_total`
     /// buckets are.

@@ -181,6 +181,10 @@ pub fn render_contract() -> String {
                 "`slotlight.resume`: blocks of the reusable prefix had been reclaimed",
             ),
             (
+                attr::value::RESUME_EXPIRED,
+                "`slotlight.resume`: blocks of the reusable prefix had been reclaimed after the session's KV stopped being kept (its TTL had passed)",
+            ),
+            (
                 attr::value::RESUME_OTHER_GROUP,
                 "`slotlight.resume`: the session's KV lives in another slot group",
             ),
@@ -191,6 +195,34 @@ pub fn render_contract() -> String {
             (
                 attr::value::RESUME_PREFIX,
                 "`slotlight.resume`: no session; a prefix shared with an earlier request reused",
+            ),
+            (
+                attr::value::SESSION_SOURCE_HEADER,
+                "`slotlight.session.source`: the `x-session-id` header",
+            ),
+            (
+                attr::value::SESSION_SOURCE_CONVERSATION,
+                "`slotlight.session.source`: the Responses `conversation`",
+            ),
+            (
+                attr::value::SESSION_SOURCE_RESPONSE_CHAIN,
+                "`slotlight.session.source`: the session of the `previous_response_id` chain",
+            ),
+            (
+                attr::value::SESSION_SOURCE_PROMPT_CACHE_KEY,
+                "`slotlight.session.source`: `prompt_cache_key`",
+            ),
+            (
+                attr::value::SESSION_SOURCE_METADATA,
+                "`slotlight.session.source`: the Messages `metadata.user_id` (Claude Code's `session_id`)",
+            ),
+            (
+                attr::value::SESSION_SOURCE_USER,
+                "`slotlight.session.source`: `user` (else `safety_identifier`)",
+            ),
+            (
+                attr::value::SESSION_SOURCE_FOUND,
+                "`slotlight.session.source`: no key; the prompt extends the whole of an earlier turn (engine-made id)",
             ),
             (
                 attr::value::FINISH_TOOL_CALLS,

@@ -110,6 +110,13 @@ pub struct Config {
     #[arg(long, default_value_t = 900, value_name = "SECONDS")]
     pub instance_ttl_s: u64,
 
+    /// How long a session stays live after its last turn when the engine keeps no KV for it
+    /// (otherwise it is live as long as the engine keeps its KV: the turn's
+    /// `slotlight.session.kv_ttl_ms`); a session is observed in the session histograms once it
+    /// is no longer live.
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    pub session_idle_s: u64,
+
     /// Slot snapshots are published at most this often.
     #[arg(long, default_value_t = 50, value_name = "MS")]
     pub publish_interval_ms: u64,
@@ -144,6 +151,11 @@ impl Config {
     /// [`Self::legs_wait_ms`] as a duration.
     pub fn legs_wait(&self) -> Duration {
         Duration::from_millis(self.legs_wait_ms)
+    }
+
+    /// [`Self::session_idle_s`] in nanoseconds.
+    pub fn session_idle_ns(&self) -> i64 {
+        i64::try_from(Duration::from_secs(self.session_idle_s).as_nanos()).unwrap_or(i64::MAX)
     }
 
     /// [`Self::publish_interval_ms`] as a duration.

@@ -98,6 +98,9 @@ pub enum ViewError {
     /// SQLite error). Retrying may help once the file is repaired. HTTP 500.
     #[error("{0}")]
     Store(String),
+    /// No such thing (`/v1/sessions/{id}` of a session no turn record names). HTTP 404.
+    #[error("{0}")]
+    NotFound(String),
 }
 
 impl ViewError {
@@ -106,6 +109,7 @@ impl ViewError {
         match self {
             ViewError::InvalidQuery { .. } => "invalid_query",
             ViewError::Store(_) => "store_unavailable",
+            ViewError::NotFound(_) => "not_found",
         }
     }
 
@@ -114,6 +118,7 @@ impl ViewError {
         match self {
             ViewError::InvalidQuery { .. } => StatusCode::BAD_REQUEST,
             ViewError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ViewError::NotFound(_) => StatusCode::NOT_FOUND,
         }
     }
 
@@ -121,7 +126,7 @@ impl ViewError {
     pub fn param(&self) -> Option<&'static str> {
         match self {
             ViewError::InvalidQuery { param, .. } => *param,
-            ViewError::Store(_) => None,
+            ViewError::Store(_) | ViewError::NotFound(_) => None,
         }
     }
 }

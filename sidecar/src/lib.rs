@@ -28,7 +28,8 @@
 //! * [`tools`]: the benchmark and the synthetic spans, apart from the service.
 //!
 //! What the parts share sits below them: [`spans`] (the engine's spans, typed), [`turn`] (a
-//! finished request's record and its query), [`slots`] (the slot view), [`vocab`], [`net`],
+//! finished request's record and its query), [`session`] (a session's record, made from its
+//! turns, its query, and the tracker of live sessions), [`slots`] (the slot view), [`vocab`], [`net`],
 //! [`config`] and [`error`]. [`server`] starts the parts and stops them.
 
 #![deny(clippy::cast_possible_truncation)]
@@ -40,6 +41,7 @@ pub mod metrics;
 pub mod net;
 pub mod receiver;
 pub mod server;
+pub mod session;
 pub mod slots;
 pub mod spans;
 pub mod store;

@@ -134,7 +134,15 @@ pub async fn start(cfg: Config) -> Result<Sidecar, StartError> {
             (Some(open.db), Some(open.writer), Some(open.thread))
         }
     };
-    let assembly = Assembly::new(AssemblyConfig::from_config(&cfg), cfg.turns);
+    let mut assembly = Assembly::new(AssemblyConfig::from_config(&cfg), cfg.turns);
+    if let Some(db) = &store {
+        // Sessions live when the sidecar stopped are taken up again, to be observed once, whole.
+        let now = crate::vocab::unix_now_ns();
+        match db.live_sessions(cfg.session_idle_ns(), now) {
+            Ok(live) => assembly.sessions.load(live, now),
+            Err(e) => tracing::warn!(error = %e, "TurnStore.LiveSessionsUnread"),
+        }
+    }
     let published = assembly.published.clone();
     let (tx, rx) = mpsc::channel(4096);
     let turn_log = if cfg.no_turn_log {
@@ -221,6 +229,7 @@ pub async fn start(cfg: Config) -> Result<Sidecar, StartError> {
         published: published.clone(),
         store,
         metrics: metrics.clone(),
+        session_idle_ns: cfg.session_idle_ns(),
         token: cfg
             .token
             .as_deref()

@@ -205,6 +205,18 @@ pub struct RequestSpan {
     pub resume_diverged_at: Option<i64>,
     /// Reusable tokens whose KV had been reclaimed (`slotlight.resume.evicted_tokens`).
     pub resume_evicted_tokens: Option<i64>,
+    /// The API the request came through (`slotlight.api`).
+    pub api: Option<String>,
+    /// How the session key was found (`slotlight.session.source`).
+    pub session_source: Option<String>,
+    /// The turn's index in its session (`slotlight.session.turn`).
+    pub session_turn: Option<i64>,
+    /// The request id of the keyless turn this found session's turn 1 extends
+    /// (`slotlight.session.extends`).
+    pub session_extends: Option<String>,
+    /// How long after the turn the engine keeps its session's KV, ms
+    /// (`slotlight.session.kv_ttl_ms`).
+    pub session_kv_ttl_ms: Option<f64>,
     /// What went wrong, a stable label such as `overloaded` or `cancelled` (`error.type`).
     pub error_type: Option<String>,
     /// `slotlight.trace.sampling_ratio`: the share of traces the engine keeps.

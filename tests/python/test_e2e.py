@@ -371,9 +371,12 @@ def test_every_turn_says_whether_it_reused_its_conversation_and_why(sidecar):
     the token where the prompt departs; other traffic filling the cache gives `evicted` with the
     lost tokens counted; a turn whose group is full goes to the other group (`other_group`).
     Each outcome is the same in the HTTP usage, the engine's log line and the sidecar's turn
-    record (built from the request span)."""
+    record (built from the request span). Live sessions' KV is not kept here
+    (`--session-kv-ttl 0`), so that other traffic can reclaim it (tests/python/test_sessions.py
+    and engine/tests/sessions.rs show it kept)."""
     e = EngineProcess(
         "--device", "cpu,cpu", "--batch", "1", "--kv-cache-tokens", "1024", "--log-format", "json",
+        "--session-kv-ttl", "0",
         "--progress-interval-ms", "100", otlp=f"http://{sidecar.grpc}", ctx_size=1024,
     )
     try:

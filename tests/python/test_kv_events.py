@@ -286,3 +286,29 @@ def test_the_replica_predicted_to_have_the_longer_prefix_reports_it(setup):
     reported = {n: complete(engines[n], probe)["prompt_tokens_details"]["cached_tokens"] for n in ("a", "b")}
     assert reported == predicted
     assert max(reported, key=reported.get) == max(predicted, key=predicted.get) == "a"
+
+
+def test_a_sessions_next_turn_is_predicted_to_land_where_its_last_turn_left_its_blocks(setup):
+    """Past one machine: a router that mirrors every replica's cache from the events (llm-d's
+    precise prefix-cache scorer) sends a session's turn k+1 where turn k's blocks are, without
+    knowing the session; the replica then reuses exactly what was predicted (`full`)."""
+    mirror, engines, _ = setup
+    session = {"x-session-id": "mirror-session"}
+    msgs = [{"role": "user", "content": "Summarise: " + doc(70, 30)}]
+    # Turn k ran on replica b (wherever the gateway sent it first).
+    code, v = engines["b"].post("/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "temperature": 0}, session)
+    assert code == 200, v
+    msgs += [{"role": "assistant", "content": v["choices"][0]["message"]["content"]},
+             {"role": "user", "content": "And in one word?"}]
+    # Turn k+1's prompt, as the engines render and tokenize it.
+    code, tok = engines["b"].post("/tokenize", {"messages": msgs})
+    assert code == 200, tok
+    for n in ("a", "b"):
+        mirror.sync(TOPICS[n], engines[n])
+    predicted = {n: mirror.replicas[TOPICS[n]].predict(tok["tokens"]) for n in ("a", "b")}
+    chosen = max(predicted, key=predicted.get)
+    assert chosen == "b" and predicted["b"] > predicted["a"], predicted
+    code, w = engines[chosen].post("/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "temperature": 0}, session)
+    assert code == 200, w
+    assert w["usage"]["prompt_tokens_details"]["cached_tokens"] == predicted["b"]
+    assert w["usage"]["resume"] == "full", w["usage"]

@@ -10,6 +10,9 @@ and through the sidecar's `--forward-otlp`, and Phoenix's REST API
 - the child spans come in time order: the queue, then the leg (from admission) with the prefill
   inside it, and the decode windows after the prefill, one after another, inside the leg;
 - a refused request is an error span with its `error.type`;
+- a three-turn session (one `x-session-id`) is one session of three traces in Phoenix's
+  sessions view (`GET /v1/sessions/{session_id}`: its request spans carry `session.id`), with
+  the turns' token counts;
 - a headless-Chromium screenshot of the trace page is saved with the test output
   ($SLOTLIGHT_TEST_OUTPUT, else pytest's temporary directory; the path is printed).
 
@@ -413,3 +416,38 @@ def test_a_screenshot_of_the_trace_page(phoenix, content_engine, tmp_path):
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     print(f"\nPhoenix trace page screenshot: {png}")
+
+
+def test_a_three_turn_session_is_one_phoenix_session_of_three_traces(phoenix, plain_engine):
+    session = f"phoenix-session-{uuid.uuid4().hex[:12]}"
+    messages = [{"role": "system", "content": "You are a terse assistant."}]
+    answers = []
+    for question in ["Name a large ocean.", "Name a small sea.", "Name a river."]:
+        messages.append({"role": "user", "content": question})
+        code, r = plain_engine.post(
+            "/v1/chat/completions",
+            {"model": plain_engine.model, "messages": messages, "max_tokens": 8, "temperature": 0},
+            headers={"x-session-id": session},
+        )
+        assert code == 200, r
+        answers.append(r)
+        messages.append({"role": "assistant", "content": r["choices"][0]["message"]["content"]})
+    deadline = time.monotonic() + SPAN_DEADLINE_S
+    found = None
+    while found is None or len(found["traces"]) < 3:
+        try:
+            found = phoenix.get(f"/v1/sessions/{urllib.parse.quote(session)}")["data"]
+        except urllib.error.HTTPError as e:
+            assert e.code == 404, e
+        if time.monotonic() > deadline:
+            raise AssertionError(f"Phoenix never showed session {session} with three traces: {found}")
+        if found is None or len(found["traces"]) < 3:
+            time.sleep(0.5)
+    assert found["session_id"] == session
+    assert len(found["traces"]) == 3, found
+    # The three traces are the three turns' (their request spans carry the session).
+    roots = [s for s in phoenix.spans(attribute=f"session.id:{session}") if s["parent_id"] is None]
+    assert sorted(r["attributes"][ATTR["REQUEST_ID"]] for r in roots) == sorted(a["id"] for a in answers)
+    assert {t["trace_id"] for t in found["traces"]} == {r["context"]["trace_id"] for r in roots}
+    assert found["token_count_prompt"] == sum(a["usage"]["prompt_tokens"] for a in answers)
+    assert found["token_count_completion"] == sum(a["usage"]["completion_tokens"] for a in answers)

@@ -7,7 +7,7 @@ use clap::Args;
 
 use super::ModelArgs;
 use crate::prompt::PromptBuilder;
-use crate::scheduler::SchedulerConfig;
+use crate::scheduler::{KeepConfig, SchedulerConfig};
 use crate::server::Limits;
 use crate::server::{AppState, ServeConfig};
 use crate::telemetry::{LogFormat, OPS_TARGET, QueueLimits, Telemetry, TelemetryConfig};
@@ -42,6 +42,19 @@ pub struct ServeArgs {
     /// conversation's KV and why not (`usage.resume`); the least recently used is dropped first.
     #[arg(long, default_value_t = 4096)]
     pub max_sessions: usize,
+    /// Seconds after a turn that its session's KV stays ahead of other cached prefixes (long
+    /// enough for an agent's ordinary tool calls); a later turn that finds its blocks
+    /// reclaimed after that says `expired`. 0 keeps none.
+    #[arg(long, default_value_t = 300.0, value_parser = seconds)]
+    pub session_kv_ttl: f64,
+    /// The longest a request may ask its session's KV to be kept, seconds (Responses
+    /// `prompt_cache_options.ttl`, Messages `cache_control.ttl`).
+    #[arg(long, default_value_t = 3600.0, value_parser = seconds)]
+    pub session_kv_ttl_max: f64,
+    /// The share of each group's KV blocks that live sessions may keep, from 0 to 1 (the
+    /// longest-idle session lets go first).
+    #[arg(long, default_value_t = 0.5, value_parser = share)]
+    pub session_kv_share: f64,
     /// KV cache positions per device group (default: 2 × context or 512 per slot, whichever is larger).
     #[arg(long)]
     pub kv_cache_tokens: Option<usize>,
@@ -201,6 +214,28 @@ pub(super) fn run(a: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// Starts the KV-event publisher when `--kv-events-endpoint` is given.
+/// A number of seconds: finite, not negative, at most a year.
+fn seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if v.is_finite() && (0.0..=31_536_000.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{s} is not between 0 and 31536000 seconds"))
+    }
+}
+
+/// A share, from 0 to 1.
+fn share(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{s} is not between 0 and 1"))
+    }
+}
+
 fn start_kv_events(
     a: &ServeArgs,
     model_id: &str,
@@ -274,6 +309,11 @@ async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {
             return_to_solo: true,
             max_sessions: a.max_sessions,
             speculation: a.speculation.config(),
+            session_kv: KeepConfig {
+                ttl: Duration::from_secs_f64(a.session_kv_ttl),
+                max_ttl: Duration::from_secs_f64(a.session_kv_ttl_max),
+                share: a.session_kv_share,
+            },
         };
         let kv_events = start_kv_events(&a, &model.id, &telemetry.instance_id)?;
         let engine = Arc::new(super::start_engine_with_events(

@@ -9,13 +9,18 @@
 //!
 //! A model with sliding-window layers keeps their KV in a second pool whose blocks a sequence
 //! gives back once its window has passed them ([`pools`]).
+//!
+//! Cached blocks can be **kept** for a live session ([`keep`]): a kept block that no sequence
+//! holds is evicted only once no other cached block is left.
 
+pub mod keep;
 pub mod pools;
 
 use std::collections::{BTreeMap, HashMap};
 
 use sha2::{Digest, Sha256};
 
+pub use keep::KeptBlock;
 pub use pools::{KvPools, SeqKv};
 
 /// A table entry whose block the sequence no longer holds: a sliding-window layer's block its
@@ -88,8 +93,12 @@ struct Meta {
     refs: u32,
     /// Prefix hash, parent and the block's tokens, when registered.
     key: Option<Key>,
-    /// LRU tick while evictable.
+    /// LRU tick while evictable (in `evictable`, or in `kept` while kept).
     lru: Option<u64>,
+    /// Sessions keeping the block ([`keep`]).
+    holds: u32,
+    /// Times the block was reclaimed from the cache: a keeping taken before is void.
+    generation: u32,
 }
 
 /// Not enough free blocks.
@@ -109,6 +118,12 @@ pub struct BlockManager {
     meta: Vec<Meta>,
     free: Vec<u32>,
     evictable: BTreeMap<u64, u32>,
+    /// Evictable blocks that sessions keep: taken only once `evictable` is empty.
+    kept: BTreeMap<u64, u32>,
+    /// Blocks with at least one keeping.
+    kept_blocks: usize,
+    /// Kept blocks reclaimed all the same (nothing else was left to evict).
+    kept_evictions: u64,
     by_hash: HashMap<u64, u32>,
     tick: u64,
     evictions: u64,
@@ -143,6 +158,9 @@ impl BlockManager {
             meta: vec![Meta::default(); blocks],
             free: (0..n).rev().collect(),
             evictable: BTreeMap::new(),
+            kept: BTreeMap::new(),
+            kept_blocks: 0,
+            kept_evictions: 0,
             by_hash: HashMap::new(),
             tick: 0,
             evictions: 0,
@@ -216,9 +234,9 @@ impl BlockManager {
         self.meta.len()
     }
 
-    /// Blocks that can be handed out now (free plus evictable cached ones).
+    /// Blocks that can be handed out now (free plus evictable cached ones, kept ones included).
     pub fn available(&self) -> usize {
-        self.free.len() + self.evictable.len()
+        self.free.len() + self.evictable.len() + self.kept.len()
     }
 
     /// Registered blocks evicted so far.
@@ -235,10 +253,23 @@ impl BlockManager {
         if let Some(b) = self.free.pop() {
             return Some(b);
         }
-        let (&tick, &b) = self.evictable.iter().next()?;
-        self.evictable.remove(&tick);
+        // Least recently used first; a block a session keeps only when nothing else is left.
+        let (tick, b) = match self.evictable.pop_first() {
+            Some(e) => e,
+            None => {
+                let e = self.kept.pop_first()?;
+                self.kept_evictions += 1;
+                e
+            }
+        };
+        debug_assert_eq!(self.meta[b as usize].lru, Some(tick));
         let m = &mut self.meta[b as usize];
         m.lru = None;
+        m.generation = m.generation.wrapping_add(1);
+        if m.holds > 0 {
+            m.holds = 0;
+            self.kept_blocks -= 1;
+        }
         if let Some(key) = m.key.take() {
             self.by_hash.remove(&key.hash);
             self.removed(key.hash);
@@ -261,7 +292,11 @@ impl BlockManager {
     fn acquire(&mut self, b: u32) {
         let m = &mut self.meta[b as usize];
         if let Some(tick) = m.lru.take() {
-            self.evictable.remove(&tick);
+            if m.holds > 0 {
+                self.kept.remove(&tick);
+            } else {
+                self.evictable.remove(&tick);
+            }
         }
         m.refs += 1;
     }
@@ -382,7 +417,14 @@ impl BlockManager {
         let Some(tick) = m.lru.take() else {
             return;
         };
-        self.evictable.remove(&tick);
+        if m.holds > 0 {
+            self.kept.remove(&tick);
+            m.holds = 0;
+            self.kept_blocks -= 1;
+        } else {
+            self.evictable.remove(&tick);
+        }
+        m.generation = m.generation.wrapping_add(1);
         if let Some(key) = m.key.take() {
             self.by_hash.remove(&key.hash);
             self.removed(key.hash);
@@ -401,7 +443,11 @@ impl BlockManager {
             if m.key.is_some() {
                 self.tick += 1;
                 m.lru = Some(self.tick);
-                self.evictable.insert(self.tick, b);
+                if m.holds > 0 {
+                    self.kept.insert(self.tick, b);
+                } else {
+                    self.evictable.insert(self.tick, b);
+                }
             } else {
                 self.free.push(b);
             }

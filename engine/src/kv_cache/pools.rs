@@ -91,6 +91,11 @@ impl KvPools {
         &self.full
     }
 
+    /// The full pool, to keep a session's blocks in it ([`super::keep`]).
+    pub fn full_mut(&mut self) -> &mut BlockManager {
+        &mut self.full
+    }
+
     /// The window pool, when there is one.
     pub fn window_pool(&self) -> Option<&BlockManager> {
         self.window.as_ref().map(|w| &w.blocks)

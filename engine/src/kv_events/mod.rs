@@ -74,6 +74,12 @@ pub struct KvEventsStatus {
     pub sequence: u64,
     /// Batches dropped because the publisher fell behind.
     pub dropped: u64,
+    /// Batches the publisher could not send: handed over while the endpoint's connect form
+    /// was not connected yet (the subscriber not up), or whose send failed. They are kept for
+    /// replay all the same.
+    pub unsent: u64,
+    /// Whether the PUB socket is bound or connected.
+    pub connected: bool,
     /// Time the step loops have spent handing their changes over (taking them from the
     /// block manager and submitting them), in seconds: what publishing costs decode.
     pub handoff_seconds: f64,
@@ -96,6 +102,8 @@ struct Inner {
     /// Nanoseconds the step loops spent in hand-offs ([`KvEventSink::record_handoff`]).
     handoff_ns: AtomicU64,
     topic: String,
+    /// What the publisher could not send, and whether its socket is up.
+    delivery: Arc<publisher::Delivery>,
 }
 
 /// The step loops' end of the stream (cheap to clone).
@@ -114,6 +122,15 @@ impl KvEventSink {
     /// A sink over `tx`; its first batch (sequence 0) is `AllBlocksCleared`, so a subscriber
     /// that sees it knows the engine started empty.
     pub fn new(tx: mpsc::Sender<Batch>, topic: String) -> Self {
+        Self::reporting(tx, topic, Arc::default())
+    }
+
+    /// A sink over `tx` whose publisher reports its deliveries to `delivery`.
+    pub(crate) fn reporting(
+        tx: mpsc::Sender<Batch>,
+        topic: String,
+        delivery: Arc<publisher::Delivery>,
+    ) -> Self {
         let s = Self {
             inner: Arc::new(Inner {
                 tx,
@@ -125,6 +142,7 @@ impl KvEventSink {
                 dropped: AtomicU64::new(0),
                 handoff_ns: AtomicU64::new(0),
                 topic,
+                delivery,
             }),
         };
         let mut epoch = 0;
@@ -200,6 +218,8 @@ impl KvEventSink {
             topic: self.inner.topic.clone(),
             sequence: next.saturating_sub(1),
             dropped: self.inner.dropped.load(Ordering::Relaxed),
+            unsent: self.inner.delivery.unsent.load(Ordering::Relaxed),
+            connected: self.inner.delivery.ready.load(Ordering::Relaxed),
             handoff_seconds: Duration::from_nanos(self.inner.handoff_ns.load(Ordering::Relaxed))
                 .as_secs_f64(),
         }

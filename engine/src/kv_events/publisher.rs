@@ -5,8 +5,17 @@
 //! bytes big-endian; the ROUTER socket receives `[identity, "", start]` and answers, for each
 //! kept batch from `start` on, `[identity, "", sequence, payload]`, then
 //! `[identity, "", -1 (8 bytes, signed), ""]` to end.
+//!
+//! An endpoint in its connect form (a central subscriber that binds, as llm-d's endpoint
+//! picker does) need not be up when the engine starts: like libzmq's connect, the publisher
+//! starts at once and keeps trying in the background (every [`RETRY`]); the batches handed
+//! over meanwhile are kept for replay and counted as not sent (`/health`'s
+//! `kv_events.unsent`). A bind that fails still stops the engine: that endpoint is its own.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
@@ -117,10 +126,42 @@ pub fn replay_reply(ring: &Ring, req: &ZmqMessage) -> Vec<ZmqMessage> {
         .collect()
 }
 
-async fn open(cfg: &KvEventsConfig) -> Result<(PubSocket, Option<RouterSocket>), PublisherError> {
-    let mut publ = PubSocket::new();
-    match bind_target(&cfg.endpoint) {
+/// How long the publisher waits between two attempts to connect.
+pub const RETRY: Duration = Duration::from_secs(1);
+
+/// The PUB socket: bound now, or connecting in the background.
+enum Pub {
+    /// Ready to send (bound, or connected).
+    Ready(PubSocket),
+    /// Connecting: the task ends with the connected socket.
+    Connecting(tokio::task::JoinHandle<PubSocket>),
+}
+
+/// Connects a PUB socket to `endpoint`, trying again every [`RETRY`] until it is up.
+async fn connect(endpoint: String) -> PubSocket {
+    let mut warned = false;
+    loop {
+        let mut publ = PubSocket::new();
+        match publ.connect(&endpoint).await {
+            Ok(()) => {
+                tracing::info!(endpoint, "KvEvents.Connected");
+                return publ;
+            }
+            Err(e) => {
+                if !warned {
+                    warned = true;
+                    tracing::warn!(endpoint, error = %e, "KvEvents.NotConnected");
+                }
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    }
+}
+
+async fn open(cfg: &KvEventsConfig) -> Result<(Pub, Option<RouterSocket>), PublisherError> {
+    let publ = match bind_target(&cfg.endpoint) {
         Some(addr) => {
+            let mut publ = PubSocket::new();
             publ.bind(&addr)
                 .await
                 .map_err(|source| PublisherError::Socket {
@@ -128,17 +169,10 @@ async fn open(cfg: &KvEventsConfig) -> Result<(PubSocket, Option<RouterSocket>),
                     endpoint: cfg.endpoint.clone(),
                     source,
                 })?;
+            Pub::Ready(publ)
         }
-        None => {
-            publ.connect(&cfg.endpoint)
-                .await
-                .map_err(|source| PublisherError::Socket {
-                    what: "connect",
-                    endpoint: cfg.endpoint.clone(),
-                    source,
-                })?;
-        }
-    }
+        None => Pub::Connecting(tokio::spawn(connect(cfg.endpoint.clone()))),
+    };
     let mut router = None;
     if let Some(ep) = &cfg.replay_endpoint {
         let mut r = RouterSocket::new();
@@ -161,24 +195,58 @@ async fn recv_replay(router: &mut Option<RouterSocket>) -> Option<ZmqMessage> {
     }
 }
 
+/// What the publisher tells the sink: batches it could not send, and whether its PUB socket
+/// is up.
+#[derive(Debug, Default)]
+pub struct Delivery {
+    /// Batches not sent: handed over while the connect form was not connected yet, or whose
+    /// send failed.
+    pub unsent: AtomicU64,
+    /// Whether the PUB socket is bound or connected.
+    pub ready: AtomicBool,
+}
+
+async fn connected(publ: &mut Pub) -> Option<PubSocket> {
+    match publ {
+        Pub::Connecting(task) => task.await.ok(),
+        Pub::Ready(_) => std::future::pending().await,
+    }
+}
+
 async fn run(
     cfg: KvEventsConfig,
-    mut publ: PubSocket,
+    mut publ: Pub,
     mut router: Option<RouterSocket>,
     mut rx: mpsc::Receiver<Batch>,
+    delivery: Arc<Delivery>,
 ) {
     let topic = Bytes::from(cfg.topic.clone().into_bytes());
     let mut ring = Ring::new(REPLAY_BATCHES);
     loop {
         tokio::select! {
+            socket = connected(&mut publ) => {
+                match socket {
+                    Some(s) => {
+                        publ = Pub::Ready(s);
+                        delivery.ready.store(true, Ordering::Relaxed);
+                    }
+                    // The connecting task cannot fail; if it ever stops, try again.
+                    None => publ = Pub::Connecting(tokio::spawn(connect(cfg.endpoint.clone()))),
+                }
+            }
             batch = rx.recv() => {
                 let Some(batch) = batch else { break };
                 let payload = Bytes::from(wire::encode(&batch, cfg.block_size, cfg.data_parallel_rank));
                 let seq = Bytes::copy_from_slice(&batch.seq.to_be_bytes());
-                if let Ok(msg) = ZmqMessage::try_from(vec![topic.clone(), seq, payload.clone()])
-                    && let Err(e) = publ.send(msg).await
-                {
-                    tracing::debug!(error = %e, "KvEvents.SendFailed");
+                let sent = match &mut publ {
+                    Pub::Ready(p) => match ZmqMessage::try_from(vec![topic.clone(), seq, payload.clone()]) {
+                        Ok(msg) => p.send(msg).await.map_err(|e| tracing::debug!(error = %e, "KvEvents.SendFailed")).is_ok(),
+                        Err(_) => false,
+                    },
+                    Pub::Connecting(_) => false,
+                };
+                if !sent {
+                    delivery.unsent.fetch_add(1, Ordering::Relaxed);
                 }
                 ring.push(batch.seq, payload);
             }
@@ -196,11 +264,14 @@ async fn run(
     }
 }
 
-/// Opens the sockets and starts the publisher thread; the sink feeds it.
+/// Opens the sockets and starts the publisher thread; the sink feeds it. A PUB socket in its
+/// connect form connects in the background; a bind that fails is an error.
 pub fn start(cfg: KvEventsConfig) -> Result<KvEventSink, PublisherError> {
     let (tx, rx) = mpsc::channel(QUEUE_BATCHES);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let topic = cfg.topic.clone();
+    let delivery = Arc::new(Delivery::default());
+    let shared = Arc::clone(&delivery);
     std::thread::Builder::new()
         .name("slotlight-kv-events".into())
         .spawn(move || {
@@ -217,8 +288,11 @@ pub fn start(cfg: KvEventsConfig) -> Result<KvEventSink, PublisherError> {
             rt.block_on(async move {
                 match open(&cfg).await {
                     Ok((publ, router)) => {
+                        shared
+                            .ready
+                            .store(matches!(publ, Pub::Ready(_)), Ordering::Relaxed);
                         let _ = ready_tx.send(Ok(()));
-                        run(cfg, publ, router, rx).await;
+                        run(cfg, publ, router, rx, shared).await;
                     }
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -230,7 +304,7 @@ pub fn start(cfg: KvEventsConfig) -> Result<KvEventSink, PublisherError> {
     ready_rx
         .recv()
         .map_err(|e| PublisherError::Start(e.to_string()))??;
-    Ok(KvEventSink::new(tx, topic))
+    Ok(KvEventSink::reporting(tx, topic, delivery))
 }
 
 #[cfg(test)]
@@ -282,6 +356,69 @@ mod tests {
         assert_eq!(bare.len(), 2);
         assert_eq!(bare[0].len(), 3);
         assert!(replay_reply(&ring, &req(&[b"id", b"", b"short"])).is_empty());
+    }
+
+    /// A free TCP port on 127.0.0.1 (nothing listens on it once this returns).
+    fn free_port() -> u16 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    }
+
+    #[test]
+    fn a_subscriber_not_up_yet_does_not_stop_the_engine() {
+        let port = free_port();
+        let endpoint = format!("tcp://127.0.0.1:{port}");
+        let sink = start(KvEventsConfig {
+            endpoint: endpoint.clone(),
+            replay_endpoint: None,
+            topic: "kv@t@m".into(),
+            data_parallel_rank: 0,
+            block_size: 16,
+        })
+        .expect("starts with nothing listening");
+        // The first batch (AllBlocksCleared) was handed over with no one to send it to.
+        let status = || sink.status();
+        for _ in 0..400 {
+            if status().unsent > 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        let s = status();
+        assert!(!s.connected, "{s:?}");
+        assert_eq!(s.unsent, 1, "{s:?}");
+        // The subscriber comes up: the publisher connects on its own and batches flow.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            use zeromq::SubSocket;
+            let mut sub = SubSocket::new();
+            sub.bind(&endpoint).await.expect("bind the subscriber");
+            sub.subscribe("kv@").await.expect("subscribe");
+            let mut epoch = sink.epoch();
+            let got = tokio::time::timeout(Duration::from_secs(60), async {
+                loop {
+                    // Batches go out once connected (a PUB drops them while no peer has
+                    // subscribed): hand one over until one arrives.
+                    sink.submit(
+                        &mut epoch,
+                        vec![crate::kv_cache::KvEvent::Cleared],
+                        Vec::new,
+                    );
+                    if let Ok(Ok(m)) =
+                        tokio::time::timeout(Duration::from_millis(200), sub.recv()).await
+                    {
+                        return m;
+                    }
+                }
+            })
+            .await
+            .expect("a batch reached the subscriber");
+            assert_eq!(got.get(0).map(|f| f.to_vec()), Some(b"kv@t@m".to_vec()));
+        });
+        assert!(sink.status().connected);
     }
 
     #[test]

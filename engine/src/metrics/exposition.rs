@@ -186,6 +186,16 @@ impl Scrape {
             }
         }
         {
+            let mut m = family(enc, engine::SESSION_KV_EVICTED_BLOCKS, MetricType::Counter)?;
+            for g in &self.groups {
+                for (reason, n) in g.session_kv.by_reason() {
+                    let mut l = group_labels(g);
+                    l.push((label::REASON, reason.to_string()));
+                    counter(&mut m, &l, n)?;
+                }
+            }
+        }
+        {
             let mut m = family(enc, engine::REQUESTS_FINISHED, MetricType::Counter)?;
             for g in &self.groups {
                 for ((finish, error), n) in OUTCOMES.iter().zip(g.finished) {

@@ -70,6 +70,11 @@ pub struct GroupMetrics {
     finished: [AtomicU64; OUTCOMES.len()],
     step_duration: AtomicHistogram,
     step_batch: AtomicHistogram,
+    /// Live sessions' kept KV ([`SessionKv`]).
+    session_kv_blocks: AtomicU64,
+    session_kv_expiries: AtomicU64,
+    session_kv_evicted_pressure: AtomicU64,
+    session_kv_evicted_share: AtomicU64,
     /// The OTLP histograms, once OTLP metrics are on (set once, before serving).
     otel: OnceLock<GroupInstruments>,
 }
@@ -78,7 +83,7 @@ pub struct GroupMetrics {
 pub type GroupValue = fn(&GroupSnapshot) -> u64;
 
 /// The per-group gauges both exporters (`/metrics` and OTLP) publish as they are.
-pub const GROUP_GAUGES: [(&str, GroupValue); 8] = [
+pub const GROUP_GAUGES: [(&str, GroupValue); 9] = [
     (engine::REQUESTS_WAITING, |g| g.waiting),
     (engine::BATCH_SLOTS, |g| g.batch_slots as u64),
     (engine::KV_BLOCKS, |g| g.kv_blocks),
@@ -87,6 +92,7 @@ pub const GROUP_GAUGES: [(&str, GroupValue); 8] = [
     (engine::KV_WINDOW_BLOCKS_USED, |g| g.kv_window_blocks_used),
     (engine::KV_BYTES, |g| g.kv_bytes),
     (engine::KV_BYTES_USED, |g| g.kv_bytes_used),
+    (engine::SESSION_KV_BLOCKS, |g| g.session_kv.blocks as u64),
 ];
 
 /// What a group's KV pools hold, as the step loop publishes it.
@@ -106,8 +112,33 @@ pub struct KvUsage {
     pub used_bytes: usize,
 }
 
+/// What a group keeps for live sessions ([`crate::scheduler::keep`]), as its step loop
+/// publishes it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionKv {
+    /// Blocks kept now.
+    pub blocks: usize,
+    /// Keepings that ended at their TTL.
+    pub expiries: u64,
+    /// Kept blocks reclaimed because nothing else was evictable (`reason="pressure"`).
+    pub evicted_pressure: u64,
+    /// Kept blocks let go before their TTL to stay within the share (`reason="share"`).
+    pub evicted_share: u64,
+}
+
+impl SessionKv {
+    /// The kept blocks lost before their TTL, by `reason` label value.
+    pub fn by_reason(&self) -> [(&'static str, u64); 2] {
+        use slotlight_otel::metric::reason;
+        [
+            (reason::PRESSURE, self.evicted_pressure),
+            (reason::SHARE, self.evicted_share),
+        ]
+    }
+}
+
 /// The per-group counters both exporters publish.
-pub const GROUP_COUNTERS: [(&str, GroupValue); 10] = [
+pub const GROUP_COUNTERS: [(&str, GroupValue); 11] = [
     (engine::KV_EVICTED_BLOCKS, |g| g.kv_evicted),
     (engine::PREEMPTIONS, |g| g.preemptions),
     (engine::PREFIX_CACHE_QUERIED_TOKENS, |g| g.prefix_queried),
@@ -120,6 +151,7 @@ pub const GROUP_COUNTERS: [(&str, GroupValue); 10] = [
     (engine::SPEC_DECODE_ACCEPTED_TOKENS, |g| {
         g.spec_accepted_tokens
     }),
+    (engine::SESSION_KV_EXPIRIES, |g| g.session_kv.expiries),
 ];
 
 /// What a group's metrics held when they were read.
@@ -178,6 +210,8 @@ pub struct GroupSnapshot {
     pub step_duration: HistogramSnapshot,
     /// Requests per forward step.
     pub step_batch: HistogramSnapshot,
+    /// What the group keeps for live sessions.
+    pub session_kv: SessionKv,
 }
 
 impl GroupSnapshot {
@@ -231,6 +265,10 @@ impl GroupMetrics {
             finished: Default::default(),
             step_duration: AtomicHistogram::new(buckets::STEP_DURATION),
             step_batch: AtomicHistogram::new(buckets::STEP_BATCH_SIZE),
+            session_kv_blocks: AtomicU64::new(0),
+            session_kv_expiries: AtomicU64::new(0),
+            session_kv_evicted_pressure: AtomicU64::new(0),
+            session_kv_evicted_share: AtomicU64::new(0),
             otel: OnceLock::new(),
         }
     }
@@ -275,6 +313,19 @@ impl GroupMetrics {
         set(&self.kv_bytes, kv.total_bytes);
         set(&self.kv_bytes_used, kv.used_bytes);
         self.kv_evicted.store(evicted, Ordering::Relaxed);
+    }
+
+    /// Publishes what the group keeps for live sessions (the step loop, once per iteration).
+    pub fn publish_session_kv(&self, kv: &SessionKv) {
+        self.session_kv_blocks
+            .store(kv.blocks as u64, Ordering::Relaxed);
+        for (a, v) in [
+            (&self.session_kv_expiries, kv.expiries),
+            (&self.session_kv_evicted_pressure, kv.evicted_pressure),
+            (&self.session_kv_evicted_share, kv.evicted_share),
+        ] {
+            a.store(v, Ordering::Relaxed);
+        }
     }
 
     /// A request is preempted.
@@ -361,6 +412,12 @@ impl GroupMetrics {
             finished: std::array::from_fn(|i| load(&self.finished[i])),
             step_duration: self.step_duration.snapshot(),
             step_batch: self.step_batch.snapshot(),
+            session_kv: SessionKv {
+                blocks: usize::try_from(load(&self.session_kv_blocks)).unwrap_or(usize::MAX),
+                expiries: load(&self.session_kv_expiries),
+                evicted_pressure: load(&self.session_kv_evicted_pressure),
+                evicted_share: load(&self.session_kv_evicted_share),
+            },
         }
     }
 }

@@ -188,6 +188,21 @@ fn register_groups(meter: &Meter, groups: &[Arc<GroupMetrics>]) {
         .build();
     let gs = groups.to_vec();
     meter
+        .u64_observable_counter(otlp_name(engine::SESSION_KV_EVICTED_BLOCKS))
+        .with_unit(unit(engine::SESSION_KV_EVICTED_BLOCKS))
+        .with_description(doc(engine::SESSION_KV_EVICTED_BLOCKS))
+        .with_callback(move |o| {
+            for g in snapshots(&gs) {
+                for (reason, n) in g.session_kv.by_reason() {
+                    let mut a = group_attrs(&g);
+                    a.push(KeyValue::new(label::REASON, reason));
+                    o.observe(n, &a);
+                }
+            }
+        })
+        .build();
+    let gs = groups.to_vec();
+    meter
         .u64_observable_counter(otlp_name(engine::REQUESTS_FINISHED))
         .with_unit(unit(engine::REQUESTS_FINISHED))
         .with_description(doc(engine::REQUESTS_FINISHED))

@@ -20,8 +20,10 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use super::resume::{self, SessionMemory};
+use super::keep::SessionKeeping;
+use super::resume;
 use super::sequence::{Phase, PrefillProgress, Seq};
+use super::sessions::SessionMemory;
 use super::slots::Slots;
 use super::{Command, EngineError, Event, FinishReason, InFlight, Placement, SchedulerConfig};
 use crate::backend::{Backend, BackendError, SeqChunk};
@@ -87,6 +89,8 @@ struct Loop<'t> {
     logits: Vec<f32>,
     /// The engine's memory of sessions (shared by every group; held only briefly).
     sessions: Arc<Mutex<SessionMemory>>,
+    /// The group's live sessions' KV, kept ahead of other cached prefixes.
+    keeping: SessionKeeping,
     /// Where the prefix cache's changes go, with the resync epoch this group last restated at.
     kv_events: Option<(KvEventSink, u64)>,
 }
@@ -214,8 +218,15 @@ pub(super) fn run(
         backend.kv_block_bytes(),
         windowed.map_or(0, |w| w.block_bytes),
     );
+    let keeping = SessionKeeping::new(cfg.session_kv, backend.num_blocks(), cfg.max_sessions);
+    // Waits for a command, or for the next keeping's expiry, while idle.
+    let waiter = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .ok();
     let mut lp = Loop {
         group,
+        keeping,
         block_bytes,
         slots: Slots::new(cfg.batch),
         backend,
@@ -242,9 +253,10 @@ pub(super) fn run(
         // Commands: wait when idle, otherwise take what is there.
         let mut shutdown = false;
         if lp.active.is_empty() && lp.queue.is_empty() {
-            match rx.blocking_recv() {
-                Some(c) => shutdown |= lp.command(c),
-                None => shutdown = true,
+            match idle_wait(&mut rx, waiter.as_ref(), lp.keeping.next_expiry()) {
+                Idle::Command(c) => shutdown |= lp.command(c),
+                Idle::Closed => shutdown = true,
+                Idle::Expiry => {}
             }
         }
         while let Ok(c) = rx.try_recv() {
@@ -255,6 +267,7 @@ pub(super) fn run(
             return;
         }
         lp.drop_cancelled();
+        lp.expire_keepings();
         lp.admit();
         lp.settle_paths();
         if let Err(e) = lp.step() {
@@ -263,6 +276,36 @@ pub(super) fn run(
         }
         lp.hand_off_kv_events();
         lp.publish();
+    }
+}
+
+/// What ended an idle wait.
+enum Idle {
+    /// A command arrived.
+    Command(Command),
+    /// Every sender is gone.
+    Closed,
+    /// A session's keeping is due to expire.
+    Expiry,
+}
+
+/// Waits for the next command, or until `expiry` (a keeping's TTL) when one is due.
+fn idle_wait(
+    rx: &mut mpsc::UnboundedReceiver<Command>,
+    waiter: Option<&tokio::runtime::Runtime>,
+    expiry: Option<Instant>,
+) -> Idle {
+    let next = match (waiter, expiry) {
+        // The timer is made inside the runtime, which drives it.
+        (Some(rt), Some(at)) => rt.block_on(async {
+            tokio::time::timeout_at(tokio::time::Instant::from_std(at), rx.recv()).await
+        }),
+        _ => Ok(rx.blocking_recv()),
+    };
+    match next {
+        Ok(Some(c)) => Idle::Command(c),
+        Ok(None) => Idle::Closed,
+        Err(_) => Idle::Expiry,
     }
 }
 
@@ -431,17 +474,9 @@ impl<'t> Loop<'t> {
             FinishReason::Stop | FinishReason::Length => LegEnd::Finished,
             _ => LegEnd::Cancelled,
         };
+        let table = seq.blocks.full.table.clone();
         let computed = self.vacate(&mut seq, PrefillEnd::Cancelled, leg_end, now);
-        // The session's next turn is compared with the tokens whose KV this one left behind
-        // (choice 0's; the others fork from the same prompt). Remembered before the
-        // completion is sent, so a client's next turn always finds it.
-        if let Some(session) = seq.req.session.as_deref()
-            && seq.choice == 0
-            && computed > 0
-            && let Ok(mut m) = self.sessions.lock()
-        {
-            m.remember(session, &seq.tokens[..computed], self.group);
-        }
+        self.remember_turn(&mut seq, &table, computed, now);
         seq.timings.mark_finished(now);
         let mut tail = seq.decoder.flush();
         if !seq.stop.is_stopped() {
@@ -456,6 +491,46 @@ impl<'t> Loop<'t> {
         // a client that then reads `/health`'s sequence number can wait for them.
         self.hand_off_kv_events();
         seq.answer(reason, tail, self.group);
+    }
+
+    /// Remembers a finished turn for its session's next one, and keeps its KV: the session's
+    /// next turn is compared with the tokens whose KV this one left behind (choice 0's; the
+    /// others fork from the same prompt), remembered before the completion is sent so that a
+    /// client's next turn always finds it. A keyless request that looks for its session is
+    /// remembered as a turn a later prompt may extend. `table` is the turn's full-pool blocks,
+    /// `computed` its positions with KV.
+    fn remember_turn(&mut self, seq: &mut Seq<'t>, table: &[u32], computed: usize, now: Instant) {
+        let Some(session) = seq.req.session.clone() else {
+            if seq.req.find_session
+                && seq.choice == 0
+                && computed > 0
+                && let Ok(mut m) = self.sessions.lock()
+            {
+                m.remember(None, &seq.tokens[..computed], self.group, &seq.req.id);
+            }
+            return;
+        };
+        let ttl = self.keeping.ttl_for(seq.req.session_ttl);
+        seq.timings.session_kv_ttl = Some(ttl);
+        if seq.choice != 0 || computed == 0 {
+            return;
+        }
+        if let Ok(mut m) = self.sessions.lock() {
+            m.remember(
+                Some(&session),
+                &seq.tokens[..computed],
+                self.group,
+                &seq.req.id,
+            );
+        }
+        let full = (computed / self.blocks.block_size()).min(table.len());
+        self.keeping
+            .keep(&session, &table[..full], ttl, now, self.blocks.full_mut());
+    }
+
+    /// Ends the keepings of sessions whose TTL has passed.
+    fn expire_keepings(&mut self) {
+        self.keeping.expire(Instant::now(), self.blocks.full_mut());
     }
 
     /// Ends every request, running and queued, with `why`.
@@ -507,6 +582,8 @@ impl<'t> Loop<'t> {
             &self.kv_usage(),
             self.blocks.full().evictions(),
         );
+        self.metrics
+            .publish_session_kv(&self.keeping.stats(self.blocks.full()));
     }
 
     /// What the KV pools hold now: blocks in each pool and bytes, in all and held by running
@@ -575,6 +652,11 @@ impl<'t> Loop<'t> {
                     self.metrics.count_prompt(seq.req.prompt.len(), cached);
                 }
                 seq.timings.cached_tokens = cached;
+                let expired = seq
+                    .req
+                    .session
+                    .as_deref()
+                    .is_some_and(|s| self.keeping.expired_intact(s));
                 seq.timings.resume = Some(resume::decide(
                     seq.req.session.is_some(),
                     seq.prior.as_ref(),
@@ -582,6 +664,7 @@ impl<'t> Loop<'t> {
                     cached,
                     seq.tokens.len(),
                     self.blocks.block_size(),
+                    expired,
                 ));
             }
             seq.blocks = blocks;

@@ -8,8 +8,10 @@
 //! its own [`RequestTimings`] arrive.
 
 mod group;
+pub mod keep;
 pub mod resume;
 mod sequence;
+pub mod sessions;
 mod slots;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -33,7 +35,9 @@ use crate::tokenizer::Tokenizer;
 pub use crate::finish::{EngineError, FinishReason};
 use crate::kv_events::KvEventSink;
 pub use group::GroupStats;
-use resume::SessionMemory;
+pub use keep::KeepConfig;
+use sessions::SessionMemory;
+pub use sessions::SessionTurn;
 
 /// How the step loops run: batch slots, queue bound, prefill chunks, the return to the solo
 /// path and the sessions remembered for warm resume.
@@ -54,6 +58,8 @@ pub struct SchedulerConfig {
     pub max_sessions: usize,
     /// How decoding sequences draft tokens to verify (speculative decoding).
     pub speculation: SpeculationConfig,
+    /// How long, and within what share of each group's blocks, live sessions' KV is kept.
+    pub session_kv: KeepConfig,
 }
 
 impl Default for SchedulerConfig {
@@ -66,6 +72,7 @@ impl Default for SchedulerConfig {
             return_to_solo: true,
             max_sessions: 4096,
             speculation: SpeculationConfig::default(),
+            session_kv: KeepConfig::default(),
         }
     }
 }
@@ -88,6 +95,13 @@ pub struct GenerateRequest {
     pub ignore_eos: bool,
     /// Session (affinity to a group, for warm resume).
     pub session: Option<String>,
+    /// Without a session: look for the session whose remembered turn the prompt extends, and
+    /// remember this turn as one a later prompt may extend ([`sessions`]).
+    pub find_session: bool,
+    /// How long after this turn its session's KV should be kept, when the request asked
+    /// (Responses `prompt_cache_options.ttl`, Messages `cache_control.ttl`); clamped to
+    /// `--session-kv-ttl-max`. `None`: `--session-kv-ttl`.
+    pub session_ttl: Option<Duration>,
     /// Arrival at the HTTP layer: the start of every one of the request's clocks.
     pub received: Instant,
     /// Set by the caller to cancel the request; checked at every step.
@@ -119,6 +133,8 @@ impl GenerateRequest {
             stop: StopMatcher::default(),
             ignore_eos: false,
             session: None,
+            find_session: false,
+            session_ttl: None,
             received: Instant::now(),
             cancel: Arc::new(AtomicBool::new(false)),
             n: 1,
@@ -127,6 +143,16 @@ impl GenerateRequest {
             prediction: None,
         }
     }
+}
+
+/// A request the engine took: one event channel per choice, and the turn's place in its
+/// session (`None` for a request without one).
+#[derive(Debug)]
+pub struct Submitted {
+    /// The events of choice `i` arrive on the `i`-th channel.
+    pub events: Vec<mpsc::UnboundedReceiver<Event>>,
+    /// The turn's session, index and (for a found session) the turn it extends.
+    pub session: Option<SessionTurn>,
 }
 
 /// Where a request was admitted.
@@ -349,10 +375,15 @@ pub struct EngineHandle {
 pub struct SessionStats {
     /// Sessions whose last turn is remembered now.
     pub remembered: usize,
-    /// The most it remembers (`--max-sessions`).
+    /// Keyless turns remembered in case a later prompt extends them (a session of one turn
+    /// no one has named yet).
+    pub candidates: usize,
+    /// The most sessions and candidates it remembers (`--max-sessions`).
     pub capacity: usize,
     /// Sessions dropped (least recently used) to stay within the capacity.
     pub dropped: u64,
+    /// Sessions found so far from their prompts (no key).
+    pub found: u64,
 }
 
 impl EngineHandle {
@@ -461,8 +492,15 @@ impl EngineHandle {
     /// channel. Each choice takes a place in the queue.
     pub fn submit_choices(
         &self,
-        mut req: GenerateRequest,
+        req: GenerateRequest,
     ) -> Result<Vec<mpsc::UnboundedReceiver<Event>>, SubmitError> {
+        self.submit_turn(req).map(|s| s.events)
+    }
+
+    /// Submits a request of `req.n` choices, as [`EngineHandle::submit_choices`], and says
+    /// which turn of which session it is: its key's session, or, for a request without a key
+    /// that looks for one (`find_session`), the session whose last turn its prompt extends.
+    pub fn submit_turn(&self, mut req: GenerateRequest) -> Result<Submitted, SubmitError> {
         req.n = req.n.max(1);
         let n = req.n;
         if self.shutting_down.load(Ordering::Relaxed) {
@@ -487,7 +525,10 @@ impl EngineHandle {
         if reserved.is_err() {
             return Err(SubmitError::QueueFull(self.max_queue));
         }
-        let (g, prior) = self.route(req.session.as_deref(), &req.prompt);
+        let (g, prior, turn) = self.route(&req);
+        if let Some(t) = turn.as_ref().filter(|t| t.found) {
+            req.session = Some(t.id.clone());
+        }
         let (txs, rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::unbounded_channel()).unzip();
         self.groups[g].load.fetch_add(n, Ordering::Relaxed);
         // The request waits in its group from now on, even before the loop takes it.
@@ -504,7 +545,10 @@ impl EngineHandle {
             }
             return Err(SubmitError::ShuttingDown);
         }
-        Ok(rxs)
+        Ok(Submitted {
+            events: rxs,
+            session: turn,
+        })
     }
 
     /// Picks the group for a request, and returns what the engine remembers of its session.
@@ -513,17 +557,18 @@ impl EngineHandle {
     /// (as many requests in it as it has slots) while another has room: then the turn goes to
     /// the least loaded group and its resume outcome says `other_group`. A new session, or a
     /// request without one, goes to the least loaded group (the lowest index on a tie).
-    fn route(&self, session: Option<&str>, prompt: &[u32]) -> (usize, Option<resume::Prior>) {
+    /// The request's turn in its session is decided here too (found, for a keyless request
+    /// that looks for its session).
+    fn route(&self, req: &GenerateRequest) -> (usize, Option<resume::Prior>, Option<SessionTurn>) {
         let load = |g: usize| self.groups[g].load.load(Ordering::Relaxed);
         let least = (0..self.groups.len()).min_by_key(|&g| load(g)).unwrap_or(0);
-        let Some(s) = session else {
-            return (least, None);
+        let opened =
+            self.sessions.lock().ok().and_then(|mut m| {
+                m.open_turn(req.session.as_deref(), req.find_session, &req.prompt)
+            });
+        let Some((turn, prior)) = opened else {
+            return (least, None, None);
         };
-        let prior = self
-            .sessions
-            .lock()
-            .ok()
-            .and_then(|mut m| m.prior(s, prompt));
         let g = match &prior {
             Some(p) if p.group < self.groups.len() => {
                 if load(p.group) >= self.batch && load(least) < self.batch {
@@ -534,7 +579,7 @@ impl EngineHandle {
             }
             _ => least,
         };
-        (g, prior)
+        (g, prior, Some(turn))
     }
 
     /// The engine's memory of sessions.
@@ -542,8 +587,10 @@ impl EngineHandle {
         let m = self.sessions.lock();
         SessionStats {
             remembered: m.as_ref().map_or(0, |m| m.len()),
+            candidates: m.as_ref().map_or(0, |m| m.candidates()),
             capacity: m.as_ref().map_or(0, |m| m.capacity()),
             dropped: m.as_ref().map_or(0, |m| m.dropped()),
+            found: m.as_ref().map_or(0, |m| m.found()),
         }
     }
 

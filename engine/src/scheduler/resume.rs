@@ -2,12 +2,11 @@
 //! not, why, decided from facts the engine has (never guessed).
 //!
 //! The engine remembers, per session, the tokens of the session's last turn whose KV it
-//! computed (prompt and reply) and the group that holds them ([`SessionMemory`], bounded, least
-//! recently used dropped first). A new turn of the session is compared with them: the longest
-//! common prefix is what could have been reused; what the prefix cache actually gave
-//! (`cached_tokens`) says whether it was.
-
-use std::collections::HashMap;
+//! computed (prompt and reply) and the group that holds them
+//! ([`super::sessions::SessionMemory`]). A new turn of the session is compared with them: the
+//! longest common prefix is what could have been reused; what the prefix cache actually gave
+//! (`cached_tokens`) says whether it was, and whether the session's KV was still being kept
+//! when the turn came ([`super::keep`]) says which of `evicted` and `expired` a loss is.
 
 /// A request's resume facts travel with its timings; they are defined there (below the
 /// scheduler) and named here too.
@@ -41,6 +40,8 @@ impl Prior {
 /// - `session`: whether the request has a session; `prior`: its last turn, if remembered.
 /// - `group`: the group serving it; `cached`: tokens the prefix cache gave it;
 ///   `prompt_len`: its prompt's length; `block_size`: positions per KV block.
+/// - `expired`: the session's KV had stopped being kept (its TTL passed) with every block
+///   still there: a loss since is `expired`, not `evicted`.
 ///
 /// The prefix cache reuses whole blocks only and always leaves the prompt's last token to be
 /// computed, so "everything that could be reused" is the common prefix rounded down to whole
@@ -54,6 +55,7 @@ pub fn decide(
     cached: usize,
     prompt_len: usize,
     block_size: usize,
+    expired: bool,
 ) -> Resume {
     let base = Resume {
         outcome: ResumeOutcome::None,
@@ -92,7 +94,11 @@ pub fn decide(
     let diverged_at = (p.common < p.last_len && p.common < prompt_len).then_some(p.common);
     if cached < reachable {
         return Resume {
-            outcome: ResumeOutcome::Evicted,
+            outcome: if expired {
+                ResumeOutcome::Expired
+            } else {
+                ResumeOutcome::Evicted
+            },
             diverged_at,
             evicted_tokens: Some(reachable - cached),
             ..reusable
@@ -111,85 +117,6 @@ pub fn decide(
     }
 }
 
-/// The engine's memory of sessions: each session's last turn (tokens with KV and the group
-/// that holds them), at most `capacity` sessions, the least recently used dropped first.
-#[derive(Debug)]
-pub struct SessionMemory {
-    capacity: usize,
-    turns: HashMap<String, (Vec<u32>, usize, u64)>,
-    tick: u64,
-    dropped: u64,
-}
-
-impl SessionMemory {
-    /// Room for `capacity` sessions (0 remembers none: every turn is `first`).
-    pub fn new(capacity: usize) -> Self {
-        Self {
-            capacity,
-            turns: HashMap::new(),
-            tick: 0,
-            dropped: 0,
-        }
-    }
-
-    /// What is known of `session` for a new prompt.
-    pub fn prior(&mut self, session: &str, prompt: &[u32]) -> Option<Prior> {
-        self.tick += 1;
-        let tick = self.tick;
-        let (tokens, group, used) = self.turns.get_mut(session)?;
-        *used = tick;
-        Some(Prior::of(prompt, tokens, *group))
-    }
-
-    /// The group that holds `session`'s last turn, if remembered.
-    pub fn group_of(&self, session: &str) -> Option<usize> {
-        self.turns.get(session).map(|(_, g, _)| *g)
-    }
-
-    /// Remembers `session`'s latest turn.
-    pub fn remember(&mut self, session: &str, tokens: &[u32], group: usize) {
-        if self.capacity == 0 {
-            return;
-        }
-        self.tick += 1;
-        if !self.turns.contains_key(session) && self.turns.len() >= self.capacity {
-            // Least recently used first. O(n) over at most `capacity` entries, once per new
-            // session beyond the limit.
-            if let Some(old) = self
-                .turns
-                .iter()
-                .min_by_key(|(_, (_, _, used))| *used)
-                .map(|(k, _)| k.clone())
-            {
-                self.turns.remove(&old);
-                self.dropped += 1;
-            }
-        }
-        self.turns
-            .insert(session.to_string(), (tokens.to_vec(), group, self.tick));
-    }
-
-    /// The most sessions remembered.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    /// Sessions remembered now.
-    pub fn len(&self) -> usize {
-        self.turns.len()
-    }
-
-    /// Whether no session is remembered.
-    pub fn is_empty(&self) -> bool {
-        self.turns.is_empty()
-    }
-
-    /// Sessions dropped to stay within the limit.
-    pub fn dropped(&self) -> u64 {
-        self.dropped
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,7 +131,9 @@ mod tests {
 
     #[test]
     fn outcomes_follow_from_the_facts() {
-        let d = |session, p: Option<&Prior>, g, cached, len| decide(session, p, g, cached, len, 16);
+        let d = |session, p: Option<&Prior>, g, cached, len| {
+            decide(session, p, g, cached, len, 16, false)
+        };
         assert_eq!(d(false, None, 0, 0, 50).outcome, ResumeOutcome::None);
         assert_eq!(d(false, None, 0, 32, 50).outcome, ResumeOutcome::Prefix);
         let first = d(true, None, 0, 16, 50);
@@ -243,21 +172,15 @@ mod tests {
     }
 
     #[test]
-    fn memory_is_bounded_and_drops_the_least_recently_used() {
-        let mut m = SessionMemory::new(2);
-        m.remember("a", &[1, 2, 3], 0);
-        m.remember("b", &[4, 5], 1);
-        assert_eq!(m.prior("a", &[1, 2, 9]).map(|p| p.common), Some(2));
-        m.remember("c", &[6], 0); // "b" was used least recently
-        assert_eq!((m.len(), m.dropped()), (2, 1));
-        assert!(m.prior("b", &[4]).is_none());
-        assert_eq!(m.group_of("a"), Some(0));
+    fn a_loss_after_the_keeping_expired_is_expired() {
+        let p = prior(70, 70, 0);
+        let lost = decide(true, Some(&p), 0, 32, 90, 16, true);
         assert_eq!(
-            m.prior("c", &[6, 7]).map(|p| (p.common, p.last_len)),
-            Some((1, 1))
+            (lost.outcome, lost.evicted_tokens),
+            (ResumeOutcome::Expired, Some(32))
         );
-        let mut none = SessionMemory::new(0);
-        none.remember("a", &[1], 0);
-        assert!(none.prior("a", &[1]).is_none());
+        // Nothing lost: expiry alone changes nothing.
+        let kept = decide(true, Some(&p), 0, 64, 90, 16, true);
+        assert_eq!(kept.outcome, ResumeOutcome::Full);
     }
 }

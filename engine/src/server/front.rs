@@ -16,9 +16,10 @@ use tokio::sync::mpsc;
 use super::error::ApiError;
 use super::middleware::Arrived;
 use super::outcome::{ApiFinishReason, RequestOutcome};
-use super::pipeline::{CancelOnDrop, ChoiceEnd, Out, launch};
+use super::pipeline::{CancelOnDrop, ChoiceEnd, Out, Pending, launch};
 use super::record::Refused;
 use super::request::{RequestMeta, ValidRequest};
+use super::session::SessionKey;
 use super::state::AppState;
 use crate::sampling::TokenLogprobs;
 
@@ -33,23 +34,25 @@ pub struct Launched {
     pub cancel: Arc<AtomicBool>,
 }
 
-/// Launches a valid request under `id` and `session`: from here on it has its own span and
-/// log line, whatever happens. A refusal by the scheduler comes back with its span started.
+/// Launches a valid request under `id` and its session key `key` (from the door's resolver in
+/// [`super::session`]; without one the engine looks for the session the prompt continues):
+/// from here on it has its own span and log line, whatever happens. A refusal by the
+/// scheduler comes back with its span started.
 pub fn launch_request(
     st: &AppState,
     request: ValidRequest,
     id: String,
-    session: Option<String>,
+    key: Option<SessionKey>,
     arrived: &Arrived,
 ) -> Result<Launched, Refused> {
-    let meta = Arc::new(RequestMeta {
+    let parent = super::middleware::parent_context(&arrived.headers);
+    let pending = Pending {
         id,
-        session,
+        key,
         received: arrived.received,
         request,
-    });
-    let parent = super::middleware::parent_context(&arrived.headers);
-    let (out, cancel) = launch(st, Arc::clone(&meta), &parent, &arrived.server)?;
+    };
+    let (meta, out, cancel) = launch(st, pending, &parent, &arrived.server)?;
     Ok(Launched { meta, out, cancel })
 }
 

@@ -7,9 +7,10 @@
 //! compiled), [`front`] launches it and answers it (collected whole, or streamed through the
 //! door's encoder), [`pipeline`] runs its task (events to output: [`reasoning`], [`tools`]),
 //! [`trace`] and [`record`] write its spans, log line and metrics from its one
-//! [`outcome`]. Around them: the settings and shared state (`state`), the routes (`routes`),
-//! the middleware (arrival, API key, trace context; [`middleware`]), serving and the drain on
-//! shutdown (`listen`). [`diagnostics`] keeps what the vendors' cache diagnostics compare.
+//! [`outcome`]. Every door finds its requests' session keys through [`session`]. Around
+//! them: the settings and shared state (`state`), the routes (`routes`), the middleware
+//! (arrival, API key, trace context; [`middleware`]), serving and the drain on shutdown
+//! (`listen`). [`diagnostics`] keeps what the vendors' cache diagnostics compare.
 
 pub mod body;
 pub mod diagnostics;
@@ -27,6 +28,7 @@ pub mod record;
 pub mod request;
 pub mod responses;
 mod routes;
+pub mod session;
 pub mod state;
 pub mod tools;
 pub mod trace;

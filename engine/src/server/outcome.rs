@@ -198,6 +198,9 @@ pub struct RequestOutcome {
     pub speculation: SpeculationMode,
     /// Its drafts, over all choices.
     pub drafts: DraftCounts,
+    /// How long after the request the engine keeps its session's KV (`None` without a
+    /// session; zero when it keeps none).
+    pub session_kv_ttl: Option<Duration>,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -277,6 +280,7 @@ impl RequestOutcome {
             tool_calls,
             speculation,
             drafts,
+            session_kv_ttl: done.first().and_then(|c| c.timings.session_kv_ttl),
         }
     }
 

@@ -18,8 +18,9 @@ use super::error::ApiError;
 use super::outcome::{ApiFinishReason, RequestOutcome};
 use super::reasoning::{ReasoningSplitter, ReasoningStart};
 use super::record::{self, Refused};
-use super::request::RequestMeta;
 use super::request::content::OutputMessage;
+use super::request::{RequestMeta, ValidRequest};
+use super::session::{SessionKey, TurnSession};
 use super::state::AppState;
 use super::tools::Shaper;
 use super::tools::ToolCall;
@@ -102,14 +103,56 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// Submits a request and starts its task. Returns its output channel and cancel flag, or the
-/// scheduler's refusal, with the request span already started (the handler records it).
+/// A valid request on its way to the engine: its id, its session key (if the client gave
+/// one) and its arrival.
+pub struct Pending {
+    /// Request id (also the response id).
+    pub id: String,
+    /// The client's session key; without one the engine looks for the session the prompt
+    /// continues.
+    pub key: Option<SessionKey>,
+    /// Arrival at the HTTP layer.
+    pub received: Instant,
+    /// The request itself.
+    pub request: ValidRequest,
+}
+
+/// A request the engine took: what it is, its output channel and its cancel flag.
+pub type Running = (
+    Arc<RequestMeta>,
+    mpsc::UnboundedReceiver<Out>,
+    Arc<AtomicBool>,
+);
+
+/// Submits a request and starts its task. Returns the request as the engine placed it (its
+/// session found, its turn counted), its output channel and cancel flag, or the scheduler's
+/// refusal, with the request span already started (the handler records it).
 pub fn launch(
     st: &AppState,
-    meta: Arc<RequestMeta>,
+    pending: Pending,
     parent: &Context,
     server: &ServerAddress,
-) -> Result<(mpsc::UnboundedReceiver<Out>, Arc<AtomicBool>), Refused> {
+) -> Result<Running, Refused> {
+    let Pending {
+        id,
+        key,
+        received,
+        request,
+    } = pending;
+    let cancel = Arc::new(AtomicBool::new(false));
+    let submitted = st.engine.submit_turn(request.to_engine(
+        &id,
+        key.as_ref().map(|k| k.id.clone()),
+        received,
+        Arc::clone(&cancel),
+    ));
+    let turn = submitted.as_ref().ok().and_then(|s| s.session.clone());
+    let meta = Arc::new(RequestMeta {
+        id,
+        session: TurnSession::of(key, turn),
+        received,
+        request,
+    });
     // From here on the request has its own span and log line, whatever happens.
     let trace = RequestTrace::start(
         &st.telemetry,
@@ -119,12 +162,8 @@ pub fn launch(
         st.cfg.trace_content,
         server,
     );
-    let cancel = Arc::new(AtomicBool::new(false));
-    let rxs = match st
-        .engine
-        .submit_choices(meta.to_engine(Arc::clone(&cancel)))
-    {
-        Ok(rx) => rx,
+    let rxs = match submitted {
+        Ok(s) => s.events,
         Err(e) => {
             return Err(Refused {
                 error: ApiError::from(e),
@@ -139,8 +178,8 @@ pub fn launch(
     // The task's log lines carry the request's trace and span ids, and its warnings become
     // events on the request span.
     let span = crate::telemetry::request_span(trace.context(), &meta.id);
-    tokio::spawn(run(trace, rxs, tx, flag, progress, meta, metrics).instrument(span));
-    Ok((out, cancel))
+    tokio::spawn(run(trace, rxs, tx, flag, progress, Arc::clone(&meta), metrics).instrument(span));
+    Ok((meta, out, cancel))
 }
 
 /// One choice in progress, as the request task sees it.
@@ -389,7 +428,12 @@ mod tests {
     ) -> Arc<RequestMeta> {
         Arc::new(RequestMeta {
             id: "chatcmpl-lost".into(),
-            session: Some("s-lost".into()),
+            session: Some(crate::server::session::TurnSession {
+                id: "s-lost".into(),
+                source: crate::server::session::KeySource::Header,
+                turn: Some(0),
+                extends: None,
+            }),
             received,
             request: ValidRequest {
                 api: Api::Chat,
@@ -407,6 +451,7 @@ mod tests {
                     continuous_usage: false,
                     user: None,
                     session_hint: None,
+                    prompt_cache_key: None,
                     ignore_eos: false,
                     return_progress: false,
                     grammar: None,
@@ -424,6 +469,7 @@ mod tests {
                 tools_skipped: Vec::new(),
                 max_tokens_asked: None,
                 prediction: None,
+                session_ttl: None,
             },
         })
     }

@@ -182,7 +182,15 @@ impl RequestTrace {
             attrs.push(KeyValue::new(attr::GEN_AI_REQUEST_CHOICE_COUNT, n));
         }
         if let Some(s) = &meta.session {
-            attrs.push(KeyValue::new(attr::GEN_AI_CONVERSATION_ID, s.clone()));
+            attrs.push(KeyValue::new(attr::GEN_AI_CONVERSATION_ID, s.id.clone()));
+            attrs.push(KeyValue::new(attr::SESSION_ID, s.id.clone()));
+            attrs.push(KeyValue::new(attr::SESSION_SOURCE, s.source.as_str()));
+            if let Some(t) = s.turn {
+                attrs.push(kv_u(attr::SESSION_TURN, t));
+            }
+            if let Some(e) = &s.extends {
+                attrs.push(KeyValue::new(attr::SESSION_EXTENDS, e.clone()));
+            }
         }
         attrs.extend(server.attrs());
         if trace_content && let Some(c) = &req.content {
@@ -289,8 +297,8 @@ impl RequestTrace {
             KeyValue::new(attr::REQUEST_ID, self.meta.id.clone()),
             kv_i(attr::CHOICE_INDEX, choice),
         ];
-        if let Some(s) = &self.meta.session {
-            v.push(KeyValue::new(attr::GEN_AI_CONVERSATION_ID, s.clone()));
+        if let Some(s) = self.meta.session_id() {
+            v.push(KeyValue::new(attr::GEN_AI_CONVERSATION_ID, s.to_string()));
         }
         v
     }
@@ -733,6 +741,9 @@ impl RequestTrace {
         );
         if let Some(r) = usage.resume {
             attrs.push(KeyValue::new(attr::RESUME, r));
+        }
+        if let Some(ttl) = o.session_kv_ttl {
+            attrs.push(KeyValue::new(attr::SESSION_KV_TTL_MS, ms(ttl)));
         }
         let resume_counts = [
             (attr::RESUME_REUSABLE_TOKENS, usage.reusable_tokens),

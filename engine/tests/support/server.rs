@@ -9,7 +9,7 @@ use opentelemetry_sdk::trace::{SdkTracerProvider, SimpleSpanProcessor, SpanData,
 use slotlight_engine::model::loader::Model;
 use slotlight_engine::prompt::PromptBuilder;
 use slotlight_engine::runtime::{self, RuntimeConfig};
-use slotlight_engine::scheduler::{EngineHandle, SchedulerConfig};
+use slotlight_engine::scheduler::{EngineHandle, KeepConfig, SchedulerConfig};
 use slotlight_engine::server::Limits;
 use slotlight_engine::server::{AppState, ServeConfig};
 use slotlight_engine::speculation::SpeculationConfig;
@@ -54,6 +54,8 @@ pub struct Options {
     pub speculation: SpeculationConfig,
     /// Serve vLLM's metric names too (`--metrics-compat vllm`).
     pub vllm_metrics: bool,
+    /// How live sessions' KV is kept.
+    pub session_kv: KeepConfig,
 }
 
 impl Default for Options {
@@ -75,6 +77,7 @@ impl Default for Options {
             data_parallel_rank: 0,
             speculation: SpeculationConfig::default(),
             vllm_metrics: false,
+            session_kv: KeepConfig::default(),
         }
     }
 }
@@ -106,6 +109,7 @@ impl TestServer {
             return_to_solo: true,
             max_sessions: 64,
             speculation: o.speculation.clone(),
+            session_kv: o.session_kv,
         };
         let backends =
             runtime::build_backends_for(model, &devices, &rc, Some(&sched)).expect("backends");

@@ -16,11 +16,15 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, broadcast, mpsc, watch};
 
 use crate::metrics::{EvictReason, Metrics};
+use crate::session::SessionTracker;
 use crate::slots::{InstanceSnapshot, Occupant, PrefillProgress, Row, RowState, SlotsSnapshot};
 use crate::spans::{Body, DecodeSpan, EngineSpan, PrefillWindowSpan, SlotKey};
 use crate::store::{TurnStore, TurnWriter};
 use crate::turn::{PartialTurn, TurnLeg, TurnRecord};
 use crate::vocab::TraceId;
+
+/// Live sessions tracked at once (beyond, the one idle longest is observed early).
+pub const MAX_LIVE_SESSIONS: usize = 65_536;
 
 /// Engine instances tracked at once.
 pub const MAX_INSTANCES: usize = 256;
@@ -49,6 +53,8 @@ pub struct AssemblyConfig {
     pub instance_ttl_ns: i64,
     /// Finished request ids remembered per instance, so late spans do not resurrect them.
     pub finished_memory: usize,
+    /// How long a session without the engine's KV keeping stays live after its last turn.
+    pub session_idle_ns: i64,
 }
 
 impl AssemblyConfig {
@@ -61,6 +67,7 @@ impl AssemblyConfig {
             legs_wait_ns: ns(c.legs_wait()),
             instance_ttl_ns: ns(Duration::from_secs(c.instance_ttl_s)),
             finished_memory: 8192,
+            session_idle_ns: c.session_idle_ns(),
         }
     }
 }
@@ -664,6 +671,8 @@ pub struct Assembly {
     pub slots_tx: watch::Sender<Arc<SlotsSnapshot>>,
     /// Where views read.
     pub published: Published,
+    /// The live sessions, each observed once when it ends.
+    pub sessions: SessionTracker,
 }
 
 impl Assembly {
@@ -672,6 +681,7 @@ impl Assembly {
         let (slots_tx, slots_rx) = watch::channel(Arc::new(SlotsSnapshot::default()));
         let (turn_events, _) = broadcast::channel(1024);
         Assembly {
+            sessions: SessionTracker::new(cfg.session_idle_ns, MAX_LIVE_SESSIONS),
             assembler: Assembler::new(cfg),
             slots_tx,
             published: Published {
@@ -752,6 +762,7 @@ pub async fn run(
         mut assembler,
         slots_tx,
         published,
+        mut sessions,
     } = assembly;
     let mut tick = tokio::time::interval(publish_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -779,9 +790,13 @@ pub async fn run(
                 }
             }
             _ = tick.tick() => {
-                assembler.tick(crate::vocab::unix_now_ns(), &mut out);
+                let now = crate::vocab::unix_now_ns();
+                assembler.tick(now, &mut out);
                 publish(&mut assembler, &mut last_publish);
                 metrics.set_traces_in_flight(assembler.in_flight());
+                for s in sessions.ended(now) {
+                    metrics.observe_session(&s, now);
+                }
             }
         }
         if out.evicted_capacity + out.evicted_ttl > 0 {
@@ -793,6 +808,13 @@ pub async fn run(
         metrics.count_late(std::mem::take(&mut out.late_spans));
         for t in out.turns.drain(..) {
             metrics.observe_turn(&t);
+            if let (Some(session), Some(extends)) = (&t.session_id, &t.session_extends) {
+                published.turns.link(&t.instance, extends, session);
+            }
+            let now = crate::vocab::unix_now_ns();
+            for s in sessions.record(&t, now) {
+                metrics.observe_session(&s, now);
+            }
             let t = Arc::new(t);
             published.turns.push(t.clone());
             let _ = published.turn_events.send(t.clone());

@@ -16,6 +16,7 @@ use slotlight_otel::metric::{self, label};
 
 use super::histogram::TraceHistogram;
 use super::requests::{RequestMetrics, SeriesMetrics, genai_labels};
+use super::sessions::SessionMetrics;
 use super::span_totals::SpanTotals;
 use super::{EvictReason, REQUEST_REJECT_LABELS};
 use crate::error::SpanReject;
@@ -109,6 +110,8 @@ pub struct Scrape {
     pub live: LiveGauges,
     /// The spanmetrics series (read under their lock while encoding).
     pub spans: Arc<Mutex<SpanTotals>>,
+    /// The session histograms.
+    pub sessions: Arc<SessionMetrics>,
     /// The sidecar's own counters.
     pub own: OwnCounts,
 }
@@ -244,6 +247,20 @@ fn encode_requests(r: &RequestMetrics, enc: &mut DescriptorEncoder<'_>) -> std::
     Ok(())
 }
 
+fn encode_sessions(s: &SessionMetrics, enc: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
+    let none = Labels::new();
+    for (name, h) in [
+        (metric::SESSION_TURNS, &s.turns),
+        (metric::SESSION_DURATION, &s.duration),
+        (metric::SESSION_CACHE_HIT_RATIO, &s.cache_hit_ratio),
+        (metric::SESSION_CLIENT_SHARE, &s.client_share),
+    ] {
+        let mut f = family(enc, name, MetricType::Histogram)?;
+        histogram(&mut f, &none, h)?;
+    }
+    Ok(())
+}
+
 fn encode_live(g: &LiveGauges, enc: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
     let mut f = family(enc, metric::RUNNING_REQUESTS, MetricType::Gauge)?;
     for (l, v) in &g.running {
@@ -334,6 +351,7 @@ impl Collector for Scrape {
             let r = self.requests.lock().unwrap_or_else(|p| p.into_inner());
             encode_requests(&r, &mut enc)?;
         }
+        encode_sessions(&self.sessions, &mut enc)?;
         encode_live(&self.live, &mut enc)?;
         {
             let s = self.spans.lock().unwrap_or_else(|p| p.into_inner());

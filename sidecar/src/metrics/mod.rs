@@ -16,6 +16,7 @@
 pub mod exposition;
 pub mod histogram;
 pub mod requests;
+pub mod sessions;
 pub mod span_totals;
 pub mod spanmetrics;
 
@@ -27,6 +28,7 @@ use crate::slots::SlotsSnapshot;
 use crate::turn::TurnRecord;
 use exposition::{LiveGauges, OwnCounts, Scrape};
 use requests::RequestMetrics;
+use sessions::SessionMetrics;
 use span_totals::SpanTotals;
 use spanmetrics::SpanBatch;
 
@@ -86,6 +88,7 @@ pub struct Metrics {
     turns_incomplete: AtomicU64,
     spans: Arc<Mutex<SpanTotals>>,
     requests: Arc<Mutex<RequestMetrics>>,
+    sessions: Arc<SessionMetrics>,
 }
 
 impl Metrics {
@@ -108,6 +111,7 @@ impl Metrics {
             turns_incomplete: AtomicU64::new(0),
             spans: Arc::new(Mutex::new(SpanTotals::new(max_span_series))),
             requests: Arc::new(Mutex::new(RequestMetrics::default())),
+            sessions: Arc::new(SessionMetrics::default()),
         }
     }
 
@@ -204,6 +208,11 @@ impl Metrics {
         g.observe(t);
     }
 
+    /// Observes a session that stopped being live, at `now_ns`.
+    pub fn observe_session(&self, s: &crate::session::SessionRecord, now_ns: i64) {
+        self.sessions.observe(s, now_ns);
+    }
+
     /// Renders everything. `openmetrics` selects OpenMetrics 1.0 (with trace-id exemplars)
     /// over the Prometheus text format 0.0.4.
     pub fn render(&self, slots: &SlotsSnapshot, openmetrics: bool) -> String {
@@ -229,6 +238,7 @@ impl Metrics {
                 requests: self.requests.clone(),
                 live: LiveGauges::of(slots),
                 spans: self.spans.clone(),
+                sessions: self.sessions.clone(),
                 own,
             },
             openmetrics,

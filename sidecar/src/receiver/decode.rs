@@ -344,6 +344,11 @@ fn convert_span(
             resume_reusable_tokens: int(f.get(F::ResumeReusable)),
             resume_diverged_at: int(f.get(F::ResumeDivergedAt)),
             resume_evicted_tokens: int(f.get(F::ResumeEvicted)),
+            api: text(f.get(F::Api)),
+            session_source: text(f.get(F::SessionSource)),
+            session_turn: int(f.get(F::SessionTurn)),
+            session_extends: text(f.get(F::SessionExtends)),
+            session_kv_ttl_ms: dbl(f.get(F::SessionKvTtl)),
             error_type: text(f.get(F::ErrorType)),
         })),
     };
@@ -466,6 +471,11 @@ enum F {
     ResumeEvicted,
     SamplingRatio,
     DataParallelRank,
+    Api,
+    SessionSource,
+    SessionTurn,
+    SessionExtends,
+    SessionKvTtl,
     /// Must stay last: [`N_FIELDS`] counts up to it.
     ErrorType,
 }
@@ -531,6 +541,11 @@ const KEYS: [(&str, F); N_FIELDS] = [
     (attr::RESUME_EVICTED_TOKENS, F::ResumeEvicted),
     (attr::TRACE_SAMPLING_RATIO, F::SamplingRatio),
     (attr::ENGINE_DATA_PARALLEL_RANK, F::DataParallelRank),
+    (attr::API, F::Api),
+    (attr::SESSION_SOURCE, F::SessionSource),
+    (attr::SESSION_TURN, F::SessionTurn),
+    (attr::SESSION_EXTENDS, F::SessionExtends),
+    (attr::SESSION_KV_TTL_MS, F::SessionKvTtl),
     (attr::ERROR_TYPE, F::ErrorType),
 ];
 

@@ -12,10 +12,15 @@
 //! requests, and a repeat is ignored.
 //!
 //! `:memory:` keeps no file: the views read the in-memory ring instead ([`TurnStore`]).
+//!
+//! Each session's record is kept beside its turns ([`sessions`]), made again from them in the
+//! transaction that writes or deletes any of its turns: `/v1/sessions` reads only committed
+//! rows too, and a restarted sidecar answers exactly what it wrote.
 
 pub mod query;
 pub mod ring;
 pub mod schema;
+pub mod sessions;
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
@@ -25,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags, params};
 
+use crate::session::{SessionCursor, SessionQuery, SessionRecord, TurnFacts};
 use crate::turn::{TurnQuery, TurnRecord};
 pub use query::TurnPage;
 pub use ring::TurnStore;
@@ -76,6 +82,10 @@ pub enum StoreError {
         #[source]
         source: serde_json::Error,
     },
+    /// A stored session record is not valid JSON of a session (the file was edited by hand or
+    /// is damaged).
+    #[error("turn store: a stored session record does not read: {0}")]
+    BadSession(String),
     /// The writer thread could not be started.
     #[error("turn store: cannot start the writer thread: {0}")]
     Thread(#[source] std::io::Error),
@@ -167,7 +177,12 @@ fn open_rw(path: &Path) -> Result<Connection, StoreError> {
             found,
         });
     }
+    let mut c = c;
     c.execute_batch(schema::CREATE).map_err(sqlite(path))?;
+    if found < 2 {
+        // A store written before sessions were kept: make them from its turns.
+        sessions::rebuild(&mut c).map_err(sqlite(path))?;
+    }
     c.pragma_update(None, "user_version", schema::VERSION)
         .map_err(sqlite(path))?;
     Ok(c)
@@ -191,6 +206,49 @@ impl TurnDb {
             },
             query::QueryError::BadRecord { seq, source } => StoreError::BadRecord { seq, source },
         })
+    }
+
+    /// One page of `/v1/sessions`, `live` decided as of `now_ns` (sessions without the
+    /// engine's KV keeping stay live `idle_ns` after their last turn).
+    pub fn sessions(
+        &self,
+        q: &SessionQuery,
+        idle_ns: i64,
+        now_ns: i64,
+    ) -> Result<(Vec<SessionRecord>, Option<SessionCursor>), StoreError> {
+        let c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        sessions::page(&c, q, idle_ns, now_ns).map_err(|e| self.sessions_error(e))
+    }
+
+    /// Session `id` and its turns in order, each with `gap_before_s`; `None` when unknown.
+    pub fn session(
+        &self,
+        id: &str,
+        idle_ns: i64,
+        now_ns: i64,
+    ) -> Result<Option<(SessionRecord, Vec<serde_json::Value>)>, StoreError> {
+        let c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        sessions::one(&c, id, idle_ns, now_ns).map_err(|e| self.sessions_error(e))
+    }
+
+    /// The sessions live at `now_ns`, with their turns (for the assembly's tracker).
+    pub fn live_sessions(
+        &self,
+        idle_ns: i64,
+        now_ns: i64,
+    ) -> Result<Vec<(String, Vec<TurnFacts>)>, StoreError> {
+        let c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        sessions::live(&c, idle_ns, now_ns).map_err(sqlite(&self.path))
+    }
+
+    fn sessions_error(&self, e: sessions::SessionsError) -> StoreError {
+        match e {
+            sessions::SessionsError::Sqlite(source) => StoreError::Sqlite {
+                path: self.path.display().to_string(),
+                source,
+            },
+            sessions::SessionsError::BadRecord(message) => StoreError::BadSession(message),
+        }
     }
 
     /// How many turn records the store holds.
@@ -280,7 +338,7 @@ fn write_loop(mut c: Connection, path: &Path, rx: Receiver<Arc<TurnRecord>>, ret
         }
         batch.clear();
         if last_retention.is_none_or(|t| t.elapsed() >= RETENTION_EVERY) {
-            if let Err(e) = apply_retention(&c, retention, crate::vocab::unix_now_ns()) {
+            if let Err(e) = apply_retention(&mut c, retention, crate::vocab::unix_now_ns()) {
                 tracing::error!(error = %e, path = %path.display(), "TurnStore.RetentionFailed");
             }
             last_retention = Some(Instant::now());
@@ -319,20 +377,34 @@ pub fn write_batch(
             ])?;
         }
     }
+    sessions::after_write(&tx, batch)?;
     tx.commit()?;
     Ok(written)
 }
 
-/// Deletes what the retention no longer keeps; returns the rows deleted.
+/// Deletes what the retention no longer keeps, and makes the records of the sessions that lost
+/// turns again; returns the turn rows deleted.
 pub fn apply_retention(
-    c: &Connection,
+    c: &mut Connection,
     r: Retention,
     now_ns: i64,
 ) -> Result<usize, rusqlite::Error> {
     let age = i64::try_from(r.max_age.as_nanos()).unwrap_or(i64::MAX);
-    let mut n = c.execute(schema::DELETE_OLDER, params![now_ns.saturating_sub(age)])?;
     let keep = i64::try_from(r.max_rows).unwrap_or(i64::MAX);
-    n += c.execute(schema::DELETE_BEYOND, params![keep])?;
+    let tx = c.transaction()?;
+    let mut n = 0;
+    let mut touched = Vec::new();
+    for (cond, arg) in [
+        (schema::OLDER, now_ns.saturating_sub(age)),
+        (schema::BEYOND, keep),
+    ] {
+        touched.extend(sessions::sessions_of(&tx, cond, arg)?);
+        n += tx.execute(&format!("DELETE FROM turns WHERE {cond}"), [arg])?;
+    }
+    if n > 0 {
+        sessions::refresh(&tx, touched.iter().map(String::as_str))?;
+    }
+    tx.commit()?;
     Ok(n)
 }
 

@@ -3,6 +3,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, RwLock};
 
+use crate::session::{SessionCursor, SessionQuery, SessionRecord, TurnFacts, detail, summarize};
 use crate::turn::{Cursor, TurnQuery, TurnRecord};
 
 /// The bounded ring of recent turn records (`--turns-db :memory:`). Only the assembly task
@@ -85,6 +86,71 @@ impl TurnStore {
             hits.reverse();
         }
         (hits.into_iter().map(|(_, t)| t).collect(), next)
+    }
+
+    /// Files the keyless turn `request_id` of `instance` under `session_id`, as a found
+    /// session's turn 0 (see [`crate::store::sessions`]).
+    pub fn link(&self, instance: &str, request_id: &str, session_id: &str) {
+        let mut ring = self.ring.write().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, t)) = ring.records.iter_mut().rev().find(|(_, t)| {
+            &*t.instance == instance && &*t.request_id == request_id && t.session_id.is_none()
+        }) {
+            let mut linked = (**t).clone();
+            linked.session_id = Some(std::sync::Arc::from(session_id));
+            linked.session_source = Some(slotlight_otel::attr::value::SESSION_SOURCE_FOUND.into());
+            linked.session_turn = Some(0);
+            *t = Arc::new(linked);
+        }
+    }
+
+    /// The ring's records grouped by session.
+    fn by_session(&self) -> std::collections::HashMap<String, Vec<Arc<TurnRecord>>> {
+        let ring = self.ring.read().unwrap_or_else(|p| p.into_inner());
+        let mut by: std::collections::HashMap<String, Vec<Arc<TurnRecord>>> =
+            std::collections::HashMap::new();
+        for (_, t) in &ring.records {
+            if let Some(s) = &t.session_id {
+                by.entry(s.to_string()).or_default().push(t.clone());
+            }
+        }
+        by
+    }
+
+    /// One page of `/v1/sessions` from the sessions whose turns the ring holds (a session's
+    /// oldest turns may have left it).
+    pub fn sessions(
+        &self,
+        q: &SessionQuery,
+        idle_ns: i64,
+        now_ns: i64,
+    ) -> (Vec<SessionRecord>, Option<SessionCursor>) {
+        let all = self
+            .by_session()
+            .into_iter()
+            .filter_map(|(id, turns)| {
+                let facts = turns.iter().map(|t| TurnFacts::from(&**t)).collect();
+                summarize(&id, facts, idle_ns, now_ns)
+            })
+            .collect();
+        crate::session::query::page(q, all)
+    }
+
+    /// Session `id` and its turns in order, each with `gap_before_s`; `None` when the ring
+    /// holds none of its turns.
+    pub fn session(
+        &self,
+        id: &str,
+        idle_ns: i64,
+        now_ns: i64,
+    ) -> Option<(SessionRecord, Vec<serde_json::Value>)> {
+        let turns = self.by_session().remove(id)?;
+        let facts = turns.iter().map(|t| TurnFacts::from(&**t)).collect();
+        let record = summarize(id, facts, idle_ns, now_ns)?;
+        let json = turns
+            .iter()
+            .filter_map(|t| serde_json::to_value(&**t).ok())
+            .collect();
+        Some((record, detail(json)))
     }
 
     /// How many turn records are held in memory.

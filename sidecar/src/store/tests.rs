@@ -287,7 +287,7 @@ fn retention_keeps_the_newest_and_the_recent() {
         max_rows: 100,
     };
     assert_eq!(
-        apply_retention(&c, keep_all, 10_000_000_000).expect("none"),
+        apply_retention(&mut c, keep_all, 10_000_000_000).expect("none"),
         0
     );
     let by_count = Retention {
@@ -295,7 +295,7 @@ fn retention_keeps_the_newest_and_the_recent() {
         max_rows: 6,
     };
     assert_eq!(
-        apply_retention(&c, by_count, 10_000_000_000).expect("count"),
+        apply_retention(&mut c, by_count, 10_000_000_000).expect("count"),
         4
     );
     let db = read(&dir.db());
@@ -308,7 +308,10 @@ fn retention_keeps_the_newest_and_the_recent() {
         max_age: Duration::from_millis(3500),
         max_rows: 100,
     };
-    assert_eq!(apply_retention(&c, by_age, 10_000_000_000).expect("age"), 3);
+    assert_eq!(
+        apply_retention(&mut c, by_age, 10_000_000_000).expect("age"),
+        3
+    );
     assert_eq!(ids(&db.query(&q(100)).expect("q")), ["t9", "t8", "t7"]);
 }
 
@@ -370,4 +373,159 @@ fn the_default_path_follows_xdg() {
         TurnsDb::from_flag(Some("/x/t.db")),
         TurnsDb::File(PathBuf::from("/x/t.db"))
     );
+}
+
+/// A turn `id` of `session` from `start_s` to `end_s` seconds, with its resume outcome.
+fn timed(
+    id: &str,
+    session: Option<&str>,
+    start_s: i64,
+    end_s: i64,
+    extends: Option<&str>,
+) -> Arc<TurnRecord> {
+    const S: i64 = 1_000_000_000;
+    let req = RequestSpan {
+        name: "chat m".into(),
+        e2e_ms: Some(((end_s - start_s) * 1000) as f64),
+        queue_ms: Some(100.0),
+        ttft_ms: Some(400.0),
+        input_tokens: Some(100),
+        cached_tokens: Some(50),
+        resume: Some("full".into()),
+        api: Some("chat.completions".into()),
+        session_source: session.map(|_| "found".into()),
+        session_extends: extends.map(str::to_string),
+        ..Default::default()
+    };
+    let mut trace = [1u8; 16];
+    trace[..id.len().min(16)].copy_from_slice(&id.as_bytes()[..id.len().min(16)]);
+    let root = EngineSpan {
+        instance: Arc::from("i"),
+        service_version: None,
+        trace_id: trace,
+        start_ns: start_s * S,
+        end_ns: end_s * S,
+        error: false,
+        request_id: id.into(),
+        session_id: session.map(Into::into),
+        body: Body::Request(Box::new(req.clone())),
+    };
+    Arc::new(TurnRecord::build(&root, &req, vec![]))
+}
+
+fn all_sessions(db: &TurnDb, now_ns: i64) -> Vec<crate::session::SessionRecord> {
+    let q = crate::session::SessionQuery {
+        limit: 100,
+        ..Default::default()
+    };
+    db.sessions(&q, 60_000_000_000, now_ns).expect("sessions").0
+}
+
+#[test]
+fn sessions_are_kept_with_their_turns_and_read_back_exactly_after_reopening() {
+    let dir = Scratch::new("sessions");
+    let path = dir.db();
+    let mut c = rw(&path);
+    // Turn 0 without a session; turn 1 found its session by extending it; turn 2 follows.
+    write_batch(&mut c, &[timed("r0", None, 0, 2, None)], 1).expect("write");
+    write_batch(&mut c, &[timed("r1", Some("f"), 5, 7, Some("r0"))], 2).expect("write");
+    write_batch(&mut c, &[timed("r2", Some("f"), 10, 11, None)], 3).expect("write");
+    let db = read(&path);
+    let s = all_sessions(&db, 0);
+    assert_eq!(s.len(), 1);
+    let f = &s[0];
+    assert_eq!((f.session_id.as_str(), f.turns), ("f", 3));
+    assert_eq!(f.client_s, 6.0, "3 s before turn 1, 3 s before turn 2");
+    assert_eq!(f.model_s, 5.0);
+    assert_eq!((f.prompt_tokens, f.cached_tokens), (300, 150));
+    assert_eq!(f.cache_hit_ratio, Some(0.5));
+    // Turn 0 is filed under the session, as its turn 0.
+    let (record, turns) = db
+        .session("f", 60_000_000_000, 0)
+        .expect("read")
+        .expect("found");
+    assert_eq!(&record, f);
+    let ids: Vec<&str> = turns
+        .iter()
+        .map(|t| t["request_id"].as_str().expect("id"))
+        .collect();
+    assert_eq!(ids, ["r0", "r1", "r2"]);
+    assert_eq!(turns[0]["session_id"], "f");
+    assert_eq!(turns[0]["session_turn"], 0);
+    assert_eq!(turns[0]["gap_before_s"], serde_json::Value::Null);
+    assert_eq!(turns[1]["gap_before_s"], 3.0);
+    let by_turn = db
+        .query(&TurnQuery {
+            session_id: Some("f".into()),
+            limit: 10,
+            ..Default::default()
+        })
+        .expect("turns");
+    assert_eq!(by_turn.turns.len(), 3);
+    // Live for the idle window after the last turn (60 s), and not after.
+    assert!(all_sessions(&db, 70_000_000_000)[0].live);
+    assert!(!all_sessions(&db, 71_000_000_000)[0].live);
+    let live_only = |live: bool, now: i64| {
+        let q = crate::session::SessionQuery {
+            live: Some(live),
+            limit: 10,
+            ..Default::default()
+        };
+        db.sessions(&q, 60_000_000_000, now).expect("q").0.len()
+    };
+    assert_eq!((live_only(true, 0), live_only(false, 0)), (1, 0));
+    assert_eq!(
+        (
+            live_only(true, 80_000_000_000),
+            live_only(false, 80_000_000_000)
+        ),
+        (0, 1)
+    );
+    assert!(db.session("nope", 0, 0).expect("read").is_none());
+    assert_eq!(
+        db.live_sessions(60_000_000_000, 0).expect("live")[0]
+            .1
+            .len(),
+        3
+    );
+    drop((c, db));
+    // Reopened: the same answer, exactly.
+    let again = rw(&path);
+    let db = read(&path);
+    assert_eq!(&all_sessions(&db, 0)[0], f);
+    drop(again);
+}
+
+#[test]
+fn retention_makes_sessions_again_from_the_turns_it_keeps() {
+    let dir = Scratch::new("session-retention");
+    let mut c = rw(&dir.db());
+    write_batch(&mut c, &[timed("x", Some("gone"), 0, 1, None)], 0).expect("w");
+    for (id, start) in [("a", 0), ("b", 10), ("c", 20)] {
+        write_batch(&mut c, &[timed(id, Some("s"), start, start + 1, None)], 0).expect("w");
+    }
+    let keep_two = Retention {
+        max_age: Duration::from_secs(3600),
+        max_rows: 2,
+    };
+    assert_eq!(apply_retention(&mut c, keep_two, 10).expect("count"), 2);
+    let db = read(&dir.db());
+    let s = all_sessions(&db, 0);
+    let ids: Vec<&str> = s.iter().map(|s| s.session_id.as_str()).collect();
+    assert_eq!(ids, ["s"], "a session left with no turn is gone");
+    assert_eq!((s[0].turns, s[0].first_turn_at), (2, 10_000_000_000));
+}
+
+#[test]
+fn a_store_written_before_sessions_gets_them_from_its_turns() {
+    let dir = Scratch::new("migrate");
+    let path = dir.db();
+    let mut c = rw(&path);
+    write_batch(&mut c, &[timed("a", Some("s"), 0, 1, None)], 1).expect("w");
+    c.execute("DELETE FROM sessions", [])
+        .expect("as a version 1 store");
+    c.pragma_update(None, "user_version", 1).expect("v1");
+    drop(c);
+    drop(rw(&path));
+    assert_eq!(all_sessions(&read(&path), 0).len(), 1);
 }

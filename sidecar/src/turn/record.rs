@@ -133,8 +133,23 @@ pub struct TurnRecord {
     pub service_version: Option<Arc<str>>,
     /// The engine's request id (also the response id) (`slotlight.request.id`).
     pub request_id: Arc<str>,
-    /// The conversation the request belongs to, when the client named one (`slotlight.session.id`).
+    /// The session the request belongs to (`gen_ai.conversation.id`): the client's key, or
+    /// the engine's id for a session it found from the prompt.
     pub session_id: Option<Arc<str>>,
+    /// How the session key was found (`slotlight.session.source`: `header`,
+    /// `conversation`, `response_chain`, `prompt_cache_key`, `metadata`, `user`, `found`).
+    pub session_source: Option<String>,
+    /// The turn's index in its session, from 0 (`slotlight.session.turn`).
+    pub session_turn: Option<i64>,
+    /// For a found session's turn 1: the request id of the keyless turn it extends, which
+    /// becomes the session's turn 0 (`slotlight.session.extends`).
+    pub session_extends: Option<String>,
+    /// How long after this turn the engine keeps its session's KV, ms
+    /// (`slotlight.session.kv_ttl_ms`; 0 when it keeps none).
+    pub session_kv_ttl_ms: Option<f64>,
+    /// The API the request came through (`slotlight.api`: `chat.completions`,
+    /// `completions`, `responses`, `messages`).
+    pub api: Option<String>,
     /// Trace id (hex).
     pub trace_id: String,
     /// Trace id (raw), for exemplars.
@@ -258,6 +273,11 @@ impl TurnRecord {
             service_version: root.service_version.clone(),
             request_id: Arc::from(&*root.request_id),
             session_id: root.session_id.as_deref().map(Arc::from),
+            session_source: req.session_source.clone(),
+            session_turn: req.session_turn,
+            session_extends: req.session_extends.clone(),
+            session_kv_ttl_ms: req.session_kv_ttl_ms,
+            api: req.api.clone(),
             trace_id: hex(&root.trace_id),
             trace_id_bytes: root.trace_id,
             model,
@@ -314,6 +334,11 @@ impl TurnRecord {
             service_version: seen.service_version,
             request_id: seen.request_id,
             session_id: seen.session_id,
+            session_source: None,
+            session_turn: None,
+            session_extends: None,
+            session_kv_ttl_ms: None,
+            api: None,
             trace_id: hex(&seen.trace_id),
             trace_id_bytes: seen.trace_id,
             model: None,
@@ -484,6 +509,28 @@ mod tests {
         assert_eq!(json["reusable_tokens"], 80);
         assert_eq!(json["diverged_at"], 81);
         assert_eq!(json["evicted_tokens"], 16);
+    }
+
+    #[test]
+    fn record_carries_the_session_and_the_api() {
+        use slotlight_otel::attr::value;
+        let req = RequestSpan {
+            name: "chat small".into(),
+            api: Some(value::API_MESSAGES.into()),
+            session_source: Some(value::SESSION_SOURCE_FOUND.into()),
+            session_turn: Some(1),
+            session_extends: Some("msg_0".into()),
+            session_kv_ttl_ms: Some(300_000.0),
+            ..Default::default()
+        };
+        let json = serde_json::to_value(TurnRecord::build(&root(req.clone()), &req, vec![]))
+            .expect("json");
+        assert_eq!(json["session_id"], "s");
+        assert_eq!(json["api"], value::API_MESSAGES);
+        assert_eq!(json["session_source"], value::SESSION_SOURCE_FOUND);
+        assert_eq!(json["session_turn"], 1);
+        assert_eq!(json["session_extends"], "msg_0");
+        assert_eq!(json["session_kv_ttl_ms"], 300_000.0);
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The views: `/v1/slots`, `/v1/turns` (JSON and SSE), `/metrics`, and the live page `/`.
+//! The views: `/v1/slots`, `/v1/turns` (JSON and SSE), `/v1/sessions`, `/metrics`, and the
+//! live page `/`.
 //!
 //! Handlers only read what the assembly task published (a `watch` snapshot, the turn ring, a
 //! broadcast of new turns); they never wait on the assembly. With `--token`, `/v1/*` and
@@ -35,6 +36,8 @@ pub const PAGE: &str = include_str!("page/index.html");
 /// How often a slot stream re-sends an unchanged snapshot (so ages and elapsed times move).
 const SLOTS_REFRESH: Duration = Duration::from_secs(1);
 
+mod sessions;
+
 /// Default `limit` of `/v1/turns`.
 const DEFAULT_TURNS: usize = 100;
 
@@ -47,6 +50,8 @@ pub struct ApiState {
     pub store: Option<TurnDb>,
     /// Every metric the sidecar serves on `/metrics`.
     pub metrics: Arc<Metrics>,
+    /// How long a session without the engine's KV keeping stays live (`--session-idle-s`).
+    pub session_idle_ns: i64,
     /// The bearer token the views require (`--token`); `None`: the views are open.
     pub token: Option<Arc<str>>,
     /// Becomes true on shutdown; streams end then.
@@ -60,6 +65,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/slots/stream", get(slots_stream))
         .route("/v1/turns", get(turns))
         .route("/v1/turns/stream", get(turns_stream))
+        .route("/v1/sessions", get(sessions::list))
+        .route("/v1/sessions/{id}", get(sessions::one))
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
@@ -106,12 +113,12 @@ async fn page() -> Html<&'static str> {
     Html(PAGE)
 }
 
-fn json_response(body: String) -> Response {
+pub(crate) fn json_response(body: String) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 /// A view as JSON, or the reason it could not be written (reported, never an empty body).
-fn to_json(view: &impl serde::Serialize) -> Result<String, String> {
+pub(crate) fn to_json(view: &impl serde::Serialize) -> Result<String, String> {
     serde_json::to_string(view).map_err(|e| {
         tracing::error!(error = %e, "Api.Unserializable");
         format!("the view did not serialize: {e}")

@@ -55,7 +55,7 @@ VLLM_METRIC = _SECTIONS["vLLM-compatible metrics"]
 ENGINE_SERVICE = next(v for k, v in _VALUES.items() if k.startswith("`service.name`"))
 PATH_SOLO = next(v for k, v in _VALUES.items() if "solo path" in k)
 PATH_SLOT = next(v for k, v in _VALUES.items() if "a batch slot" in k)
-OP_CHAT = next(v for k, v in _VALUES.items() if "chat completions" in k)
+OP_CHAT = next(v for k, v in _VALUES.items() if k.startswith("`gen_ai.operation.name` of chat"))
 RESUME_DIVERGED = next(v for k, v in _VALUES.items() if k.startswith("`slotlight.resume`: the history changed"))
 
 

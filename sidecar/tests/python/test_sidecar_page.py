@@ -94,6 +94,8 @@ class DevTools:
 def kv(k, v):
     if isinstance(v, str):
         return {"key": k, "value": {"stringValue": v}}
+    if isinstance(v, float):
+        return {"key": k, "value": {"doubleValue": v}}
     return {"key": k, "value": {"intValue": str(v)}}
 
 
@@ -223,6 +225,23 @@ def test_page_shows_a_slot_tile_over_sse(sidecar):
             )
             assert note["ratio"] == "0.25"
             assert "25%" in note["text"] and "sampled" in note["text"]
+            # A session's row, live, with a bar of where its time went: 100 ms queue, 100 ms
+            # prefill, 300 ms decode, no client time yet (one turn).
+            post_request_span(sidecar, "page-engine", "req-session", {
+                "GEN_AI_CONVERSATION_ID": "page-session", "SESSION_ID": "page-session",
+                "SESSION_SOURCE": "header", "SESSION_TURN": 0, "SESSION_KV_TTL_MS": 600_000.0,
+                "USAGE_QUEUE_MS": 100.0, "USAGE_TTFT_MS": 200.0, "USAGE_E2E_MS": 500.0})
+            row = wait_until(
+                "(() => { const r = document.querySelector('#sessions tr[data-session-id=\"page-session\"]');"
+                " return r && {live: r.dataset.live, first: document.querySelector('#sessions tbody tr').dataset.sessionId,"
+                " parts: [...r.querySelectorAll('.timebar span')].map(s => [s.dataset.part, s.style.width])}; })()",
+                "the session's row",
+            )
+            assert row["live"] == "true" and row["first"] == "page-session", row
+            widths = {p: float(w.rstrip("%")) for p, w in row["parts"]}
+            assert set(widths) == {"queue", "prefill", "decode", "client"}, row
+            assert abs(widths["queue"] - 20) < 0.01 and abs(widths["decode"] - 60) < 0.01, row
+            assert widths["client"] == 0, row
             # Self-contained: nothing but same-origin resources.
             urls = evaluate("performance.getEntriesByType('resource').map(e => e.name)")
             assert all(u.startswith(sidecar.url("")) for u in urls), urls

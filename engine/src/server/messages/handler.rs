@@ -25,7 +25,7 @@ use crate::server::front::{self, launch_request};
 use crate::server::ids::new_id;
 use crate::server::middleware::Arrived;
 use crate::server::record::{self, Refused};
-use crate::server::request::{Api, ValidRequest, session, validate};
+use crate::server::request::{Api, ValidRequest, validate};
 use crate::server::responses::TOOLS_SKIPPED_HEADER;
 use crate::server::state::{AppState, SharedState};
 
@@ -157,7 +157,8 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
     let prewarm = asked == 0;
     let limit = st.cfg.limits.max_tokens;
     m.chat.common.max_tokens = Some(i64::try_from(asked.clamp(1, limit)).unwrap_or(1));
-    let hint = m.session_hint();
+    let session = m.session_key(&arrived.headers);
+    let session_ttl = m.session_ttl();
     let MessagesRequest {
         chat,
         thinking,
@@ -169,6 +170,7 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
     let mut req = ValidRequest::chat(st, Api::Messages, chat).await?;
     clamp_to_context(st, &mut req, asked)?;
     req.tools_skipped.extend(tools_skipped);
+    req.session_ttl = session_ttl;
     let turn = Turn::new(
         sections(&req.model, &sent),
         Arc::from(req.prompt.as_slice()),
@@ -177,7 +179,6 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
         Some(Some(previous)) => Diagnostics::of(st.diagnostics.compare(previous, &turn)),
         Some(None) | None => None,
     };
-    let session = session(&arrived.headers, hint.as_deref());
     let stream = req.opts.stream;
     let id = new_id(Api::Messages.id_prefix());
     let launched = launch_request(st, req, id, session, arrived)?;

@@ -20,11 +20,15 @@
 //! prompt can show and are left out. `image`, `document` and the blocks of Anthropic's server
 //! tools are refused, naming the block.
 
+use std::time::Duration;
+
+use axum::http::HeaderMap;
 use serde_json::{Map, Value, json};
 
 use super::signature::Signer;
 use crate::server::body::{Fields, kind_of};
 use crate::server::error::ApiError;
+use crate::server::session::SessionKey;
 use crate::server::request::input::{
     ChatRequest, Common, Content, InputFunctionCall, InputMessage, InputTool, InputToolCall,
     InputToolChoice, ResponseFormat, StringOrList,
@@ -123,27 +127,6 @@ pub struct MessagesRequest {
     pub tools_skipped: Vec<String>,
     /// What the prompt is built from, for the cache diagnostics.
     pub sections: SectionsSent,
-}
-
-/// The session of a request whose `metadata.user_id` is `user_id`: the `session_id` of the JSON
-/// object it holds (as Claude Code writes it), else the string itself. A key longer than 256
-/// bytes is replaced by its SHA-256 in hex.
-pub fn session_of_user_id(user_id: &str) -> Option<String> {
-    let from_json = serde_json::from_str::<Value>(user_id).ok().and_then(|v| {
-        v.get("session_id")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-    });
-    let key = from_json.unwrap_or_else(|| user_id.to_string());
-    if key.is_empty() {
-        return None;
-    }
-    if key.len() <= 256 {
-        return Some(key);
-    }
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(key.as_bytes());
-    Some(digest.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// An error naming `param`, with `message` after it.
@@ -914,9 +897,19 @@ impl MessagesRequest {
         })
     }
 
-    /// The session hint from `metadata.user_id` ([`session_of_user_id`]).
-    pub fn session_hint(&self) -> Option<String> {
-        self.user_id.as_deref().and_then(session_of_user_id)
+    /// The request's session key: the `x-session-id` header, else `metadata.user_id` (its
+    /// `session_id` when it holds Claude Code's JSON object).
+    pub fn session_key(&self, headers: &HeaderMap) -> Option<SessionKey> {
+        crate::server::session::messages(headers, self.user_id.as_deref())
+    }
+
+    /// How long the request asks its session's KV to be kept (`cache_control.ttl`, the
+    /// longest of its breakpoints; `None` without `cache_control`).
+    pub fn session_ttl(&self) -> Option<Duration> {
+        self.cache_ttl.map(|t| match t {
+            CacheTtl::FiveMinutes => Duration::from_secs(5 * 60),
+            CacheTtl::OneHour => Duration::from_secs(60 * 60),
+        })
     }
 }
 
@@ -999,7 +992,11 @@ mod tests {
         assert_eq!(tools.len(), 1, "the deferred tool is left out");
         assert_eq!(tools[0].name_param, "tools[0].name");
         assert_eq!(r.tools_skipped, vec!["web_search_20250305".to_string()]);
-        assert_eq!(r.session_hint().as_deref(), Some("s-1"));
+        assert_eq!(
+            r.session_key(&HeaderMap::new()).map(|k| k.id).as_deref(),
+            Some("s-1")
+        );
+        assert_eq!(r.session_ttl(), Some(Duration::from_secs(3600)));
         assert_eq!(r.cache_ttl, Some(CacheTtl::OneHour));
         assert_eq!(r.max_tokens, Some(32000));
         assert_eq!(r.diagnostics, Some(None));
@@ -1183,17 +1180,5 @@ mod tests {
             Some(ResponseFormat::JsonSchema(json!({"type": "object"})))
         );
         assert_eq!(r.sections.format, Some(json!({"type": "object"})));
-    }
-
-    #[test]
-    fn the_session_comes_from_metadata_user_id() {
-        assert_eq!(
-            session_of_user_id(r#"{"session_id":"abc"}"#).as_deref(),
-            Some("abc")
-        );
-        assert_eq!(session_of_user_id("user-7").as_deref(), Some("user-7"));
-        assert_eq!(session_of_user_id(""), None);
-        let long = "x".repeat(300);
-        assert_eq!(session_of_user_id(&long).map(|s| s.len()), Some(64));
     }
 }

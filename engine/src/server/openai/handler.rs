@@ -28,7 +28,7 @@ use crate::server::outcome::{ApiFinishReason, RequestOutcome};
 use crate::server::pipeline::{ChoiceEnd, Out};
 use crate::server::record::{self, Refused};
 use crate::server::request::input::{ChatRequest, CompletionRequest};
-use crate::server::request::{Api, RequestMeta, ValidRequest, session};
+use crate::server::request::{Api, RequestMeta, ValidRequest};
 use crate::server::state::SharedState;
 use crate::tokenizer::TokenBytes;
 
@@ -82,9 +82,9 @@ async fn generate(
         Kind::Chat => ValidRequest::chat(st, Api::Chat, ChatRequest::from_json(v)?).await?,
         Kind::Completions => ValidRequest::completion(st, CompletionRequest::from_json(v)?).await?,
     };
-    let session = session(&arrived.headers, req.opts.session_hint.as_deref());
+    let key = req.chat_session(&arrived.headers);
     let stream = req.opts.stream;
-    let launched = launch_request(st, req, new_id(kind.api().id_prefix()), session, arrived)?;
+    let launched = launch_request(st, req, new_id(kind.api().id_prefix()), key, arrived)?;
     let shape = Shape {
         meta: Arc::clone(&launched.meta),
         kind,

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
 
@@ -22,6 +22,7 @@ use crate::constraint::{Constraint, ConstraintKind};
 use crate::scheduler::GenerateRequest;
 use crate::server::error::ApiError;
 use crate::server::reasoning::ReasoningStart;
+use crate::server::session::{self as keys, ChatKeys, SessionKey, TurnSession};
 use crate::server::state::AppState;
 use crate::server::tools::ToolSetup;
 
@@ -114,6 +115,10 @@ pub struct ValidRequest {
     pub max_tokens_asked: Option<usize>,
     /// The prediction's token ids (drafted from first; never changes the output).
     pub prediction: Option<Vec<u32>>,
+    /// How long after this turn its session's KV should be kept, when the request asked
+    /// (Responses `prompt_cache_options.ttl`, Messages `cache_control.ttl`); the engine
+    /// clamps it to `--session-kv-ttl-max`.
+    pub session_ttl: Option<Duration>,
 }
 
 impl ValidRequest {
@@ -155,6 +160,7 @@ impl ValidRequest {
             tools_skipped,
             max_tokens_asked: None,
             prediction,
+            session_ttl: None,
         })
     }
 
@@ -187,11 +193,27 @@ impl ValidRequest {
             tools_skipped: Vec::new(),
             max_tokens_asked: None,
             prediction,
+            session_ttl: None,
         })
     }
 
-    /// The engine's request for this one: `id`, the session, the arrival and the cancel flag
-    /// come from the HTTP side.
+    /// The session key of a chat completions or completions request: the `x-session-id`
+    /// header, else `prompt_cache_key`, else `user` (or `safety_identifier`).
+    pub fn chat_session(&self, headers: &HeaderMap) -> Option<SessionKey> {
+        let o = &self.opts;
+        keys::chat(
+            headers,
+            ChatKeys {
+                prompt_cache_key: o.prompt_cache_key.as_deref(),
+                user: o.user.as_deref(),
+                safety_identifier: None,
+            },
+        )
+    }
+
+    /// The engine's request for this one: `id`, the session key, the arrival and the cancel
+    /// flag come from the HTTP side. Without a key the engine looks for the session the
+    /// prompt continues.
     pub fn to_engine(
         &self,
         id: &str,
@@ -201,6 +223,8 @@ impl ValidRequest {
     ) -> GenerateRequest {
         let opts = &self.opts;
         GenerateRequest {
+            find_session: session.is_none(),
+            session_ttl: self.session_ttl,
             id: id.to_string(),
             prompt: self.prompt.clone(),
             max_tokens: opts.max_tokens,
@@ -224,14 +248,15 @@ impl ValidRequest {
 }
 
 /// One launched request as everything that answers or records it reads it: the valid request
-/// and the facts the HTTP side adds. Built once, when the request is launched, and shared by
-/// its task, its spans, its log line and its response.
+/// and the facts the HTTP side adds. Built once, when the engine has taken the request (or
+/// refused it), and shared by its task, its spans, its log line and its response.
 #[derive(Debug)]
 pub struct RequestMeta {
     /// Request id (also the response id).
     pub id: String,
-    /// The session (`gen_ai.conversation.id`), from `x-session-id` or the body's hint.
-    pub session: Option<String>,
+    /// The session (`gen_ai.conversation.id`): the request's key, or the session the engine
+    /// found for it, with the turn's place in it.
+    pub session: Option<TurnSession>,
     /// Arrival at the HTTP layer: the request span's start.
     pub received: Instant,
     /// The request itself.
@@ -244,20 +269,8 @@ impl RequestMeta {
         self.request.api.operation()
     }
 
-    /// The engine's request for this one, cancelled through `cancel`.
-    pub fn to_engine(&self, cancel: Arc<AtomicBool>) -> GenerateRequest {
-        self.request
-            .to_engine(&self.id, self.session.clone(), self.received, cancel)
+    /// The session id, if the request has a session.
+    pub fn session_id(&self) -> Option<&str> {
+        self.session.as_ref().map(|s| s.id.as_str())
     }
-}
-
-/// The session: the `x-session-id` header, else the body's hint (`prompt_cache_key`, else
-/// `user`, else `safety_identifier`).
-pub fn session(headers: &HeaderMap, user: Option<&str>) -> Option<String> {
-    headers
-        .get("x-session-id")
-        .and_then(|v| v.to_str().ok())
-        .filter(|s| !s.is_empty() && s.len() <= 256)
-        .map(str::to_string)
-        .or_else(|| user.filter(|u| !u.is_empty()).map(str::to_string))
 }

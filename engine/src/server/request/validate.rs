@@ -54,6 +54,9 @@ pub struct ValidOptions {
     /// The session hint from the body (`prompt_cache_key`, else `user`, else
     /// `safety_identifier`); the `x-session-id` header wins over it.
     pub session_hint: Option<String>,
+    /// `prompt_cache_key`, kept apart (a session key of its own source,
+    /// [`crate::server::session`]).
+    pub prompt_cache_key: Option<String>,
     /// Whether generation goes on past the end-of-sequence token (`ignore_eos`).
     pub ignore_eos: bool,
     /// Whether a stream carries `prompt_progress` chunks while the prompt is prefilled
@@ -209,6 +212,7 @@ impl Common {
                 .or_else(|| self.user.clone())
                 .or_else(|| self.safety_identifier.clone())
                 .filter(|s| !s.is_empty()),
+            prompt_cache_key: self.prompt_cache_key.clone(),
             ignore_eos: self.ignore_eos,
             // A whole response has no chunk to carry progress in: the field is ignored there.
             return_progress: self.return_progress && self.stream,

@@ -35,7 +35,8 @@ use crate::server::ids::{created, new_id};
 use crate::server::middleware::Arrived;
 use crate::server::outcome::RequestOutcome;
 use crate::server::record::{self, Refused};
-use crate::server::request::{Api, ValidRequest, session};
+use crate::server::request::{Api, ValidRequest};
+use crate::server::session::{self, KeySource, ResponsesKeys, SessionKey};
 use crate::server::state::{AppState, SharedState};
 
 /// A response to store once it is whole: where, and what is known before it is generated.
@@ -177,7 +178,7 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
     let v: Value = read_json(body, st.cfg.max_body_bytes, st.cfg.read_timeout).await?;
     let Prepared {
         req,
-        valid,
+        mut valid,
         prev,
         format,
         history,
@@ -187,15 +188,25 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
         Some(cid) => Some(diagnose(st, cid, &req, &valid, &format).await),
         None => None,
     };
-    // The session: the header, the conversation, the chain's, the cache key; a stored
-    // response with none starts a chain of its own.
-    let hint = req
-        .conversation
-        .clone()
-        .or_else(|| prev.as_ref().and_then(|p| p.session.clone()))
-        .or_else(|| req.common.prompt_cache_key.clone())
-        .or_else(|| req.store.then(|| id.clone()));
-    let session = session(&arrived.headers, hint.as_deref());
+    // The session: the header, the conversation, the chain's, the cache key, the user; a
+    // stored response with none starts a chain of its own, which later turns continue.
+    let chain = prev.as_ref().and_then(|p| p.session.clone());
+    let keys = ResponsesKeys {
+        conversation: req.conversation.as_deref(),
+        chain: chain.as_deref(),
+        prompt_cache_key: req.common.prompt_cache_key.as_deref(),
+        user: req
+            .common
+            .user
+            .as_deref()
+            .or(req.common.safety_identifier.as_deref()),
+    };
+    let session = session::responses(&arrived.headers, keys).or_else(|| {
+        req.store
+            .then(|| SessionKey::new(&id, KeySource::ResponseChain))
+            .flatten()
+    });
+    valid.session_ttl = req.cache.ttl_duration()?;
     let model = valid.model.clone();
     let max_output_tokens = valid.opts.max_tokens;
     let pending = req.store.then(|| Pending {
@@ -203,7 +214,7 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
         record: StoredResponse {
             id: id.clone(),
             created_at: created(),
-            session: session.clone(),
+            session: session.as_ref().map(|k| k.id.clone()),
             conversation: req.conversation.clone(),
             model: model.clone(),
             instructions: req.instructions.clone(),

@@ -7,6 +7,8 @@
 //! `namespace`) are accepted and left out of the prompt; the request says so
 //! ([`ResponsesRequest::tools_skipped`]). A field no SDK sends is refused, naming it.
 
+use std::time::Duration;
+
 use serde_json::{Map, Value, json};
 
 use crate::server::body::{Fields, kind_of};
@@ -84,6 +86,39 @@ pub struct CacheOptions {
     pub ttl: Option<String>,
     /// `implicit` or `explicit` breakpoints (every block is a breakpoint here).
     pub mode: Option<String>,
+}
+
+impl CacheOptions {
+    /// The lifetime `ttl` asks for (`90s`, `30m`, `12h`, `1d`; a bare number is seconds): how
+    /// long the session's KV is kept after this turn, which the engine bounds by
+    /// `--session-kv-ttl-max`. `None` without a `ttl`.
+    pub fn ttl_duration(&self) -> Result<Option<Duration>, ApiError> {
+        let Some(ttl) = self.ttl.as_deref() else {
+            return Ok(None);
+        };
+        let bad = || {
+            ApiError::invalid_param(
+                "prompt_cache_options.ttl",
+                format!("`ttl` must be a duration such as `300s`, `30m`, `12h` or `1d`, not `{ttl}`"),
+            )
+        };
+        let t = ttl.trim();
+        let (number, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+            Some((i, _)) => t.split_at(i),
+            None => (t, "s"),
+        };
+        let n: u64 = number.parse().map_err(|_| bad())?;
+        let scale = match unit {
+            "s" => 1,
+            "m" => 60,
+            "h" => 3600,
+            "d" => 86_400,
+            _ => return Err(bad()),
+        };
+        n.checked_mul(scale)
+            .map(|s| Some(Duration::from_secs(s)))
+            .ok_or_else(bad)
+    }
 }
 
 /// `reasoning`.
@@ -238,6 +273,7 @@ impl ResponsesRequest {
                     mode: c.take("mode")?,
                 };
                 c.finish()?;
+                o.ttl_duration()?;
                 o
             }
         };

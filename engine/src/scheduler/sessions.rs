@@ -1,0 +1,506 @@
+//! The engine's memory of sessions: for each, its last turn (the tokens whose KV the engine
+//! computed, prompt and reply, and the group that holds them) and how many turns it has had.
+//!
+//! A session is named by its key ([`crate::server::session`]) or found: a request sent without
+//! a key whose prompt extends the whole of an earlier keyless turn (its prompt and the reply
+//! tokens whose KV exists) joins that turn's session under an engine-made id, so a client that
+//! resends its history gets a session without changing anything. Each keyless turn is
+//! remembered as a **candidate** for that (a session of one turn no one has named yet); the
+//! turn that extends it makes it a found session, of which the candidate's turn is turn 0.
+//! Two conversations that share only a system prompt stay apart: neither prompt extends the
+//! other's whole turn.
+//!
+//! Bounded: at most `--max-sessions` sessions and candidates together, the least recently
+//! used candidate dropped first, then the least recently used session.
+//!
+//! Finding a session costs one pass over the new prompt: every remembered turn that can be
+//! found is indexed by a hash of its whole tokens, and the prompt's running hash is probed at
+//! each length some indexed turn has (the tokens of a hit are compared whole, so a hash
+//! collision never joins two conversations).
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::resume::Prior;
+
+/// A request's place in its session, decided when the request is submitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionTurn {
+    /// The session id: the request's key, or the engine-made id of a found session.
+    pub id: String,
+    /// The turn's index in its session, from 0 (the engine's count of the session's turns).
+    pub index: u64,
+    /// Whether the session was found from the prompt (the request had no key).
+    pub found: bool,
+    /// For a found session's turn 1: the request id of turn 0, the keyless turn whose whole
+    /// tokens the prompt extends.
+    pub extends: Option<String>,
+}
+
+/// What a session is to the memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Named by the client's key.
+    Keyed,
+    /// One keyless turn, remembered in case a later prompt extends it.
+    Candidate,
+    /// Found: a keyless turn was extended; its turns are found by their tokens.
+    Found,
+}
+
+/// A remembered turn.
+#[derive(Debug)]
+struct LastTurn {
+    /// Tokens with KV (prompt and reply).
+    tokens: Vec<u32>,
+    /// The group that served it.
+    group: usize,
+    /// Its request id.
+    request_id: String,
+    /// Its hash in the index, when it can be found (candidates and found sessions).
+    indexed: Option<u64>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    kind: Kind,
+    last: Option<LastTurn>,
+    /// Turns received so far: the next turn's index.
+    turns: u64,
+    /// Least-recently-used tick.
+    used: u64,
+}
+
+/// The engine's memory of sessions (see the module's documentation).
+#[derive(Debug)]
+pub struct SessionMemory {
+    capacity: usize,
+    sessions: HashMap<String, Entry>,
+    /// Remembered turns that can be found, by the hash of their whole tokens.
+    by_tokens: HashMap<u64, String>,
+    /// How many indexed turns have each length.
+    lengths: BTreeMap<usize, usize>,
+    tick: u64,
+    dropped: u64,
+    found: u64,
+    /// Makes engine ids unique across processes (the sidecar keys sessions by id alone).
+    id_seed: u64,
+    next_id: u64,
+}
+
+/// A 64-bit FNV-1a over the tokens' little-endian bytes, fed one token at a time.
+#[derive(Debug, Clone, Copy)]
+struct RunningHash(u64);
+
+impl RunningHash {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+
+    fn new() -> Self {
+        Self(Self::OFFSET)
+    }
+
+    fn push(&mut self, token: u32) {
+        for b in token.to_le_bytes() {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(Self::PRIME);
+        }
+    }
+
+    fn of(tokens: &[u32]) -> u64 {
+        let mut h = Self::new();
+        for &t in tokens {
+            h.push(t);
+        }
+        h.0
+    }
+}
+
+/// A per-process random seed for engine-made session ids.
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    h.finish()
+}
+
+impl SessionMemory {
+    /// Room for `capacity` sessions and candidates (0 remembers none: every turn is `first`,
+    /// and no session is found).
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            sessions: HashMap::new(),
+            by_tokens: HashMap::new(),
+            lengths: BTreeMap::new(),
+            tick: 0,
+            dropped: 0,
+            found: 0,
+            id_seed: random_seed(),
+            next_id: 0,
+        }
+    }
+
+    fn touch(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+
+    /// A new turn arrives: `session` is its key, if any; without one, and when `find`, its
+    /// session is looked for from `prompt`. Returns the turn's place in its session and what
+    /// is known of the session's last turn, or `None` for a turn with no session.
+    pub fn open_turn(
+        &mut self,
+        session: Option<&str>,
+        find: bool,
+        prompt: &[u32],
+    ) -> Option<(SessionTurn, Option<Prior>)> {
+        if self.capacity == 0 {
+            return session.map(|s| {
+                let turn = SessionTurn {
+                    id: s.to_string(),
+                    index: 0,
+                    found: false,
+                    extends: None,
+                };
+                (turn, None)
+            });
+        }
+        let (id, found) = match session {
+            Some(s) => (s.to_string(), false),
+            None if find => (self.find(prompt)?, true),
+            None => return None,
+        };
+        let tick = self.touch();
+        if !self.sessions.contains_key(&id) {
+            self.make_room();
+            self.sessions.insert(
+                id.clone(),
+                Entry {
+                    kind: Kind::Keyed,
+                    last: None,
+                    turns: 0,
+                    used: tick,
+                },
+            );
+        }
+        // Present: inserted above if it was not.
+        let e = self.sessions.get_mut(&id)?;
+        e.used = tick;
+        let mut extends = None;
+        if found && e.kind == Kind::Candidate {
+            e.kind = Kind::Found;
+            extends = e.last.as_ref().map(|l| l.request_id.clone());
+            self.found += 1;
+        }
+        let index = e.turns;
+        e.turns += 1;
+        let prior = e
+            .last
+            .as_ref()
+            .map(|l| Prior::of(prompt, &l.tokens, l.group));
+        let turn = SessionTurn {
+            id,
+            index,
+            found,
+            extends,
+        };
+        Some((turn, prior))
+    }
+
+    /// The session whose remembered turn `prompt` extends (the longest, if several).
+    fn find(&self, prompt: &[u32]) -> Option<String> {
+        let mut hash = RunningHash::new();
+        let mut at = 0;
+        let mut best: Option<&String> = None;
+        for &len in self.lengths.keys() {
+            if len >= prompt.len() {
+                break;
+            }
+            for &t in &prompt[at..len] {
+                hash.push(t);
+            }
+            at = len;
+            let Some(id) = self.by_tokens.get(&hash.0) else {
+                continue;
+            };
+            let whole = self
+                .sessions
+                .get(id)
+                .and_then(|e| e.last.as_ref())
+                .is_some_and(|l| l.tokens.as_slice() == &prompt[..len]);
+            if whole {
+                best = Some(id);
+            }
+        }
+        best.cloned()
+    }
+
+    /// Remembers a finished turn: the tokens whose KV it left (`tokens`), the group that holds
+    /// them and its request id. A turn of `session` replaces that session's last turn; a
+    /// keyless turn (`session` `None`) is remembered as a candidate under a new engine-made id,
+    /// which is returned.
+    pub fn remember(
+        &mut self,
+        session: Option<&str>,
+        tokens: &[u32],
+        group: usize,
+        request_id: &str,
+    ) -> Option<String> {
+        if self.capacity == 0 || tokens.is_empty() {
+            return None;
+        }
+        let tick = self.touch();
+        let (id, made) = match session {
+            Some(s) => (s.to_string(), false),
+            None => (self.make_id(), true),
+        };
+        if !self.sessions.contains_key(&id) {
+            self.make_room();
+            self.sessions.insert(
+                id.clone(),
+                Entry {
+                    kind: if made { Kind::Candidate } else { Kind::Keyed },
+                    last: None,
+                    turns: u64::from(made),
+                    used: tick,
+                },
+            );
+        }
+        let old = self.sessions.get_mut(&id).and_then(|e| {
+            e.used = tick;
+            e.last.take()
+        });
+        if let Some(old) = old {
+            self.unindex(&old);
+        }
+        let kind = self.sessions.get(&id).map(|e| e.kind)?;
+        let indexed = (kind != Kind::Keyed).then(|| {
+            let h = RunningHash::of(tokens);
+            self.by_tokens.insert(h, id.clone());
+            *self.lengths.entry(tokens.len()).or_insert(0) += 1;
+            h
+        });
+        let last = LastTurn {
+            tokens: tokens.to_vec(),
+            group,
+            request_id: request_id.to_string(),
+            indexed,
+        };
+        if let Some(e) = self.sessions.get_mut(&id) {
+            e.last = Some(last);
+        }
+        made.then_some(id)
+    }
+
+    fn make_id(&mut self) -> String {
+        self.next_id += 1;
+        format!("found-{:016x}-{:x}", self.id_seed, self.next_id)
+    }
+
+    /// Drops one entry when full: the least recently used candidate, else the least recently
+    /// used session. O(n) over at most `capacity` entries, once per new entry beyond it.
+    fn make_room(&mut self) {
+        if self.sessions.len() < self.capacity {
+            return;
+        }
+        let oldest = |candidates: bool| {
+            self.sessions
+                .iter()
+                .filter(|(_, e)| !candidates || e.kind == Kind::Candidate)
+                .min_by_key(|(_, e)| e.used)
+                .map(|(k, _)| k.clone())
+        };
+        let Some(victim) = oldest(true).or_else(|| oldest(false)) else {
+            return;
+        };
+        if let Some(e) = self.sessions.remove(&victim) {
+            if let Some(l) = &e.last {
+                self.unindex(l);
+            }
+            if e.kind != Kind::Candidate {
+                self.dropped += 1;
+            }
+        }
+    }
+
+    fn unindex(&mut self, last: &LastTurn) {
+        let Some(h) = last.indexed else { return };
+        self.by_tokens.remove(&h);
+        let len = last.tokens.len();
+        if let Some(n) = self.lengths.get_mut(&len) {
+            *n -= 1;
+            if *n == 0 {
+                self.lengths.remove(&len);
+            }
+        }
+    }
+
+    /// The group that holds `session`'s last turn, if remembered.
+    pub fn group_of(&self, session: &str) -> Option<usize> {
+        self.sessions
+            .get(session)
+            .and_then(|e| e.last.as_ref())
+            .map(|l| l.group)
+    }
+
+    /// The most sessions and candidates remembered.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Sessions remembered now (candidates not counted).
+    pub fn len(&self) -> usize {
+        self.sessions
+            .values()
+            .filter(|e| e.kind != Kind::Candidate)
+            .count()
+    }
+
+    /// Whether no session is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keyless turns remembered as candidates now.
+    pub fn candidates(&self) -> usize {
+        self.sessions.len() - self.len()
+    }
+
+    /// Sessions dropped to stay within the limit (candidates not counted).
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// Sessions found so far from their prompts.
+    pub fn found(&self) -> u64 {
+        self.found
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turn(m: &mut SessionMemory, key: Option<&str>, prompt: &[u32]) -> Option<SessionTurn> {
+        m.open_turn(key, true, prompt).map(|(t, _)| t)
+    }
+
+    #[test]
+    fn keyed_turns_count_from_zero_and_compare_with_the_last() {
+        let mut m = SessionMemory::new(4);
+        let t0 = turn(&mut m, Some("a"), &[1, 2]).expect("turn");
+        assert_eq!((t0.id.as_str(), t0.index, t0.found), ("a", 0, false));
+        m.remember(Some("a"), &[1, 2, 3], 0, "r0");
+        let (t1, prior) = m.open_turn(Some("a"), true, &[1, 2, 3, 4]).expect("turn");
+        assert_eq!(t1.index, 1);
+        assert_eq!(prior.map(|p| (p.common, p.last_len)), Some((3, 3)));
+        assert_eq!(m.group_of("a"), Some(0));
+        // No key and nothing to find: no session; no key and not looking: none either.
+        assert!(turn(&mut m, None, &[9, 9]).is_none());
+        assert!(m.open_turn(None, false, &[1, 2, 3, 4]).is_none());
+    }
+
+    #[test]
+    fn a_prompt_that_extends_a_keyless_turn_joins_its_session() {
+        let mut m = SessionMemory::new(8);
+        // Turn 0, keyless: remembered as a candidate under an engine-made id.
+        assert!(turn(&mut m, None, &[1, 2, 3]).is_none());
+        let id = m
+            .remember(None, &[1, 2, 3, 10, 11], 0, "req-0")
+            .expect("id");
+        assert!(id.starts_with("found-"));
+        assert_eq!((m.len(), m.candidates()), (0, 1));
+        // Turn 1 resends the history (prompt and reply) and adds to it.
+        let (t1, prior) = m
+            .open_turn(None, true, &[1, 2, 3, 10, 11, 4, 5])
+            .expect("found");
+        assert_eq!(t1.id, id);
+        assert_eq!((t1.index, t1.found), (1, true));
+        assert_eq!(t1.extends.as_deref(), Some("req-0"));
+        assert_eq!(prior.map(|p| p.common), Some(5));
+        assert_eq!((m.len(), m.candidates(), m.found()), (1, 0, 1));
+        // Its reply is remembered under the found id; turn 2 finds that, not turn 0.
+        m.remember(Some(&id), &[1, 2, 3, 10, 11, 4, 5, 12], 0, "req-1");
+        let t2 = turn(&mut m, None, &[1, 2, 3, 10, 11, 4, 5, 12, 6]).expect("found");
+        assert_eq!(
+            (t2.id.as_str(), t2.index, t2.extends),
+            (id.as_str(), 2, None)
+        );
+        // The old turn is no longer indexed: a fork from turn 0 finds nothing.
+        assert!(turn(&mut m, None, &[1, 2, 3, 10, 11, 7]).is_none());
+    }
+
+    #[test]
+    fn conversations_sharing_only_a_system_prompt_stay_apart() {
+        let mut m = SessionMemory::new(8);
+        let system = [50, 51, 52];
+        let a = m.remember(None, &[50, 51, 52, 1, 60], 0, "a0").expect("a");
+        // B's first prompt shares the system prompt only: no session.
+        assert!(turn(&mut m, None, &[50, 51, 52, 2]).is_none());
+        let b = m.remember(None, &[50, 51, 52, 2, 61], 0, "b0").expect("b");
+        assert_ne!(a, b);
+        let ta = turn(&mut m, None, &[50, 51, 52, 1, 60, 3]).expect("a1");
+        let tb = turn(&mut m, None, &[50, 51, 52, 2, 61, 4]).expect("b1");
+        assert_eq!((ta.id, tb.id), (a, b));
+        // A prompt equal to a remembered turn does not extend it.
+        assert!(turn(&mut m, None, &system).is_none());
+    }
+
+    #[test]
+    fn a_hash_collision_never_joins_two_conversations() {
+        let mut m = SessionMemory::new(4);
+        let id = m.remember(None, &[1, 2], 0, "r").expect("id");
+        // Point the entry's hash at other tokens of the same length.
+        let h = RunningHash::of(&[7, 8]);
+        let stored = m
+            .by_tokens
+            .remove(&RunningHash::of(&[1, 2]))
+            .expect("indexed");
+        assert_eq!(stored, id);
+        m.by_tokens.insert(h, id);
+        assert!(turn(&mut m, None, &[7, 8, 9]).is_none());
+    }
+
+    #[test]
+    fn memory_is_bounded_and_drops_candidates_first() {
+        let mut m = SessionMemory::new(2);
+        m.remember(Some("a"), &[1, 2, 3], 0, "ra");
+        let c = m.remember(None, &[4, 5], 1, "rc").expect("candidate");
+        m.remember(Some("b"), &[6], 0, "rb"); // the candidate goes, not "a"
+        assert_eq!((m.len(), m.candidates(), m.dropped()), (2, 0, 0));
+        assert!(turn(&mut m, None, &[4, 5, 9]).is_none(), "{c} was dropped");
+        assert_eq!(
+            m.open_turn(Some("a"), true, &[1, 2, 9])
+                .and_then(|(_, p)| p)
+                .map(|p| p.common),
+            Some(2)
+        );
+        m.remember(Some("c"), &[7], 0, "rc2"); // "b" was used least recently
+        assert_eq!((m.len(), m.dropped()), (2, 1));
+        assert!(m.group_of("b").is_none());
+        assert!(m.by_tokens.is_empty() && m.lengths.is_empty());
+        let mut none = SessionMemory::new(0);
+        assert!(none.remember(Some("a"), &[1], 0, "r").is_none());
+        assert!(none.remember(None, &[1], 0, "r").is_none());
+        let (t, prior) = none.open_turn(Some("a"), true, &[1]).expect("keyed");
+        assert_eq!((t.index, prior), (0, None));
+        assert!(none.open_turn(None, true, &[1, 2]).is_none());
+    }
+
+    #[test]
+    fn dropping_an_indexed_turn_unindexes_it() {
+        let mut m = SessionMemory::new(1);
+        m.remember(None, &[1, 2], 0, "r1");
+        m.remember(None, &[3, 4], 0, "r2");
+        assert_eq!(m.candidates(), 1);
+        assert_eq!(m.by_tokens.len(), 1);
+        assert_eq!(m.lengths.get(&2), Some(&1));
+        assert!(turn(&mut m, None, &[1, 2, 5]).is_none());
+        assert!(turn(&mut m, None, &[3, 4, 5]).is_some());
+    }
+}

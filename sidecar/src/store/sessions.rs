@@ -1,0 +1,275 @@
+//! Sessions in the turn store: each session's record kept beside its turns, made again from
+//! them whenever one of its turns is written or deleted, in the same transaction, so the
+//! `sessions` table always agrees with `turns` (and a restarted sidecar reads exactly what it
+//! wrote). `live` is decided when read: the row keeps the last turn's end and the engine's KV
+//! keeping, the reader adds `--session-idle-s` for sessions without it.
+//!
+//! A found session's turn 1 (`session_extends`) files the keyless turn it extends under the
+//! session as its turn 0: that turn's row and record take the session's id.
+
+use std::collections::BTreeSet;
+
+use rusqlite::types::Value as Sql;
+use rusqlite::{Connection, OptionalExtension, Transaction, params};
+
+use crate::session::{SessionCursor, SessionQuery, SessionRecord, TurnFacts, detail, summarize};
+use crate::turn::TurnRecord;
+
+/// Writes `session_id` into the keyless turn `request_id` of `instance` (a found session's
+/// turn 0): its row and its record. Nothing when that turn is not stored or already has a
+/// session.
+pub fn link(
+    tx: &Transaction<'_>,
+    instance: &str,
+    request_id: &str,
+    session_id: &str,
+) -> Result<bool, rusqlite::Error> {
+    let found: Option<(i64, String)> = tx
+        .query_row(
+            "SELECT seq, record FROM turns
+             WHERE instance = ?1 AND request_id = ?2 AND session_id IS NULL",
+            params![instance, request_id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    let Some((seq, record)) = found else {
+        return Ok(false);
+    };
+    let Ok(mut v) = serde_json::from_str::<serde_json::Value>(&record) else {
+        return Ok(false);
+    };
+    if let Some(o) = v.as_object_mut() {
+        o.insert("session_id".into(), session_id.into());
+        o.insert(
+            "session_source".into(),
+            slotlight_otel::attr::value::SESSION_SOURCE_FOUND.into(),
+        );
+        o.insert("session_turn".into(), 0.into());
+    }
+    tx.execute(
+        "UPDATE turns SET session_id = ?1, record = ?2 WHERE seq = ?3",
+        params![session_id, v.to_string(), seq],
+    )?;
+    Ok(true)
+}
+
+/// The facts of every stored turn of `id`.
+fn facts(c: &Connection, id: &str) -> Result<Vec<TurnFacts>, rusqlite::Error> {
+    let mut st = c.prepare_cached("SELECT record FROM turns WHERE session_id = ?1")?;
+    let rows = st.query_map([id], |r| r.get::<_, String>(0))?;
+    let mut out = Vec::new();
+    for json in rows {
+        if let Ok(f) = serde_json::from_str::<TurnFacts>(&json?) {
+            out.push(f);
+        }
+    }
+    Ok(out)
+}
+
+/// Makes the records of sessions `ids` again from their stored turns (deleting a session left
+/// with none).
+pub fn refresh<'a>(
+    tx: &Transaction<'_>,
+    ids: impl IntoIterator<Item = &'a str>,
+) -> Result<(), rusqlite::Error> {
+    for id in ids {
+        tx.execute("DELETE FROM session_instances WHERE session_id = ?1", [id])?;
+        let Some(r) = summarize(id, facts(tx, id)?, 0, 0) else {
+            tx.execute("DELETE FROM sessions WHERE session_id = ?1", [id])?;
+            continue;
+        };
+        let Ok(json) = serde_json::to_string(&r) else {
+            continue;
+        };
+        let kv_ttl_ns = r.keep_ns(0);
+        tx.execute(
+            "INSERT INTO sessions (session_id, first_turn_at, last_turn_at, kv_ttl_ns, record)
+             VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (session_id) DO UPDATE SET first_turn_at = ?2, last_turn_at = ?3,
+                 kv_ttl_ns = ?4, record = ?5",
+            params![id, r.first_turn_at, r.last_turn_at, kv_ttl_ns, json],
+        )?;
+        for i in &r.instances {
+            tx.execute(
+                "INSERT OR IGNORE INTO session_instances (session_id, instance) VALUES (?1, ?2)",
+                params![id, i],
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Files `batch`'s found turns' turn 0 under their sessions and refreshes every session the
+/// batch touched (after its turns are written, in the same transaction).
+pub fn after_write(
+    tx: &Transaction<'_>,
+    batch: &[std::sync::Arc<TurnRecord>],
+) -> Result<(), rusqlite::Error> {
+    let mut touched: BTreeSet<&str> = BTreeSet::new();
+    for t in batch {
+        let Some(id) = t.session_id.as_deref() else {
+            continue;
+        };
+        if let Some(extends) = t.session_extends.as_deref() {
+            link(tx, &t.instance, extends, id)?;
+        }
+        touched.insert(id);
+    }
+    refresh(tx, touched)
+}
+
+/// The sessions of the turns rows `cond` selects (before they are deleted).
+pub fn sessions_of(c: &Connection, cond: &str, arg: i64) -> Result<Vec<String>, rusqlite::Error> {
+    let sql =
+        format!("SELECT DISTINCT session_id FROM turns WHERE session_id IS NOT NULL AND {cond}");
+    let mut st = c.prepare(&sql)?;
+    let rows = st.query_map([arg], |r| r.get::<_, String>(0))?;
+    rows.collect()
+}
+
+/// Makes every session's record from the stored turns (a store written before sessions were
+/// kept).
+pub fn rebuild(c: &mut Connection) -> Result<(), rusqlite::Error> {
+    let tx = c.transaction()?;
+    let ids: Vec<String> = {
+        let mut st =
+            tx.prepare("SELECT DISTINCT session_id FROM turns WHERE session_id IS NOT NULL")?;
+        let rows = st.query_map([], |r| r.get::<_, String>(0))?;
+        rows.collect::<Result<_, _>>()?
+    };
+    refresh(&tx, ids.iter().map(String::as_str))?;
+    tx.commit()
+}
+
+/// Why a sessions query failed.
+#[derive(Debug)]
+pub enum SessionsError {
+    /// SQLite refused the query.
+    Sqlite(rusqlite::Error),
+    /// A stored record is not JSON of its kind.
+    BadRecord(String),
+}
+
+impl From<rusqlite::Error> for SessionsError {
+    fn from(e: rusqlite::Error) -> Self {
+        SessionsError::Sqlite(e)
+    }
+}
+
+fn read(json: &str, idle_ns: i64, now_ns: i64) -> Result<SessionRecord, SessionsError> {
+    serde_json::from_str::<SessionRecord>(json)
+        .map(|r| r.at(idle_ns, now_ns))
+        .map_err(|e| SessionsError::BadRecord(e.to_string()))
+}
+
+/// One page of `/v1/sessions` from the store, `live` decided as of `now_ns`.
+pub fn page(
+    c: &Connection,
+    q: &SessionQuery,
+    idle_ns: i64,
+    now_ns: i64,
+) -> Result<(Vec<SessionRecord>, Option<SessionCursor>), SessionsError> {
+    let mut conds: Vec<&str> = Vec::new();
+    let mut args: Vec<Sql> = Vec::new();
+    if let Some(t) = q.since {
+        conds.push("last_turn_at >= ?");
+        args.push(Sql::Integer(t));
+    }
+    if let Some(t) = q.until {
+        conds.push("first_turn_at < ?");
+        args.push(Sql::Integer(t));
+    }
+    if let Some(i) = &q.instance {
+        conds.push("session_id IN (SELECT session_id FROM session_instances WHERE instance = ?)");
+        args.push(Sql::Text(i.clone()));
+    }
+    if let Some(live) = q.live {
+        conds.push(if live {
+            "last_turn_at + (CASE WHEN kv_ttl_ns > 0 THEN kv_ttl_ns ELSE ? END) > ?"
+        } else {
+            "last_turn_at + (CASE WHEN kv_ttl_ns > 0 THEN kv_ttl_ns ELSE ? END) <= ?"
+        });
+        args.push(Sql::Integer(idle_ns));
+        args.push(Sql::Integer(now_ns));
+    }
+    if let Some(cur) = &q.cursor {
+        conds.push("(last_turn_at, session_id) < (?, ?)");
+        args.push(Sql::Integer(cur.last_turn_at));
+        args.push(Sql::Text(cur.session_id.clone()));
+    }
+    let filter = if conds.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", conds.join(" AND "))
+    };
+    let limit = i64::try_from(q.limit).unwrap_or(i64::MAX - 1);
+    args.push(Sql::Integer(limit.saturating_add(1)));
+    let sql = format!(
+        "SELECT record FROM sessions {filter} ORDER BY last_turn_at DESC, session_id DESC LIMIT ?"
+    );
+    let mut st = c.prepare_cached(&sql)?;
+    let rows = st.query_map(rusqlite::params_from_iter(args), |r| r.get::<_, String>(0))?;
+    let mut found = Vec::new();
+    for json in rows {
+        found.push(read(&json?, idle_ns, now_ns)?);
+    }
+    let more = found.len() > q.limit;
+    found.truncate(q.limit);
+    let next = more
+        .then(|| found.last().map(SessionCursor::after))
+        .flatten();
+    Ok((found, next))
+}
+
+/// Session `id`'s record and its turn records in session order (each with `gap_before_s`),
+/// `live` decided as of `now_ns`; `None` for a session the store does not hold.
+pub fn one(
+    c: &Connection,
+    id: &str,
+    idle_ns: i64,
+    now_ns: i64,
+) -> Result<Option<(SessionRecord, Vec<serde_json::Value>)>, SessionsError> {
+    let json: Option<String> = c
+        .query_row(
+            "SELECT record FROM sessions WHERE session_id = ?1",
+            [id],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let Some(json) = json else {
+        return Ok(None);
+    };
+    let record = read(&json, idle_ns, now_ns)?;
+    let mut st = c.prepare_cached("SELECT record FROM turns WHERE session_id = ?1")?;
+    let rows = st.query_map([id], |r| r.get::<_, String>(0))?;
+    let mut turns = Vec::new();
+    for json in rows {
+        let v =
+            serde_json::from_str(&json?).map_err(|e| SessionsError::BadRecord(e.to_string()))?;
+        turns.push(v);
+    }
+    Ok(Some((record, detail(turns))))
+}
+
+/// The sessions live at `now_ns`, with their turns' facts (the assembly's tracker takes them up
+/// at start).
+pub fn live(
+    c: &Connection,
+    idle_ns: i64,
+    now_ns: i64,
+) -> Result<Vec<(String, Vec<TurnFacts>)>, rusqlite::Error> {
+    let ids: Vec<String> = {
+        let mut st = c.prepare(
+            "SELECT session_id FROM sessions
+             WHERE last_turn_at + (CASE WHEN kv_ttl_ns > 0 THEN kv_ttl_ns ELSE ?1 END) > ?2",
+        )?;
+        let rows = st.query_map(params![idle_ns, now_ns], |r| r.get::<_, String>(0))?;
+        rows.collect::<Result<_, _>>()?
+    };
+    ids.into_iter()
+        .map(|id| {
+            let f = facts(c, &id)?;
+            Ok((id, f))
+        })
+        .collect()
+}

@@ -1,0 +1,141 @@
+//! `/v1/sessions`: sessions made from their turn records (here from the in-memory ring), their
+//! filters and errors, one session's turns in order with the gaps between them, and the session
+//! histograms, observed once each session stops being live.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+mod support;
+
+use opentelemetry_proto::tonic::trace::v1::Span;
+use serde_json::Value;
+use slotlight_sidecar::tools::synth::{self, Request, Usage};
+use support::*;
+
+/// The request span of a finished turn `id` of `session`, from `start` to `start + 400 ms`.
+fn turn(id: &str, session: &str, seed: u64, start: i64) -> Span {
+    let usage = Usage {
+        finish_reason: "stop".into(),
+        prompt_tokens: 100,
+        cached_tokens: 75,
+        prefilled_tokens: 25,
+        completion_tokens: 10,
+        queue_ms: 100.0,
+        prefill_ms: 20.0,
+        ttft_ms: 150.0,
+        decode_ms: 200.0,
+        generation_ms: 250.0,
+        decode_tps: Some(40.0),
+        e2e_ms: 400.0,
+        legs: 0,
+        ..Usage::default()
+    };
+    let mut r = Request::new(id, seed, start).with_session(session);
+    r.root("small-model", start + 400 * MS, &usage)
+}
+
+#[tokio::test]
+async fn sessions_are_listed_whole_and_each_one_says_where_its_time_went() {
+    // Sessions stop being live at once: the histograms observe them at the next tick.
+    let t = TestSidecar::start_with(|c| c.session_idle_s = 0).await;
+    let t0 = now_ns() - 10 * S;
+    // One export per engine, each applied whole: a session's turns all reach the tracker
+    // before it next looks for ended sessions.
+    let a = vec![
+        turn("a1", "sess-a", 1, t0),
+        turn("a2", "sess-a", 2, t0 + 2 * S),
+    ];
+    t.send_grpc(synth::export("engine-a", a))
+        .await
+        .expect("export");
+    t.send_grpc(synth::export(
+        "engine-b",
+        vec![turn("b1", "sess-b", 3, t0 + S)],
+    ))
+    .await
+    .expect("export");
+    for id in ["a1", "a2", "b1"] {
+        t.wait_turn(id).await;
+    }
+    let all = t.wait_for("/v1/sessions", |v| v["count"] == 2).await;
+    let ids: Vec<&str> = all["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["session_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["sess-a", "sess-b"], "latest activity first");
+    let a = &all["sessions"][0];
+    assert_eq!(a["turns"], 2);
+    assert_eq!(
+        (a["prompt_tokens"].as_i64(), a["cached_tokens"].as_i64()),
+        (Some(200), Some(150))
+    );
+    assert_eq!(a["cache_hit_ratio"].as_f64(), Some(0.75));
+    assert_eq!(a["model_s"].as_f64(), Some(0.8));
+    assert_eq!(a["queue_s"].as_f64(), Some(0.2));
+    assert!((a["prefill_s"].as_f64().unwrap() - 0.1).abs() < 1e-12);
+    assert!((a["decode_s"].as_f64().unwrap() - 0.5).abs() < 1e-12);
+    assert!((a["client_s"].as_f64().unwrap() - 1.6).abs() < 1e-9, "{a}");
+    assert_eq!(a["live"], false);
+    assert_eq!(a["instances"], serde_json::json!(["engine-a"]));
+    // Filters.
+    let only_b = t.get_json("/v1/sessions?instance=engine-b").await;
+    assert_eq!(only_b["count"], 1);
+    assert_eq!(only_b["sessions"][0]["session_id"], "sess-b");
+    assert_eq!(t.get_json("/v1/sessions?live=true").await["count"], 0);
+    let page = t.get_json("/v1/sessions?limit=1").await;
+    assert_eq!(page["count"], 1);
+    let cursor = page["next_cursor"].as_str().unwrap().to_string();
+    let next = t
+        .get_json(&format!("/v1/sessions?limit=1&cursor={cursor}"))
+        .await;
+    assert_eq!(next["sessions"][0]["session_id"], "sess-b");
+    assert!(next["next_cursor"].is_null());
+    // One session: its turns in order, each with the gap before it.
+    let detail = t.get_json("/v1/sessions/sess-a").await;
+    assert_eq!(detail["turns"], 2);
+    let turns = detail["turn_records"].as_array().unwrap();
+    assert_eq!(turns[0]["request_id"], "a1");
+    assert!(turns[0]["gap_before_s"].is_null());
+    assert!((turns[1]["gap_before_s"].as_f64().unwrap() - 1.6).abs() < 1e-9);
+    // Errors in the API's shape.
+    let (code, body) = t.get("/v1/sessions/nope").await;
+    assert_eq!(code, 404, "{body}");
+    let err: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(err["error"]["type"], "not_found");
+    for bad in [
+        "/v1/sessions?cursor=zz",
+        "/v1/sessions?instance=",
+        "/v1/sessions?live=maybe",
+    ] {
+        let (code, body) = t.get(bad).await;
+        assert_eq!(code, 400, "{bad}: {body}");
+        let err: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(err["error"]["type"], "invalid_query", "{bad}");
+    }
+    // Each session observed once it ended: two sessions, three turns.
+    let mut text = String::new();
+    for _ in 0..500 {
+        text = t.metrics().await;
+        if sample(&text, "slotlight_session_turns_count") == Some(2.0) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        sample(&text, "slotlight_session_turns_count"),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(sample(&text, "slotlight_session_turns_sum"), Some(3.0));
+    assert_eq!(
+        sample(&text, "slotlight_session_cache_hit_ratio_count"),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(&text, "slotlight_session_client_share_count"),
+        Some(1.0),
+        "only sessions of two turns or more"
+    );
+    let share = sample(&text, "slotlight_session_client_share_sum").unwrap();
+    assert!((share - 1.6 / 2.4).abs() < 1e-9, "{share}");
+}

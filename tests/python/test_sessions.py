@@ -1,0 +1,228 @@
+"""Sessions across the processes, with the real model: the engine exports to the sidecar, which
+forwards the same spans to an OTLP receiver standing in for a collector.
+
+- a key found each way the chat and completions doors take one (the `x-session-id` header,
+  `prompt_cache_key`, `user`), and a session found without any key (a client that resends its
+  history): the same session id, key source and turn index on the request span (`session.id`
+  beside `gen_ai.conversation.id`), in the sidecar's turn records and in `/v1/sessions`;
+- a found session's first turn, sent without a key, is filed under the session as its turn 0;
+- the gaps between turns are measured: each turn's `gap_before_s` is its arrival less the
+  previous turn's end, and `client_s` their sum;
+- a sidecar restarted mid-session (its turn store kept) answers `/v1/sessions` exactly as
+  before, and the session's next turn joins it.
+
+Issue 32 ("An agent's session, seen whole and kept warm"), item 7.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import urllib.error
+import uuid
+from pathlib import Path
+
+import pytest
+
+from otlp_receiver import OtlpReceiver
+from procs import EngineProcess, SidecarProcess, pinned_sidecar, require_model
+from sidecar_support import ATTR
+
+
+def span_attrs(span) -> dict:
+    out = {}
+    for a in span.attributes:
+        v = a.value
+        out[a.key] = getattr(v, v.WhichOneof("value"))
+    return out
+
+
+class Setup:
+    def __init__(self):
+        self.receiver = OtlpReceiver()
+        self.sidecar = SidecarProcess("--forward-otlp", self.receiver.base)
+        self.engine = EngineProcess("--batch", "4", otlp=f"http://{self.sidecar.grpc}")
+
+    def close(self):
+        self.engine.close()
+        self.sidecar.close()
+        self.receiver.close()
+
+    def request_span(self, request_id: str) -> dict:
+        """The request span of `request_id`, as the collector received it."""
+        found = []
+
+        def has(r):
+            found[:] = [s for s in r.spans() if span_attrs(s).get(ATTR["REQUEST_ID"]) == request_id
+                        and ATTR["GEN_AI_OPERATION_NAME"] in span_attrs(s)]
+            return bool(found)
+
+        self.receiver.wait(has, f"the request span of {request_id}")
+        return span_attrs(found[0])
+
+
+@pytest.fixture(scope="module")
+def setup():
+    require_model()
+    s = Setup()
+    yield s
+    s.close()
+
+
+def wait_session(side, sid: str, turns: int) -> dict:
+    """`/v1/sessions/{sid}` once it lists `turns` turn records (404 until its first arrives)."""
+    last = None
+    for _ in range(1000):
+        try:
+            last = side.get(f"/v1/sessions/{sid}")
+            if len(last["turn_records"]) == turns:
+                return last
+        except urllib.error.HTTPError as err:
+            assert err.code == 404, err
+        time.sleep(0.02)
+    raise AssertionError(f"session {sid} never had {turns} turns: {last}")
+
+
+def chat(engine, messages, headers=None, **extra):
+    body = {"messages": messages, "max_tokens": 8, "temperature": 0, **extra}
+    code, v = engine.post("/v1/chat/completions", body, headers=headers)
+    assert code == 200, v
+    return v
+
+
+def reply(v):
+    return {"role": "assistant", "content": v["choices"][0]["message"]["content"]}
+
+
+def conversation(engine, questions, headers=None, **extra):
+    """A chat of one turn per question, each resending the whole history; the responses."""
+    msgs = [{"role": "system", "content": "You are a terse assistant."}]
+    out = []
+    for q in questions:
+        msgs.append({"role": "user", "content": q})
+        v = chat(engine, msgs, headers, **extra)
+        out.append(v)
+        msgs.append(reply(v))
+    return out
+
+
+def check_turn(setup, response_id, session, source, turn):
+    """The same session on the request span and in the turn record; the record, returned."""
+    span = setup.request_span(response_id)
+    assert span[ATTR["SESSION_ID"]] == session, span
+    assert span[ATTR["GEN_AI_CONVERSATION_ID"]] == session
+    assert span[ATTR["SESSION_SOURCE"]] == source
+    assert span[ATTR["SESSION_TURN"]] == turn
+    rec = setup.sidecar.wait_turn(response_id)
+    assert (rec["session_id"], rec["session_source"], rec["session_turn"]) == (session, source, turn), rec
+    return rec
+
+
+def test_each_key_and_a_found_session_are_the_same_on_spans_turn_records_and_sessions(setup):
+    e, side = setup.engine, setup.sidecar
+    tag = uuid.uuid4().hex[:8]
+    # The header, over two turns.
+    h = f"hdr-{tag}"
+    hdr = conversation(e, ["Name a large ocean.", "Name a small sea."], headers={"x-session-id": h},
+                       user="ignored-when-the-header-is-there")
+    for i, v in enumerate(hdr):
+        check_turn(setup, v["id"], h, "header", i)
+    assert hdr[1]["usage"]["resume"] == "full"
+    # prompt_cache_key (Codex's conversation id) and user (chat and completions).
+    p = chat(e, [{"role": "user", "content": "Hello."}], prompt_cache_key=f"pck-{tag}", user=f"u-{tag}")
+    check_turn(setup, p["id"], f"pck-{tag}", "prompt_cache_key", 0)
+    code, c = e.post("/v1/completions", {"prompt": "The sky is", "max_tokens": 4, "user": f"c-{tag}"})
+    assert code == 200, c
+    rec = check_turn(setup, c["id"], f"c-{tag}", "user", 0)
+    assert rec["api"] == "completions"
+    # No key at all: the second turn extends the first (prompt and reply), the third the second.
+    found = conversation(e, ["Name a river.", "Name a mountain.", "Name a lake."])
+    first = setup.request_span(found[0]["id"])
+    assert ATTR["SESSION_ID"] not in first and ATTR["GEN_AI_CONVERSATION_ID"] not in first
+    second = setup.request_span(found[1]["id"])
+    fid = second[ATTR["SESSION_ID"]]
+    assert fid.startswith("found-"), second
+    assert second[ATTR["SESSION_EXTENDS"]] == found[0]["id"]
+    check_turn(setup, found[1]["id"], fid, "found", 1)
+    check_turn(setup, found[2]["id"], fid, "found", 2)
+    assert [v["usage"]["resume"] for v in found[1:]] == ["full", "full"], [v["usage"] for v in found]
+    # The sessions view: every session with its turns; the found one with its turn 0.
+    want = {h: 2, f"pck-{tag}": 1, f"c-{tag}": 1, fid: 3}
+    listed = side.wait_for(
+        "/v1/sessions?limit=1000",
+        lambda v: all(any(s["session_id"] == k and s["turns"] == n for s in v["sessions"]) for k, n in want.items()),
+        "every session",
+    )
+    by_id = {s["session_id"]: s for s in listed["sessions"]}
+    assert by_id[h]["source"] == "header" and by_id[fid]["source"] == "found"
+    assert by_id[h]["apis"] == ["chat.completions"] and by_id[f"c-{tag}"]["apis"] == ["completions"]
+    assert by_id[fid]["resume"].get("full") == 2, by_id[fid]
+    detail = wait_session(side, fid, 3)
+    ids = [t["request_id"] for t in detail["turn_records"]]
+    assert ids == [v["id"] for v in found]
+    assert [t["session_turn"] for t in detail["turn_records"]] == [0, 1, 2]
+    assert all(t["session_id"] == fid for t in detail["turn_records"])
+    # Two conversations that share only the system prompt stay apart: a new one finds none.
+    apart = conversation(e, ["Name a desert."])
+    assert ATTR["SESSION_ID"] not in setup.request_span(apart[0]["id"])
+
+
+def test_the_gaps_between_turns_are_the_clients_time(setup):
+    e, side = setup.engine, setup.sidecar
+    sid = f"gaps-{uuid.uuid4().hex[:8]}"
+    turns = conversation(e, ["Say one.", "Say two.", "Say three."], headers={"x-session-id": sid})
+    detail = wait_session(side, sid, 3)
+    recs = detail["turn_records"]
+    assert [t["request_id"] for t in recs] == [v["id"] for v in turns]
+    assert recs[0]["gap_before_s"] is None
+    gaps = []
+    for prev, cur in zip(recs, recs[1:]):
+        want = (cur["start_time_unix_nano"] - prev["end_time_unix_nano"]) / 1e9
+        assert cur["gap_before_s"] == pytest.approx(want, abs=1e-9), (prev, cur)
+        assert cur["gap_before_s"] >= 0
+        gaps.append(cur["gap_before_s"])
+    assert detail["client_s"] == pytest.approx(sum(gaps), abs=1e-9)
+    model = sum(t["e2e_ms"] for t in recs) / 1e3
+    assert detail["model_s"] == pytest.approx(model, rel=1e-9)
+    parts = detail["queue_s"] + detail["prefill_s"] + detail["decode_s"]
+    assert parts == pytest.approx(detail["model_s"], rel=1e-9)
+    assert detail["prompt_tokens"] == sum(t["prompt_tokens"] for t in recs)
+    assert detail["cached_tokens"] == sum(t["cached_tokens"] for t in recs)
+    assert detail["cache_hit_ratio"] == pytest.approx(detail["cached_tokens"] / detail["prompt_tokens"])
+    assert detail["live"] is True
+    assert detail["first_turn_at"] == recs[0]["start_time_unix_nano"]
+    assert detail["last_turn_at"] == recs[-1]["end_time_unix_nano"]
+
+
+def test_a_sidecar_restarted_mid_session_answers_exactly_and_the_session_goes_on():
+    require_model()
+    with tempfile.TemporaryDirectory(prefix="slotlight-sessions-") as d:
+        db = str(Path(d) / "turns.db")
+        side = SidecarProcess("--turns-db", db)
+        grpc = side.grpc
+        e = EngineProcess("--batch", "2", otlp=f"http://{grpc}")
+        try:
+            sid = f"restart-{uuid.uuid4().hex[:8]}"
+            msgs = [{"role": "user", "content": "Name a colour."}]
+            v1 = chat(e, msgs, {"x-session-id": sid})
+            msgs += [reply(v1), {"role": "user", "content": "Another."}]
+            v2 = chat(e, msgs, {"x-session-id": sid})
+            before = wait_session(side, sid, 2)
+            listed = side.get("/v1/sessions?limit=1000")["sessions"]
+            side.close()
+            # The same address, the same store: the engine's exporter reaches the new one.
+            side = pinned_sidecar(grpc, "--turns-db", db)
+            after = side.get(f"/v1/sessions/{sid}")
+            assert after == before, (before, after)
+            assert side.get("/v1/sessions?limit=1000")["sessions"] == listed
+            msgs += [reply(v2), {"role": "user", "content": "And one more."}]
+            v3 = chat(e, msgs, {"x-session-id": sid})
+            assert v3["usage"]["resume"] == "full"
+            third = wait_session(side, sid, 3)
+            assert [t["request_id"] for t in third["turn_records"]] == [v1["id"], v2["id"], v3["id"]]
+            assert [t["session_turn"] for t in third["turn_records"]] == [0, 1, 2]
+            assert third["prompt_tokens"] == before["prompt_tokens"] + v3["usage"]["prompt_tokens"]
+            assert third["turn_records"][2]["gap_before_s"] > 0
+        finally:
+            e.close()
+            side.close()
