@@ -20,6 +20,7 @@ use slotlight_engine::sampling::SamplingParams;
 use slotlight_engine::scheduler::{
     Completion, EngineHandle, Event, GenerateRequest, KeepConfig, SchedulerConfig, SessionTurn,
 };
+use slotlight_engine::speculation::SpeculationConfig;
 use slotlight_engine::timing::ResumeOutcome;
 use slotlight_otel::{attr, span};
 use support::server::{Options, TestServer, tiny_model};
@@ -48,6 +49,7 @@ fn engine(model: &Model, keep: KeepConfig) -> EngineHandle {
             return_to_solo: true,
             max_sessions: 64,
             session_kv: keep,
+            speculation: SpeculationConfig::default(),
         },
     )
 }

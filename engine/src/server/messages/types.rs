@@ -28,11 +28,12 @@ use serde_json::{Map, Value, json};
 use super::signature::Signer;
 use crate::server::body::{Fields, kind_of};
 use crate::server::error::ApiError;
-use crate::server::session::SessionKey;
 use crate::server::request::input::{
     ChatRequest, Common, Content, InputFunctionCall, InputMessage, InputTool, InputToolCall,
     InputToolChoice, ResponseFormat, StringOrList,
 };
+use crate::server::request::prediction::parse_prediction;
+use crate::server::session::SessionKey;
 
 /// Which route a body came to: `POST /v1/messages` requires `max_tokens`;
 /// `POST /v1/messages/count_tokens` takes the same body without it (and ignores `compaction`,
@@ -832,6 +833,11 @@ impl MessagesRequest {
             stop: stop.map(StringOrList::Many),
             stream: b.take("stream")?.unwrap_or(false),
             response_format: format.clone().map(ResponseFormat::JsonSchema),
+            // Predicted Outputs, in OpenAI's shape (a slotlight extension here).
+            prediction: b
+                .take_value("prediction")
+                .map(parse_prediction)
+                .transpose()?,
             ..Common::default()
         };
         // Accepted; nothing to do on a local engine (docs/api.md says what each means here).

@@ -13,9 +13,10 @@ use serde_json::{Map, Value};
 use crate::server::body::{Fields, kind_of};
 use crate::server::error::ApiError;
 use crate::server::request::input::{
-    ChatRequest, Common, CompletionRequest, Content, InputMessage, InputTool, InputToolChoice, Prompt,
+    ChatRequest, Common, CompletionRequest, InputMessage, InputTool, InputToolChoice, Prompt,
     ResponseFormat, StreamOptions, StructuredOutputs,
 };
+use crate::server::request::prediction::parse_prediction;
 
 /// Fields of OpenAI's API (and other servers' extensions) that slotlight refuses, with why.
 pub const REFUSED: &[(&str, &str)] = &[
@@ -181,48 +182,6 @@ impl Common {
         )?;
         Ok(c)
     }
-}
-
-/// `prediction`: `{"type": "content", "content": ...}`, the content a string or a list of
-/// `{"type": "text", "text": ...}` parts (joined), as OpenAI's Predicted Outputs take it.
-fn parse_prediction(v: Value) -> Result<String, ApiError> {
-    let mut b = Fields::new(v, "prediction.")?;
-    let kind: Option<String> = b.take("type")?;
-    if kind.as_deref() != Some("content") {
-        return Err(ApiError::invalid_param(
-            "prediction.type",
-            format!(
-                "`prediction.type` must be `content`, not `{}`",
-                kind.unwrap_or_default()
-            ),
-        ));
-    }
-    let text = match b.take::<Content>("content")? {
-        None => {
-            return Err(ApiError::invalid_param(
-                "prediction.content",
-                "`prediction` needs a `content`",
-            ));
-        }
-        Some(Content::Text(t)) => t,
-        Some(Content::Parts(parts)) => {
-            let mut text = String::new();
-            for (i, p) in parts.into_iter().enumerate() {
-                match (p.kind.as_str(), p.text) {
-                    ("text", Some(t)) => text.push_str(&t),
-                    _ => {
-                        return Err(ApiError::invalid_param(
-                            &format!("prediction.content[{i}]"),
-                            "a prediction's content parts must be `{\"type\": \"text\", \"text\": ...}`",
-                        ));
-                    }
-                }
-            }
-            text
-        }
-    };
-    b.finish()?;
-    Ok(text)
 }
 
 fn parse_response_format(v: Value) -> Result<ResponseFormat, ApiError> {

@@ -13,6 +13,7 @@ use axum::http::HeaderMap;
 
 pub mod content;
 pub mod input;
+pub mod prediction;
 pub mod validate;
 
 use self::content::InputContent;

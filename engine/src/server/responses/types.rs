@@ -17,6 +17,7 @@ use crate::server::request::input::{
     ChatRequest, Common, Content, InputFunctionCall, InputMessage, InputTool, InputToolCall,
     InputToolChoice, ResponseFormat, StreamOptions,
 };
+use crate::server::request::prediction::parse_prediction;
 
 /// Fields of the Responses API accepted and ignored, each with why (they mean nothing on a
 /// local engine, or only OpenAI's platform has them). `docs/api.md` lists them.
@@ -99,7 +100,9 @@ impl CacheOptions {
         let bad = || {
             ApiError::invalid_param(
                 "prompt_cache_options.ttl",
-                format!("`ttl` must be a duration such as `300s`, `30m`, `12h` or `1d`, not `{ttl}`"),
+                format!(
+                    "`ttl` must be a duration such as `300s`, `30m`, `12h` or `1d`, not `{ttl}`"
+                ),
             )
         };
         let t = ttl.trim();
@@ -339,6 +342,11 @@ impl ResponsesRequest {
             user: b.take("user")?,
             prompt_cache_key: b.take("prompt_cache_key")?,
             response_format,
+            // Predicted Outputs, as chat completions take them (a slotlight extension here).
+            prediction: b
+                .take_value("prediction")
+                .map(parse_prediction)
+                .transpose()?,
             ..Common::default()
         };
         let mut ignored = Map::new();
