@@ -109,3 +109,153 @@ async fn a_continuation_starts_with_the_stored_prompt_and_reply_tokens() {
     assert_eq!(apis, vec!["responses".to_string(); 2]);
     s.stop().await;
 }
+
+/// The request spans' attributes, in the order the requests ended, once `n` have ended.
+async fn request_spans(s: &TestServer, n: usize) -> Vec<std::collections::HashMap<String, String>> {
+    for _ in 0..1000 {
+        let found: Vec<_> = s
+            .spans
+            .spans()
+            .into_iter()
+            .filter(|x| span::is_request_span_name(&x.name))
+            .map(|x| {
+                x.attributes
+                    .iter()
+                    .map(|kv| (kv.key.as_str().to_string(), kv.value.to_string()))
+                    .collect()
+            })
+            .collect();
+        if found.len() >= n {
+            return found;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("{n} request spans never ended");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_doors_find_their_sessions_and_ask_for_their_kv_lifetime() {
+    let Some(path) = support::default_model() else {
+        return;
+    };
+    let m = Model::load(&path).expect("model");
+    let s = server(&m).await;
+    // Codex: the prompt cache key is the session, and `ttl` asks for its KV's lifetime.
+    create(
+        &s,
+        json!({"input": "Say hi.", "store": false, "prompt_cache_key": "codex-1",
+               "prompt_cache_options": {"ttl": "90s"}, "max_output_tokens": 4}),
+    )
+    .await;
+    // A stored response without a key starts a chain: its continuation is the same session.
+    let r1 = create(&s, json!({"input": "Say hello.", "max_output_tokens": 4})).await;
+    let id1 = r1["id"].as_str().expect("id");
+    create(
+        &s,
+        json!({"input": "Again.", "previous_response_id": id1, "max_output_tokens": 4}),
+    )
+    .await;
+    // Claude Code: the session inside `metadata.user_id`, the longest `cache_control.ttl`.
+    let r = s
+        .post(
+            "/v1/messages",
+            json!({"max_tokens": 4,
+                   "system": [{"type": "text", "text": "Be brief.",
+                               "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+                   "messages": [{"role": "user", "content": "Say hi."}],
+                   "metadata": {"user_id": "{\"device_id\":\"d\",\"session_id\":\"cc-7\"}"}}),
+        )
+        .await;
+    assert_eq!(r.status().as_u16(), 200);
+    // A lifetime that is not a duration is refused, naming the field.
+    let bad = s
+        .post(
+            "/v1/responses",
+            json!({"input": "x", "prompt_cache_options": {"ttl": "soon"}}),
+        )
+        .await;
+    assert_eq!(bad.status().as_u16(), 400);
+    let v: Value = bad.json().await.expect("json");
+    assert_eq!(v["error"]["param"], "prompt_cache_options.ttl", "{v}");
+
+    let spans = request_spans(&s, 4).await;
+    let of = |i: usize, key: &str| spans[i].get(key).cloned().unwrap_or_default();
+    let ttl_ms = |i: usize| of(i, attr::SESSION_KV_TTL_MS).parse::<f64>().ok();
+    assert_eq!(of(0, attr::SESSION_ID), "codex-1");
+    assert_eq!(
+        of(0, attr::SESSION_SOURCE),
+        attr::value::SESSION_SOURCE_PROMPT_CACHE_KEY
+    );
+    assert_eq!(ttl_ms(0), Some(90_000.0));
+    assert_eq!(
+        of(1, attr::SESSION_ID),
+        id1,
+        "the chain's session is its first response"
+    );
+    assert_eq!(of(2, attr::SESSION_ID), id1);
+    assert_eq!(
+        of(2, attr::SESSION_SOURCE),
+        attr::value::SESSION_SOURCE_RESPONSE_CHAIN
+    );
+    assert_eq!(of(2, attr::SESSION_TURN), "1");
+    assert_eq!(of(3, attr::SESSION_ID), "cc-7");
+    assert_eq!(
+        of(3, attr::SESSION_SOURCE),
+        attr::value::SESSION_SOURCE_METADATA
+    );
+    assert_eq!(ttl_ms(3), Some(3_600_000.0));
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prediction_on_the_agent_doors_is_drafted_from_and_changes_nothing() {
+    let Some(path) = support::default_model() else {
+        return;
+    };
+    let m = Model::load(&path).expect("model");
+    let s = server(&m).await;
+    let ask = json!({"input": "List the days of the week, one per line.", "temperature": 0,
+                     "max_output_tokens": 40, "store": false});
+    let plain = create(&s, ask.clone()).await;
+    let text = plain["output"][0]["content"][0]["text"]
+        .as_str()
+        .expect("text")
+        .to_string();
+    let mut predicted = ask.clone();
+    predicted["prediction"] = json!({"type": "content", "content": text});
+    let r = create(&s, predicted).await;
+    assert_eq!(
+        r["output"][0]["content"][0]["text"],
+        plain["output"][0]["content"][0]["text"]
+    );
+    let details = &r["usage"]["output_tokens_details"];
+    let accepted = details["accepted_prediction_tokens"]
+        .as_u64()
+        .expect("accepted");
+    assert!(accepted > 0, "{}", r["usage"]);
+    assert_eq!(r["usage"]["accepted_tokens"].as_u64(), Some(accepted));
+    assert!(r["usage"]["drafted_tokens"].as_u64() >= Some(accepted));
+    // The Messages door takes the same object.
+    let msg = s
+        .post(
+            "/v1/messages",
+            json!({"max_tokens": 40, "temperature": 0,
+                   "messages": [{"role": "user", "content": "List the days of the week, one per line."}],
+                   "prediction": {"type": "content", "content": text}}),
+        )
+        .await;
+    assert_eq!(msg.status().as_u16(), 200);
+    let v: Value = msg.json().await.expect("json");
+    assert!(v["usage"]["accepted_tokens"].as_u64() > Some(0), "{v}");
+    // A prediction of another type is refused, naming the field.
+    let bad = s
+        .post(
+            "/v1/responses",
+            json!({"input": "x", "prediction": {"type": "diff", "content": "x"}}),
+        )
+        .await;
+    assert_eq!(bad.status().as_u16(), 400);
+    let e: Value = bad.json().await.expect("json");
+    assert_eq!(e["error"]["param"], "prediction.type", "{e}");
+    s.stop().await;
+}

@@ -44,6 +44,13 @@ pub struct InputDetails {
 pub struct OutputDetails {
     /// Generated tokens inside the reasoning block.
     pub reasoning_tokens: usize,
+    /// Draft tokens taken as the model's own (only when the request was drafted for: its
+    /// `prediction` or its own prompt and reply; OpenAI's name from chat completions).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accepted_prediction_tokens: Option<usize>,
+    /// Draft tokens verified and not taken (only when the request was drafted for).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rejected_prediction_tokens: Option<usize>,
 }
 
 impl ResponsesUsage {
@@ -52,6 +59,7 @@ impl ResponsesUsage {
     pub fn of(o: &RequestOutcome, prewarm: bool) -> Self {
         let u = &o.usage;
         let output = if prewarm { 0 } else { u.completion_tokens };
+        let details = u.completion_tokens_details.as_ref();
         Self {
             input_tokens: u.prompt_tokens,
             input_tokens_details: InputDetails {
@@ -60,6 +68,8 @@ impl ResponsesUsage {
             output_tokens: output,
             output_tokens_details: OutputDetails {
                 reasoning_tokens: if prewarm { 0 } else { u.reasoning_tokens() },
+                accepted_prediction_tokens: details.and_then(|d| d.accepted_prediction_tokens),
+                rejected_prediction_tokens: details.and_then(|d| d.rejected_prediction_tokens),
             },
             total_tokens: u.prompt_tokens + output,
             extras: u.extras(),
