@@ -26,6 +26,7 @@ pub mod pipeline;
 pub mod reasoning;
 pub mod record;
 pub mod request;
+pub mod response_store;
 pub mod responses;
 mod routes;
 pub mod session;

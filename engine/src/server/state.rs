@@ -72,7 +72,7 @@ pub struct AppState {
     /// `diagnostics.previous_message_id`).
     pub diagnostics: super::diagnostics::Registry,
     /// The Responses API's stored responses (`--responses-db`).
-    pub responses: Arc<crate::server::responses::store::ResponseStore>,
+    pub responses: Arc<crate::server::response_store::ResponseStore>,
 }
 
 /// The state every handler receives.

@@ -4,13 +4,12 @@
 //!
 //! A request's items become the one request path's conversation ([`types`]); its answer is
 //! the response object and its output items ([`output`]), whole or as the stream's typed
-//! events ([`stream`]). With `store` (the default) the response is kept ([`store`]) with the
+//! events ([`stream`]). With `store` (the default) the response is kept ([`crate::server::response_store`]) with the
 //! exact token ids of its prompt and reply, and a later `previous_response_id` continues from
 //! those tokens ([`continuation`]): a warm resume of that response's KV, never a re-rendering.
 
 pub mod continuation;
 pub mod output;
-pub mod store;
 pub mod stream;
 pub mod types;
 
@@ -26,7 +25,6 @@ use serde_json::{Value, json};
 use self::output::{
     Frame, ItemIds, ResponsesUsage, Status, error_object, incomplete_reason, output_items,
 };
-use self::store::{StoreError, StoredResponse};
 use self::types::{ResponsesRequest, rename_param};
 use crate::server::body::read_json;
 use crate::server::error::ApiError;
@@ -36,12 +34,13 @@ use crate::server::middleware::Arrived;
 use crate::server::outcome::RequestOutcome;
 use crate::server::record::{self, Refused};
 use crate::server::request::{Api, ValidRequest};
+use crate::server::response_store::{ResponseStore, StoreError, StoredResponse};
 use crate::server::session::{self, KeySource, ResponsesKeys, SessionKey};
 use crate::server::state::{AppState, SharedState};
 
 /// A response to store once it is whole: where, and what is known before it is generated.
 pub struct Pending {
-    store: Arc<store::ResponseStore>,
+    store: Arc<ResponseStore>,
     record: StoredResponse,
 }
 
