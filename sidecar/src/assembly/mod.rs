@@ -137,13 +137,6 @@ impl DraftSums {
         self.drafted = sum(self.drafted, d.drafted_tokens);
         self.accepted = sum(self.accepted, d.accepted_tokens);
     }
-
-    /// Sets them on `occ`.
-    fn show(self, mut occ: Occupant) -> Occupant {
-        occ.drafted_tokens = self.drafted;
-        occ.accepted_tokens = self.accepted;
-        occ
-    }
 }
 
 impl RequestState {
@@ -601,7 +594,7 @@ fn legs_complete(st: &RequestState) -> bool {
 }
 
 fn decode_occupant(st: &RequestState, s: &EngineSpan, d: &DecodeSpan) -> Occupant {
-    st.drafts.show(Occupant {
+    Occupant {
         state: RowState::Decoding,
         request_id: st.request_id.clone(),
         trace_id: s.trace_id,
@@ -615,9 +608,9 @@ fn decode_occupant(st: &RequestState, s: &EngineSpan, d: &DecodeSpan) -> Occupan
         tokens_generated: d.tokens_generated,
         tokens_carried: d.tokens_carried,
         prefill: None,
-        drafted_tokens: None,
-        accepted_tokens: None,
-    })
+        drafted_tokens: st.drafts.drafted,
+        accepted_tokens: st.drafts.accepted,
+    }
 }
 
 /// A prefilling request's occupancy from its latest prefill window. What the request's decode
@@ -628,7 +621,7 @@ fn prefill_occupant(
     p: &PrefillWindowSpan,
     held: Option<&Occupant>,
 ) -> Occupant {
-    st.drafts.show(Occupant {
+    Occupant {
         state: RowState::Prefill,
         request_id: st.request_id.clone(),
         trace_id: s.trace_id,
@@ -650,9 +643,9 @@ fn prefill_occupant(
             start_ns: p.prefill_start_ns,
             last_chunk_ns: p.last_chunk_ns,
         }),
-        drafted_tokens: None,
-        accepted_tokens: None,
-    })
+        drafted_tokens: st.drafts.drafted,
+        accepted_tokens: st.drafts.accepted,
+    }
 }
 
 /// The window's own rate (tokens in the window over its length), for the sparkline.
