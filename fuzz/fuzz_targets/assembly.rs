@@ -34,6 +34,7 @@ enum Kind {
         last_token: i64,
         request_start: i64,
         first_token: Option<i64>,
+        drafts: Option<(i64, i64)>,
     },
     Leg {
         leg_index: i64,
@@ -48,6 +49,7 @@ enum Kind {
         prefill_ms: Option<f64>,
         request_start: Option<i64>,
         first_token: Option<i64>,
+        drafts: Option<(i64, i64)>,
     },
 }
 
@@ -110,12 +112,16 @@ fuzz_target!(|ops: Vec<Op>| {
                         last_token,
                         request_start,
                         first_token,
+                        drafts,
                     } => Body::Decode(DecodeSpan {
                         key,
                         leg_index: leg_index % 4,
                         leg_start_ns: leg_start,
                         tokens_carried: carried,
                         window_tokens: window,
+                        window_steps: None,
+                        drafted_tokens: drafts.map(|d| d.0),
+                        accepted_tokens: drafts.map(|d| d.1),
                         tokens_generated: generated,
                         last_token_ns: last_token,
                         request_start_ns: request_start,
@@ -136,6 +142,8 @@ fuzz_target!(|ops: Vec<Op>| {
                         batch_size_max: None,
                         batch_size_mean: None,
                         device_ms: None,
+                        drafted_tokens: None,
+                        accepted_tokens: None,
                         end_reason: None,
                     })),
                     Kind::Request {
@@ -145,6 +153,7 @@ fuzz_target!(|ops: Vec<Op>| {
                         prefill_ms,
                         request_start,
                         first_token,
+                        drafts,
                     } => Body::Request(Box::new(RequestSpan {
                         name: "chat m".into(),
                         legs,
@@ -153,6 +162,8 @@ fuzz_target!(|ops: Vec<Op>| {
                         prefill_ms,
                         request_start_ns: request_start,
                         first_token_ns: first_token,
+                        drafted_tokens: drafts.map(|d| d.0),
+                        accepted_tokens: drafts.map(|d| d.1),
                         ..RequestSpan::default()
                     })),
                 };

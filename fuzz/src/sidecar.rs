@@ -14,6 +14,7 @@ pub fn small_config() -> AssemblyConfig {
         legs_wait_ns: 1_000_000_000,
         instance_ttl_ns: 10_000_000_000,
         finished_memory: 16,
+        session_idle_ns: 2_000_000_000,
     }
 }
 

@@ -34,6 +34,10 @@ crate::contract! {
     CACHED_TOKENS = "slotlight_cached_tokens_total", "counter", "{token}";
     /// Counter: generated (completion) tokens of finished requests.
     GENERATED_TOKENS = "slotlight_generated_tokens_total", "counter", "{token}";
+    /// Counter: draft tokens verified (speculative decoding) of finished requests (`slotlight.usage.drafted_tokens`, `usage.drafted_tokens`); a turn whose request span does not state it adds nothing. Over `slotlight_drafted_tokens_total`, `slotlight_accepted_tokens_total` is the acceptance rate.
+    DRAFTED_TOKENS = "slotlight_drafted_tokens_total", "counter", "{token}";
+    /// Counter: of those, draft tokens taken as the model's own (`slotlight.usage.accepted_tokens`, `usage.accepted_tokens`), of finished requests.
+    ACCEPTED_TOKENS = "slotlight_accepted_tokens_total", "counter", "{token}";
     /// Counter: turns (every request the engine answered), by `status` (`ok`, `cancelled`, `refused`, `error`), `finish_reason` (served turns) and `error_type` (the others).
     REQUESTS = "slotlight_requests_total", "counter", "{request}";
     /// Counter: served turns by `resume` outcome (`slotlight.resume`: `first`, `full`, `diverged`, `evicted`, `expired`, `other_group`, `none`, `prefix`).

@@ -4,14 +4,17 @@
 //! `tok_s` is `(tokens_generated − 1) / (last_token_time − first_token_time)` over all its legs,
 //! so a request that moves from the solo path into a slot keeps its rate and its `elapsed_s`
 //! (from `slotlight.request.start_time_unix_nano`). The current leg's figures (`in_slot_s`,
-//! `leg_tok_s`) are reported beside them, never mixed in.
+//! `leg_tok_s`) are reported beside them, never mixed in. Speculative decoding changes none of
+//! these definitions: a verification step that takes several draft tokens just produces them
+//! sooner. Its own figures (draft tokens verified and taken so far, and their ratio,
+//! `acceptance`) are the sums of the request's decode windows, reported beside the rates.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::vocab::{Path, SlotKey, TraceId, hex};
+use crate::vocab::{Path, SlotKey, TraceId, acceptance, hex};
 
 /// Rate samples kept per row for the page's sparkline.
 pub const HISTORY_LEN: usize = 60;
@@ -58,6 +61,11 @@ pub struct Occupant {
     pub tokens_carried: i64,
     /// Where its prefill stands, while it prefills and its prefill windows say.
     pub prefill: Option<PrefillProgress>,
+    /// Draft tokens verified so far, over its decode windows (`slotlight.decode.drafted_tokens`
+    /// summed); `None` until a window states it.
+    pub drafted_tokens: Option<i64>,
+    /// Of those, draft tokens taken (`slotlight.decode.accepted_tokens` summed).
+    pub accepted_tokens: Option<i64>,
 }
 
 /// A running prefill, from its latest `slotlight.prefill.window`.
@@ -133,6 +141,12 @@ impl Occupant {
     pub fn ttft_ms(&self) -> Option<f64> {
         self.first_token_ns
             .map(|f| secs(f - self.request_start_ns) * 1e3)
+    }
+
+    /// The request's acceptance rate so far: draft tokens taken over draft tokens verified;
+    /// `None` before any draft was verified.
+    pub fn acceptance(&self) -> Option<f64> {
+        acceptance(self.drafted_tokens?, self.accepted_tokens.unwrap_or(0))
     }
 }
 
@@ -212,6 +226,9 @@ impl Row {
             in_slot_s: o.map(|o| secs(now_ns - o.leg_start_ns).max(0.0)),
             leg_tok_s: o.and_then(Occupant::leg_tok_s),
             ttft_ms: o.and_then(Occupant::ttft_ms),
+            drafted_tokens: o.and_then(|o| o.drafted_tokens),
+            accepted_tokens: o.and_then(|o| o.accepted_tokens),
+            acceptance: o.and_then(Occupant::acceptance),
             prompt_progress: o.and_then(|o| o.prefill).map(|p| PromptProgressView {
                 total: p.total,
                 cache: p.cached,
@@ -256,6 +273,13 @@ pub struct RowView<'a> {
     pub leg_tok_s: Option<f64>,
     /// Arrival to first token, ms.
     pub ttft_ms: Option<f64>,
+    /// Draft tokens verified so far (speculative decoding), over the request's decode windows;
+    /// null until a window states it.
+    pub drafted_tokens: Option<i64>,
+    /// Of those, draft tokens taken.
+    pub accepted_tokens: Option<i64>,
+    /// `accepted_tokens / drafted_tokens`; null while nothing was drafted.
+    pub acceptance: Option<f64>,
     /// While prefilling: where the prefill stands (tokens done of total), from its latest
     /// progress window.
     pub prompt_progress: Option<PromptProgressView>,
@@ -360,6 +384,8 @@ mod tests {
             tokens_generated: 101,
             tokens_carried: 0,
             prefill: None,
+            drafted_tokens: None,
+            accepted_tokens: None,
         }
     }
 
@@ -409,5 +435,26 @@ mod tests {
             r.push_rate(i as f64);
         }
         assert_eq!(r.history.len(), HISTORY_LEN);
+    }
+
+    #[test]
+    fn acceptance_is_accepted_over_drafted_and_leaves_the_rate_alone() {
+        let mut o = occ("a", 0);
+        assert_eq!(o.acceptance(), None, "no window stated drafts");
+        o.drafted_tokens = Some(0);
+        o.accepted_tokens = Some(0);
+        assert_eq!(o.acceptance(), None, "nothing drafted");
+        o.drafted_tokens = Some(80);
+        o.accepted_tokens = Some(60);
+        assert_eq!(o.acceptance(), Some(0.75));
+        assert_eq!(o.tok_s(), Some(50.0), "still the request's own rate");
+        let mut r = Row::new(key(), 0);
+        r.occupy(o, 0);
+        let v = serde_json::to_value(r.view(S)).expect("json");
+        assert_eq!(v["drafted_tokens"], 80);
+        assert_eq!(v["accepted_tokens"], 60);
+        assert_eq!(v["acceptance"], 0.75);
+        let idle = serde_json::to_value(Row::new(key(), 0).view(S)).expect("json");
+        assert_eq!(idle["acceptance"], serde_json::Value::Null);
     }
 }

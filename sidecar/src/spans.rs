@@ -88,6 +88,10 @@ pub struct LegSpan {
     pub batch_size_mean: Option<f64>,
     /// Time in forward steps during the leg, ms (`slotlight.leg.device_ms`).
     pub device_ms: Option<f64>,
+    /// Draft tokens verified during the leg (`slotlight.leg.drafted_tokens`).
+    pub drafted_tokens: Option<i64>,
+    /// Of those, draft tokens taken (`slotlight.leg.accepted_tokens`).
+    pub accepted_tokens: Option<i64>,
     /// Why the leg ended: the request finished, moved, or was preempted (`slotlight.leg.end_reason`).
     pub end_reason: Option<String>,
 }
@@ -105,6 +109,13 @@ pub struct DecodeSpan {
     pub tokens_carried: i64,
     /// Tokens generated within this window, for the window's own rate (`slotlight.decode.window_tokens`).
     pub window_tokens: Option<i64>,
+    /// Decode steps in this window, a verification step of a draft counting once
+    /// (`slotlight.decode.window_steps`).
+    pub window_steps: Option<i64>,
+    /// Draft tokens verified in this window's steps (`slotlight.decode.drafted_tokens`).
+    pub drafted_tokens: Option<i64>,
+    /// Of those, draft tokens taken (`slotlight.decode.accepted_tokens`).
+    pub accepted_tokens: Option<i64>,
     /// `slotlight.decode.tokens_generated`: the request's total so far, over all legs.
     pub tokens_generated: i64,
     /// When the window's last token was sampled, Unix ns (`slotlight.decode.last_token_time_unix_nano`).
@@ -172,6 +183,14 @@ pub struct RequestSpan {
     pub cached_tokens: Option<i64>,
     /// Prompt tokens computed by the prefill (`slotlight.usage.prefilled_tokens`).
     pub prefilled_tokens: Option<i64>,
+    /// How the request was drafted for: `ngram`, `prediction` or `off` (`slotlight.speculation`).
+    pub speculation: Option<String>,
+    /// Verification steps with a draft, over all choices (`slotlight.usage.drafts`).
+    pub drafts: Option<i64>,
+    /// Draft tokens verified, over all choices (`slotlight.usage.drafted_tokens`).
+    pub drafted_tokens: Option<i64>,
+    /// Of those, draft tokens taken as the model's own (`slotlight.usage.accepted_tokens`).
+    pub accepted_tokens: Option<i64>,
     /// Time waiting for admission, ms (`slotlight.usage.queue_ms`).
     pub queue_ms: Option<f64>,
     /// Time in the prefill, ms (`slotlight.usage.prefill_ms`).

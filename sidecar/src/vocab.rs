@@ -1,5 +1,5 @@
-//! The sidecar's shared vocabulary: trace ids, where a request runs (path and slot), and the
-//! wall clock. A leaf: the span decoder, the assembly, the store, the views and the metrics
+//! The sidecar's shared vocabulary: trace ids, where a request runs (path and slot), the
+//! acceptance rate of drafts, and the wall clock. A leaf: the span decoder, the assembly, the store, the views and the metrics
 //! all import it.
 
 use serde::Serialize;
@@ -17,6 +17,14 @@ pub fn hex(bytes: &[u8]) -> String {
         s.push(char::from(DIGITS[usize::from(b & 0xf)]));
     }
     s
+}
+
+/// Draft tokens taken over draft tokens verified (speculative decoding's acceptance rate);
+/// `None` when none was verified, never 0.
+pub fn acceptance(drafted: i64, accepted: i64) -> Option<f64> {
+    #[allow(clippy::cast_precision_loss)] // token counts are far below 2^53
+    let ratio = |a: i64, d: i64| a as f64 / d as f64;
+    (drafted > 0).then(|| ratio(accepted, drafted))
 }
 
 /// A decode path: the batch-1 solo path or a batch slot.

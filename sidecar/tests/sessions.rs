@@ -26,6 +26,9 @@ fn turn(id: &str, session: &str, seed: u64, start: i64) -> Span {
         decode_tps: Some(40.0),
         e2e_ms: 400.0,
         legs: 0,
+        drafts: Some(10),
+        drafted_tokens: Some(40),
+        accepted_tokens: Some(30),
         ..Usage::default()
     };
     let mut r = Request::new(id, seed, start).with_session(session);
@@ -70,6 +73,11 @@ async fn sessions_are_listed_whole_and_each_one_says_where_its_time_went() {
         (Some(200), Some(150))
     );
     assert_eq!(a["cache_hit_ratio"].as_f64(), Some(0.75));
+    assert_eq!(
+        (a["drafted_tokens"].as_i64(), a["accepted_tokens"].as_i64()),
+        (Some(80), Some(60))
+    );
+    assert_eq!(a["draft_acceptance"].as_f64(), Some(0.75));
     assert_eq!(a["model_s"].as_f64(), Some(0.8));
     assert_eq!(a["queue_s"].as_f64(), Some(0.2));
     assert!((a["prefill_s"].as_f64().unwrap() - 0.1).abs() < 1e-12);

@@ -246,3 +246,71 @@ async fn a_prefill_advances_in_slots() {
     assert!(row["prompt_progress"].is_null(), "{row}");
     assert!(row["prefill_tok_s"].is_null(), "{row}");
 }
+
+/// Speculative decoding on a live row: the drafted and accepted tokens so far are the sums of
+/// the request's decode windows and `acceptance` their ratio, while `tok_s` stays the
+/// request's own rate (tokens since its first over the time since, drafts or not).
+#[tokio::test]
+async fn a_drafting_request_shows_its_acceptance_beside_its_own_rate() {
+    use slotlight_sidecar::tools::synth::Drafts;
+    let t = TestSidecar::start().await;
+    let inst = "engine-spec";
+    let start = now_ns() - 2_200 * MS;
+    let first = start + 200 * MS;
+    let mut r = Request::new("req-spec", 41, start);
+    r.first_token_ns = Some(first);
+    let leg = r.leg(0, Some(3), start + 10 * MS, 0);
+    // Two windows of 1 s and 80 tokens: 32 draft tokens verified in each, 24 then 8 taken.
+    let windows = vec![
+        r.decode_drafted(
+            &leg,
+            first,
+            first + S,
+            80,
+            81,
+            40,
+            Drafts {
+                drafted: 32,
+                accepted: 24,
+            },
+        ),
+        r.decode_drafted(
+            &leg,
+            first + S,
+            first + 2 * S,
+            80,
+            161,
+            60,
+            Drafts {
+                drafted: 32,
+                accepted: 8,
+            },
+        ),
+    ];
+    t.send_grpc(synth::export(inst, windows))
+        .await
+        .expect("export");
+    let row = t
+        .wait_row(inst, "slot", Some(3), |r| r["tokens_generated"] == 161)
+        .await;
+    assert_eq!(row["drafted_tokens"], 64);
+    assert_eq!(row["accepted_tokens"], 32);
+    assert_eq!(row["acceptance"].as_f64(), Some(0.5));
+    assert_eq!(
+        row["tok_s"].as_f64(),
+        Some(80.0),
+        "160 tokens over 2 s: {row}"
+    );
+    // A request whose windows state no drafts: null, not 0.
+    let plain = synth::whole_request("req-plain", 42, now_ns() - S, Some(4), 2, 10);
+    t.send_grpc(synth::export(inst, plain[..3].to_vec()))
+        .await
+        .expect("export");
+    let row = t
+        .wait_row(inst, "slot", Some(4), |r| r["state"] == "decoding")
+        .await;
+    assert!(
+        row["acceptance"].is_null() && row["drafted_tokens"].is_null(),
+        "{row}"
+    );
+}

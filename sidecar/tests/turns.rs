@@ -70,6 +70,10 @@ async fn turn_record_equals_the_request_span() {
         reusable_tokens: Some(96),
         diverged_at: Some(90),
         evicted_tokens: Some(32),
+        speculation: Some(value::SPECULATION_PREDICTION.into()),
+        drafts: Some(5),
+        drafted_tokens: Some(20),
+        accepted_tokens: Some(15),
     };
     let turn = finished(&t, "engine-t", "req-eq", "sess-1", 1, &usage).await;
     // Exactly the attribute values (JSON numbers round-trip f64 exactly).
@@ -105,6 +109,10 @@ async fn turn_record_equals_the_request_span() {
     assert_eq!(turn["reusable_tokens"], 96);
     assert_eq!(turn["diverged_at"], 90);
     assert_eq!(turn["evicted_tokens"], 32);
+    assert_eq!(turn["speculation"], value::SPECULATION_PREDICTION);
+    assert_eq!(turn["drafts"], 5);
+    assert_eq!(turn["drafted_tokens"], 20);
+    assert_eq!(turn["accepted_tokens"], 15);
     let leg = &turn["legs"][0];
     assert_eq!(leg["path"], "slot");
     assert_eq!(leg["slot"], 1);
@@ -122,6 +130,8 @@ async fn turn_record_equals_the_request_span() {
     };
     let turn = finished(&t, "engine-t", "req-one", "sess-1", 2, &no_decode).await;
     assert!(turn["decode_tps"].is_null());
+    // An engine that says nothing of drafts: null, not 0.
+    assert!(turn["speculation"].is_null() && turn["drafted_tokens"].is_null());
 
     // A cancelled request from an engine that sends no status: error status and error.type.
     let cancelled = Usage {

@@ -104,6 +104,9 @@ struct RequestState {
     /// The newest decode window's tokens generated, first token and last token times: a
     /// re-prefill after a preemption shows the reply so far.
     decoded: Option<(i64, Option<i64>, i64)>,
+    /// Draft tokens verified and taken so far: the sums over the decode windows applied (each
+    /// window counts its own steps once), `None` until a window states them.
+    drafts: DraftSums,
     admitted: bool,
     /// The legs that ended (their spans arrived), kept until the turn record is written: a
     /// decode window of one of them arriving late must not bring its row back.
@@ -114,6 +117,26 @@ struct RequestState {
     trace_id: TraceId,
     first_start_ns: i64,
     last_end_ns: i64,
+}
+
+/// Draft tokens verified and taken so far, summed over a request's decode windows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct DraftSums {
+    drafted: Option<i64>,
+    accepted: Option<i64>,
+}
+
+impl DraftSums {
+    /// Adds one window's counts (an absent count adds nothing and leaves an unknown sum
+    /// unknown).
+    fn add(&mut self, d: &DecodeSpan) {
+        let sum = |acc: Option<i64>, v: Option<i64>| match v {
+            Some(v) => Some(acc.unwrap_or(0).saturating_add(v)),
+            None => acc,
+        };
+        self.drafted = sum(self.drafted, d.drafted_tokens);
+        self.accepted = sum(self.accepted, d.accepted_tokens);
+    }
 }
 
 impl RequestState {
@@ -283,6 +306,8 @@ impl Assembler {
                         tokens_generated: 0,
                         tokens_carried: 0,
                         prefill: None,
+                        drafted_tokens: st.drafts.drafted,
+                        accepted_tokens: st.drafts.accepted,
                     };
                     move_to_row(inst, st_key(&s), q.key, occ, None, now_ns);
                     self.dirty = true;
@@ -314,13 +339,27 @@ impl Assembler {
                 if st.root.is_some() || st.leg_ended(d.leg_index) {
                     // Its leg (or the whole request) is over: the row has moved on.
                     out.late_spans += 1;
-                } else if d.last_token_ns >= st.as_of_ns {
-                    st.as_of_ns = d.last_token_ns;
-                    st.decoded = Some((d.tokens_generated, d.first_token_ns, d.last_token_ns));
-                    let occ = decode_occupant(st, &s, d);
-                    let rate = window_rate(&s, d);
-                    move_to_row(inst, st_key(&s), d.key, occ, rate, now_ns);
-                    self.dirty = true;
+                } else {
+                    // Every window counts its own steps' drafts, whatever order windows
+                    // arrive in (of two choices, say); only the newest moves the row.
+                    st.drafts.add(d);
+                    if d.last_token_ns >= st.as_of_ns {
+                        st.as_of_ns = d.last_token_ns;
+                        st.decoded = Some((d.tokens_generated, d.first_token_ns, d.last_token_ns));
+                        let occ = decode_occupant(st, &s, d);
+                        let rate = window_rate(&s, d);
+                        move_to_row(inst, st_key(&s), d.key, occ, rate, now_ns);
+                        self.dirty = true;
+                    } else if let Some(o) = st
+                        .row
+                        .and_then(|k| inst.rows.get_mut(&k))
+                        .and_then(|r| r.occupant.as_mut())
+                        .filter(|o| o.request_id == st.request_id)
+                    {
+                        o.drafted_tokens = st.drafts.drafted;
+                        o.accepted_tokens = st.drafts.accepted;
+                        self.dirty = true;
+                    }
                 }
             }
             Body::Leg(l) => {
@@ -378,6 +417,7 @@ impl Assembler {
                 row: None,
                 as_of_ns: i64::MIN,
                 decoded: None,
+                drafts: DraftSums::default(),
                 admitted: false,
                 legs: Vec::new(),
                 root: None,
@@ -568,6 +608,8 @@ fn decode_occupant(st: &RequestState, s: &EngineSpan, d: &DecodeSpan) -> Occupan
         tokens_generated: d.tokens_generated,
         tokens_carried: d.tokens_carried,
         prefill: None,
+        drafted_tokens: st.drafts.drafted,
+        accepted_tokens: st.drafts.accepted,
     }
 }
 
@@ -601,6 +643,8 @@ fn prefill_occupant(
             start_ns: p.prefill_start_ns,
             last_chunk_ns: p.last_chunk_ns,
         }),
+        drafted_tokens: st.drafts.drafted,
+        accepted_tokens: st.drafts.accepted,
     }
 }
 

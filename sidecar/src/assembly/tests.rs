@@ -562,3 +562,109 @@ fn a_restarted_sidecar_shows_a_running_request_from_its_next_window_with_its_own
     assert!((tok_s - want).abs() < 1e-6, "{tok_s} vs {want}");
     assert!(v.ttft_ms.is_some_and(|t| (t - 100.0).abs() < 1e-6));
 }
+
+/// Speculative decoding in the live view: a request's drafted and accepted tokens are the sums
+/// of its decode windows, a window that arrives out of order still counts (without moving the
+/// row back), its acceptance is taken over drafted, and its `tok_s` stays its own rate: tokens
+/// over its own time, however many of them drafts gave. Its turn record carries the request
+/// span's counts and each leg's.
+#[test]
+fn drafts_sum_over_windows_and_leave_the_rate_alone() {
+    use crate::tools::synth::Drafts;
+    let mut a = asm();
+    let mut out = Outputs::default();
+    let mut r = synth::Request::new("spec", 21, T0);
+    let admitted = T0 + 5 * MS;
+    let first = admitted + 20 * MS;
+    r.first_token_ns = Some(first);
+    a.apply(
+        engine("e1", vec![r.queue(Some(0), admitted)]),
+        admitted,
+        &mut out,
+    );
+    let slot = |a: &Assembler, now| {
+        let snap = a.snapshot();
+        let v = row(&snap, "e1", Path::Slot, Some(0)).view(now);
+        (v.drafted_tokens, v.accepted_tokens, v.acceptance, v.tok_s)
+    };
+    assert_eq!(slot(&a, admitted), (None, None, None, None));
+    // Three windows of 1 s, 100 tokens each (4 steps of 25 tokens: drafts of 24 tokens, all
+    // taken, then fewer); the second arrives last.
+    let leg = r.leg(0, Some(0), admitted, 0);
+    let w = |r: &mut synth::Request, i: i64, drafted, accepted| {
+        let start = first + i * S;
+        r.decode_drafted(
+            &leg,
+            start,
+            start + S,
+            100,
+            1 + 100 * (i + 1),
+            4,
+            Drafts { drafted, accepted },
+        )
+    };
+    let (w0, w1, w2) = (
+        w(&mut r, 0, 96, 96),
+        w(&mut r, 1, 96, 48),
+        w(&mut r, 2, 8, 0),
+    );
+    a.apply(engine("e1", vec![w0]), first + S, &mut out);
+    assert_eq!(
+        slot(&a, first + S),
+        (Some(96), Some(96), Some(1.0), Some(100.0))
+    );
+    a.apply(engine("e1", vec![w2]), first + 3 * S, &mut out);
+    a.apply(engine("e1", vec![w1]), first + 3 * S, &mut out);
+    let (drafted, accepted, acceptance, tok_s) = slot(&a, first + 3 * S);
+    assert_eq!((drafted, accepted), (Some(200), Some(144)));
+    assert_eq!(acceptance, Some(0.72));
+    assert_eq!(
+        tok_s,
+        Some(100.0),
+        "300 tokens over the 3 s since the first: the request's own rate"
+    );
+    let snap = a.snapshot();
+    assert_eq!(
+        row(&snap, "e1", Path::Slot, Some(0))
+            .view(first + 3 * S)
+            .tokens_generated,
+        Some(301),
+        "the late window did not move the row back"
+    );
+    // It finishes: the turn record carries the request span's counts and the leg's.
+    let end = first + 3 * S;
+    let leg_span = r.leg_span_drafted(
+        &leg,
+        end,
+        301,
+        "finished",
+        Drafts {
+            drafted: 200,
+            accepted: 144,
+        },
+    );
+    let usage = Usage {
+        completion_tokens: 301,
+        speculation: Some(slotlight_otel::attr::value::SPECULATION_NGRAM.into()),
+        drafts: Some(12),
+        drafted_tokens: Some(200),
+        accepted_tokens: Some(144),
+        ..Usage::default()
+    };
+    let root = r.root("m", end + MS, &usage);
+    a.apply(engine("e1", vec![leg_span, root]), end + MS, &mut out);
+    assert_eq!(out.turns.len(), 1);
+    let t = &out.turns[0];
+    assert_eq!(
+        t.speculation.as_deref(),
+        Some(slotlight_otel::attr::value::SPECULATION_NGRAM)
+    );
+    assert_eq!(
+        (t.drafts, t.drafted_tokens, t.accepted_tokens),
+        (Some(12), Some(200), Some(144))
+    );
+    assert_eq!(
+        (t.legs[0].drafted_tokens, t.legs[0].accepted_tokens),
+        (Some(200), Some(144))
+    );
+}

@@ -208,10 +208,12 @@ fn encode_requests(r: &RequestMetrics, enc: &mut DescriptorEncoder<'_>) -> std::
         }
     }
     type C = fn(&SeriesMetrics) -> u64;
-    let counters: [(&'static str, C); 4] = [
+    let counters: [(&'static str, C); 6] = [
         (metric::PROMPT_TOKENS, |m| m.prompt_tokens),
         (metric::CACHED_TOKENS, |m| m.cached_tokens),
         (metric::GENERATED_TOKENS, |m| m.generated_tokens),
+        (metric::DRAFTED_TOKENS, |m| m.drafted_tokens),
+        (metric::ACCEPTED_TOKENS, |m| m.accepted_tokens),
         (metric::MOVES, |m| m.moves),
     ];
     for (name, get) in counters {

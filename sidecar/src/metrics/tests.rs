@@ -237,6 +237,31 @@ fn resume_labels_are_capped() {
 }
 
 #[test]
+fn draft_tokens_are_counted_over_turns_by_genai_labels() {
+    let m = Metrics::new(10);
+    for (drafted, accepted) in [(40, 30), (20, 5)] {
+        m.observe_turn(&turn_with(RequestSpan {
+            drafted_tokens: Some(drafted),
+            accepted_tokens: Some(accepted),
+            ..Default::default()
+        }));
+    }
+    // A turn from an engine that does not say adds nothing.
+    m.observe_turn(&turn());
+    let text = m.render(&SlotsSnapshot::default(), false);
+    for (name, want) in [(metric::DRAFTED_TOKENS, 60), (metric::ACCEPTED_TOKENS, 35)] {
+        assert!(
+            text.contains(&format!("# TYPE {name} counter\n")),
+            "{name}: {text}"
+        );
+        assert!(
+            text.contains(&format!("{name}{{{GENAI}}} {want}\n")),
+            "{name}: {text}"
+        );
+    }
+}
+
+#[test]
 fn late_spans_are_exported() {
     let m = Metrics::new(10);
     m.count_late(3);

@@ -281,6 +281,8 @@ fn convert_span(
             batch_size_max: int(f.get(F::BatchMax)),
             batch_size_mean: dbl(f.get(F::BatchMean)),
             device_ms: dbl(f.get(F::LegDeviceMs)),
+            drafted_tokens: int(f.get(F::LegDrafted)),
+            accepted_tokens: int(f.get(F::LegAccepted)),
             end_reason: text(f.get(F::LegEndReason)),
         })),
         names::PREFILL_WINDOW => Body::PrefillWindow(PrefillWindowSpan {
@@ -303,6 +305,9 @@ fn convert_span(
                 leg_start_ns: int(f.get(F::LegStart)).unwrap_or(request_start_ns),
                 tokens_carried: int(f.get(F::TokensCarried)).unwrap_or(0),
                 window_tokens: int(f.get(F::WindowTokens)),
+                window_steps: int(f.get(F::WindowSteps)),
+                drafted_tokens: int(f.get(F::DecodeDrafted)),
+                accepted_tokens: int(f.get(F::DecodeAccepted)),
                 tokens_generated: req
                     .int(attr::DECODE_TOKENS_GENERATED, f.get(F::DecodeGenerated))?,
                 last_token_ns: req.int(attr::DECODE_LAST_TOKEN_TIME, f.get(F::LastTokenTime))?,
@@ -326,6 +331,10 @@ fn convert_span(
             reasoning_tokens: int(f.get(F::ReasoningTokens)),
             cached_tokens: int(f.get(F::CacheRead)),
             prefilled_tokens: int(f.get(F::PrefilledTokens)),
+            speculation: text(f.get(F::Speculation)),
+            drafts: int(f.get(F::Drafts)),
+            drafted_tokens: int(f.get(F::DraftedTokens)),
+            accepted_tokens: int(f.get(F::AcceptedTokens)),
             queue_ms: dbl(f.get(F::QueueMs)),
             prefill_ms: dbl(f.get(F::PrefillMs)),
             ttft_ms: dbl(f.get(F::TtftMs)),
@@ -430,10 +439,15 @@ enum F {
     BatchMax,
     BatchMean,
     LegDeviceMs,
+    LegDrafted,
+    LegAccepted,
     LegEndReason,
     RequestStart,
     FirstToken,
     WindowTokens,
+    WindowSteps,
+    DecodeDrafted,
+    DecodeAccepted,
     DecodeGenerated,
     LastTokenTime,
     PrefillPrompt,
@@ -455,6 +469,10 @@ enum F {
     ReasoningTokens,
     CacheRead,
     PrefilledTokens,
+    Speculation,
+    Drafts,
+    DraftedTokens,
+    AcceptedTokens,
     QueueMs,
     PrefillMs,
     TtftMs,
@@ -497,11 +515,16 @@ const KEYS: [(&str, F); N_FIELDS] = [
     (attr::LEG_BATCH_SIZE_MAX, F::BatchMax),
     (attr::LEG_BATCH_SIZE_MEAN, F::BatchMean),
     (attr::LEG_DEVICE_MS, F::LegDeviceMs),
+    (attr::LEG_DRAFTED_TOKENS, F::LegDrafted),
+    (attr::LEG_ACCEPTED_TOKENS, F::LegAccepted),
     (attr::LEG_END_REASON, F::LegEndReason),
     (attr::CHOICE_INDEX, F::ChoiceIndex),
     (attr::REQUEST_START_TIME, F::RequestStart),
     (attr::REQUEST_FIRST_TOKEN_TIME, F::FirstToken),
     (attr::DECODE_WINDOW_TOKENS, F::WindowTokens),
+    (attr::DECODE_WINDOW_STEPS, F::WindowSteps),
+    (attr::DECODE_DRAFTED_TOKENS, F::DecodeDrafted),
+    (attr::DECODE_ACCEPTED_TOKENS, F::DecodeAccepted),
     (attr::DECODE_TOKENS_GENERATED, F::DecodeGenerated),
     (attr::DECODE_LAST_TOKEN_TIME, F::LastTokenTime),
     (attr::PREFILL_PROMPT_TOKENS, F::PrefillPrompt),
@@ -526,6 +549,10 @@ const KEYS: [(&str, F); N_FIELDS] = [
     ),
     (attr::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, F::CacheRead),
     (attr::USAGE_PREFILLED_TOKENS, F::PrefilledTokens),
+    (attr::SPECULATION, F::Speculation),
+    (attr::USAGE_DRAFTS, F::Drafts),
+    (attr::USAGE_DRAFTED_TOKENS, F::DraftedTokens),
+    (attr::USAGE_ACCEPTED_TOKENS, F::AcceptedTokens),
     (attr::USAGE_QUEUE_MS, F::QueueMs),
     (attr::USAGE_PREFILL_MS, F::PrefillMs),
     (attr::USAGE_TTFT_MS, F::TtftMs),
@@ -824,5 +851,87 @@ mod tests {
         assert_eq!(none.resume_reusable_tokens, None);
         assert_eq!(none.resume_diverged_at, None);
         assert_eq!(none.resume_evicted_tokens, None);
+    }
+
+    /// Speculative decoding's counts, on the request span, a leg and a decode window; an
+    /// engine that does not send them leaves every one `None` (never 0).
+    #[test]
+    fn draft_counts_are_read_from_request_leg_and_window() {
+        let slot = || {
+            vec![
+                kv(attr::LEG_PATH, s(attr::value::PATH_SLOT)),
+                kv(attr::SLOT_INDEX, PValue::IntValue(0)),
+                kv(attr::LEG_INDEX, PValue::IntValue(1)),
+            ]
+        };
+        let mut leg = slot();
+        leg.extend([
+            kv(attr::REQUEST_ID, s("r")),
+            kv(attr::LEG_DRAFTED_TOKENS, PValue::IntValue(40)),
+            kv(attr::LEG_ACCEPTED_TOKENS, PValue::IntValue(30)),
+        ]);
+        let mut window = slot();
+        window.extend([
+            kv(attr::REQUEST_ID, s("r")),
+            kv(attr::REQUEST_START_TIME, PValue::IntValue(1)),
+            kv(attr::DECODE_TOKENS_GENERATED, PValue::IntValue(50)),
+            kv(attr::DECODE_LAST_TOKEN_TIME, PValue::IntValue(5)),
+            kv(attr::DECODE_WINDOW_STEPS, PValue::IntValue(4)),
+            kv(attr::DECODE_DRAFTED_TOKENS, PValue::IntValue(12)),
+            kv(attr::DECODE_ACCEPTED_TOKENS, PValue::IntValue(9)),
+        ]);
+        let req = request(
+            attr::value::SERVICE_NAME_ENGINE,
+            Some("i"),
+            vec![
+                span(
+                    "chat m",
+                    vec![
+                        kv(attr::REQUEST_ID, s("r")),
+                        kv(attr::SPECULATION, s(attr::value::SPECULATION_PREDICTION)),
+                        kv(attr::USAGE_DRAFTS, PValue::IntValue(8)),
+                        kv(attr::USAGE_DRAFTED_TOKENS, PValue::IntValue(40)),
+                        kv(attr::USAGE_ACCEPTED_TOKENS, PValue::IntValue(30)),
+                    ],
+                ),
+                span(names::LEG, leg),
+                span(names::DECODE, window),
+                span("chat m", vec![kv(attr::REQUEST_ID, s("older-engine"))]),
+            ],
+        );
+        let c = convert_request(&req).expect("decodes");
+        assert_eq!(c.rejected_total(), 0, "{:?}", c.first_rejection);
+        let [
+            Body::Request(r),
+            Body::Leg(l),
+            Body::Decode(d),
+            Body::Request(old),
+        ] = [
+            &c.spans[0].body,
+            &c.spans[1].body,
+            &c.spans[2].body,
+            &c.spans[3].body,
+        ]
+        else {
+            panic!("not a request, a leg, a window and a request")
+        };
+        assert_eq!(
+            r.speculation.as_deref(),
+            Some(attr::value::SPECULATION_PREDICTION)
+        );
+        assert_eq!(
+            (r.drafts, r.drafted_tokens, r.accepted_tokens),
+            (Some(8), Some(40), Some(30))
+        );
+        assert_eq!((l.drafted_tokens, l.accepted_tokens), (Some(40), Some(30)));
+        assert_eq!(
+            (d.window_steps, d.drafted_tokens, d.accepted_tokens),
+            (Some(4), Some(12), Some(9))
+        );
+        assert_eq!(old.speculation, None);
+        assert_eq!(
+            (old.drafts, old.drafted_tokens, old.accepted_tokens),
+            (None, None, None)
+        );
     }
 }

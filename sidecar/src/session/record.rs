@@ -50,6 +50,13 @@ pub struct TurnFacts {
     /// Generated tokens inside the reasoning block.
     #[serde(default)]
     pub reasoning_tokens: Option<i64>,
+    /// Draft tokens verified (speculative decoding); absent from records written before the
+    /// sidecar kept them.
+    #[serde(default)]
+    pub drafted_tokens: Option<i64>,
+    /// Of those, draft tokens taken.
+    #[serde(default)]
+    pub accepted_tokens: Option<i64>,
     /// Arrival to admission, ms.
     #[serde(default)]
     pub queue_ms: Option<f64>,
@@ -78,6 +85,8 @@ impl From<&TurnRecord> for TurnFacts {
             cached_tokens: t.cached_tokens,
             completion_tokens: t.completion_tokens,
             reasoning_tokens: t.reasoning_tokens,
+            drafted_tokens: t.drafted_tokens,
+            accepted_tokens: t.accepted_tokens,
             queue_ms: t.queue_ms,
             ttft_ms: t.ttft_ms,
             e2e_ms: t.e2e_ms,
@@ -142,6 +151,16 @@ pub struct SessionRecord {
     pub completion_tokens: i64,
     /// Generated reasoning tokens over its turns.
     pub reasoning_tokens: i64,
+    /// Draft tokens verified over its turns (speculative decoding). Absent from (so 0 in)
+    /// records stored before the sidecar kept it.
+    #[serde(default)]
+    pub drafted_tokens: i64,
+    /// Of those, draft tokens taken.
+    #[serde(default)]
+    pub accepted_tokens: i64,
+    /// `accepted_tokens / drafted_tokens`; null when nothing was drafted.
+    #[serde(default)]
+    pub draft_acceptance: Option<f64>,
     /// The turns' end-to-end time, seconds (`queue_s + prefill_s + decode_s`).
     pub model_s: f64,
     /// Of `model_s`: waiting for admission.
@@ -218,9 +237,13 @@ pub fn summarize(
     ordered(&mut turns);
     let first = turns.first()?;
     let last = turns.iter().max_by_key(|t| t.end_time_unix_nano)?;
-    let sum = |f: fn(&TurnFacts) -> Option<i64>| turns.iter().filter_map(f).sum::<i64>();
+    let sum = |f: fn(&TurnFacts) -> Option<i64>| {
+        turns.iter().filter_map(f).fold(0i64, i64::saturating_add)
+    };
     let prompt_tokens = sum(|t| t.prompt_tokens);
     let cached_tokens = sum(|t| t.cached_tokens);
+    let drafted_tokens = sum(|t| t.drafted_tokens);
+    let accepted_tokens = sum(|t| t.accepted_tokens);
     let (mut queue_s, mut prefill_s, mut decode_s) = (0.0, 0.0, 0.0);
     for t in &turns {
         let (q, p, d) = t.split();
@@ -257,6 +280,9 @@ pub fn summarize(
         cache_hit_ratio,
         completion_tokens: sum(|t| t.completion_tokens),
         reasoning_tokens: sum(|t| t.reasoning_tokens),
+        drafted_tokens,
+        accepted_tokens,
+        draft_acceptance: crate::vocab::acceptance(drafted_tokens, accepted_tokens),
         model_s: queue_s + prefill_s + decode_s,
         queue_s,
         prefill_s,
@@ -365,6 +391,30 @@ mod tests {
         .expect("record");
         assert_eq!(r.live_until, 11 * S);
         assert!(summarize("s", Vec::new(), 0, 0).is_none());
+    }
+
+    #[test]
+    fn draft_counts_sum_over_the_turns_and_give_the_acceptance() {
+        let drafted = |id: &str, start_s: i64, d: Option<(i64, i64)>| TurnFacts {
+            drafted_tokens: d.map(|d| d.0),
+            accepted_tokens: d.map(|d| d.1),
+            ..turn(id, start_s, start_s + 1)
+        };
+        let turns = vec![
+            drafted("a", 0, Some((40, 30))),
+            drafted("b", 2, None),
+            drafted("c", 4, Some((60, 20))),
+        ];
+        let r = summarize("s", turns, 60 * S, 0).expect("record");
+        assert_eq!((r.drafted_tokens, r.accepted_tokens), (100, 50));
+        assert_eq!(r.draft_acceptance, Some(0.5));
+        let json = serde_json::to_value(&r).expect("json");
+        assert_eq!(json["draft_acceptance"], 0.5);
+        // Nothing drafted: no acceptance at all, not 0.
+        let r = summarize("s", vec![drafted("a", 0, Some((0, 0)))], 60 * S, 0).expect("record");
+        assert_eq!((r.drafted_tokens, r.draft_acceptance), (0, None));
+        let r = summarize("s", vec![drafted("a", 0, None)], 60 * S, 0).expect("record");
+        assert_eq!(r.draft_acceptance, None);
     }
 
     #[test]

@@ -529,3 +529,89 @@ fn a_store_written_before_sessions_gets_them_from_its_turns() {
     drop(rw(&path));
     assert_eq!(all_sessions(&read(&path), 0).len(), 1);
 }
+
+/// `timed`, whose request span stated speculative decoding's counts.
+fn drafted(id: &str, session: &str, start_s: i64, counts: (i64, i64)) -> Arc<TurnRecord> {
+    let mut t = (*timed(id, Some(session), start_s, start_s + 1, None)).clone();
+    t.speculation = Some(slotlight_otel::attr::value::SPECULATION_NGRAM.into());
+    t.drafts = Some(counts.0 / 4);
+    t.drafted_tokens = Some(counts.0);
+    t.accepted_tokens = Some(counts.1);
+    Arc::new(t)
+}
+
+/// Draft counts survive the store (turns and sessions), and a store written before the sidecar
+/// kept them still reads: its session records load with 0 drafted and no acceptance, and are
+/// made again from old and new turns alike.
+#[test]
+fn draft_counts_round_trip_and_records_without_them_still_load() {
+    let dir = Scratch::new("drafts");
+    let path = dir.db();
+    let mut c = rw(&path);
+    write_batch(&mut c, &[drafted("d1", "spec", 0, (40, 30))], 1).expect("write");
+    let db = read(&path);
+    let page = db
+        .query(&TurnQuery {
+            request_id: Some("d1".into()),
+            limit: 1,
+            ..Default::default()
+        })
+        .expect("turns");
+    let v: serde_json::Value = serde_json::from_str(page.turns[0].get()).expect("json");
+    assert_eq!(
+        v["speculation"],
+        slotlight_otel::attr::value::SPECULATION_NGRAM
+    );
+    assert_eq!(
+        (v["drafts"].as_i64(), v["drafted_tokens"].as_i64()),
+        (Some(10), Some(40))
+    );
+    assert_eq!(v["accepted_tokens"], 30);
+    let s = all_sessions(&db, 0);
+    assert_eq!((s[0].drafted_tokens, s[0].accepted_tokens), (40, 30));
+    assert_eq!(s[0].draft_acceptance, Some(0.75));
+
+    // As an older sidecar wrote them: neither the turn nor the session has the fields.
+    write_batch(&mut c, &[timed("o1", Some("old"), 0, 1, None)], 2).expect("write");
+    c.execute(
+        "UPDATE turns SET record = json_remove(record, '$.speculation', '$.drafts',
+             '$.drafted_tokens', '$.accepted_tokens') WHERE request_id = 'o1'",
+        [],
+    )
+    .expect("strip the turn");
+    c.execute(
+        "UPDATE sessions SET record = json_remove(record, '$.drafted_tokens',
+             '$.accepted_tokens', '$.draft_acceptance') WHERE session_id = 'old'",
+        [],
+    )
+    .expect("strip the session");
+    let stripped: String = c
+        .query_row(
+            "SELECT record FROM sessions WHERE session_id = 'old'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("row");
+    assert!(!stripped.contains("drafted_tokens"), "{stripped}");
+    let old = db
+        .session("old", 60_000_000_000, 0)
+        .expect("read")
+        .expect("found")
+        .0;
+    assert_eq!((old.drafted_tokens, old.accepted_tokens), (0, 0));
+    assert_eq!(old.draft_acceptance, None);
+    // A new turn of that session: its record is made again from the old turn and the new.
+    write_batch(&mut c, &[drafted("o2", "old", 5, (20, 5))], 3).expect("write");
+    let again = db
+        .session("old", 60_000_000_000, 0)
+        .expect("read")
+        .expect("found");
+    assert_eq!((again.0.turns, again.0.drafted_tokens), (2, 20));
+    assert_eq!(again.0.draft_acceptance, Some(0.25));
+    assert_eq!(again.1[0]["request_id"], "o1");
+    assert!(
+        again.1[0].get("drafted_tokens").is_none(),
+        "the old turn, as stored"
+    );
+    assert_eq!(again.1[1]["drafted_tokens"], 20);
+}

@@ -263,6 +263,29 @@ impl Request {
         s
     }
 
+    /// A `slotlight.decode` window as [`Request::decode`] makes it, whose steps (`steps`,
+    /// verification steps included) verified `drafts.drafted` draft tokens and took
+    /// `drafts.accepted` of them (speculative decoding).
+    #[allow(clippy::too_many_arguments)] // one argument per attribute a window states
+    pub fn decode_drafted(
+        &mut self,
+        leg: &Leg,
+        start: i64,
+        last_token: i64,
+        window_tokens: i64,
+        tokens_generated: i64,
+        steps: i64,
+        drafts: Drafts,
+    ) -> Span {
+        let mut s = self.decode(leg, start, last_token, window_tokens, tokens_generated);
+        s.attributes.extend([
+            kv_int(attr::DECODE_WINDOW_STEPS, steps),
+            kv_int(attr::DECODE_DRAFTED_TOKENS, drafts.drafted),
+            kv_int(attr::DECODE_ACCEPTED_TOKENS, drafts.accepted),
+        ]);
+        s
+    }
+
     /// Starts a leg (its span is built by [`Request::leg_span`] when it ends).
     pub fn leg(&mut self, index: i64, place: Place, start_ns: i64, tokens_carried: i64) -> Leg {
         Leg {
@@ -304,6 +327,24 @@ impl Request {
                 ..Default::default()
             });
         }
+        s
+    }
+
+    /// [`Request::leg_span`] of a leg whose steps verified `drafts.drafted` draft tokens and
+    /// took `drafts.accepted` of them.
+    pub fn leg_span_drafted(
+        &mut self,
+        leg: &Leg,
+        end_ns: i64,
+        generated: i64,
+        end_reason: &str,
+        drafts: Drafts,
+    ) -> Span {
+        let mut s = self.leg_span(leg, end_ns, generated, end_reason);
+        s.attributes.extend([
+            kv_int(attr::LEG_DRAFTED_TOKENS, drafts.drafted),
+            kv_int(attr::LEG_ACCEPTED_TOKENS, drafts.accepted),
+        ]);
         s
     }
 
@@ -358,10 +399,16 @@ impl Request {
         if let Some(r) = &usage.resume {
             s.attributes.push(kv_str(attr::RESUME, r.clone()));
         }
+        if let Some(sp) = &usage.speculation {
+            s.attributes.push(kv_str(attr::SPECULATION, sp.clone()));
+        }
         for (k, v) in [
             (attr::RESUME_REUSABLE_TOKENS, usage.reusable_tokens),
             (attr::RESUME_DIVERGED_AT, usage.diverged_at),
             (attr::RESUME_EVICTED_TOKENS, usage.evicted_tokens),
+            (attr::USAGE_DRAFTS, usage.drafts),
+            (attr::USAGE_DRAFTED_TOKENS, usage.drafted_tokens),
+            (attr::USAGE_ACCEPTED_TOKENS, usage.accepted_tokens),
         ] {
             if let Some(v) = v {
                 s.attributes.push(kv_int(k, v));
@@ -394,6 +441,15 @@ pub struct Leg {
     pub span_id: [u8; 8],
     /// The previous leg's span id (linked).
     pub previous: Option<[u8; 8]>,
+}
+
+/// Draft tokens verified and taken (speculative decoding), in a window or a leg.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Drafts {
+    /// Draft tokens verified.
+    pub drafted: i64,
+    /// Of those, draft tokens taken.
+    pub accepted: i64,
 }
 
 /// The request span's usage attributes.
@@ -439,6 +495,14 @@ pub struct Usage {
     pub diverged_at: Option<i64>,
     /// `slotlight.resume.evicted_tokens`, when set.
     pub evicted_tokens: Option<i64>,
+    /// `slotlight.speculation`, when set.
+    pub speculation: Option<String>,
+    /// `slotlight.usage.drafts`, when set.
+    pub drafts: Option<i64>,
+    /// `slotlight.usage.drafted_tokens`, when set.
+    pub drafted_tokens: Option<i64>,
+    /// `slotlight.usage.accepted_tokens`, when set.
+    pub accepted_tokens: Option<i64>,
 }
 
 impl Default for Usage {
@@ -464,6 +528,10 @@ impl Default for Usage {
             reusable_tokens: None,
             diverged_at: None,
             evicted_tokens: None,
+            speculation: None,
+            drafts: None,
+            drafted_tokens: None,
+            accepted_tokens: None,
         }
     }
 }

@@ -32,6 +32,10 @@ pub struct TurnLeg {
     pub ms: f64,
     /// Time in forward steps, ms.
     pub device_ms: Option<f64>,
+    /// Draft tokens verified during the leg (`slotlight.leg.drafted_tokens`).
+    pub drafted_tokens: Option<i64>,
+    /// Of those, draft tokens taken (`slotlight.leg.accepted_tokens`).
+    pub accepted_tokens: Option<i64>,
     /// Largest batch of the leg.
     pub batch_size_max: Option<i64>,
     /// Mean batch of the leg.
@@ -57,6 +61,8 @@ impl TurnLeg {
             tokens_carried: leg.tokens_carried,
             ms,
             device_ms: leg.device_ms,
+            drafted_tokens: leg.drafted_tokens,
+            accepted_tokens: leg.accepted_tokens,
             batch_size_max: leg.batch_size_max,
             batch_size_mean: leg.batch_size_mean,
             end_reason: leg.end_reason.clone(),
@@ -199,6 +205,15 @@ pub struct TurnRecord {
     /// Generated tokens inside the reasoning block (`gen_ai.usage.reasoning.output_tokens`);
     /// null unless the model's template is a thinking template.
     pub reasoning_tokens: Option<i64>,
+    /// How the request was drafted for (speculative decoding): `ngram`, `prediction` or `off`
+    /// (`slotlight.speculation`).
+    pub speculation: Option<String>,
+    /// Verification steps with a draft, over all choices (`slotlight.usage.drafts`).
+    pub drafts: Option<i64>,
+    /// Draft tokens verified, over all choices (`slotlight.usage.drafted_tokens`).
+    pub drafted_tokens: Option<i64>,
+    /// Of those, draft tokens taken as the model's own (`slotlight.usage.accepted_tokens`).
+    pub accepted_tokens: Option<i64>,
     /// Time waiting for admission, ms (`slotlight.usage.queue_ms`).
     pub queue_ms: Option<f64>,
     /// Time in the prefill, ms (`slotlight.usage.prefill_ms`).
@@ -299,6 +314,10 @@ impl TurnRecord {
             evicted_tokens: req.resume_evicted_tokens,
             completion_tokens: req.output_tokens,
             reasoning_tokens: req.reasoning_tokens,
+            speculation: req.speculation.clone(),
+            drafts: req.drafts,
+            drafted_tokens: req.drafted_tokens,
+            accepted_tokens: req.accepted_tokens,
             queue_ms: req.queue_ms,
             prefill_ms: req.prefill_ms,
             ttft_ms: req.ttft_ms,
@@ -360,6 +379,10 @@ impl TurnRecord {
             evicted_tokens: None,
             completion_tokens: None,
             reasoning_tokens: None,
+            speculation: None,
+            drafts: None,
+            drafted_tokens: None,
+            accepted_tokens: None,
             queue_ms: None,
             prefill_ms: None,
             ttft_ms: None,
@@ -428,6 +451,8 @@ mod tests {
             tokens_carried: Some(0),
             ms: 1.0,
             device_ms: None,
+            drafted_tokens: None,
+            accepted_tokens: None,
             batch_size_max: None,
             batch_size_mean: None,
             end_reason: None,
@@ -531,6 +556,74 @@ mod tests {
         assert_eq!(json["session_turn"], 1);
         assert_eq!(json["session_extends"], "msg_0");
         assert_eq!(json["session_kv_ttl_ms"], 300_000.0);
+    }
+
+    #[test]
+    fn record_carries_the_draft_counts_of_the_request_and_its_legs() {
+        use slotlight_otel::attr::value;
+        let req = RequestSpan {
+            name: "chat small".into(),
+            speculation: Some(value::SPECULATION_NGRAM.into()),
+            drafts: Some(6),
+            drafted_tokens: Some(24),
+            accepted_tokens: Some(18),
+            legs: Some(2),
+            ..Default::default()
+        };
+        let mut slot = leg(1, Path::Slot, Some(0));
+        slot.drafted_tokens = Some(16);
+        slot.accepted_tokens = Some(12);
+        let mut solo = leg(0, Path::Solo, None);
+        solo.drafted_tokens = Some(8);
+        solo.accepted_tokens = Some(6);
+        let json = serde_json::to_value(TurnRecord::build(
+            &root(req.clone()),
+            &req,
+            vec![slot, solo],
+        ))
+        .expect("json");
+        assert_eq!(json["speculation"], value::SPECULATION_NGRAM);
+        assert_eq!(json["drafts"], 6);
+        assert_eq!(json["drafted_tokens"], 24);
+        assert_eq!(json["accepted_tokens"], 18);
+        assert_eq!(json["legs"][0]["drafted_tokens"], 8);
+        assert_eq!(json["legs"][0]["accepted_tokens"], 6);
+        assert_eq!(json["legs"][1]["drafted_tokens"], 16);
+        assert_eq!(json["legs"][1]["accepted_tokens"], 12);
+    }
+
+    #[test]
+    fn absent_draft_counts_are_null() {
+        let req = RequestSpan {
+            name: "chat small".into(),
+            ..Default::default()
+        };
+        let t = TurnRecord::build(&root(req.clone()), &req, vec![leg(0, Path::Solo, None)]);
+        let partial = TurnRecord::partial(
+            PartialTurn {
+                instance: "i".into(),
+                service_version: None,
+                request_id: "p".into(),
+                session_id: None,
+                trace_id: [1; 16],
+                start_ns: 0,
+                end_ns: 1,
+            },
+            vec![leg(0, Path::Solo, None)],
+        );
+        for t in [t, partial] {
+            let json = serde_json::to_value(&t).expect("json");
+            for k in ["speculation", "drafts", "drafted_tokens", "accepted_tokens"] {
+                assert_eq!(json.get(k), Some(&serde_json::Value::Null), "{k}");
+            }
+            for k in ["drafted_tokens", "accepted_tokens"] {
+                assert_eq!(
+                    json["legs"][0].get(k),
+                    Some(&serde_json::Value::Null),
+                    "leg {k}"
+                );
+            }
+        }
     }
 
     #[test]

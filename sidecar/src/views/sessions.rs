@@ -85,9 +85,9 @@ fn store_error(e: impl std::fmt::Display) -> ViewError {
 /// with the latest activity first (by `last_turn_at`), filtered by `since`, `until`,
 /// `instance` and `live`; at most `limit` (default 100), then `next_cursor` to pass as
 /// `cursor=`. Each session: its id, turns, first and last turn, whether it is live, its token
-/// counts and cache-hit ratio, where its time went (`model_s` = `queue_s` + `prefill_s` +
-/// `decode_s`, and `client_s`), its turns by resume outcome and the APIs it used. A malformed
-/// query is a 400 [`ViewError`]; a store that cannot be read a 500 one.
+/// counts, cache-hit ratio and draft counts, where its time went (`model_s` = `queue_s` +
+/// `prefill_s` + `decode_s`, and `client_s`), its turns by resume outcome and the APIs it used.
+/// A malformed query is a 400 [`ViewError`]; a store that cannot be read a 500 one.
 pub async fn list(
     State(st): State<ApiState>,
     params: Result<Query<SessionsParams>, QueryRejection>,

@@ -113,8 +113,8 @@ def post_span(sidecar, instance, span):
         assert r.status == 200
 
 
-def post_decode_window(sidecar, instance, request_id, slot, tokens):
-    """One decode window."""
+def post_decode_window(sidecar, instance, request_id, slot, tokens, drafts=None):
+    """One decode window; `drafts` = (drafted, accepted) when speculative decoding drafted."""
     t0 = time.time_ns() - 2_000_000_000
     t1 = t0 + 1_000_000_000
     post_span(sidecar, instance, {
@@ -126,6 +126,8 @@ def post_decode_window(sidecar, instance, request_id, slot, tokens):
             kv(ATTR["DECODE_TOKENS_GENERATED"], tokens), kv(ATTR["DECODE_WINDOW_TOKENS"], tokens),
             kv(ATTR["DECODE_LAST_TOKEN_TIME"], t1), kv(ATTR["REQUEST_START_TIME"], t0),
             kv(ATTR["REQUEST_FIRST_TOKEN_TIME"], t0 + 100_000_000),
+            *([kv(ATTR["DECODE_DRAFTED_TOKENS"], drafts[0]), kv(ATTR["DECODE_ACCEPTED_TOKENS"], drafts[1])]
+              if drafts else []),
         ],
     })
 
@@ -195,7 +197,7 @@ def test_page_shows_a_slot_tile_over_sse(sidecar):
             wait_until("document.getElementById('conn').className === 'ok'", "a live stream")
             assert evaluate("document.querySelectorAll('.tile').length") == 0
 
-            post_decode_window(sidecar, "page-engine", "req-page", 2, 42)
+            post_decode_window(sidecar, "page-engine", "req-page", 2, 42, drafts=(32, 24))
             tile = wait_until(
                 "(() => { const t = document.querySelector('.tile[data-request-id=\"req-page\"]');"
                 " return t && {slot: t.dataset.slot, state: t.dataset.state, instance: t.dataset.instance,"
@@ -206,16 +208,24 @@ def test_page_shows_a_slot_tile_over_sse(sidecar):
             assert tile["state"] == "decoding"
             assert tile["instance"] == "page-engine"
             assert "42" in tile["text"]
+            # Speculative decoding: the tile says the share of draft tokens taken, taken/verified.
+            drafts = evaluate(
+                "(() => { const d = document.querySelector('.tile[data-request-id=\"req-page\"] .drafts');"
+                " return d && {acceptance: d.dataset.acceptance, text: d.textContent}; })()")
+            assert drafts == {"acceptance": "0.75", "text": "drafts 75% · 24/32"}, drafts
             # A finished turn's row says how it resumed: outcome, where it diverged, cached/reusable.
             post_request_span(sidecar, "page-engine", "req-turn", {
                 "RESUME": RESUME_DIVERGED, "RESUME_DIVERGED_AT": 37, "RESUME_REUSABLE_TOKENS": 40,
-                "GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS": 32})
+                "GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS": 32,
+                "USAGE_DRAFTED_TOKENS": 40, "USAGE_ACCEPTED_TOKENS": 10})
             resume = wait_until(
                 "(() => { const c = document.querySelector('#turns tr[data-request-id=\"req-turn\"] td.resume');"
                 " return c && c.textContent; })()",
                 "the turn's resume cell",
             )
             assert resume == f"{RESUME_DIVERGED} @37 · 32/40", resume
+            taken = evaluate("document.querySelector('#turns tr[data-request-id=\"req-turn\"] td.drafts').textContent")
+            assert taken == "25% · 10/40", taken
             # An engine that samples its traces: the page says its counts are of sampled requests.
             post_sampled_request(sidecar, "page-engine", "req-sampled", 0.25)
             note = wait_until(
