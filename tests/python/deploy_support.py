@@ -54,8 +54,8 @@ def contract_value(meaning: str) -> str:
 
 ENGINE_SERVICE = contract_value("`service.name`")
 PROVIDER = contract_value("`gen_ai.provider.name`")
-OP_CHAT = contract_value("chat completions")
-OP_TEXT = contract_value("text completions")
+OP_CHAT = contract_value("`gen_ai.operation.name` of chat completions")
+OP_TEXT = contract_value("`gen_ai.operation.name` of text completions")
 PATH_SOLO = contract_value("solo path")
 PATH_SLOT = contract_value("a batch slot")
 
