@@ -23,10 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from procs import REPO, EngineProcess, default_model
-
-CLAUDE = REPO / "tests" / "agents" / "node_modules" / ".bin" / "claude"
-GEMMA = default_model().parent / "gemma-3-270m-q4_k_m.gguf"
+from procs import EngineProcess, agent_cli, require_gemma
 
 # A fresh 13k-token prompt prefills in minutes on two CPU cores.
 TURN_TIMEOUT = 1800
@@ -34,13 +31,11 @@ TURN_TIMEOUT = 1800
 
 @pytest.fixture(scope="module")
 def gemma_engine():
-    if not CLAUDE.exists():
-        pytest.skip("Claude Code is not installed (`npm ci --prefix tests/agents`)")
-    if not GEMMA.exists():
-        pytest.skip("Gemma 3 270M is not fetched (`slotlight-engine fetch-model gemma3-270m`)")
+    agent_cli("claude")
+    gemma = require_gemma()
     e = EngineProcess(
         "--batch", "2", "--max-tokens-limit", "64", "--default-max-tokens", "64",
-        ctx_size=32768, model=GEMMA,
+        ctx_size=32768, model=gemma,
     )
     yield e
     e.close()
@@ -58,7 +53,7 @@ def _claude(engine: EngineProcess, home: Path, work: Path, *args: str) -> dict:
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
     )
     r = subprocess.run(
-        [str(CLAUDE), *args, "--output-format", "json"],
+        [str(agent_cli("claude")), *args, "--output-format", "json"],
         cwd=work, env=env, capture_output=True, text=True, timeout=TURN_TIMEOUT, stdin=subprocess.DEVNULL,
     )
     context = f"exit {r.returncode}\nstdout: {r.stdout[-2000:]}\nstderr: {r.stderr[-2000:]}"
