@@ -167,6 +167,52 @@ def test_each_key_and_a_found_session_are_the_same_on_spans_turn_records_and_ses
     assert ATTR["SESSION_ID"] not in setup.request_span(apart[0]["id"])
 
 
+def test_the_agent_doors_keys_are_the_same_on_spans_turn_records_and_sessions(setup):
+    """The Responses door's `conversation` and stored chain, and Claude Code's session inside
+    the Messages door's `metadata.user_id`."""
+    e, side = setup.engine, setup.sidecar
+    tag = uuid.uuid4().hex[:8]
+
+    def respond(**body):
+        code, v = e.post("/v1/responses", {"max_output_tokens": 8, "temperature": 0, **body})
+        assert code == 200, v
+        return v
+
+    conv = f"conv-{tag}"
+    c1 = respond(input="Name a bird.", conversation=conv)
+    c2 = respond(input="Name a fish.", conversation=conv)
+    check_turn(setup, c1["id"], conv, "conversation", 0)
+    check_turn(setup, c2["id"], conv, "conversation", 1)
+    assert c2["usage"]["resume"] == "full", c2["usage"]
+    # A stored response with no key starts a chain; its continuation is the chain's session.
+    r1 = respond(input="Name a tree.")
+    r2 = respond(input="Another.", previous_response_id=r1["id"])
+    check_turn(setup, r1["id"], r1["id"], "response_chain", 0)
+    check_turn(setup, r2["id"], r1["id"], "response_chain", 1)
+    # Claude Code's metadata: a JSON object holding its session id.
+    cc = f"cc-{tag}"
+    meta = {"user_id": '{"device_id":"d","account_uuid":"","session_id":"%s"}' % cc}
+    msgs = [{"role": "user", "content": "Name a planet."}]
+    code, m1 = e.post("/v1/messages", {"max_tokens": 8, "temperature": 0, "messages": msgs, "metadata": meta})
+    assert code == 200, m1
+    msgs += [{"role": "assistant", "content": m1["content"][0]["text"]}, {"role": "user", "content": "Another."}]
+    code, m2 = e.post("/v1/messages", {"max_tokens": 8, "temperature": 0, "messages": msgs, "metadata": meta})
+    assert code == 200, m2
+    check_turn(setup, m1["id"], cc, "metadata", 0)
+    rec = check_turn(setup, m2["id"], cc, "metadata", 1)
+    assert rec["api"] == "messages"
+    want = {conv: 2, r1["id"]: 2, cc: 2}
+    listed = side.wait_for(
+        "/v1/sessions?limit=1000",
+        lambda v: all(any(s["session_id"] == k and s["turns"] == n for s in v["sessions"]) for k, n in want.items()),
+        "the agent doors' sessions",
+    )
+    by_id = {s["session_id"]: s for s in listed["sessions"]}
+    assert by_id[conv]["apis"] == ["responses"] and by_id[cc]["apis"] == ["messages"]
+    assert by_id[conv]["source"] == "conversation" and by_id[cc]["source"] == "metadata"
+    assert by_id[r1["id"]]["source"] == "response_chain"
+
+
 def test_the_gaps_between_turns_are_the_clients_time(setup):
     e, side = setup.engine, setup.sidecar
     sid = f"gaps-{uuid.uuid4().hex[:8]}"

@@ -56,7 +56,7 @@ impl Default for SpeculationConfig {
     fn default() -> Self {
         Self {
             ngram: true,
-            max_tokens: 10,
+            max_tokens: 15,
             min_ngram: 3,
         }
     }
