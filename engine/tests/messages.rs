@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use slotlight_engine::model::loader::Model;
 use slotlight_engine::model::testing::TinyLlama;
 use slotlight_engine::server::Limits;
-use slotlight_otel::{attr, span};
+use slotlight_otel::attr;
 use support::server::{Options, TestServer};
 
 /// The tiny model with room for the generic tool prompt.
@@ -92,22 +92,6 @@ async fn stream(s: &TestServer, mut body: Value) -> Vec<(String, Value)> {
     out
 }
 
-async fn root_spans(s: &TestServer, want: usize) -> Vec<SpanData> {
-    for _ in 0..500 {
-        let roots: Vec<SpanData> = s
-            .spans
-            .spans()
-            .into_iter()
-            .filter(|x| span::is_request_span_name(&x.name))
-            .collect();
-        if roots.len() >= want {
-            return roots;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    panic!("request spans never arrived");
-}
-
 fn attr_of<'a>(s: &'a SpanData, key: &str) -> Option<&'a OtelValue> {
     s.attributes
         .iter()
@@ -118,7 +102,7 @@ fn attr_of<'a>(s: &'a SpanData, key: &str) -> Option<&'a OtelValue> {
 /// The request span of response `id`.
 async fn span_of(s: &TestServer, id: &str) -> SpanData {
     for _ in 0..500 {
-        if let Some(x) = root_spans(s, 1).await.into_iter().find(|x| {
+        if let Some(x) = s.spans.request_spans(1).await.into_iter().find(|x| {
             attr_of(x, attr::GEN_AI_RESPONSE_ID).map(|v| v.as_str().into_owned())
                 == Some(id.to_string())
         }) {

@@ -6,8 +6,6 @@
 
 mod support;
 
-use std::time::Duration;
-
 use opentelemetry::Value as OtelValue;
 use opentelemetry_sdk::trace::SpanData;
 use serde_json::{Value, json};
@@ -46,22 +44,6 @@ fn user(text: &str) -> Value {
 
 fn param_of(v: &Value) -> &str {
     v["error"]["param"].as_str().unwrap_or("")
-}
-
-async fn root_spans(s: &TestServer, want: usize) -> Vec<SpanData> {
-    for _ in 0..500 {
-        let roots: Vec<SpanData> = s
-            .spans
-            .spans()
-            .into_iter()
-            .filter(|x| span::is_request_span_name(&x.name))
-            .collect();
-        if roots.len() >= want {
-            return roots;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("request spans never arrived");
 }
 
 fn attr_of<'a>(s: &'a SpanData, key: &str) -> Option<&'a OtelValue> {
@@ -625,7 +607,7 @@ async fn tool_calls_in_the_generic_format() {
         .collect();
     assert_eq!(reasons, vec!["tool_calls"]);
     // The request span says what was asked and what came out, never the arguments.
-    let roots = root_spans(&s, 9).await;
+    let roots = s.spans.request_spans(9).await;
     let last = roots
         .iter()
         .find(|r| attr_of(r, attr::GEN_AI_REQUEST_STREAM).is_some_and(|v| v.as_str() == "true"))
@@ -835,7 +817,7 @@ async fn n_choices_share_the_prompt_and_add_up() {
     assert_eq!(leg_choices.into_iter().collect::<Vec<_>>(), vec![0, 1, 2]);
     // One prefill of the prompt; the forks compute only its last, partial block.
     let prompt = u["prompt_tokens"].as_i64().unwrap_or(0);
-    let roots = root_spans(&s, 2).await;
+    let roots = s.spans.request_spans(2).await;
     let root = roots
         .iter()
         .find(|r| {
@@ -1174,7 +1156,7 @@ async fn native_templates_get_their_own_format() {
             }))
             .await;
         assert_eq!(code, 200, "{format}: {v}");
-        let roots = root_spans(&s, 3).await;
+        let roots = s.spans.request_spans(3).await;
         assert!(
             roots
                 .iter()
@@ -1208,7 +1190,7 @@ async fn echo_returns_the_prompt_first_and_json_requests_say_so_on_their_span() 
         .chat(json!({"messages": user("x"), "max_tokens": 40, "response_format": {"type": "json_object"}}))
         .await;
     assert_eq!(code, 200);
-    let roots = root_spans(&s, 3).await;
+    let roots = s.spans.request_spans(3).await;
     let json_root = roots
         .iter()
         .find(|r| attr_of(r, attr::CONSTRAINT_KIND).is_some())
@@ -1425,7 +1407,7 @@ async fn thinking_templates_split_reasoning_and_take_template_kwargs() {
         "{v}"
     );
     // The request span counts the reasoning tokens.
-    let roots = root_spans(&s, 4).await;
+    let roots = s.spans.request_spans(4).await;
     assert!(
         roots.iter().any(|r| matches!(
             attr_of(r, attr::GEN_AI_USAGE_REASONING_OUTPUT_TOKENS),
@@ -1455,7 +1437,7 @@ async fn thinking_templates_split_reasoning_and_take_template_kwargs() {
             .is_none(),
         "{v}"
     );
-    let roots = root_spans(&s, 1).await;
+    let roots = s.spans.request_spans(1).await;
     assert!(attr_of(&roots[0], attr::GEN_AI_USAGE_REASONING_OUTPUT_TOKENS).is_none());
     s.stop().await;
 }

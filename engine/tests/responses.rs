@@ -8,7 +8,7 @@ mod support;
 
 use serde_json::{Value, json};
 use slotlight_engine::model::loader::Model;
-use slotlight_otel::{attr, span};
+use slotlight_otel::attr;
 use support::server::{Options, TestServer};
 
 async fn server(m: &Model) -> TestServer {
@@ -87,50 +87,35 @@ async fn a_continuation_starts_with_the_stored_prompt_and_reply_tokens() {
         .expect("text");
     assert_eq!(text.trim_end(), shown.trim_end());
     // Both request spans say which API they came through.
-    let mut apis = Vec::new();
-    for _ in 0..500 {
-        apis = s
-            .spans
-            .spans()
-            .into_iter()
-            .filter(|x| span::is_request_span_name(&x.name))
-            .filter_map(|x| {
-                x.attributes
-                    .iter()
-                    .find(|kv| kv.key.as_str() == attr::API)
-                    .map(|kv| kv.value.to_string())
-            })
-            .collect();
-        if apis.len() >= 2 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let apis: Vec<String> = s
+        .spans
+        .request_spans(2)
+        .await
+        .into_iter()
+        .filter_map(|x| {
+            x.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == attr::API)
+                .map(|kv| kv.value.to_string())
+        })
+        .collect();
     assert_eq!(apis, vec!["responses".to_string(); 2]);
     s.stop().await;
 }
 
 /// The request spans' attributes, in the order the requests ended, once `n` have ended.
 async fn request_spans(s: &TestServer, n: usize) -> Vec<std::collections::HashMap<String, String>> {
-    for _ in 0..1000 {
-        let found: Vec<_> = s
-            .spans
-            .spans()
-            .into_iter()
-            .filter(|x| span::is_request_span_name(&x.name))
-            .map(|x| {
-                x.attributes
-                    .iter()
-                    .map(|kv| (kv.key.as_str().to_string(), kv.value.to_string()))
-                    .collect()
-            })
-            .collect();
-        if found.len() >= n {
-            return found;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    panic!("{n} request spans never ended");
+    s.spans
+        .request_spans(n)
+        .await
+        .into_iter()
+        .map(|x| {
+            x.attributes
+                .iter()
+                .map(|kv| (kv.key.as_str().to_string(), kv.value.to_string()))
+                .collect()
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,6 +31,23 @@ impl MemoryExporter {
     pub fn spans(&self) -> Vec<SpanData> {
         self.0.lock().expect("lock").clone()
     }
+
+    /// The request spans (one per request, in the order they ended) once at least `want` have
+    /// ended; panics when they never do.
+    pub async fn request_spans(&self, want: usize) -> Vec<SpanData> {
+        for _ in 0..500 {
+            let roots: Vec<SpanData> = self
+                .spans()
+                .into_iter()
+                .filter(|x| slotlight_otel::span::is_request_span_name(&x.name))
+                .collect();
+            if roots.len() >= want {
+                return roots;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{want} request spans never arrived");
+    }
 }
 
 #[derive(Clone)]
