@@ -205,7 +205,7 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
             .then(|| SessionKey::new(&id, KeySource::ResponseChain))
             .flatten()
     });
-    valid.session_ttl = req.cache.ttl_duration()?;
+    valid.session_ttl = req.cache.session_ttl;
     let model = valid.model.clone();
     let max_output_tokens = valid.opts.max_tokens;
     let pending = req.store.then(|| Pending {

@@ -83,45 +83,39 @@ pub struct CacheOptions {
     pub comparison_response_id: Option<String>,
     /// Prefill the prompt without generating.
     pub prewarm: bool,
-    /// The cache lifetime asked for (`30m`, `12h`).
+    /// The cache lifetime asked for (`30m`, `12h`), as sent (the response echoes it).
     pub ttl: Option<String>,
+    /// That lifetime as a duration ([`parse_ttl`]): how long the session's KV is kept after
+    /// this turn, which the engine bounds by `--session-kv-ttl-max`.
+    pub session_ttl: Option<Duration>,
     /// `implicit` or `explicit` breakpoints (every block is a breakpoint here).
     pub mode: Option<String>,
 }
 
-impl CacheOptions {
-    /// The lifetime `ttl` asks for (`90s`, `30m`, `12h`, `1d`; a bare number is seconds): how
-    /// long the session's KV is kept after this turn, which the engine bounds by
-    /// `--session-kv-ttl-max`. `None` without a `ttl`.
-    pub fn ttl_duration(&self) -> Result<Option<Duration>, ApiError> {
-        let Some(ttl) = self.ttl.as_deref() else {
-            return Ok(None);
-        };
-        let bad = || {
-            ApiError::invalid_param(
-                "prompt_cache_options.ttl",
-                format!(
-                    "`ttl` must be a duration such as `300s`, `30m`, `12h` or `1d`, not `{ttl}`"
-                ),
-            )
-        };
-        let t = ttl.trim();
-        let (number, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-            Some((i, _)) => t.split_at(i),
-            None => (t, "s"),
-        };
-        let n: u64 = number.parse().map_err(|_| bad())?;
-        let scale = match unit {
-            "s" => 1,
-            "m" => 60,
-            "h" => 3600,
-            "d" => 86_400,
-            _ => return Err(bad()),
-        };
-        n.checked_mul(scale)
-            .map(|s| Some(Duration::from_secs(s)))
-            .ok_or_else(bad)
-    }
+/// A `prompt_cache_options.ttl`: `90s`, `30m`, `12h`, `1d`; a bare number is seconds.
+pub fn parse_ttl(ttl: &str) -> Result<Duration, ApiError> {
+    let bad = || {
+        ApiError::invalid_param(
+            "prompt_cache_options.ttl",
+            format!("`ttl` must be a duration such as `300s`, `30m`, `12h` or `1d`, not `{ttl}`"),
+        )
+    };
+    let t = ttl.trim();
+    let (number, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => t.split_at(i),
+        None => (t, "s"),
+    };
+    let n: u64 = number.parse().map_err(|_| bad())?;
+    let scale = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(scale)
+        .map(Duration::from_secs)
+        .ok_or_else(bad)
 }
 
 /// `reasoning`.
@@ -269,14 +263,15 @@ impl ResponsesRequest {
             None => CacheOptions::default(),
             Some(c) => {
                 let mut c = Fields::new(c, "prompt_cache_options.")?;
+                let ttl: Option<String> = c.take("ttl")?;
                 let o = CacheOptions {
                     comparison_response_id: c.take("comparison_response_id")?,
                     prewarm: c.take("prewarm")?.unwrap_or(false),
-                    ttl: c.take("ttl")?,
+                    session_ttl: ttl.as_deref().map(parse_ttl).transpose()?,
+                    ttl,
                     mode: c.take("mode")?,
                 };
                 c.finish()?;
-                o.ttl_duration()?;
                 o
             }
         };
