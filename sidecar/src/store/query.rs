@@ -40,6 +40,21 @@ impl From<rusqlite::Error> for QueryError {
     }
 }
 
+/// A page's `WHERE` clause of `conds` (empty without any), with its `LIMIT ?` argument pushed
+/// onto `args`: one more row than `limit`, which tells whether another page follows.
+pub(super) fn filter_and_limit(conds: &[&str], args: &mut Vec<Sql>, limit: usize) -> String {
+    args.push(Sql::Integer(
+        i64::try_from(limit)
+            .unwrap_or(i64::MAX - 1)
+            .saturating_add(1),
+    ));
+    if conds.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", conds.join(" AND "))
+    }
+}
+
 /// Runs `q` on `c`.
 pub fn run(c: &Connection, q: &TurnQuery) -> Result<TurnPage, QueryError> {
     let mut conds: Vec<&str> = Vec::new();
@@ -80,13 +95,7 @@ pub fn run(c: &Connection, q: &TurnQuery) -> Result<TurnPage, QueryError> {
     } else {
         "seq DESC"
     };
-    let filter = if conds.is_empty() {
-        String::new()
-    } else {
-        format!("WHERE {}", conds.join(" AND "))
-    };
-    let limit = i64::try_from(q.limit).unwrap_or(i64::MAX - 1);
-    args.push(Sql::Integer(limit.saturating_add(1)));
+    let filter = filter_and_limit(&conds, &mut args, q.limit);
     let sql = format!(
         "SELECT seq, start_time_unix_nano, record FROM turns {filter} ORDER BY {order} LIMIT ?"
     );

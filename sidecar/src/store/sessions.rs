@@ -12,6 +12,7 @@ use std::collections::BTreeSet;
 use rusqlite::types::Value as Sql;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
+use super::query::filter_and_limit;
 use crate::session::{SessionCursor, SessionQuery, SessionRecord, TurnFacts, detail, summarize};
 use crate::turn::TurnRecord;
 
@@ -197,13 +198,7 @@ pub fn page(
         args.push(Sql::Integer(cur.last_turn_at));
         args.push(Sql::Text(cur.session_id.clone()));
     }
-    let filter = if conds.is_empty() {
-        String::new()
-    } else {
-        format!("WHERE {}", conds.join(" AND "))
-    };
-    let limit = i64::try_from(q.limit).unwrap_or(i64::MAX - 1);
-    args.push(Sql::Integer(limit.saturating_add(1)));
+    let filter = filter_and_limit(&conds, &mut args, q.limit);
     let sql = format!(
         "SELECT record FROM sessions {filter} ORDER BY last_turn_at DESC, session_id DESC LIMIT ?"
     );
