@@ -87,7 +87,19 @@ def test_the_beta_client_and_every_field_claude_code_sends(client, lone_engine):
         extra_headers={"anthropic-version": "2023-06-01", "x-app": "cli"},
     )
     assert m.stop_reason in ("end_turn", "max_tokens")
-    # A turn of the same session resumes its KV: the first turn's tokens are read back.
+    # A turn of the same session resumes its KV: the first turn's tokens are read back. The
+    # clamped turn above may fill the context (a sampled reply of up to the whole of it), so
+    # the session's turns here are short ones.
+    m = client.beta.messages.create(
+        model=lone_engine.model,
+        max_tokens=16,
+        system=[
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=test;"},
+            {"type": "text", "text": "You are an agent.", "cache_control": {"type": "ephemeral"}},
+        ],
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Say hello."}]}],
+        metadata={"user_id": json.dumps({"device_id": "d", "account_uuid": "", "session_id": "s-beta-2"})},
+    )
     m2 = client.beta.messages.create(
         model=lone_engine.model,
         max_tokens=8,
@@ -100,7 +112,7 @@ def test_the_beta_client_and_every_field_claude_code_sends(client, lone_engine):
             {"role": "assistant", "content": [b.model_dump() for b in m.content] or "Hello."},
             {"role": "user", "content": "Again."},
         ],
-        metadata={"user_id": json.dumps({"device_id": "d", "account_uuid": "", "session_id": "s-beta"})},
+        metadata={"user_id": json.dumps({"device_id": "d", "account_uuid": "", "session_id": "s-beta-2"})},
     )
     assert (m2.usage.cache_read_input_tokens or 0) > 0, m2.usage
 
