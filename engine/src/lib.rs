@@ -12,6 +12,7 @@ pub mod backend;
 pub mod chat_template;
 pub mod cli;
 pub mod constraint;
+pub mod diagnostics;
 pub mod finish;
 pub mod known_models;
 pub mod kv_cache;

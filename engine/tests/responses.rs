@@ -8,6 +8,7 @@ mod support;
 
 use serde_json::{Value, json};
 use slotlight_engine::model::loader::Model;
+use slotlight_engine::server::responses::store::ResponseStore;
 use slotlight_otel::attr;
 use support::server::{Options, TestServer};
 
@@ -56,6 +57,8 @@ async fn a_continuation_starts_with_the_stored_prompt_and_reply_tokens() {
     let first = s
         .state
         .responses
+        .downcast_ref::<ResponseStore>()
+        .expect("the Responses store")
         .get(id1)
         .await
         .expect("store")
@@ -63,6 +66,8 @@ async fn a_continuation_starts_with_the_stored_prompt_and_reply_tokens() {
     let second = s
         .state
         .responses
+        .downcast_ref::<ResponseStore>()
+        .expect("the Responses store")
         .get(id2)
         .await
         .expect("store")

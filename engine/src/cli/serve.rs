@@ -369,7 +369,7 @@ async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {
         }),
     };
     let responses = {
-        use crate::server::response_store::{ResponseStore, StoreLimits, StoreLocation};
+        use crate::server::responses::store::{ResponseStore, StoreLimits, StoreLocation};
         let r = &a.responses;
         let location = r
             .responses_db

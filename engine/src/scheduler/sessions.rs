@@ -1,7 +1,7 @@
 //! The engine's memory of sessions: for each, its last turn (the tokens whose KV the engine
 //! computed, prompt and reply, and the group that holds them) and how many turns it has had.
 //!
-//! A session is named by its key ([`crate::server::session`]) or found: a request sent without
+//! A session is named by its key ([`crate::server::request::session`]) or found: a request sent without
 //! a key whose prompt extends the whole of an earlier keyless turn (its prompt and the reply
 //! tokens whose KV exists) joins that turn's session under an engine-made id, so a client that
 //! resends its history gets a session without changing anything. Each keyless turn is

@@ -9,7 +9,7 @@ use axum::Router;
 use slotlight_otel::span;
 use tracing::Instrument as _;
 
-use super::middleware::LocalAddr;
+use super::request::arrival::LocalAddr;
 use super::routes::router;
 use super::state::{ServeConfig, SharedState};
 use crate::telemetry::OPS_TARGET;

@@ -14,7 +14,7 @@ use serde_json::json;
 use super::error::{ApiError, ErrorShape};
 use super::middleware::{authenticate, stamp_arrival};
 use super::state::SharedState;
-use super::{messages, openai, responses};
+use super::{messages, openai, responses, tokenize};
 
 async fn models(State(st): State<SharedState>) -> Response {
     let data: Vec<_> = st
@@ -101,20 +101,26 @@ pub fn router(st: SharedState) -> Router {
             "/v1/messages/count_tokens",
             post(messages::handler::count_tokens),
         )
-        .route("/v1/responses", post(responses::create))
-        .route("/v1/responses/input_tokens", post(responses::input_tokens))
+        .route("/v1/responses", post(responses::handler::create))
+        .route(
+            "/v1/responses/input_tokens",
+            post(responses::handler::input_tokens),
+        )
         .route(
             "/v1/responses/{id}",
-            get(responses::retrieve).delete(responses::delete),
+            get(responses::handler::retrieve).delete(responses::handler::delete),
         )
         .route(
             "/v1/responses/{id}/input_items",
-            get(responses::input_items),
+            get(responses::handler::input_items),
         )
-        .route("/v1/chat/completions/render", post(openai::render::chat))
-        .route("/v1/completions/render", post(openai::render::completions))
-        .route("/tokenize", post(openai::tokenize::tokenize))
-        .route("/detokenize", post(openai::tokenize::detokenize))
+        .route("/v1/chat/completions/render", post(tokenize::render::chat))
+        .route(
+            "/v1/completions/render",
+            post(tokenize::render::completions),
+        )
+        .route("/tokenize", post(tokenize::handler::tokenize))
+        .route("/detokenize", post(tokenize::handler::detokenize))
         .route("/v1/models", get(models))
         .route("/v1/requests", get(requests));
     if !public_metrics {

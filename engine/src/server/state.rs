@@ -1,5 +1,6 @@
 //! The server's settings and the state every handler shares.
 
+use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,9 +71,12 @@ pub struct AppState {
     pub started: u64,
     /// Recent turns by response id, for the cache diagnostics (Anthropic's
     /// `diagnostics.previous_message_id`).
-    pub diagnostics: super::diagnostics::Registry,
-    /// The Responses API's stored responses (`--responses-db`).
-    pub responses: Arc<crate::server::response_store::ResponseStore>,
+    pub diagnostics: crate::diagnostics::Registry,
+    /// The Responses door's store of responses (`--responses-db`): a
+    /// `responses::store::ResponseStore`, which that door reads back
+    /// (`ResponseStore::of`). The state holds it without naming its type, so that no door's
+    /// type enters the plumbing every door stands on.
+    pub responses: Arc<dyn Any + Send + Sync>,
 }
 
 /// The state every handler receives.

@@ -184,8 +184,8 @@ impl TestServer {
             started: 0,
             diagnostics: Default::default(),
             responses: Arc::new(
-                slotlight_engine::server::response_store::ResponseStore::open(
-                    &slotlight_engine::server::response_store::StoreLocation::Memory,
+                slotlight_engine::server::responses::store::ResponseStore::open(
+                    &slotlight_engine::server::responses::store::StoreLocation::Memory,
                     Default::default(),
                 )
                 .await

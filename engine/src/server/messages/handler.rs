@@ -2,7 +2,7 @@
 //! `POST /v1/messages/count_tokens`: read the body, take it apart ([`super::types`]), map
 //! what only this API has onto the one request path (the thinking switch, `max_tokens`
 //! clamped, the session, the cache diagnostics), validate it
-//! ([`crate::server::request`]), launch it ([`crate::server::front`]), then answer whole
+//! ([`crate::server::request`]), launch it ([`crate::server::request::launch`]), then answer whole
 //! ([`super::response`]) or streamed ([`super::stream`]). Every error is in Anthropic's shape.
 
 use std::sync::Arc;
@@ -18,15 +18,15 @@ use super::response::{Answer, ContentBlock, Diagnostics, TokenCount};
 use super::signature::Signer;
 use super::stream::{Streaming, finish_turn};
 use super::types::{Endpoint, MessagesRequest, SectionsSent, Thinking};
+use crate::diagnostics::{Fingerprint, Sections, Turn};
 use crate::server::body::read_json;
-use crate::server::diagnostics::{Fingerprint, Sections, Turn};
 use crate::server::error::{ApiError, ErrorKind, ErrorShape};
-use crate::server::front::{self, launch_request};
 use crate::server::ids::new_id;
-use crate::server::middleware::Arrived;
-use crate::server::record::{self, Refused};
+use crate::server::request::arrival::Arrived;
+use crate::server::request::launch::{self, launch_request};
+use crate::server::request::record::{self, Refused};
+use crate::server::request::tools::TOOLS_SKIPPED_HEADER;
 use crate::server::request::{Api, ValidRequest, validate};
-use crate::server::responses::TOOLS_SKIPPED_HEADER;
 use crate::server::state::{AppState, SharedState};
 
 /// Answers `POST /v1/messages`: a reply, whole or streamed. A refusal is recorded here, where
@@ -193,10 +193,10 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
     };
     let headers = headers(&launched.meta.id, &launched.meta.request.tools_skipped);
     let mut response = if stream {
-        front::stream(launched, Streaming::new(answer, Arc::clone(st)))
+        launch::stream(launched, Streaming::new(answer, Arc::clone(st)))
     } else {
         // An error after the request reached the engine is its outcome, recorded as such.
-        match front::collect(launched).await {
+        match launch::collect(launched).await {
             Ok((choices, outcome)) => whole(st, &answer, choices, &outcome),
             Err(e) => e.render(ErrorShape::Anthropic),
         }
@@ -224,8 +224,8 @@ fn headers(id: &str, skipped: &[String]) -> axum::http::HeaderMap {
 fn whole(
     st: &AppState,
     answer: &Answer,
-    choices: Vec<front::Collected>,
-    outcome: &crate::server::outcome::RequestOutcome,
+    choices: Vec<launch::Collected>,
+    outcome: &crate::server::request::outcome::RequestOutcome,
 ) -> Response {
     let Some(c) = choices.into_iter().next() else {
         return ApiError::internal("the request ended without its reply")

@@ -3,7 +3,7 @@
 //!
 //! A front door like the others: its bodies taken apart ([`types`]) into the one request
 //! path's input ([`crate::server::request`]), launched and answered through
-//! [`crate::server::front`] ([`handler`]), with its own typed responses ([`response`]), stream
+//! [`crate::server::request::launch`] ([`handler`]), with its own typed responses ([`response`]), stream
 //! encoder ([`stream`]) and thinking-block signatures ([`signature`]). Errors are in
 //! Anthropic's shape ([`crate::server::error::ErrorShape::Anthropic`]).
 

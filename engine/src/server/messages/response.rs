@@ -9,12 +9,12 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::signature::Signer;
-use crate::server::diagnostics::{Diagnosis, MissReason};
-use crate::server::outcome::{ApiFinishReason, RequestOutcome};
-use crate::server::pipeline::ChoiceEnd;
+use crate::diagnostics::{Diagnosis, MissReason};
 use crate::server::request::RequestMeta;
-use crate::server::tools::ToolCall;
-use crate::server::usage::{Usage, UsageExtras};
+use crate::server::request::outcome::{ApiFinishReason, RequestOutcome};
+use crate::server::request::pipeline::ChoiceEnd;
+use crate::server::request::tools::ToolCall;
+use crate::server::request::usage::{Usage, UsageExtras};
 use crate::stop::StopMatcher;
 use crate::timing::UsageTimings;
 use crate::tokenizer::Tokenizer;

@@ -13,11 +13,11 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::response::{Answer, ContentBlock, MessageUsage, StopReason};
-use crate::server::diagnostics::Registry;
+use crate::diagnostics::Registry;
 use crate::server::error::{ApiError, ErrorShape};
-use crate::server::front::Encoder;
-use crate::server::outcome::RequestOutcome;
-use crate::server::pipeline::{ChoiceEnd, Out};
+use crate::server::request::launch::Encoder;
+use crate::server::request::outcome::RequestOutcome;
+use crate::server::request::pipeline::{ChoiceEnd, Out};
 use crate::server::state::SharedState;
 
 /// The content block open in the stream.

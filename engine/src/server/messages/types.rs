@@ -33,7 +33,7 @@ use crate::server::request::input::{
     InputToolChoice, ResponseFormat, StringOrList,
 };
 use crate::server::request::prediction::parse_prediction;
-use crate::server::session::SessionKey;
+use crate::server::request::session::SessionKey;
 
 /// Which route a body came to: `POST /v1/messages` requires `max_tokens`;
 /// `POST /v1/messages/count_tokens` takes the same body without it (and ignores `compaction`,
@@ -906,7 +906,7 @@ impl MessagesRequest {
     /// The request's session key: the `x-session-id` header, else `metadata.user_id` (its
     /// `session_id` when it holds Claude Code's JSON object).
     pub fn session_key(&self, headers: &HeaderMap) -> Option<SessionKey> {
-        crate::server::session::messages(headers, self.user_id.as_deref())
+        crate::server::request::session::messages(headers, self.user_id.as_deref())
     }
 
     /// How long the request asks its session's KV to be kept (`cache_control.ttl`, the

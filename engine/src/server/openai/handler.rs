@@ -1,6 +1,6 @@
 //! The front door of `POST /v1/chat/completions` and `POST /v1/completions`: read the body,
 //! take it apart ([`super::types`]), validate it ([`crate::server::request`]), launch it on the
-//! one request path ([`crate::server::front`]), then answer whole or as a stream of typed
+//! one request path ([`crate::server::request::launch`]), then answer whole or as a stream of typed
 //! chunks ([`super::response`]). The two APIs differ only in how the body is read and how a
 //! choice is written out.
 
@@ -13,7 +13,7 @@ use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
-use super::response::{
+use super::types::{
     AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChatLogprobs, ChunkChoice, ChunkUsage,
     CompletionLogprobs, Delta, Head, TextChoice, TextCompletion, ToolCallDelta,
 };
@@ -21,13 +21,13 @@ use crate::sampling::TokenLogprobs;
 use crate::scheduler::PromptProgress;
 use crate::server::body::read_json;
 use crate::server::error::ApiError;
-use crate::server::front::{self, Collected, Encoder, launch_request};
 use crate::server::ids::{created, new_id};
-use crate::server::middleware::Arrived;
-use crate::server::outcome::{ApiFinishReason, RequestOutcome};
-use crate::server::pipeline::{ChoiceEnd, Out};
-use crate::server::record::{self, Refused};
+use crate::server::request::arrival::Arrived;
 use crate::server::request::input::{ChatRequest, CompletionRequest};
+use crate::server::request::launch::{self, Collected, Encoder, launch_request};
+use crate::server::request::outcome::{ApiFinishReason, RequestOutcome};
+use crate::server::request::pipeline::{ChoiceEnd, Out};
+use crate::server::request::record::{self, Refused};
 use crate::server::request::{Api, RequestMeta, ValidRequest};
 use crate::server::state::SharedState;
 use crate::tokenizer::TokenBytes;
@@ -92,10 +92,10 @@ async fn generate(
         bytes: st.prompts.tokenizer().token_bytes(),
     };
     if stream {
-        return Ok(front::stream(launched, shape.streaming()));
+        return Ok(launch::stream(launched, shape.streaming()));
     }
     // An error after the request reached the engine is its outcome, recorded as such.
-    Ok(match front::collect(launched).await {
+    Ok(match launch::collect(launched).await {
         Ok((choices, outcome)) => shape.whole(choices, outcome),
         Err(e) => e.into_response(),
     })

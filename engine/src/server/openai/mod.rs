@@ -1,12 +1,10 @@
-//! The OpenAI-compatible endpoints, plus `/tokenize` and `/detokenize`.
+//! OpenAI's chat completions and completions: `POST /v1/chat/completions` and
+//! `POST /v1/completions`, one front door.
 //!
-//! Chat and completions are one front door ([`handler`]): their bodies taken apart
-//! ([`types`]) into the one request path's input ([`crate::server::request`]), and their typed
-//! responses ([`response`]). [`render`] and [`tokenize`] answer what a request's prompt would
-//! be, through the same checks.
+//! Their bodies are the shared request's own JSON shape ([`crate::server::request::parse`]);
+//! [`translate`] makes them valid requests with their session keys, [`handler`] launches and
+//! answers them, whole ([`response`]) or as a stream of typed chunks ([`stream`]), in the
+//! wire types of [`types`].
 
 pub mod handler;
-pub mod render;
-pub mod response;
-pub mod tokenize;
 pub mod types;

@@ -1,464 +1,280 @@
-//! OpenAI's request bodies taken apart field by field into the one request path's input
-//! ([`crate::server::request::input`]).
-//!
-//! Nothing is silently ignored. A body is read as a JSON object and every field is taken out by
-//! name, with its own type check (a wrong type is a 400 naming the field in `param`); what is
-//! left at the end is refused the same way. Fields of OpenAI's API that slotlight does not
-//! implement are refused with a reason ([`REFUSED`]); an explicit `null` asks for nothing and is
-//! accepted for any field (several clients write every unset optional field as `null`).
-//! `docs/api.md` lists every field and what happens to it.
+//! Typed OpenAI responses: chat completions and text completions, whole and as stream chunks,
+//! with their `logprobs` in each one's shape. A whole response and its chunks share their
+//! [`Head`]; the handler builds it once per request.
 
-use serde_json::{Map, Value};
+use serde::Serialize;
+use serde_json::Map;
 
-use crate::server::body::{Fields, kind_of};
-use crate::server::error::ApiError;
-use crate::server::request::input::{
-    ChatRequest, Common, CompletionRequest, InputMessage, InputTool, InputToolChoice, Prompt,
-    ResponseFormat, StreamOptions, StructuredOutputs,
-};
-use crate::server::request::prediction::parse_prediction;
+use crate::sampling::TokenLogprobs;
+use crate::scheduler::PromptProgress;
+use crate::server::request::outcome::ApiFinishReason;
+use crate::server::request::pipeline::finite_logprob as finite;
+use crate::server::request::tools::ToolCall;
+use crate::server::request::usage::{LlamaCppTimings, Usage};
+use crate::tokenizer::TokenBytes;
 
-/// Fields of OpenAI's API (and other servers' extensions) that slotlight refuses, with why.
-pub const REFUSED: &[(&str, &str)] = &[
-    ("audio", "audio output is not supported"),
-    (
-        "functions",
-        "the deprecated `functions` API is not supported; use `tools`",
-    ),
-    (
-        "function_call",
-        "the deprecated `function_call` is not supported; use `tool_choice`",
-    ),
-    (
-        "reasoning_effort",
-        "`reasoning_effort` is not supported; thinking templates are switched through `chat_template_kwargs` (e.g. `{\"enable_thinking\": false}`)",
-    ),
-    ("verbosity", "`verbosity` is not supported"),
-    ("web_search_options", "web search is not supported"),
-    (
-        "metadata",
-        "`metadata` belongs to stored completions, which are not supported",
-    ),
-    (
-        "suffix",
-        "insertion (`suffix`) is not supported by this model",
-    ),
-    (
-        "guided_json",
-        "vLLM's `guided_*` fields were replaced by `structured_outputs`; use `structured_outputs.json`",
-    ),
-    (
-        "guided_regex",
-        "use `structured_outputs.regex` (vLLM's `guided_*` fields were replaced)",
-    ),
-    (
-        "guided_choice",
-        "use `structured_outputs.choice` (vLLM's `guided_*` fields were replaced)",
-    ),
-    (
-        "guided_grammar",
-        "use `structured_outputs.grammar` (vLLM's `guided_*` fields were replaced)",
-    ),
-    (
-        "guided_decoding_backend",
-        "structured outputs always use llguidance; there is no backend to choose",
-    ),
-];
+/// The fields every OpenAI response object and stream chunk starts with, the same in a whole
+/// response and in each of its chunks.
+#[derive(Debug, Clone, Serialize)]
+pub struct Head {
+    /// The response id (`chatcmpl-…`, `cmpl-…`), also the request id in logs, spans and turn
+    /// records; the same in every chunk.
+    pub id: String,
+    /// The object type (`chat.completion`, `chat.completion.chunk`, `text_completion`).
+    pub object: &'static str,
+    /// When the response was made, in Unix seconds.
+    pub created: u64,
+    /// The model that served the request, by the name it is served under.
+    pub model: String,
+    /// Always null: kept for clients that read OpenAI's field.
+    pub system_fingerprint: Option<String>,
+}
 
-impl InputMessage {
-    /// Takes message `i` of `messages` apart.
-    fn parse(v: Value, i: usize) -> Result<Self, ApiError> {
-        let mut b = Fields::new(v, &format!("messages[{i}]."))?;
-        let role: Option<String> = b.take("role")?;
-        let Some(role) = role else {
-            return Err(ApiError::invalid_param(
-                &format!("messages[{i}].role"),
-                "every message needs a `role`",
-            ));
-        };
-        let m = Self {
-            path: format!("messages[{i}]"),
-            role,
-            content: b.take("content")?,
-            name: b.take("name")?,
-            tool_calls: b.take("tool_calls")?,
-            tool_call_id: b.take("tool_call_id")?,
-            reasoning_content: b
-                .take::<String>("reasoning_content")?
-                .filter(|r| !r.is_empty()),
-        };
-        // Fields a client echoes back from an earlier response; empty ones carry nothing.
-        for key in ["refusal", "audio", "function_call", "annotations"] {
-            b.refuse_unless(
-                key,
-                |v| v.as_array().is_some_and(Vec::is_empty) || v.as_str() == Some(""),
-                "is not supported in messages",
-            )?;
+/// `POST /v1/chat/completions` response.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatCompletion {
+    /// Id, object (`chat.completion`), creation time and model.
+    #[serde(flatten)]
+    pub head: Head,
+    /// The request's choices, one for each of its `n`.
+    pub choices: Vec<ChatChoice>,
+    /// Usage with the request's own timings.
+    pub usage: Usage,
+    /// The same timings in llama.cpp's shape, for clients written for its server.
+    pub timings: LlamaCppTimings,
+}
+
+/// One choice of a chat completion.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChoice {
+    /// Which choice this is, from 0 to `n - 1`.
+    pub index: usize,
+    /// The assistant's reply of this choice.
+    pub message: AssistantMessage,
+    /// Log-probabilities, when asked for.
+    pub logprobs: Option<ChatLogprobs>,
+    /// `stop`, `length`, `tool_calls`, …
+    pub finish_reason: ApiFinishReason,
+}
+
+/// The assistant's reply.
+#[derive(Debug, Clone, Serialize)]
+pub struct AssistantMessage {
+    /// The role, always `assistant`.
+    pub role: &'static str,
+    /// The text (null when the reply is only tool calls).
+    pub content: Option<String>,
+    /// The reply's reasoning (thinking templates; absent when there is none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// The tool calls the reply makes (absent when it makes none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// Chat `logprobs`: one entry per generated token.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct ChatLogprobs {
+    /// One entry per generated token, in order.
+    pub content: Vec<ChatTokenLogprob>,
+    /// Always null: no refusal is ever generated apart from the content.
+    pub refusal: Option<Vec<ChatTokenLogprob>>,
+}
+
+/// One token's log-probability with its alternatives.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatTokenLogprob {
+    /// The token's text (U+FFFD for part of a character; see `bytes`).
+    pub token: String,
+    /// The token's log-probability under the model (clamped to a finite floor).
+    pub logprob: f32,
+    /// Its exact bytes.
+    pub bytes: Vec<u8>,
+    /// The most likely tokens at this position.
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// An alternative token.
+#[derive(Debug, Clone, Serialize)]
+pub struct TopLogprob {
+    /// The alternative token's text.
+    pub token: String,
+    /// Its log-probability (natural log).
+    pub logprob: f32,
+    /// Its UTF-8 bytes (a token may hold part of a character).
+    pub bytes: Vec<u8>,
+}
+
+impl ChatLogprobs {
+    /// From the engine's per-token log-probabilities.
+    pub fn new(tokens: &[TokenLogprobs], bytes: &TokenBytes) -> Self {
+        Self {
+            content: tokens
+                .iter()
+                .map(|t| ChatTokenLogprob {
+                    token: bytes.text(t.id),
+                    logprob: finite(t.logprob),
+                    bytes: bytes.bytes(t.id).to_vec(),
+                    top_logprobs: t
+                        .top
+                        .iter()
+                        .map(|&(id, lp)| TopLogprob {
+                            token: bytes.text(id),
+                            logprob: finite(lp),
+                            bytes: bytes.bytes(id).to_vec(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+            refusal: None,
         }
-        b.finish()?;
-        Ok(m)
     }
 }
 
-impl Common {
-    fn parse(b: &mut Fields) -> Result<Self, ApiError> {
-        let stream_options = match b.take_value("stream_options") {
-            None => None,
-            Some(v) => {
-                let mut so = Fields::new(v, "stream_options.")?;
-                let r = StreamOptions {
-                    include_usage: so.take("include_usage")?.unwrap_or(false),
-                    continuous_usage_stats: so.take("continuous_usage_stats")?.unwrap_or(false),
-                };
-                so.refuse_unless(
-                    "include_obfuscation",
-                    |v| v == &Value::Bool(false),
-                    "stream obfuscation is not supported",
-                )?;
-                so.finish()?;
-                Some(r)
+/// The legacy completions `logprobs` object.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct CompletionLogprobs {
+    /// The text of each generated token, in order.
+    pub tokens: Vec<String>,
+    /// The log-probability of each token in `tokens`.
+    pub token_logprobs: Vec<f32>,
+    /// Per position, the most likely tokens (text → log-probability), most likely first.
+    pub top_logprobs: Vec<Map<String, serde_json::Value>>,
+    /// Per token, the character offset in the choice's text where it starts (special tokens,
+    /// absent from the text, take no room).
+    pub text_offset: Vec<usize>,
+}
+
+impl CompletionLogprobs {
+    /// From the engine's per-token log-probabilities; offsets start at `offset` characters.
+    pub fn new(tokens: &[TokenLogprobs], bytes: &TokenBytes, mut offset: usize) -> Self {
+        let mut out = Self::default();
+        for t in tokens {
+            let text = bytes.text(t.id);
+            out.text_offset.push(offset);
+            // A special token's text is not part of the choice's text.
+            if !bytes.is_special(t.id) {
+                offset += text.chars().count();
             }
-        };
-        let response_format = match b.take_value("response_format") {
-            None => None,
-            Some(v) => Some(parse_response_format(v)?),
-        };
-        let structured_outputs = match b.take_value("structured_outputs") {
-            None => None,
-            Some(v) => Some(parse_structured_outputs(v)?),
-        };
-        let prediction = match b.take_value("prediction") {
-            None => None,
-            Some(v) => Some(parse_prediction(v)?),
-        };
-        let c = Self {
-            model: b.take("model")?,
-            max_tokens: b.take("max_tokens")?,
-            max_completion_tokens: b.take("max_completion_tokens")?,
-            temperature: b.take("temperature")?,
-            top_p: b.take("top_p")?,
-            top_k: b.take("top_k")?,
-            min_p: b.take("min_p")?,
-            repetition_penalty: b.take("repetition_penalty")?,
-            presence_penalty: b.take("presence_penalty")?,
-            frequency_penalty: b.take("frequency_penalty")?,
-            seed: b.take("seed")?,
-            stop: b.take("stop")?,
-            n: b.take("n")?,
-            stream: b.take("stream")?.unwrap_or(false),
-            stream_options,
-            user: b.take("user")?,
-            safety_identifier: b.take("safety_identifier")?,
-            prompt_cache_key: b.take("prompt_cache_key")?,
-            ignore_eos: b.take("ignore_eos")?.unwrap_or(false),
-            return_progress: b.take("return_progress")?.unwrap_or(false),
-            logit_bias: b.take("logit_bias")?,
-            response_format,
-            structured_outputs,
-            json_schema: b.take_value("json_schema"),
-            grammar: b.take("grammar")?,
-            prediction,
-        };
-        // Settings that match what slotlight always does are accepted; others are refused.
-        b.refuse_unless(
-            "store",
-            |v| v == &Value::Bool(false),
-            "stored completions are not supported (only `store: false`)",
-        )?;
-        b.refuse_unless(
-            "service_tier",
-            |v| matches!(v.as_str(), Some("auto" | "default")),
-            "there is one service tier (`auto` or `default`)",
-        )?;
-        b.refuse_unless(
-            "modalities",
-            |v| v.as_array().is_some_and(|a| a.iter().all(|m| m == "text")),
-            "only the `text` modality is supported",
-        )?;
-        b.refuse_unless(
-            "cache_prompt",
-            |v| v == &Value::Bool(true),
-            "the prefix cache is always on and cannot be turned off per request",
-        )?;
-        Ok(c)
-    }
-}
-
-fn parse_response_format(v: Value) -> Result<ResponseFormat, ApiError> {
-    let mut b = Fields::new(v, "response_format.")?;
-    let kind: Option<String> = b.take("type")?;
-    let r = match kind.as_deref() {
-        Some("text") => ResponseFormat::Text,
-        Some("json_object") => ResponseFormat::JsonObject(b.take_value("schema")),
-        Some("json_schema") => {
-            let Some(js) = b.take_value("json_schema") else {
-                return Err(ApiError::invalid_param(
-                    "response_format.json_schema",
-                    "`response_format` of type `json_schema` needs a `json_schema` object",
-                ));
-            };
-            let mut j = Fields::new(js, "response_format.json_schema.")?;
-            let _name: Option<String> = j.take("name")?;
-            let _description: Option<String> = j.take("description")?;
-            // Every schema is enforced by a grammar, so `strict` true or false changes nothing.
-            let _strict: Option<bool> = j.take("strict")?;
-            let schema = j
-                .take_value("schema")
-                .unwrap_or_else(|| serde_json::json!({}));
-            j.finish()?;
-            ResponseFormat::JsonSchema(schema)
+            out.tokens.push(text);
+            out.token_logprobs.push(finite(t.logprob));
+            out.top_logprobs.push(
+                t.top
+                    .iter()
+                    .map(|&(id, lp)| (bytes.text(id), serde_json::json!(finite(lp))))
+                    .collect(),
+            );
         }
-        Some(other) => {
-            return Err(ApiError::invalid_param(
-                "response_format.type",
-                format!(
-                    "unknown response_format type `{other}` (text, json_object or json_schema)"
-                ),
-            ));
-        }
-        None => {
-            return Err(ApiError::invalid_param(
-                "response_format.type",
-                "`response_format` needs a `type`",
-            ));
-        }
-    };
-    b.finish()?;
-    Ok(r)
-}
-
-fn parse_structured_outputs(v: Value) -> Result<StructuredOutputs, ApiError> {
-    let mut b = Fields::new(v, "structured_outputs.")?;
-    let mut found = Vec::new();
-    if let Some(j) = b.take_value("json") {
-        let schema = match j {
-            Value::String(s) => serde_json::from_str(&s).map_err(|e| {
-                ApiError::invalid_param(
-                    "structured_outputs.json",
-                    format!("`structured_outputs.json` is not a JSON schema: {e}"),
-                )
-            })?,
-            other => other,
-        };
-        found.push(StructuredOutputs::Json(schema));
-    }
-    if b.take::<bool>("json_object")?.unwrap_or(false) {
-        found.push(StructuredOutputs::JsonObject);
-    }
-    if let Some(r) = b.take::<String>("regex")? {
-        found.push(StructuredOutputs::Regex(r));
-    }
-    if let Some(c) = b.take::<Vec<String>>("choice")? {
-        found.push(StructuredOutputs::Choice(c));
-    }
-    if let Some(g) = b.take::<String>("grammar")? {
-        found.push(StructuredOutputs::Grammar(g));
-    }
-    // Compact JSON is already what every schema produces.
-    b.refuse_unless(
-        "disable_any_whitespace",
-        |v| v == &Value::Bool(true),
-        "generated JSON never has free whitespace; only `true` is supported",
-    )?;
-    b.refuse_unless(
-        "disable_fallback",
-        |v| v.is_boolean(),
-        "there is no fallback backend",
-    )?;
-    b.finish()?;
-    match found.len() {
-        1 => Ok(found.remove(0)),
-        0 => Err(ApiError::invalid_param(
-            "structured_outputs",
-            "`structured_outputs` needs one of `json`, `json_object`, `regex`, `choice` or `grammar`",
-        )),
-        _ => Err(ApiError::invalid_param(
-            "structured_outputs",
-            "`structured_outputs` takes only one of `json`, `json_object`, `regex`, `choice` or `grammar`",
-        )),
+        out
     }
 }
 
-impl ChatRequest {
-    /// Takes a chat body apart; any field left over is refused.
-    pub fn from_json(v: Value) -> Result<Self, ApiError> {
-        let mut b = Fields::new(v, "")?;
-        let messages = match b.take_value("messages") {
-            None => {
-                return Err(ApiError::invalid_param(
-                    "messages",
-                    "`messages` is required",
-                ));
-            }
-            Some(Value::Array(items)) => items
-                .into_iter()
-                .enumerate()
-                .map(|(i, m)| InputMessage::parse(m, i))
-                .collect::<Result<Vec<_>, _>>()?,
-            Some(other) => {
-                return Err(ApiError::invalid_param(
-                    "messages",
-                    format!("`messages` must be an array, not {}", kind_of(&other)),
-                ));
-            }
-        };
-        let tools = match b.take_value("tools") {
-            None => None,
-            Some(Value::Array(items)) => Some(
-                items
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, t)| parse_tool(t, i))
-                    .collect::<Result<Vec<_>, _>>()?,
-            ),
-            Some(other) => {
-                return Err(ApiError::invalid_param(
-                    "tools",
-                    format!("`tools` must be an array, not {}", kind_of(&other)),
-                ));
-            }
-        };
-        let tool_choice = match b.take_value("tool_choice") {
-            None => None,
-            Some(v) => Some(parse_tool_choice(v)?),
-        };
-        let chat_template_kwargs = match b.take_value("chat_template_kwargs") {
-            None => Map::new(),
-            Some(v) => parse_template_kwargs(v)?,
-        };
-        let r = Self {
-            messages,
-            common: Common::parse(&mut b)?,
-            tools,
-            tool_choice,
-            parallel_tool_calls: b.take("parallel_tool_calls")?,
-            logprobs: b.take("logprobs")?.unwrap_or(false),
-            top_logprobs: b.take("top_logprobs")?,
-            chat_template_kwargs,
-        };
-        b.finish_with(REFUSED)?;
-        Ok(r)
-    }
+/// A streamed chat chunk.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChunk {
+    /// Id, object (`chat.completion.chunk`), creation time and model.
+    #[serde(flatten)]
+    pub head: Head,
+    /// The choices this chunk speaks for (empty in the final usage chunk).
+    pub choices: Vec<ChunkChoice>,
+    /// Usage (final chunk with `include_usage`; every chunk with `continuous_usage_stats`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<ChunkUsage>,
+    /// llama.cpp timings (on the last choice's finishing chunk and the usage chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<LlamaCppTimings>,
+    /// llama.cpp's `prompt_progress` (with `return_progress`: one chunk, with no choices, per
+    /// prefill chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_progress: Option<PromptProgress>,
 }
 
-/// `chat_template_kwargs`: a JSON object of extra template variables. A key naming a variable
-/// the server sets itself (`messages`, `tools`, `add_generation_prompt`, `bos_token`,
-/// `eos_token`) is refused rather than silently overridden.
-fn parse_template_kwargs(v: Value) -> Result<Map<String, Value>, ApiError> {
-    const PARAM: &str = "chat_template_kwargs";
-    let map = match v {
-        Value::Object(map) => map,
-        other => {
-            return Err(ApiError::invalid_param(
-                PARAM,
-                format!("`{PARAM}` must be a JSON object, not {}", kind_of(&other)),
-            ));
-        }
-    };
-    if let Some(k) = map
-        .keys()
-        .find(|k| crate::chat_template::STANDARD_VARIABLES.contains(&k.as_str()))
-    {
-        let p = format!("{PARAM}.{k}");
-        return Err(ApiError::invalid_param(
-            &p,
-            format!(
-                "`{p}`: `{k}` is set by the server from the request itself and cannot be given as a template variable"
-            ),
-        ));
-    }
-    Ok(map)
+/// Usage in a chunk: the full block at the end, running counts before.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum ChunkUsage {
+    /// The final usage.
+    Full(Box<Usage>),
+    /// Counts so far.
+    Partial {
+        /// Tokens of the prompt (known from the start).
+        prompt_tokens: usize,
+        /// Completion tokens so far.
+        completion_tokens: usize,
+        /// Prompt and completion tokens together.
+        total_tokens: usize,
+    },
 }
 
-fn parse_tool(v: Value, i: usize) -> Result<InputTool, ApiError> {
-    let mut b = Fields::new(v, &format!("tools[{i}]."))?;
-    let kind: Option<String> = b.take("type")?;
-    if kind.as_deref() != Some("function") {
-        return Err(ApiError::invalid_param(
-            &format!("tools[{i}].type"),
-            format!(
-                "tool type `{}` is not supported (only `function`)",
-                kind.unwrap_or_default()
-            ),
-        ));
-    }
-    let Some(f) = b.take_value("function") else {
-        return Err(ApiError::invalid_param(
-            &format!("tools[{i}].function"),
-            "a function tool needs a `function` object",
-        ));
-    };
-    b.finish()?;
-    let path = format!("tools[{i}].function");
-    let mut f = Fields::new(f, &format!("{path}."))?;
-    let tool = InputTool::take(&mut f, &path, "parameters")?;
-    f.finish()?;
-    Ok(tool)
+/// One choice in a chat chunk.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChunkChoice {
+    /// Which choice this delta belongs to, from 0 to `n - 1`.
+    pub index: usize,
+    /// What this chunk adds.
+    pub delta: Delta,
+    /// Log-probabilities of the tokens this chunk covers.
+    pub logprobs: Option<ChatLogprobs>,
+    /// Set on the choice's last chunk.
+    pub finish_reason: Option<ApiFinishReason>,
 }
 
-fn parse_tool_choice(v: Value) -> Result<InputToolChoice, ApiError> {
-    match v {
-        Value::String(s) => match s.as_str() {
-            "none" => Ok(InputToolChoice::None),
-            "auto" => Ok(InputToolChoice::Auto),
-            "required" => Ok(InputToolChoice::Required),
-            other => Err(ApiError::invalid_param(
-                "tool_choice",
-                format!("unknown tool_choice `{other}` (none, auto, required or a function)"),
-            )),
-        },
-        obj @ Value::Object(_) => {
-            let mut b = Fields::new(obj, "tool_choice.")?;
-            let kind: Option<String> = b.take("type")?;
-            if kind.as_deref() != Some("function") {
-                return Err(ApiError::invalid_param(
-                    "tool_choice.type",
-                    "a named tool_choice needs `\"type\": \"function\"`",
-                ));
-            }
-            let Some(f) = b.take_value("function") else {
-                return Err(ApiError::invalid_param(
-                    "tool_choice.function",
-                    "a named tool_choice needs `function.name`",
-                ));
-            };
-            b.finish()?;
-            let mut f = Fields::new(f, "tool_choice.function.")?;
-            let name: Option<String> = f.take("name")?;
-            f.finish()?;
-            match name {
-                Some(n) if !n.is_empty() => Ok(InputToolChoice::Function(n)),
-                _ => Err(ApiError::invalid_param(
-                    "tool_choice.function.name",
-                    "a named tool_choice needs `function.name`",
-                )),
-            }
-        }
-        other => Err(ApiError::invalid_param(
-            "tool_choice",
-            format!(
-                "`tool_choice` must be a string or an object, not {}",
-                kind_of(&other)
-            ),
-        )),
-    }
+/// A chat delta.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Delta {
+    /// `assistant`, on each choice's first chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    /// Text of the reply added by this chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    /// New reasoning (thinking templates, while the reply is inside its reasoning block).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// Tool calls, each whole in one chunk.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallDelta>,
 }
 
-impl CompletionRequest {
-    /// Takes a completion body apart; any field left over is refused.
-    pub fn from_json(v: Value) -> Result<Self, ApiError> {
-        let mut b = Fields::new(v, "")?;
-        let Some(prompt) = b.take::<Prompt>("prompt")? else {
-            return Err(ApiError::invalid_param("prompt", "`prompt` is required"));
-        };
-        let r = Self {
-            prompt,
-            common: Common::parse(&mut b)?,
-            logprobs: b.take("logprobs")?,
-            echo: b.take("echo")?.unwrap_or(false),
-            best_of: b.take("best_of")?,
-        };
-        b.finish_with(REFUSED)?;
-        Ok(r)
-    }
+/// A tool call in a delta.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallDelta {
+    /// Position of the call in the choice's list.
+    pub index: usize,
+    /// The whole call: its id, type, function name and arguments.
+    #[serde(flatten)]
+    pub call: ToolCall,
+}
+
+/// `POST /v1/completions` response (and each of its stream chunks, `object` alike).
+#[derive(Debug, Clone, Serialize)]
+pub struct TextCompletion {
+    /// Id, object (`text_completion`, in every chunk too), creation time and model.
+    #[serde(flatten)]
+    pub head: Head,
+    /// The request's choices, one for each of its `n`.
+    pub choices: Vec<TextChoice>,
+    /// Usage (whole response; final stream chunk with `include_usage`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<ChunkUsage>,
+    /// The timings in llama.cpp's shape (whole response; with the usage of a stream).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<LlamaCppTimings>,
+    /// llama.cpp's `prompt_progress` (a stream with `return_progress`: one chunk, with no
+    /// choices, per prefill chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_progress: Option<PromptProgress>,
+}
+
+/// One choice of a text completion.
+#[derive(Debug, Clone, Serialize)]
+pub struct TextChoice {
+    /// Which choice this is, from 0 to `n - 1`.
+    pub index: usize,
+    /// The text (this chunk's, when streaming).
+    pub text: String,
+    /// Legacy log-probabilities, when asked for.
+    pub logprobs: Option<CompletionLogprobs>,
+    /// Set on the choice's last chunk.
+    pub finish_reason: Option<ApiFinishReason>,
 }

@@ -13,8 +13,8 @@ use serde_json::{Value, json};
 
 use super::input::{Content, InputMessage, InputTool, InputToolCall};
 use crate::chat_template::Role;
-use crate::server::outcome::ApiFinishReason;
-use crate::server::tools::ToolCall;
+use crate::server::request::outcome::ApiFinishReason;
+use crate::server::request::tools::ToolCall;
 
 /// The request's side of the content, as JSON texts ready for the request span.
 #[derive(Debug, Clone, PartialEq)]
@@ -214,7 +214,7 @@ pub fn output_messages(replies: &[OutputMessage], reasons: &[ApiFinishReason]) -
 mod tests {
     use super::*;
     use crate::server::request::input::InputFunctionCall;
-    use crate::server::tools::FunctionCall;
+    use crate::server::request::tools::FunctionCall;
 
     fn msg(role: &str, content: Option<&str>) -> InputMessage {
         InputMessage {

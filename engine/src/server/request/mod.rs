@@ -1,9 +1,22 @@
-//! A request as the server holds it once it is valid. [`ValidRequest`] comes out of the checks
-//! whole: its options checked, its prompt built, its tools set up and its grammar compiled,
-//! before anything is queued. [`RequestMeta`] adds what the HTTP side knows (the id, the
-//! session, the arrival); it is built once per launched request and shared by the request's
-//! task, its spans, its log line and the response, which read it rather than copy it. The
-//! checks themselves live in [`super::validate`].
+//! The one request path every front door takes, and that no door's types enter.
+//!
+//! A door takes its wire body apart and translates it into the shared request: the
+//! conversation or prompt and the options as the client asked for them ([`input`]; the
+//! OpenAI-shaped JSON reading of it that chat completions, completions, render and tokenize
+//! share is [`parse`]). [`validate`] checks it into a [`ValidRequest`] (prompt built, tools set
+//! up ([`tools`]), grammar compiled, [`prediction`] tokenized) before anything is queued; the
+//! door names its session keys in its order and [`session`] resolves them, the same way for
+//! every door. [`launch`] puts the request on the engine and answers it, collected whole or
+//! streamed through the door's encoder; [`pipeline`] runs its task (events to output, with
+//! [`reasoning`] and tool calls parsed). Once it ends, its one [`outcome`] (with its
+//! [`usage`]) is what the response, the spans ([`trace`], [`content`] with
+//! `--trace-content`), the log line and the metrics ([`record`]) read. [`arrival`] is what the
+//! HTTP layer knew when the request came in.
+//!
+//! [`ValidRequest`] comes out of the checks whole; [`RequestMeta`] adds what the HTTP side
+//! knows (the id, the session, the arrival), built once per launched request and shared by the
+//! request's task, its spans, its log line and the response, which read it rather than copy
+//! it.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -11,9 +24,20 @@ use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
 
+pub mod arrival;
 pub mod content;
 pub mod input;
+pub mod launch;
+pub mod outcome;
+pub mod parse;
+pub mod pipeline;
 pub mod prediction;
+pub mod reasoning;
+pub mod record;
+pub mod session;
+pub mod tools;
+pub mod trace;
+pub mod usage;
 pub mod validate;
 
 use self::content::InputContent;
@@ -22,10 +46,10 @@ pub use self::validate::{GrammarRequest, ValidOptions};
 use crate::constraint::{Constraint, ConstraintKind};
 use crate::scheduler::GenerateRequest;
 use crate::server::error::ApiError;
-use crate::server::reasoning::ReasoningStart;
-use crate::server::session::{self as keys, ChatKeys, SessionKey, TurnSession};
+use crate::server::request::reasoning::ReasoningStart;
+use crate::server::request::session::{self as keys, ChatKeys, SessionKey, TurnSession};
+use crate::server::request::tools::ToolSetup;
 use crate::server::state::AppState;
-use crate::server::tools::ToolSetup;
 
 /// Which API (front door) a request came through. Every API takes the one request path; this
 /// names the operation, the response ids and the `slotlight.api` attribute.

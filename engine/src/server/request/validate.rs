@@ -16,9 +16,9 @@ use crate::chat_template::{ChatMessage, Role};
 use crate::constraint::{Constraint, ConstraintKind, GrammarSpec};
 use crate::sampling::SamplingParams;
 use crate::server::error::ApiError;
-use crate::server::reasoning::ReasoningStart;
+use crate::server::request::reasoning::ReasoningStart;
+use crate::server::request::tools::{self, Tool, ToolChoice, ToolFormat, ToolSetup};
 use crate::server::state::{AppState, Limits};
-use crate::server::tools::{self, Tool, ToolChoice, ToolFormat, ToolSetup};
 use crate::stop::StopMatcher;
 
 /// A grammar the output must follow, where it came from, and what kind of constraint it is.
@@ -55,7 +55,7 @@ pub struct ValidOptions {
     /// `safety_identifier`); the `x-session-id` header wins over it.
     pub session_hint: Option<String>,
     /// `prompt_cache_key`, kept apart (a session key of its own source,
-    /// [`crate::server::session`]).
+    /// [`crate::server::request::session`]).
     pub prompt_cache_key: Option<String>,
     /// Whether generation goes on past the end-of-sequence token (`ignore_eos`).
     pub ignore_eos: bool,

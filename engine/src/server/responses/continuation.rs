@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use super::types::ResponsesRequest;
 use crate::server::error::ApiError;
 use crate::server::request::validate::chat_prompt;
-use crate::server::response_store::StoredResponse;
+use crate::server::responses::store::StoredResponse;
 use crate::server::state::AppState;
 
 /// Stands in for the earlier reply in the sentinel rendering: private-use characters no

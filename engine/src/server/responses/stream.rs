@@ -13,15 +13,15 @@ use std::sync::Arc;
 use axum::response::sse::Event as SseEvent;
 use serde_json::{Value, json};
 
-use super::Pending;
-use super::output::{
+use super::response::{
     Frame, ItemIds, ResponsesUsage, Status, call_item_id, error_object, function_call_item,
     incomplete_reason, logprobs_json, message_item, output_text, reasoning_item,
 };
+use super::store::Pending;
 use crate::sampling::TokenLogprobs;
-use crate::server::front::{Encoder, Finishing};
-use crate::server::outcome::{ApiFinishReason, RequestOutcome};
-use crate::server::pipeline::{ChoiceEnd, Out};
+use crate::server::request::launch::{Encoder, Finishing};
+use crate::server::request::outcome::{ApiFinishReason, RequestOutcome};
+use crate::server::request::pipeline::{ChoiceEnd, Out};
 use crate::tokenizer::TokenBytes;
 
 /// The item being streamed now.

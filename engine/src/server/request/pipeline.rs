@@ -14,21 +14,34 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tracing::Instrument as _;
 
-use super::error::ApiError;
-use super::outcome::{ApiFinishReason, RequestOutcome};
-use super::reasoning::{ReasoningSplitter, ReasoningStart};
-use super::record::{self, Refused};
-use super::request::content::OutputMessage;
-use super::request::{RequestMeta, ValidRequest};
-use super::session::{SessionKey, TurnSession};
-use super::state::AppState;
-use super::tools::Shaper;
-use super::tools::ToolCall;
-use super::trace::{RequestTrace, ServerAddress};
 use crate::metrics::RequestMetrics;
 use crate::sampling::TokenLogprobs;
 use crate::scheduler::{Completion, EngineError, Event, FinishReason, PromptProgress};
+use crate::server::error::ApiError;
+use crate::server::request::content::OutputMessage;
+use crate::server::request::outcome::{ApiFinishReason, RequestOutcome};
+use crate::server::request::reasoning::{ReasoningSplitter, ReasoningStart};
+use crate::server::request::record::{self, Refused};
+use crate::server::request::session::{SessionKey, TurnSession};
+use crate::server::request::tools::Shaper;
+use crate::server::request::tools::ToolCall;
+use crate::server::request::trace::{RequestTrace, ServerAddress};
+use crate::server::request::{RequestMeta, ValidRequest};
+use crate::server::state::AppState;
 use crate::timing::RequestTimings;
+
+/// JSON has no infinities: an impossible token's log-probability is reported as this (vLLM
+/// does the same).
+pub const MIN_LOGPROB: f32 = -9999.0;
+
+/// A log-probability as every door writes it: finite, at least [`MIN_LOGPROB`].
+pub fn finite_logprob(lp: f32) -> f32 {
+    if lp.is_finite() {
+        lp.max(MIN_LOGPROB)
+    } else {
+        MIN_LOGPROB
+    }
+}
 
 /// What the HTTP side receives.
 #[derive(Debug)]
@@ -384,9 +397,9 @@ mod tests {
     use super::*;
     use crate::scheduler::Placement;
     use crate::server::error::ErrorKind;
-    use crate::server::reasoning::ReasoningStart;
+    use crate::server::request::reasoning::ReasoningStart;
+    use crate::server::request::tools::{ParsedCall, ToolSetup};
     use crate::server::request::{Api, ValidOptions, ValidRequest};
-    use crate::server::tools::{ParsedCall, ToolSetup};
     use crate::telemetry::Telemetry;
     use crate::timing::{PathKind, TimeAnchor};
 
@@ -428,9 +441,9 @@ mod tests {
     ) -> Arc<RequestMeta> {
         Arc::new(RequestMeta {
             id: "chatcmpl-lost".into(),
-            session: Some(crate::server::session::TurnSession {
+            session: Some(crate::server::request::session::TurnSession {
                 id: "s-lost".into(),
-                source: crate::server::session::KeySource::Header,
+                source: crate::server::request::session::KeySource::Header,
                 turn: Some(0),
                 extends: None,
             }),
@@ -1001,7 +1014,7 @@ mod tests {
     /// reasoning text, the one after `</think>` is a call.
     #[tokio::test]
     async fn tool_calls_are_parsed_after_the_reasoning() {
-        use crate::server::tools::{Tool, ToolChoice, ToolFormat};
+        use crate::server::request::tools::{Tool, ToolChoice, ToolFormat};
         let tools = ToolSetup {
             format: ToolFormat::Hermes,
             choice: ToolChoice::Auto,

@@ -17,8 +17,8 @@ use slotlight_otel::{attr, span};
 
 use crate::constraint::ConstraintKind;
 use crate::scheduler::{Event, Placement};
-use crate::server::outcome::RequestOutcome;
 use crate::server::request::content::{self, OutputMessage};
+use crate::server::request::outcome::RequestOutcome;
 use crate::server::request::{Api, RequestMeta};
 use crate::telemetry::Telemetry;
 use crate::timing::{LegRecord, PathKind, PrefillChunkRecord, PrefillRecord, TimeAnchor};

@@ -10,14 +10,18 @@
 //! written whole in one transaction (SQLite) or one atomic pipeline (Redis): a reader never
 //! sees half of one.
 
-mod redis_store;
+mod redis;
 mod sqlite;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use crate::server::error::ApiError;
+use crate::server::state::AppState;
 
 /// A stored response: what `GET` answers, and what a continuation needs.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -94,7 +98,7 @@ pub enum StoreError {
     Sqlite(#[from] rusqlite::Error),
     /// Redis failed (connecting, a command).
     #[error("response store (Redis): {0}")]
-    Redis(#[from] redis::RedisError),
+    Redis(#[from] ::redis::RedisError),
     /// A stored response did not decode (written by another version, or damaged).
     #[error("response store: a stored response does not decode: {0}")]
     Decode(#[from] serde_json::Error),
@@ -148,7 +152,7 @@ pub enum ResponseStore {
     /// SQLite, in a file or in memory.
     Sqlite(sqlite::SqliteStore),
     /// Redis.
-    Redis(redis_store::RedisStore),
+    Redis(redis::RedisStore),
 }
 
 impl std::fmt::Debug for ResponseStore {
@@ -158,6 +162,14 @@ impl std::fmt::Debug for ResponseStore {
 }
 
 impl ResponseStore {
+    /// The door's store, as the shared state holds it ([`AppState::responses`]). A state built
+    /// with something else there is refused as an internal error, never a panic.
+    pub fn of(st: &AppState) -> Result<Arc<Self>, ApiError> {
+        Arc::clone(&st.responses)
+            .downcast::<Self>()
+            .map_err(|_| ApiError::internal("the Responses store is not set up"))
+    }
+
     /// Opens (creates) the store at `location`, bounded by `limits`.
     pub async fn open(location: &StoreLocation, limits: StoreLimits) -> Result<Self, StoreError> {
         Ok(match location {
@@ -168,7 +180,7 @@ impl ResponseStore {
                 ResponseStore::Sqlite(sqlite::SqliteStore::open(None, limits).await?)
             }
             StoreLocation::Redis(url) => {
-                ResponseStore::Redis(redis_store::RedisStore::open(url, limits).await?)
+                ResponseStore::Redis(redis::RedisStore::open(url, limits).await?)
             }
         })
     }
@@ -221,6 +233,30 @@ fn unix_now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs()
+}
+
+/// A response to store once it is whole: where, and what is known before it is generated.
+pub struct Pending {
+    /// Where it goes.
+    pub store: Arc<ResponseStore>,
+    /// What is known of it before it is generated.
+    pub record: StoredResponse,
+}
+
+impl Pending {
+    /// Stores the response with its output items, its reply's token ids and its object.
+    pub async fn put(
+        self,
+        output: Vec<Value>,
+        reply: Vec<u32>,
+        object: &Value,
+    ) -> Result<(), StoreError> {
+        let mut r = self.record;
+        r.output = output;
+        r.reply_tokens = reply;
+        r.response = object.clone();
+        self.store.put(&r).await
+    }
 }
 
 #[cfg(test)]

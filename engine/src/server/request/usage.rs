@@ -1,5 +1,5 @@
 //! A finished request's `usage` and llama.cpp `timings` as the API writes them. They are
-//! computed once, in [`super::outcome::RequestOutcome::of`]; the wire layer only serializes
+//! computed once, in [`crate::server::request::outcome::RequestOutcome::of`]; the wire layer only serializes
 //! them.
 
 use serde::Serialize;
@@ -163,7 +163,7 @@ impl CompletionDetails {
     }
 }
 
-/// llama.cpp's `timings` object, with llama.cpp's definitions (see [`super::outcome`]); a
+/// llama.cpp's `timings` object, with llama.cpp's definitions (see [`crate::server::request::outcome`]); a
 /// value that is unknown or would divide by zero is `null`.
 #[derive(Debug, Clone, Serialize)]
 pub struct LlamaCppTimings {

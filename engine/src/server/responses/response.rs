@@ -6,11 +6,12 @@ use serde_json::{Map, Value, json};
 
 use super::types::{ResponsesRequest, seal_reasoning};
 use crate::sampling::TokenLogprobs;
-use crate::server::front::Collected;
 use crate::server::ids::new_id;
-use crate::server::outcome::{ApiFinishReason, RequestOutcome};
-use crate::server::tools::ToolCall;
-use crate::server::usage::UsageExtras;
+use crate::server::request::launch::Collected;
+use crate::server::request::outcome::{ApiFinishReason, RequestOutcome};
+use crate::server::request::pipeline::finite_logprob as finite;
+use crate::server::request::tools::ToolCall;
+use crate::server::request::usage::UsageExtras;
 use crate::tokenizer::TokenBytes;
 
 /// `usage` in the Responses API's shape, with slotlight's extras (the request's own timings,
@@ -313,14 +314,6 @@ pub fn logprobs_json(tokens: &[TokenLogprobs], bytes: &TokenBytes) -> Value {
             })
             .collect(),
     )
-}
-
-fn finite(lp: f32) -> f32 {
-    if lp.is_finite() {
-        lp.max(crate::server::openai::response::MIN_LOGPROB)
-    } else {
-        crate::server::openai::response::MIN_LOGPROB
-    }
 }
 
 /// The output items of a whole reply: its reasoning, its message (present unless the reply is

@@ -26,6 +26,10 @@ use crate::chat_template::{ChatMessage, Role};
 use crate::constraint::{GrammarSpec, lark_string};
 use crate::server::ids::new_id;
 
+/// The header that names the tools a request offered that the engine left out of the prompt
+/// (hosted tools: the Responses and Messages doors accept them and say so).
+pub const TOOLS_SKIPPED_HEADER: &str = "x-slotlight-tools-skipped";
+
 /// How a model writes tool calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolFormat {

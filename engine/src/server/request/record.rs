@@ -4,13 +4,13 @@
 
 use std::time::Instant;
 
-use super::error::ApiError;
-use super::middleware::Arrived;
-use super::outcome::{Failure, RequestOutcome};
-use super::request::{Api, RequestMeta};
-use super::state::AppState;
-use super::trace::{self, Refusal, RequestTrace};
 use crate::metrics::{Observation, RequestMetrics};
+use crate::server::error::ApiError;
+use crate::server::request::arrival::Arrived;
+use crate::server::request::outcome::{Failure, RequestOutcome};
+use crate::server::request::trace::{self, Refusal, RequestTrace};
+use crate::server::request::{Api, RequestMeta};
+use crate::server::state::AppState;
 
 /// A generation request answered with an error before it reached a step loop, with what was
 /// known of it when it was refused.
@@ -69,16 +69,16 @@ pub fn refusal(st: &AppState, api: Api, arrived: &Arrived, refused: Refused) -> 
         }
         None => {
             let r = Refusal {
-                id: super::ids::new_id(api.id_prefix()),
+                id: crate::server::ids::new_id(api.id_prefix()),
                 api,
                 response_model: st.cfg.model_names.first().cloned().unwrap_or_default(),
-                session: super::session::from_header(headers).map(|k| k.id),
+                session: crate::server::request::session::from_header(headers).map(|k| k.id),
                 received,
                 refused: now,
                 error_type: error.label(),
                 message: error.message.clone(),
             };
-            let parent = super::middleware::parent_context(headers);
+            let parent = crate::server::request::arrival::parent_context(headers);
             let sc = trace::record_refusal(&st.telemetry, st.anchor, &r, &parent, server);
             use opentelemetry::trace::TraceContextExt as _;
             let _cx = parent.with_remote_span_context(sc).attach();

@@ -14,9 +14,11 @@ use std::time::{Duration, Instant};
 
 use slotlight_otel::attr::value;
 
-use super::error::ApiError;
-use super::usage::{CompletionDetails, LegUsage, LlamaCppTimings, PromptDetails, Usage};
 use crate::scheduler::{Completion, EngineError, FinishReason};
+use crate::server::error::ApiError;
+use crate::server::request::usage::{
+    CompletionDetails, LegUsage, LlamaCppTimings, PromptDetails, Usage,
+};
 use crate::speculation::SpeculationMode;
 use crate::timing::{DraftCounts, LegRecord, UsageTimings};
 

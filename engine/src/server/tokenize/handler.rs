@@ -15,11 +15,11 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::types::REFUSED;
 use crate::server::body::Fields;
 use crate::server::body::read_json;
 use crate::server::error::ApiError;
 use crate::server::request::input::ChatRequest;
+use crate::server::request::parse::REFUSED;
 use crate::server::request::validate::chat_prompt;
 use crate::server::state::SharedState;
 

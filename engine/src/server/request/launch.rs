@@ -13,15 +13,15 @@ use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
-use super::error::ApiError;
-use super::middleware::Arrived;
-use super::outcome::{ApiFinishReason, RequestOutcome};
-use super::pipeline::{CancelOnDrop, ChoiceEnd, Out, Pending, launch};
-use super::record::Refused;
-use super::request::{RequestMeta, ValidRequest};
-use super::session::SessionKey;
-use super::state::AppState;
 use crate::sampling::TokenLogprobs;
+use crate::server::error::ApiError;
+use crate::server::request::arrival::Arrived;
+use crate::server::request::outcome::{ApiFinishReason, RequestOutcome};
+use crate::server::request::pipeline::{CancelOnDrop, ChoiceEnd, Out, Pending, launch};
+use crate::server::request::record::Refused;
+use crate::server::request::session::SessionKey;
+use crate::server::request::{RequestMeta, ValidRequest};
+use crate::server::state::AppState;
 
 /// A request on its way: what it is, its output as the pipeline sends it, and the flag that
 /// cancels it.
@@ -35,7 +35,7 @@ pub struct Launched {
 }
 
 /// Launches a valid request under `id` and its session key `key` (from the door's resolver in
-/// [`super::session`]; without one the engine looks for the session the prompt continues):
+/// [`crate::server::request::session`]; without one the engine looks for the session the prompt continues):
 /// from here on it has its own span and log line, whatever happens. A refusal by the
 /// scheduler comes back with its span started.
 pub fn launch_request(
@@ -45,7 +45,7 @@ pub fn launch_request(
     key: Option<SessionKey>,
     arrived: &Arrived,
 ) -> Result<Launched, Refused> {
-    let parent = super::middleware::parent_context(&arrived.headers);
+    let parent = crate::server::request::arrival::parent_context(&arrived.headers);
     let pending = Pending {
         id,
         key,
@@ -78,7 +78,7 @@ impl Collected {
     }
 
     /// The tool calls the reply makes.
-    pub fn tool_calls(&self) -> &[crate::server::tools::ToolCall] {
+    pub fn tool_calls(&self) -> &[crate::server::request::tools::ToolCall] {
         self.end.as_ref().map_or(&[], |e| e.tool_calls.as_slice())
     }
 }

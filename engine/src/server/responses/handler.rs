@@ -1,0 +1,456 @@
+//! The Responses API's endpoints: create (whole or streamed), retrieve, delete, list a
+//! response's input items, and count a request's input tokens.
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::response::{
+    Frame, ItemIds, ResponsesUsage, Status, error_object, incomplete_reason, output_items,
+};
+use super::store::{Pending, ResponseStore, StoredResponse};
+use super::types::{ResponsesRequest, rename_param};
+use crate::server::body::read_json;
+use crate::server::error::ApiError;
+use crate::server::ids::{created, new_id};
+use crate::server::request::arrival::Arrived;
+use crate::server::request::launch::{self, launch_request};
+use crate::server::request::outcome::RequestOutcome;
+use crate::server::request::record::{self, Refused};
+use crate::server::request::session::{self, KeySource, ResponsesKeys, SessionKey};
+use crate::server::request::tools::TOOLS_SKIPPED_HEADER;
+use crate::server::request::{Api, ValidRequest};
+use crate::server::state::{AppState, SharedState};
+
+/// Answers `POST /v1/responses`: a response, whole or streamed.
+pub async fn create(State(st): State<SharedState>, request: Request) -> Response {
+    let (arrived, body) = Arrived::of(request);
+    match generate(&st, &arrived, body).await {
+        Ok(r) => r,
+        Err(refused) => record::refusal(&st, Api::Responses, &arrived, refused).into_response(),
+    }
+}
+
+/// The name this API gives a field the checks name.
+fn renamed(mut e: ApiError) -> ApiError {
+    if let Some(p) = e.param.as_deref().and_then(rename_param) {
+        e.message = e.message.replace(
+            &format!("`{}`", e.param.as_deref().unwrap_or_default()),
+            &format!("`{p}`"),
+        );
+        e.param = Some(p);
+    }
+    e
+}
+
+/// A request ready to launch: valid, with what the door needs to answer and store it.
+struct Prepared {
+    req: ResponsesRequest,
+    valid: ValidRequest,
+    prev: Option<StoredResponse>,
+    /// The prompt-shaping setup compared across turns (`text.format`, the thinking switch).
+    format: Value,
+    /// The earlier turns' items (the previous response's conversation).
+    history: Vec<Value>,
+}
+
+/// The stored response `id`, or 404 naming `param`.
+async fn stored(st: &AppState, id: &str, param: &str) -> Result<StoredResponse, ApiError> {
+    match ResponseStore::of(st)?.get(id).await {
+        Ok(Some(r)) => Ok(r),
+        Ok(None) => Err(ApiError::not_found_param(
+            param,
+            format!("no stored response `{id}`: unknown, deleted or expired (`{param}`)"),
+        )),
+        Err(e) => Err(ApiError::internal(e.to_string())),
+    }
+}
+
+/// Takes a body apart and builds its valid request: the conversation continued from the
+/// previous response's exact tokens where its setup is the same.
+async fn prepare(st: &AppState, v: Value) -> Result<Prepared, ApiError> {
+    let req = ResponsesRequest::from_json(v)?;
+    let prev = match (&req.previous_response_id, &req.conversation) {
+        (Some(id), _) => Some(stored(st, id, "previous_response_id").await?),
+        (None, Some(conv)) => match ResponseStore::of(st)?.latest_in(conv).await {
+            Ok(Some(id)) => Some(stored(st, &id, "conversation").await?),
+            Ok(None) => None,
+            Err(e) => return Err(ApiError::internal(e.to_string())),
+        },
+        (None, None) => None,
+    };
+    let thinking = req.reasoning.enable_thinking();
+    let format = json!({"text": req.text_format, "thinking": thinking});
+    let mut history = prev
+        .as_ref()
+        .map(StoredResponse::conversation_items)
+        .unwrap_or_default();
+    let mut valid = build(st, &req, &history, thinking).await?;
+    let exact = prev
+        .as_ref()
+        .filter(|p| super::continuation::same_setup(p, &req, &format));
+    if let Some(p) = exact
+        && let Some(ids) =
+            super::continuation::exact_prompt(st, p, &req, thinking).map_err(renamed)?
+    {
+        valid.prompt = ids;
+    }
+    if req.truncation == super::types::Truncation::Auto {
+        // The oldest items go until the prompt and its output fit the context.
+        while valid.prompt.len() + valid.opts.max_tokens > st.context && !history.is_empty() {
+            history.remove(0);
+            valid = build(st, &req, &history, thinking).await?;
+        }
+    }
+    valid
+        .tools_skipped
+        .extend(req.tools_skipped.iter().cloned());
+    if req.cache.prewarm {
+        // A prefill without generation: the one token the prefill samples is dropped.
+        valid.opts.max_tokens = 1;
+    }
+    Ok(Prepared {
+        req,
+        valid,
+        prev,
+        format,
+        history,
+    })
+}
+
+async fn build(
+    st: &AppState,
+    req: &ResponsesRequest,
+    history: &[Value],
+    thinking: Option<bool>,
+) -> Result<ValidRequest, ApiError> {
+    let chat = req.chat(history, thinking)?;
+    ValidRequest::chat(st, Api::Responses, chat)
+        .await
+        .map_err(renamed)
+}
+
+async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Response, Refused> {
+    if st.engine.is_shutting_down() {
+        return Err(ApiError::shutting_down().into());
+    }
+    let v: Value = read_json(body, st.cfg.max_body_bytes, st.cfg.read_timeout).await?;
+    let Prepared {
+        req,
+        mut valid,
+        prev,
+        format,
+        history,
+    } = prepare(st, v).await?;
+    let id = new_id(Api::Responses.id_prefix());
+    let diagnostics = match &req.cache.comparison_response_id {
+        Some(cid) => Some(diagnose(st, cid, &req, &valid, &format).await),
+        None => None,
+    };
+    // The session: the header, the conversation, the chain's, the cache key, the user; a
+    // stored response with none starts a chain of its own, which later turns continue.
+    let chain = prev.as_ref().and_then(|p| p.session.clone());
+    let keys = ResponsesKeys {
+        conversation: req.conversation.as_deref(),
+        chain: chain.as_deref(),
+        prompt_cache_key: req.common.prompt_cache_key.as_deref(),
+        user: req
+            .common
+            .user
+            .as_deref()
+            .or(req.common.safety_identifier.as_deref()),
+    };
+    let session = session::responses(&arrived.headers, keys).or_else(|| {
+        req.store
+            .then(|| SessionKey::new(&id, KeySource::ResponseChain))
+            .flatten()
+    });
+    valid.session_ttl = req.cache.session_ttl;
+    let model = valid.model.clone();
+    let max_output_tokens = valid.opts.max_tokens;
+    let store = req.store.then(|| ResponseStore::of(st)).transpose()?;
+    let pending = store.map(|store| Pending {
+        store,
+        record: StoredResponse {
+            id: id.clone(),
+            created_at: created(),
+            session: session.as_ref().map(|k| k.id.clone()),
+            conversation: req.conversation.clone(),
+            model: model.clone(),
+            instructions: req.instructions.clone(),
+            tools: Value::Array(req.tools_wire.clone()),
+            format,
+            history,
+            input: with_ids(&req.input),
+            output: Vec::new(),
+            prompt_tokens: valid.prompt.clone(),
+            reply_tokens: Vec::new(),
+            response: Value::Null,
+        },
+    });
+    let prewarm = req.cache.prewarm;
+    let stream = valid.opts.stream;
+    let skipped = valid.tools_skipped.join(",");
+    let frame = Frame {
+        id: id.clone(),
+        created_at: created(),
+        model,
+        request: req,
+        max_output_tokens,
+        diagnostics,
+    };
+    let launched = launch_request(st, valid, id, session, arrived).map_err(|mut r| {
+        r.error = renamed(r.error);
+        r
+    })?;
+    let bytes = st.prompts.tokenizer().token_bytes();
+    let mut response = if stream {
+        launch::stream(
+            launched,
+            super::stream::Streaming::new(frame, bytes, pending, prewarm),
+        )
+    } else {
+        match launch::collect(launched).await {
+            Ok((choices, outcome)) => {
+                whole(&frame, &choices, &outcome, pending, prewarm, &bytes).await
+            }
+            Err(e) => e.into_response(),
+        }
+    };
+    if !skipped.is_empty()
+        && let Ok(v) = HeaderValue::from_str(&skipped)
+    {
+        response.headers_mut().insert(TOOLS_SKIPPED_HEADER, v);
+    }
+    Ok(response)
+}
+
+/// The whole response: its items, status and usage, stored first when asked.
+async fn whole(
+    frame: &Frame,
+    choices: &[launch::Collected],
+    outcome: &RequestOutcome,
+    pending: Option<Pending>,
+    prewarm: bool,
+    bytes: &crate::tokenizer::TokenBytes,
+) -> Response {
+    let Some(c) = choices.first() else {
+        return ApiError::internal("the request ended without a reply").into_response();
+    };
+    let reason = c.finish_reason();
+    let error = error_object(outcome);
+    let status = if error.is_some() {
+        Status::Failed
+    } else {
+        Status::of(reason)
+    };
+    let items = if prewarm {
+        Vec::new()
+    } else {
+        output_items(c, &frame.request, &ItemIds::new(), bytes)
+    };
+    let usage = ResponsesUsage::of(outcome, prewarm);
+    let object = frame.object(
+        status,
+        &items,
+        Some(&usage),
+        error,
+        incomplete_reason(reason).filter(|_| status == Status::Incomplete),
+    );
+    if let Some(p) = pending.filter(|_| status != Status::Failed) {
+        let reply = if prewarm {
+            Vec::new()
+        } else {
+            c.end.as_ref().map(|e| e.tokens.clone()).unwrap_or_default()
+        };
+        if let Err(e) = p.put(items, reply, &object).await {
+            tracing::error!(error = %e, "Responses.StoreFailed");
+            return ApiError::internal(format!("the response could not be stored: {e}"))
+                .into_response();
+        }
+    }
+    Json(object).into_response()
+}
+
+/// Input items with ids (`msg_…`, `fc_…`), as `input_items` lists them.
+fn with_ids(items: &[Value]) -> Vec<Value> {
+    items
+        .iter()
+        .map(|it| {
+            let mut it = it.clone();
+            if let Value::Object(m) = &mut it
+                && !m.contains_key("id")
+            {
+                let prefix = match m.get("type").and_then(Value::as_str) {
+                    Some("function_call") => "fc_",
+                    Some("function_call_output") => "fco_",
+                    Some("reasoning") => "rs_",
+                    _ => "msg_",
+                };
+                m.insert("id".into(), json!(new_id(prefix)));
+            }
+            it
+        })
+        .collect()
+}
+
+/// `prompt_cache_diagnostics` against the response `cid`: a hit when this prompt extends that
+/// response's prompt and reply; else the first thing that changed, and the exact number of
+/// this prompt's tokens after the common prefix.
+async fn diagnose(
+    st: &AppState,
+    cid: &str,
+    req: &ResponsesRequest,
+    valid: &ValidRequest,
+    format: &Value,
+) -> Value {
+    let Ok(store) = ResponseStore::of(st) else {
+        return json!({"type": "unavailable"});
+    };
+    let prev = match store.get(cid).await {
+        Ok(Some(p)) => p,
+        Ok(None) => return json!({"type": "comparison_response_not_found"}),
+        Err(_) => return json!({"type": "unavailable"}),
+    };
+    let mut before = prev.prompt_tokens.clone();
+    before.extend_from_slice(&prev.reply_tokens);
+    let common = valid
+        .prompt
+        .iter()
+        .zip(&before)
+        .take_while(|(a, b)| a == b)
+        .count();
+    if common >= prev.prompt_tokens.len() {
+        return json!({"type": "cache_hit"});
+    }
+    let reason = if prev.model != valid.model {
+        "model_changed"
+    } else if prev.tools != Value::Array(req.tools_wire.clone()) {
+        "tools_changed"
+    } else if prev.format.get("text") != format.get("text") {
+        "text_format_changed"
+    } else if prev.format.get("thinking") != format.get("thinking") {
+        "reasoning_effort_changed"
+    } else {
+        "input_changed"
+    };
+    json!({
+        "type": "cache_miss",
+        "reason": reason,
+        "cache_missed_tokens": valid.prompt.len() - common,
+        "comparison_reusable_tokens": common,
+    })
+}
+
+/// Answers `GET /v1/responses/{id}`: the stored response.
+pub async fn retrieve(State(st): State<SharedState>, Path(id): Path<String>) -> Response {
+    match stored(&st, &id, "response_id").await {
+        Ok(r) => Json(r.response).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Answers `DELETE /v1/responses/{id}`.
+pub async fn delete(State(st): State<SharedState>, Path(id): Path<String>) -> Response {
+    let store = match ResponseStore::of(&st) {
+        Ok(store) => store,
+        Err(e) => return e.into_response(),
+    };
+    match store.delete(&id).await {
+        Ok(true) => {
+            Json(json!({"id": id, "object": "response.deleted", "deleted": true})).into_response()
+        }
+        Ok(false) => ApiError::not_found_param(
+            "response_id",
+            format!("no stored response `{id}`: unknown, deleted or expired"),
+        )
+        .into_response(),
+        Err(e) => ApiError::internal(e.to_string()).into_response(),
+    }
+}
+
+/// `input_items`' paging: `limit` (1 to 100, 20), `order` (`asc` or `desc`, the default),
+/// `after` (an item id).
+#[derive(Debug, serde::Deserialize)]
+pub struct Paging {
+    limit: Option<usize>,
+    order: Option<String>,
+    after: Option<String>,
+    /// Accepted; items are returned whole.
+    #[allow(dead_code)]
+    include: Option<String>,
+}
+
+/// Answers `GET /v1/responses/{id}/input_items`: the request's own input items.
+pub async fn input_items(
+    State(st): State<SharedState>,
+    Path(id): Path<String>,
+    Query(p): Query<Paging>,
+) -> Response {
+    let r = match stored(&st, &id, "response_id").await {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let limit = p.limit.unwrap_or(20);
+    if !(1..=100).contains(&limit) {
+        return ApiError::invalid_param("limit", "`limit` must be between 1 and 100")
+            .into_response();
+    }
+    let mut items = r.input;
+    match p.order.as_deref() {
+        None | Some("desc") => items.reverse(),
+        Some("asc") => {}
+        Some(other) => {
+            return ApiError::invalid_param(
+                "order",
+                format!("unknown order `{other}` (asc or desc)"),
+            )
+            .into_response();
+        }
+    }
+    if let Some(after) = &p.after {
+        match items
+            .iter()
+            .position(|it| it.get("id").and_then(Value::as_str) == Some(after))
+        {
+            Some(i) => {
+                items.drain(..=i);
+            }
+            None => {
+                return ApiError::invalid_param("after", format!("no input item `{after}`"))
+                    .into_response();
+            }
+        }
+    }
+    let has_more = items.len() > limit;
+    items.truncate(limit);
+    let id_of = |it: Option<&Value>| it.and_then(|i| i.get("id")).cloned();
+    Json(json!({
+        "object": "list",
+        "data": items,
+        "first_id": id_of(items.first()),
+        "last_id": id_of(items.last()),
+        "has_more": has_more,
+    }))
+    .into_response()
+}
+
+/// Answers `POST /v1/responses/input_tokens`: the prompt tokens a request with this body would
+/// have (its exact continuation of `previous_response_id` included).
+pub async fn input_tokens(State(st): State<SharedState>, body: Body) -> Response {
+    let v: Value = match read_json(body, st.cfg.max_body_bytes, st.cfg.read_timeout).await {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    match prepare(&st, v).await {
+        Ok(p) => (
+            StatusCode::OK,
+            Json(json!({"object": "response.input_tokens", "input_tokens": p.valid.prompt.len()})),
+        )
+            .into_response(),
+        Err(e) => e.into_response(),
+    }
+}
