@@ -12,9 +12,8 @@ use libfuzzer_sys::fuzz_target;
 use slotlight_engine::server::Limits;
 use slotlight_engine::server::body::read_json;
 use slotlight_engine::server::request::validate::messages;
-use slotlight_engine::server::responses::types::{
-    ResponsesRequest, open_reasoning, seal_reasoning,
-};
+use slotlight_engine::server::responses::translate::{open_reasoning, seal_reasoning};
+use slotlight_engine::server::responses::types::ResponsesRequest;
 
 const DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
 

@@ -12,19 +12,21 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::response::{Answer, ContentBlock, Diagnostics, TokenCount};
 use super::signature::Signer;
 use super::stream::{Streaming, finish_turn};
-use super::types::{Endpoint, MessagesRequest, SectionsSent, Thinking};
-use crate::diagnostics::{Fingerprint, Sections, Turn};
+use super::translate;
+use super::types::{Endpoint, MessagesRequest};
+use crate::diagnostics::Turn;
 use crate::server::body::read_json;
-use crate::server::error::{ApiError, ErrorKind, ErrorShape};
+use crate::server::error::{ApiError, ErrorShape};
 use crate::server::ids::new_id;
 use crate::server::request::arrival::Arrived;
 use crate::server::request::launch::{self, launch_request};
 use crate::server::request::record::{self, Refused};
+use crate::server::request::session;
 use crate::server::request::tools::TOOLS_SKIPPED_HEADER;
 use crate::server::request::{Api, ValidRequest, validate};
 use crate::server::state::{AppState, SharedState};
@@ -57,36 +59,10 @@ fn signer(st: &AppState) -> Signer {
     Signer::new(st.cfg.api_key.as_deref(), model)
 }
 
-/// The template variables a request's `thinking` and `output_config.effort` set, for a
-/// template that reads them: `enable_thinking` (on unless `disabled`) and `reasoning_effort`
-/// (`low`, `medium` or `high`; `xhigh` and `max` are `high`).
-pub fn template_kwargs(
-    template: &str,
-    thinking: Option<Thinking>,
-    effort: Option<&str>,
-) -> Map<String, Value> {
-    let mut kw = Map::new();
-    if let Some(t) = thinking
-        && template.contains("enable_thinking")
-    {
-        kw.insert("enable_thinking".into(), Value::Bool(t.mode.on()));
-    }
-    if let Some(e) = effort
-        && template.contains("reasoning_effort")
-    {
-        let e = match e {
-            "low" | "medium" => e,
-            _ => "high",
-        };
-        kw.insert("reasoning_effort".into(), Value::String(e.into()));
-    }
-    kw
-}
-
 /// Takes the body apart and sets the template variables from `thinking` and `effort`.
 fn parse(st: &AppState, v: Value, endpoint: Endpoint) -> Result<MessagesRequest, ApiError> {
     let mut m = MessagesRequest::from_json(v, endpoint, &signer(st))?;
-    m.chat.chat_template_kwargs = template_kwargs(
+    m.chat.chat_template_kwargs = translate::template_kwargs(
         st.prompts.template_source(),
         m.thinking,
         m.effort.as_deref(),
@@ -100,42 +76,6 @@ async fn count(st: &AppState, body: Body) -> Result<usize, ApiError> {
     st.check_model(m.chat.common.model.as_deref())?;
     let (_, prompt, _) = validate::chat_prompt(st, &m.chat, true)?;
     Ok(prompt.len())
-}
-
-/// The fingerprints of what a prompt was built from.
-fn sections(model: &str, s: &SectionsSent) -> Sections {
-    Sections {
-        model: model.to_string(),
-        system: Fingerprint::of(&s.system),
-        tools: Fingerprint::of_json(&s.tools),
-        format: Fingerprint::of(&s.format.as_ref().map(Value::to_string)),
-        options: Fingerprint::of_json(&s.options),
-    }
-}
-
-/// Clamps the request's `max_tokens` (already at most `--max-tokens-limit`) to what the
-/// context leaves after its prompt; `asked` is what the client asked for, recorded on the
-/// span when it was more than the request runs with.
-fn clamp_to_context(st: &AppState, req: &mut ValidRequest, asked: usize) -> Result<(), ApiError> {
-    let room = st.context.saturating_sub(req.prompt.len());
-    if room == 0 {
-        let mut e = ApiError::invalid_param(
-            "messages",
-            format!(
-                "the prompt is {} tokens, which leaves no room in the context of {} tokens",
-                req.prompt.len(),
-                st.context
-            ),
-        );
-        e.error = ErrorKind::ContextLength;
-        e.code = Some("context_length_exceeded");
-        return Err(e);
-    }
-    req.opts.max_tokens = req.opts.max_tokens.min(room);
-    if asked > req.opts.max_tokens {
-        req.max_tokens_asked = Some(asked);
-    }
-    Ok(())
 }
 
 async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Response, Refused> {
@@ -157,7 +97,7 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
     let prewarm = asked == 0;
     let limit = st.cfg.limits.max_tokens;
     m.chat.common.max_tokens = Some(i64::try_from(asked.clamp(1, limit)).unwrap_or(1));
-    let session = m.session_key(&arrived.headers);
+    let session = session::resolve(&arrived.headers, translate::session_keys(&m));
     let session_ttl = m.session_ttl();
     let MessagesRequest {
         chat,
@@ -168,11 +108,11 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
         ..
     } = m;
     let mut req = ValidRequest::chat(st, Api::Messages, chat).await?;
-    clamp_to_context(st, &mut req, asked)?;
+    translate::clamp_to_context(st, &mut req, asked)?;
     req.tools_skipped.extend(tools_skipped);
     req.session_ttl = session_ttl;
     let turn = Turn::new(
-        sections(&req.model, &sent),
+        translate::sections(&req.model, &sent),
         Arc::from(req.prompt.as_slice()),
     );
     let diagnostics = match &diagnostics {
@@ -252,44 +192,4 @@ fn whole(
     message.stop_reason = Some(stop_reason);
     message.stop_sequence = stop_sequence;
     Json(message).into_response()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::server::messages::types::ThinkingMode;
-
-    #[test]
-    fn thinking_and_effort_reach_templates_that_read_them() {
-        let on = Thinking {
-            mode: ThinkingMode::Adaptive,
-            omitted: false,
-        };
-        let off = Thinking {
-            mode: ThinkingMode::Disabled,
-            omitted: false,
-        };
-        let qwen = "{% if enable_thinking is defined and enable_thinking is false %}";
-        assert_eq!(
-            template_kwargs(qwen, Some(off), None).get("enable_thinking"),
-            Some(&Value::Bool(false))
-        );
-        assert_eq!(
-            template_kwargs(qwen, Some(on), Some("max")).get("enable_thinking"),
-            Some(&Value::Bool(true))
-        );
-        // A template without the switch gets nothing (its own default stands).
-        assert!(template_kwargs("{{ messages }}", Some(off), Some("low")).is_empty());
-        let oss = "Reasoning: {{ reasoning_effort }}";
-        assert_eq!(
-            template_kwargs(oss, None, Some("xhigh")).get("reasoning_effort"),
-            Some(&Value::String("high".into()))
-        );
-        assert_eq!(
-            template_kwargs(oss, None, Some("low")).get("reasoning_effort"),
-            Some(&Value::String("low".into()))
-        );
-        // No thinking field: the template's default stands.
-        assert!(template_kwargs(qwen, None, None).is_empty());
-    }
 }

@@ -11,4 +11,5 @@ pub mod handler;
 pub mod response;
 pub mod signature;
 pub mod stream;
+pub mod translate;
 pub mod types;

@@ -22,7 +22,6 @@
 
 use std::time::Duration;
 
-use axum::http::HeaderMap;
 use serde_json::{Map, Value, json};
 
 use super::signature::Signer;
@@ -33,7 +32,6 @@ use crate::server::request::input::{
     InputToolChoice, ResponseFormat, StringOrList,
 };
 use crate::server::request::prediction::parse_prediction;
-use crate::server::request::session::SessionKey;
 
 /// Which route a body came to: `POST /v1/messages` requires `max_tokens`;
 /// `POST /v1/messages/count_tokens` takes the same body without it (and ignores `compaction`,
@@ -903,12 +901,6 @@ impl MessagesRequest {
         })
     }
 
-    /// The request's session key: the `x-session-id` header, else `metadata.user_id` (its
-    /// `session_id` when it holds Claude Code's JSON object).
-    pub fn session_key(&self, headers: &HeaderMap) -> Option<SessionKey> {
-        crate::server::request::session::messages(headers, self.user_id.as_deref())
-    }
-
     /// How long the request asks its session's KV to be kept (`cache_control.ttl`, the
     /// longest of its breakpoints; `None` without `cache_control`).
     pub fn session_ttl(&self) -> Option<Duration> {
@@ -999,7 +991,12 @@ mod tests {
         assert_eq!(tools[0].name_param, "tools[0].name");
         assert_eq!(r.tools_skipped, vec!["web_search_20250305".to_string()]);
         assert_eq!(
-            r.session_key(&HeaderMap::new()).map(|k| k.id).as_deref(),
+            crate::server::request::session::resolve(
+                &axum::http::HeaderMap::new(),
+                crate::server::messages::translate::session_keys(&r)
+            )
+            .map(|k| k.id)
+            .as_deref(),
             Some("s-1")
         );
         assert_eq!(r.session_ttl(), Some(Duration::from_secs(3600)));

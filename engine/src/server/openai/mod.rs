@@ -7,4 +7,7 @@
 //! wire types of [`types`].
 
 pub mod handler;
+pub mod response;
+pub mod stream;
+pub mod translate;
 pub mod types;

@@ -22,8 +22,6 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use axum::http::HeaderMap;
-
 pub mod arrival;
 pub mod content;
 pub mod input;
@@ -47,7 +45,7 @@ use crate::constraint::{Constraint, ConstraintKind};
 use crate::scheduler::GenerateRequest;
 use crate::server::error::ApiError;
 use crate::server::request::reasoning::ReasoningStart;
-use crate::server::request::session::{self as keys, ChatKeys, SessionKey, TurnSession};
+use crate::server::request::session::TurnSession;
 use crate::server::request::tools::ToolSetup;
 use crate::server::state::AppState;
 
@@ -220,20 +218,6 @@ impl ValidRequest {
             prediction,
             session_ttl: None,
         })
-    }
-
-    /// The session key of a chat completions or completions request: the `x-session-id`
-    /// header, else `prompt_cache_key`, else `user` (or `safety_identifier`).
-    pub fn chat_session(&self, headers: &HeaderMap) -> Option<SessionKey> {
-        let o = &self.opts;
-        keys::chat(
-            headers,
-            ChatKeys {
-                prompt_cache_key: o.prompt_cache_key.as_deref(),
-                user: o.user.as_deref(),
-                safety_identifier: None,
-            },
-        )
     }
 
     /// The engine's request for this one: `id`, the session key, the arrival and the cancel

@@ -1,13 +1,13 @@
 //! A request's session key, and how it was found.
 //!
-//! Every front door resolves its requests' keys here, in one order: the `x-session-id` header
-//! first; then what the door's own body says, in that door's order (Responses:
-//! `conversation`, the session of the `previous_response_id` chain, `prompt_cache_key`;
-//! Messages: `metadata.user_id`, its `session_id` when it holds Claude Code's JSON object;
-//! chat and completions: `prompt_cache_key`, `user`, `safety_identifier`). A request with no
-//! key may still join a session: the engine finds it when the prompt extends the whole of an
-//! earlier turn ([`crate::scheduler::resume`]), and the key's source is then
-//! [`KeySource::Found`].
+//! Every front door resolves its requests' keys here, with one resolver ([`resolve`]): the
+//! `x-session-id` header first; then the keys the door's body offers, in that door's order,
+//! which each door lists in its `translate` (Responses: `conversation`, the session of the
+//! `previous_response_id` chain, `prompt_cache_key`, `user`; Messages: `metadata.user_id`,
+//! its `session_id` when it holds Claude Code's JSON object; chat and completions:
+//! `prompt_cache_key`, `user` or `safety_identifier`). A request with no key may still join a
+//! session: the engine finds it when the prompt extends the whole of an earlier turn
+//! ([`crate::scheduler::resume`]), and the key's source is then [`KeySource::Found`].
 
 use axum::http::HeaderMap;
 use serde::Serialize;
@@ -125,97 +125,22 @@ pub fn from_header(headers: &HeaderMap) -> Option<SessionKey> {
         .and_then(|v| SessionKey::new(v, KeySource::Header))
 }
 
-/// The first usable key of `candidates`, in order.
-fn first<'a>(
-    candidates: impl IntoIterator<Item = (Option<&'a str>, KeySource)>,
+/// A key a request's body offers, and where it comes from. Each door lists the keys its body
+/// offers in its own order of preference (in its `translate`); [`resolve`] picks one, the
+/// same way for every door.
+pub type Offered<'a> = (Option<&'a str>, KeySource);
+
+/// The one session resolver of every door: the `x-session-id` header, else the first usable
+/// key the body offers, in the door's order (an empty or oversized key is passed over).
+pub fn resolve<'a>(
+    headers: &HeaderMap,
+    offered: impl IntoIterator<Item = Offered<'a>>,
 ) -> Option<SessionKey> {
-    candidates
-        .into_iter()
-        .find_map(|(id, source)| id.and_then(|id| SessionKey::new(id, source)))
-}
-
-/// What a chat completions or completions body offers as a key.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ChatKeys<'a> {
-    /// `prompt_cache_key`.
-    pub prompt_cache_key: Option<&'a str>,
-    /// `user`.
-    pub user: Option<&'a str>,
-    /// `safety_identifier` (OpenAI's replacement for `user`).
-    pub safety_identifier: Option<&'a str>,
-}
-
-/// The key of a chat completions or completions request: the header, else
-/// `prompt_cache_key`, else `user`, else `safety_identifier`.
-pub fn chat(headers: &HeaderMap, body: ChatKeys<'_>) -> Option<SessionKey> {
     from_header(headers).or_else(|| {
-        first([
-            (body.prompt_cache_key, KeySource::PromptCacheKey),
-            (body.user, KeySource::User),
-            (body.safety_identifier, KeySource::User),
-        ])
+        offered
+            .into_iter()
+            .find_map(|(id, source)| id.and_then(|id| SessionKey::new(id, source)))
     })
-}
-
-/// What a Responses body offers as a key.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ResponsesKeys<'a> {
-    /// `conversation` (its id, whether the body gave a string or `{"id": ...}`).
-    pub conversation: Option<&'a str>,
-    /// The session of the stored response named by `previous_response_id` (the response
-    /// store remembers each chain's session).
-    pub chain: Option<&'a str>,
-    /// `prompt_cache_key`.
-    pub prompt_cache_key: Option<&'a str>,
-    /// `user`, else `safety_identifier`.
-    pub user: Option<&'a str>,
-}
-
-/// The key of a Responses request: the header, else `conversation`, else the chain's
-/// session, else `prompt_cache_key`, else `user`.
-pub fn responses(headers: &HeaderMap, body: ResponsesKeys<'_>) -> Option<SessionKey> {
-    from_header(headers).or_else(|| {
-        first([
-            (body.conversation, KeySource::Conversation),
-            (body.chain, KeySource::ResponseChain),
-            (body.prompt_cache_key, KeySource::PromptCacheKey),
-            (body.user, KeySource::User),
-        ])
-    })
-}
-
-/// The key of a Messages request: the header, else `metadata.user_id` ([`claude_session`]).
-pub fn messages(headers: &HeaderMap, metadata_user_id: Option<&str>) -> Option<SessionKey> {
-    from_header(headers).or_else(|| {
-        let user_id = metadata_user_id?;
-        let id = claude_session(user_id).unwrap_or(user_id);
-        SessionKey::new(id, KeySource::Metadata)
-    })
-}
-
-/// The session inside a Messages `metadata.user_id` as Claude Code writes it: a JSON object
-/// with a string `session_id` (`{"device_id": …, "account_uuid": …, "session_id": …}`), or
-/// the older `user_<hash>_account_<uuid>_session_<uuid>`. `None` for anything else (the
-/// string itself is then the key).
-pub fn claude_session(user_id: &str) -> Option<&str> {
-    let trimmed = user_id.trim_start();
-    if trimmed.starts_with('{') {
-        // Borrowed from the input: Claude Code's ids are plain ASCII, never escaped.
-        #[derive(serde::Deserialize)]
-        struct Ids<'a> {
-            #[serde(borrow)]
-            session_id: Option<&'a str>,
-        }
-        return serde_json::from_str::<Ids<'_>>(trimmed)
-            .ok()
-            .and_then(|ids| ids.session_id)
-            .and_then(usable);
-    }
-    user_id
-        .strip_prefix("user_")
-        .and_then(|rest| rest.rsplit_once("_session_"))
-        .map(|(_, session)| session)
-        .and_then(usable)
 }
 
 #[cfg(test)]
@@ -237,120 +162,39 @@ mod tests {
     }
 
     #[test]
-    fn chat_takes_the_header_then_the_body_in_order() {
-        let all = ChatKeys {
-            prompt_cache_key: Some("pck"),
-            user: Some("u"),
-            safety_identifier: Some("si"),
-        };
-        assert_eq!(chat(&header("h"), all), key("h", KeySource::Header));
+    fn the_header_comes_first_then_the_first_usable_offered_key() {
+        let offered = [
+            (None, KeySource::Conversation),
+            (Some(""), KeySource::ResponseChain),
+            (Some("pck"), KeySource::PromptCacheKey),
+            (Some("u"), KeySource::User),
+        ];
+        assert_eq!(resolve(&header("h"), offered), key("h", KeySource::Header));
         let none = HeaderMap::new();
-        assert_eq!(chat(&none, all), key("pck", KeySource::PromptCacheKey));
-        let user = ChatKeys {
-            prompt_cache_key: Some(""),
-            ..all
-        };
-        assert_eq!(chat(&none, user), key("u", KeySource::User));
-        let safety = ChatKeys {
-            safety_identifier: Some("si"),
-            ..ChatKeys::default()
-        };
-        assert_eq!(chat(&none, safety), key("si", KeySource::User));
-        assert_eq!(chat(&none, ChatKeys::default()), None);
+        assert_eq!(
+            resolve(&none, offered),
+            key("pck", KeySource::PromptCacheKey)
+        );
+        assert_eq!(resolve(&none, []), None);
         // An empty or oversized header is no key: the body's is taken.
         assert_eq!(
-            chat(&header(""), all),
+            resolve(&header(""), offered),
             key("pck", KeySource::PromptCacheKey)
         );
         let long = "x".repeat(MAX_KEY_BYTES + 1);
         assert_eq!(
-            chat(&header(&long), all),
+            resolve(&header(&long), offered),
             key("pck", KeySource::PromptCacheKey)
         );
         assert_eq!(
-            chat(&header(&long[1..]), all).map(|k| k.id.len()),
+            resolve(&header(&long[1..]), offered).map(|k| k.id.len()),
             Some(MAX_KEY_BYTES)
         );
-    }
-
-    #[test]
-    fn responses_take_conversation_then_chain_then_cache_key_then_user() {
-        let none = HeaderMap::new();
-        let all = ResponsesKeys {
-            conversation: Some("conv_1"),
-            chain: Some("chain-s"),
-            prompt_cache_key: Some("codex-thread"),
-            user: Some("u"),
-        };
-        assert_eq!(responses(&header("h"), all), key("h", KeySource::Header));
-        assert_eq!(
-            responses(&none, all),
-            key("conv_1", KeySource::Conversation)
-        );
-        let chain = ResponsesKeys {
-            conversation: None,
-            ..all
-        };
-        assert_eq!(
-            responses(&none, chain),
-            key("chain-s", KeySource::ResponseChain)
-        );
-        let codex = ResponsesKeys {
-            conversation: None,
-            chain: None,
-            ..all
-        };
-        assert_eq!(
-            responses(&none, codex),
-            key("codex-thread", KeySource::PromptCacheKey)
-        );
-        let user = ResponsesKeys {
-            user: Some("u"),
-            ..ResponsesKeys::default()
-        };
-        assert_eq!(responses(&none, user), key("u", KeySource::User));
-        assert_eq!(responses(&none, ResponsesKeys::default()), None);
-    }
-
-    #[test]
-    fn messages_take_claude_codes_session_id_else_the_user_id() {
-        let none = HeaderMap::new();
-        let claude = r#"{"device_id":"d1","account_uuid":"","session_id":"3f2a-77"}"#;
-        assert_eq!(
-            messages(&none, Some(claude)),
-            key("3f2a-77", KeySource::Metadata)
-        );
-        let legacy = "user_ab12_account_9c_session_5e6f-aa";
-        assert_eq!(
-            messages(&none, Some(legacy)),
-            key("5e6f-aa", KeySource::Metadata)
-        );
-        assert_eq!(
-            messages(&none, Some("alice")),
-            key("alice", KeySource::Metadata)
-        );
-        // A JSON object without a session id is an opaque string like any other.
-        let no_session = r#"{"device_id":"d1"}"#;
-        assert_eq!(
-            messages(&none, Some(no_session)),
-            key(no_session, KeySource::Metadata)
-        );
-        assert_eq!(messages(&none, Some("")), None);
-        assert_eq!(messages(&none, None), None);
-        assert_eq!(
-            messages(&header("h"), Some(claude)),
-            key("h", KeySource::Header)
-        );
-    }
-
-    #[test]
-    fn claude_session_reads_only_claude_codes_shapes() {
-        assert_eq!(claude_session(r#" {"session_id":"s"}"#), Some("s"));
-        assert_eq!(claude_session(r#"{"session_id":""}"#), None);
-        assert_eq!(claude_session(r#"{"session_id":7}"#), None);
-        assert_eq!(claude_session("{not json"), None);
-        assert_eq!(claude_session("user_x_session_"), None);
-        assert_eq!(claude_session("someone_session_s"), None);
+        let oversized = [
+            (Some(long.as_str()), KeySource::User),
+            (Some("u"), KeySource::User),
+        ];
+        assert_eq!(resolve(&none, oversized), key("u", KeySource::User));
     }
 
     #[test]

@@ -12,7 +12,8 @@ use super::response::{
     Frame, ItemIds, ResponsesUsage, Status, error_object, incomplete_reason, output_items,
 };
 use super::store::{Pending, ResponseStore, StoredResponse};
-use super::types::{ResponsesRequest, rename_param};
+use super::translate::rename_param;
+use super::types::ResponsesRequest;
 use crate::server::body::read_json;
 use crate::server::error::ApiError;
 use crate::server::ids::{created, new_id};
@@ -20,7 +21,7 @@ use crate::server::request::arrival::Arrived;
 use crate::server::request::launch::{self, launch_request};
 use crate::server::request::outcome::RequestOutcome;
 use crate::server::request::record::{self, Refused};
-use crate::server::request::session::{self, KeySource, ResponsesKeys, SessionKey};
+use crate::server::request::session::{self, KeySource, SessionKey};
 use crate::server::request::tools::TOOLS_SKIPPED_HEADER;
 use crate::server::request::{Api, ValidRequest};
 use crate::server::state::{AppState, SharedState};
@@ -153,17 +154,8 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
     // The session: the header, the conversation, the chain's, the cache key, the user; a
     // stored response with none starts a chain of its own, which later turns continue.
     let chain = prev.as_ref().and_then(|p| p.session.clone());
-    let keys = ResponsesKeys {
-        conversation: req.conversation.as_deref(),
-        chain: chain.as_deref(),
-        prompt_cache_key: req.common.prompt_cache_key.as_deref(),
-        user: req
-            .common
-            .user
-            .as_deref()
-            .or(req.common.safety_identifier.as_deref()),
-    };
-    let session = session::responses(&arrived.headers, keys).or_else(|| {
+    let keys = super::translate::session_keys(&req, chain.as_deref());
+    let session = session::resolve(&arrived.headers, keys).or_else(|| {
         req.store
             .then(|| SessionKey::new(&id, KeySource::ResponseChain))
             .flatten()

@@ -14,4 +14,5 @@ pub mod handler;
 pub mod response;
 pub mod store;
 pub mod stream;
+pub mod translate;
 pub mod types;

@@ -4,7 +4,8 @@
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use super::types::{ResponsesRequest, seal_reasoning};
+use super::translate::seal_reasoning;
+use super::types::ResponsesRequest;
 use crate::sampling::TokenLogprobs;
 use crate::server::ids::new_id;
 use crate::server::request::launch::Collected;
