@@ -398,11 +398,6 @@ mod tests {
             resolve(&none, session_keys(&user, None)),
             key("u", KeySource::User)
         );
-        let safety = request(json!({"input": "hi", "safety_identifier": "si"}));
-        assert_eq!(
-            resolve(&none, session_keys(&safety, None)),
-            key("si", KeySource::User)
-        );
         let nothing = request(json!({"input": "hi"}));
         assert_eq!(resolve(&none, session_keys(&nothing, None)), None);
     }
