@@ -17,7 +17,7 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use slotlight_sidecar::assembly::{Assembler, Outputs};
 use slotlight_sidecar::metrics::Metrics;
-use slotlight_sidecar::spans::{
+use slotlight_sidecar::records::spans::{
     Body, DecodeSpan, EngineSpan, LegSpan, Path, PrefillSpan, QueueSpan, RequestSpan, SlotKey,
 };
 

@@ -3,10 +3,10 @@
 
 use super::*;
 use crate::receiver::decode::convert_request;
-use crate::slots::RowState;
-use crate::spans::Path;
+use crate::records::slots::RowState;
+use crate::records::spans::Path;
+use crate::records::turn::TurnStatus;
 use crate::tools::synth::{self, Usage};
-use crate::turn::TurnStatus;
 use opentelemetry_proto::tonic::trace::v1::Span;
 
 const MS: i64 = 1_000_000;

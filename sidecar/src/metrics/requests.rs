@@ -9,7 +9,7 @@ use slotlight_otel::metric::{buckets, label};
 
 use super::OVERFLOW;
 use super::histogram::{self, TraceHistogram};
-use crate::turn::{TurnRecord, TurnStatus};
+use crate::records::turn::{TurnRecord, TurnStatus};
 
 /// Most distinct GenAI label sets (operation, provider, request and response model).
 pub const MAX_SERIES: usize = 64;

@@ -2,8 +2,8 @@
 
 use super::requests::MAX_OUTCOMES;
 use super::*;
-use crate::spans::{Body, EngineSpan, RequestSpan};
-use crate::turn::TurnRecord;
+use crate::records::spans::{Body, EngineSpan, RequestSpan};
+use crate::records::turn::TurnRecord;
 use slotlight_otel::metric::{self, label};
 use std::sync::Arc;
 

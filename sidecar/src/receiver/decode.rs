@@ -1,4 +1,4 @@
-//! The span decoder: wire spans to typed engine spans ([`crate::spans`]), the receivers'
+//! The span decoder: wire spans to typed engine spans ([`crate::records::spans`]), the receivers'
 //! validation step.
 //!
 //! [`convert`] reads an encoded OTLP export request once, with the zero-copy reader in
@@ -16,9 +16,9 @@ use prost::Message;
 use slotlight_otel::{attr, span as names};
 
 use super::otlp::{self, Value, WireError};
-use crate::error::SpanReject;
+use crate::base::error::SpanReject;
 use crate::metrics::spanmetrics::SpanBatch;
-use crate::spans::{
+use crate::records::spans::{
     Body, DecodeSpan, EngineSpan, LegSpan, Path, PrefillSpan, PrefillWindowSpan, QueueSpan,
     RequestSpan, SlotKey, TraceId,
 };

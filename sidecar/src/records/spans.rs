@@ -1,11 +1,11 @@
 //! The engine's spans as the sidecar keeps them: validated and typed, with every attribute
 //! the assembly needs already parsed. The receivers' decoder ([`crate::receiver::decode`])
 //! makes them; the assembly and the turn records read them. A leaf beside the shared
-//! vocabulary ([`crate::vocab`]), which it hands on.
+//! vocabulary ([`crate::base::vocab`]), which it hands on.
 
 use std::sync::Arc;
 
-pub use crate::vocab::{Path, SlotKey, TraceId, hex};
+pub use crate::base::vocab::{Path, SlotKey, TraceId, hex};
 
 /// One validated span of the engine.
 #[derive(Debug, Clone)]

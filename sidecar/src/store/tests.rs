@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::spans::{Body, EngineSpan, RequestSpan};
-use crate::turn::{TurnQuery, TurnStatus};
+use crate::records::spans::{Body, EngineSpan, RequestSpan};
+use crate::records::turn::{TurnQuery, TurnStatus};
 
 /// A scratch directory under the system's temporary directory, removed on drop.
 struct Scratch(PathBuf);
@@ -16,7 +16,7 @@ impl Scratch {
         let p = std::env::temp_dir().join(format!(
             "slotlight-store-{name}-{}-{}",
             std::process::id(),
-            crate::vocab::unix_now_ns()
+            crate::base::vocab::unix_now_ns()
         ));
         std::fs::create_dir_all(&p).expect("scratch dir");
         Scratch(p)
@@ -413,8 +413,8 @@ fn timed(
     Arc::new(TurnRecord::build(&root, &req, vec![]))
 }
 
-fn all_sessions(db: &TurnDb, now_ns: i64) -> Vec<crate::session::SessionRecord> {
-    let q = crate::session::SessionQuery {
+fn all_sessions(db: &TurnDb, now_ns: i64) -> Vec<crate::records::session::SessionRecord> {
+    let q = crate::records::session::SessionQuery {
         limit: 100,
         ..Default::default()
     };
@@ -466,7 +466,7 @@ fn sessions_are_kept_with_their_turns_and_read_back_exactly_after_reopening() {
     assert!(all_sessions(&db, 70_000_000_000)[0].live);
     assert!(!all_sessions(&db, 71_000_000_000)[0].live);
     let live_only = |live: bool, now: i64| {
-        let q = crate::session::SessionQuery {
+        let q = crate::records::session::SessionQuery {
             live: Some(live),
             limit: 10,
             ..Default::default()

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::turn::TurnRecord;
+use crate::records::turn::TurnRecord;
 
 /// What a session's record needs of one turn record (read from the record itself, or from its
 /// stored JSON).
@@ -282,7 +282,7 @@ pub fn summarize(
         reasoning_tokens: sum(|t| t.reasoning_tokens),
         drafted_tokens,
         accepted_tokens,
-        draft_acceptance: crate::vocab::acceptance(drafted_tokens, accepted_tokens),
+        draft_acceptance: crate::base::vocab::acceptance(drafted_tokens, accepted_tokens),
         model_s: queue_s + prefill_s + decode_s,
         queue_s,
         prefill_s,

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::spans::{EngineSpan, LegSpan, RequestSpan};
-use crate::vocab::{Path, TraceId, hex};
+use crate::base::vocab::{Path, TraceId, hex};
+use crate::records::spans::{EngineSpan, LegSpan, RequestSpan};
 
 /// One leg of a finished request.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -424,7 +424,7 @@ pub struct PartialTurn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spans::Body;
+    use crate::records::spans::Body;
 
     fn root(req: RequestSpan) -> EngineSpan {
         EngineSpan {
