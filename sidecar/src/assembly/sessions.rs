@@ -118,6 +118,7 @@ impl SessionTracker {
 mod tests {
     use super::*;
     use crate::records::spans::{Body, EngineSpan, RequestSpan};
+    use crate::records::usage::UsageTiming;
     use std::sync::Arc;
 
     const S: i64 = 1_000_000_000;
@@ -156,8 +157,11 @@ mod tests {
 
     fn prompt_tokens_for_test() -> RequestSpan {
         RequestSpan {
-            input_tokens: Some(10),
-            cached_tokens: Some(5),
+            usage: UsageTiming {
+                prompt_tokens: Some(10),
+                cached_tokens: Some(5),
+                ..UsageTiming::default()
+            },
             ..RequestSpan::default()
         }
     }

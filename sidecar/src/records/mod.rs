@@ -1,6 +1,8 @@
 //! The sidecar's records, types of their own below the parts that make, keep and serve them:
 //!
 //! * [`spans`]: the engine's spans, validated and typed, as the receivers' decoder makes them;
+//! * [`usage`]: a request's usage and timing, declared once: its request span holds it and
+//!   its turn record repeats it;
 //! * [`turn`]: one finished request's record, built from its spans, and the query that lists
 //!   the records;
 //! * [`session`]: one session's record, made from its turn records, and its query;
@@ -13,3 +15,4 @@ pub mod session;
 pub mod slots;
 pub mod spans;
 pub mod turn;
+pub mod usage;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::*;
 use crate::records::spans::{Body, EngineSpan, RequestSpan};
 use crate::records::turn::{TurnQuery, TurnStatus};
+use crate::records::usage::UsageTiming;
 
 /// A scratch directory under the system's temporary directory, removed on drop.
 struct Scratch(PathBuf);
@@ -38,7 +39,10 @@ fn turn(id: &str, session: Option<&str>, start_ns: i64, status: Option<&str>) ->
     let req = RequestSpan {
         name: "chat m".into(),
         status: status.map(str::to_string),
-        e2e_ms: Some(1.5),
+        usage: UsageTiming {
+            e2e_ms: Some(1.5),
+            ..Default::default()
+        },
         ..Default::default()
     };
     let mut trace = [0u8; 16];
@@ -386,12 +390,15 @@ fn timed(
     const S: i64 = 1_000_000_000;
     let req = RequestSpan {
         name: "chat m".into(),
-        e2e_ms: Some(((end_s - start_s) * 1000) as f64),
-        queue_ms: Some(100.0),
-        ttft_ms: Some(400.0),
-        input_tokens: Some(100),
-        cached_tokens: Some(50),
-        resume: Some("full".into()),
+        usage: UsageTiming {
+            e2e_ms: Some(((end_s - start_s) * 1000) as f64),
+            queue_ms: Some(100.0),
+            ttft_ms: Some(400.0),
+            prompt_tokens: Some(100),
+            cached_tokens: Some(50),
+            resume: Some("full".into()),
+            ..Default::default()
+        },
         api: Some("chat.completions".into()),
         session_source: session.map(|_| "found".into()),
         session_extends: extends.map(str::to_string),
@@ -533,10 +540,10 @@ fn a_store_written_before_sessions_gets_them_from_its_turns() {
 /// `timed`, whose request span stated speculative decoding's counts.
 fn drafted(id: &str, session: &str, start_s: i64, counts: (i64, i64)) -> Arc<TurnRecord> {
     let mut t = (*timed(id, Some(session), start_s, start_s + 1, None)).clone();
-    t.speculation = Some(slotlight_otel::attr::value::SPECULATION_NGRAM.into());
-    t.drafts = Some(counts.0 / 4);
-    t.drafted_tokens = Some(counts.0);
-    t.accepted_tokens = Some(counts.1);
+    t.usage.speculation = Some(slotlight_otel::attr::value::SPECULATION_NGRAM.into());
+    t.usage.drafts = Some(counts.0 / 4);
+    t.usage.drafted_tokens = Some(counts.0);
+    t.usage.accepted_tokens = Some(counts.1);
     Arc::new(t)
 }
 
