@@ -1,7 +1,8 @@
 //! The engine's spans as the sidecar keeps them: validated and typed, with every attribute
 //! the assembly needs already parsed. The receivers' decoder ([`crate::receiver::decode`])
-//! makes them; the assembly and the turn records read them. A leaf beside the shared
-//! vocabulary ([`crate::base::vocab`]), which it hands on.
+//! makes them; the assembly and the turn records read them. Over the usage record
+//! ([`super::usage`], the request span's usage and timing) and the shared vocabulary
+//! ([`crate::base::vocab`]), which it hands on.
 
 use std::sync::Arc;
 
