@@ -17,9 +17,10 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use slotlight_sidecar::assembly::{Assembler, Outputs};
 use slotlight_sidecar::metrics::Metrics;
-use slotlight_sidecar::spans::{
+use slotlight_sidecar::records::spans::{
     Body, DecodeSpan, EngineSpan, LegSpan, Path, PrefillSpan, QueueSpan, RequestSpan, SlotKey,
 };
+use slotlight_sidecar::records::usage::UsageTiming;
 
 #[derive(Arbitrary, Debug)]
 enum Kind {
@@ -158,12 +159,15 @@ fuzz_target!(|ops: Vec<Op>| {
                         name: "chat m".into(),
                         legs,
                         moved,
-                        prefilled_tokens: prefilled,
-                        prefill_ms,
+                        usage: UsageTiming {
+                            prefilled_tokens: prefilled,
+                            prefill_ms,
+                            drafted_tokens: drafts.map(|d| d.0),
+                            accepted_tokens: drafts.map(|d| d.1),
+                            ..UsageTiming::default()
+                        },
                         request_start_ns: request_start,
                         first_token_ns: first_token,
-                        drafted_tokens: drafts.map(|d| d.0),
-                        accepted_tokens: drafts.map(|d| d.1),
                         ..RequestSpan::default()
                     })),
                 };

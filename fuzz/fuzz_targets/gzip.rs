@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use slotlight_sidecar::error::IngestError;
+use slotlight_sidecar::base::error::IngestError;
 use slotlight_sidecar::receiver::http::gunzip_capped;
 
 fuzz_target!(|data: &[u8]| {

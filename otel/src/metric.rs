@@ -96,10 +96,9 @@ crate::contract! {
 /// with `OTEL_METRICS_EXPORTER=otlp`). They are counted where the work happens (each slot
 /// group owns its counters and gauges; the HTTP layer owns the request latencies and
 /// refusals) and count every request, whatever the trace sampler keeps. The engine also serves
-/// the GenAI histograms [`TIME_TO_FIRST_TOKEN`](super::TIME_TO_FIRST_TOKEN),
-/// [`TIME_PER_OUTPUT_TOKEN`](super::TIME_PER_OUTPUT_TOKEN) and
-/// [`REQUEST_DURATION`](super::REQUEST_DURATION) under their convention names. The vLLM
-/// counterpart of each is named in its doc (see also `docs/configuration.md`).
+/// the GenAI histograms [`TIME_TO_FIRST_TOKEN`], [`TIME_PER_OUTPUT_TOKEN`] and
+/// [`REQUEST_DURATION`] under their convention names. The vLLM counterpart of each is named in
+/// its doc (see also `docs/configuration.md`).
 pub mod engine {
     crate::contract! {
         /// Gauge (engine), per `slot_group`: requests waiting for admission to the group, new ones and preempted ones waiting to run again (vLLM `vllm:num_requests_waiting`).

@@ -20,36 +20,32 @@
 //!   queue becomes `503` / `UNAVAILABLE` with a retry hint) and offer the bytes to the
 //!   forwarder ([`receiver::forward`]). No state.
 //! * [`assembly`]: the single owner of the per-instance, per-request state; it makes the slot
-//!   snapshots ([`slots`]) and the turn records ([`turn`]) and publishes them.
+//!   snapshots ([`records::slots`]) and the turn records ([`records::turn`]), tracks the live
+//!   sessions ([`assembly::sessions`]) and publishes them.
 //! * [`store`]: keeps the turn records: the in-memory ring or the SQLite file (`--turns-db`).
 //! * [`views`]: `/v1/slots`, `/v1/turns`, `/metrics` and the live page; they only read what
 //!   the assembly published and the store kept.
 //! * [`metrics`]: every metric served on `/metrics`, counted by the parts above.
 //! * [`tools`]: the benchmark and the synthetic spans, apart from the service.
 //!
-//! What the parts share sits below them: [`spans`] (the engine's spans, typed), [`turn`] (a
-//! finished request's record and its query), [`session`] (a session's record, made from its
-//! turns, its query, and the tracker of live sessions), [`slots`] (the slot view), [`vocab`], [`net`],
-//! [`config`] and [`error`]. [`server`] starts the parts and stops them.
+//! What the parts share sits below them, in two folders: [`records`] (the engine's spans,
+//! typed; a finished request's record and its query; a session's record, made from its turns,
+//! and its query; the slot view) and, under everything, [`base`] (the configuration, the
+//! errors, the IP networks of the allow list and the shared vocabulary). [`server`] starts the
+//! parts and stops them.
 
 #![deny(clippy::cast_possible_truncation)]
 
 pub mod assembly;
-pub mod config;
-pub mod error;
+pub mod base;
 pub mod metrics;
-pub mod net;
 pub mod receiver;
+pub mod records;
 pub mod server;
-pub mod session;
-pub mod slots;
-pub mod spans;
 pub mod store;
 pub mod tools;
-pub mod turn;
 pub mod views;
-pub mod vocab;
 
-pub use config::Config;
+pub use base::config::Config;
+pub use base::vocab::unix_now_ns;
 pub use server::{Sidecar, start};
-pub use vocab::unix_now_ns;

@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 
 use anyhow::Context;
 use clap::Parser;
-use slotlight_sidecar::config::{Cli, Command};
+use slotlight_sidecar::base::config::{Cli, Command};
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();

@@ -10,14 +10,34 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::assembly::{self, Assembly, AssemblyConfig, Published, TurnLog};
-use crate::config::Config;
-use crate::error::StartError;
+use crate::base::config::Config;
 use crate::metrics::Metrics;
-use crate::receiver::forward::{Forwarder, Upstream};
+use crate::receiver::forward::{ForwardUrlError, Forwarder, Upstream};
 use crate::receiver::grpc::{GrpcLogsReceiver, GrpcMetricsReceiver, GrpcReceiver};
 use crate::receiver::{AllowList, Ingest, http};
-use crate::store::{self, Retention, TurnsDb};
+use crate::store::{self, Retention, StoreError, TurnsDb};
 use crate::views::{self, ApiState};
+
+/// Why the sidecar could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A listener could not bind.
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        /// Which listener could not bind (`--otlp-grpc`, `--otlp-http` or `--listen`).
+        what: &'static str,
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// `--forward-otlp` is not a URL this build can send to.
+    #[error(transparent)]
+    ForwardUrl(#[from] ForwardUrlError),
+    /// `--turns-db` could not be opened or created.
+    #[error("--turns-db: {0}")]
+    TurnStore(#[from] StoreError),
+}
 
 /// A running sidecar.
 #[derive(Debug)]
@@ -137,7 +157,7 @@ pub async fn start(cfg: Config) -> Result<Sidecar, StartError> {
     let mut assembly = Assembly::new(AssemblyConfig::from_config(&cfg), cfg.turns);
     if let Some(db) = &store {
         // Sessions live when the sidecar stopped are taken up again, to be observed once, whole.
-        let now = crate::vocab::unix_now_ns();
+        let now = crate::base::vocab::unix_now_ns();
         match db.live_sessions(cfg.session_idle_ns(), now) {
             Ok(live) => assembly.sessions.load(live, now),
             Err(e) => tracing::warn!(error = %e, "TurnStore.LiveSessionsUnread"),

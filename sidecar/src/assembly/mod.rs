@@ -15,13 +15,17 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, broadcast, mpsc, watch};
 
+pub mod sessions;
+
+use crate::base::vocab::TraceId;
 use crate::metrics::{EvictReason, Metrics};
-use crate::session::SessionTracker;
-use crate::slots::{InstanceSnapshot, Occupant, PrefillProgress, Row, RowState, SlotsSnapshot};
-use crate::spans::{Body, DecodeSpan, EngineSpan, PrefillWindowSpan, SlotKey};
+use crate::records::slots::{
+    InstanceSnapshot, Occupant, PrefillProgress, Row, RowState, SlotsSnapshot,
+};
+use crate::records::spans::{Body, DecodeSpan, EngineSpan, PrefillWindowSpan, SlotKey};
+use crate::records::turn::{PartialTurn, TurnLeg, TurnRecord};
 use crate::store::{TurnStore, TurnWriter};
-use crate::turn::{PartialTurn, TurnLeg, TurnRecord};
-use crate::vocab::TraceId;
+use sessions::SessionTracker;
 
 /// Live sessions tracked at once (beyond, the one idle longest is observed early).
 pub const MAX_LIVE_SESSIONS: usize = 65_536;
@@ -59,7 +63,7 @@ pub struct AssemblyConfig {
 
 impl AssemblyConfig {
     /// Limits from the command line.
-    pub fn from_config(c: &crate::config::Config) -> Self {
+    pub fn from_config(c: &crate::base::config::Config) -> Self {
         let ns = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
         AssemblyConfig {
             max_requests: c.max_traces.max(1),
@@ -74,7 +78,7 @@ impl AssemblyConfig {
 
 impl Default for AssemblyConfig {
     fn default() -> Self {
-        AssemblyConfig::from_config(&crate::config::Config::ephemeral())
+        AssemblyConfig::from_config(&crate::base::config::Config::ephemeral())
     }
 }
 
@@ -827,14 +831,14 @@ pub async fn run(
         tokio::select! {
             batch = rx.recv() => {
                 let Some(batch) = batch else { break };
-                assembler.apply(batch.spans, crate::vocab::unix_now_ns(), &mut out);
+                assembler.apply(batch.spans, crate::base::vocab::unix_now_ns(), &mut out);
                 drop(batch.permit);
                 if last_publish.elapsed() >= publish_interval {
                     publish(&mut assembler, &mut last_publish);
                 }
             }
             _ = tick.tick() => {
-                let now = crate::vocab::unix_now_ns();
+                let now = crate::base::vocab::unix_now_ns();
                 assembler.tick(now, &mut out);
                 publish(&mut assembler, &mut last_publish);
                 metrics.set_traces_in_flight(assembler.in_flight());
@@ -855,7 +859,7 @@ pub async fn run(
             if let (Some(session), Some(extends)) = (&t.session_id, &t.session_extends) {
                 published.turns.link(&t.instance, extends, session);
             }
-            let now = crate::vocab::unix_now_ns();
+            let now = crate::base::vocab::unix_now_ns();
             for s in sessions.record(&t, now) {
                 metrics.observe_session(&s, now);
             }

@@ -3,10 +3,10 @@
 
 use super::*;
 use crate::receiver::decode::convert_request;
-use crate::slots::RowState;
-use crate::spans::Path;
+use crate::records::slots::RowState;
+use crate::records::spans::Path;
+use crate::records::turn::TurnStatus;
 use crate::tools::synth::{self, Usage};
-use crate::turn::TurnStatus;
 use opentelemetry_proto::tonic::trace::v1::Span;
 
 const MS: i64 = 1_000_000;
@@ -241,7 +241,7 @@ fn root_clears_the_row_and_writes_the_turn() {
     assert_eq!(&*t.request_id, "r1");
     assert_eq!(t.legs.len(), 1);
     assert_eq!(t.legs[0].slot, Some(2));
-    assert_eq!(t.completion_tokens, Some(31));
+    assert_eq!(t.usage.completion_tokens, Some(31));
     assert!(t.legs_complete);
     let snap = a.snapshot();
     assert_eq!(
@@ -521,8 +521,14 @@ fn a_request_whose_root_span_never_arrives_gets_an_incomplete_record() {
     // The interval its spans covered: arrival (the queue span's start) to the leg's end.
     assert_eq!((t.start_time_unix_nano, t.end_time_unix_nano), (T0, T0 + S));
     // Nothing the request span would have said is guessed.
-    assert_eq!((t.completion_tokens, t.prompt_tokens), (None, None));
-    assert_eq!((t.ttft_ms, t.e2e_ms, t.decode_tps), (None, None, None));
+    assert_eq!(
+        (t.usage.completion_tokens, t.usage.prompt_tokens),
+        (None, None)
+    );
+    assert_eq!(
+        (t.usage.ttft_ms, t.usage.e2e_ms, t.usage.decode_tps),
+        (None, None, None)
+    );
     assert_eq!(t.finish_reason, None);
     // Its late request span is not applied twice.
     let root = r.root("m", T0 + S + MS, &Usage::default());
@@ -656,11 +662,15 @@ fn drafts_sum_over_windows_and_leave_the_rate_alone() {
     assert_eq!(out.turns.len(), 1);
     let t = &out.turns[0];
     assert_eq!(
-        t.speculation.as_deref(),
+        t.usage.speculation.as_deref(),
         Some(slotlight_otel::attr::value::SPECULATION_NGRAM)
     );
     assert_eq!(
-        (t.drafts, t.drafted_tokens, t.accepted_tokens),
+        (
+            t.usage.drafts,
+            t.usage.drafted_tokens,
+            t.usage.accepted_tokens
+        ),
         (Some(12), Some(200), Some(144))
     );
     assert_eq!(

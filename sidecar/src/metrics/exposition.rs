@@ -19,8 +19,8 @@ use super::requests::{RequestMetrics, SeriesMetrics, genai_labels};
 use super::sessions::SessionMetrics;
 use super::span_totals::SpanTotals;
 use super::{EvictReason, REQUEST_REJECT_LABELS};
-use crate::error::SpanReject;
-use crate::slots::SlotsSnapshot;
+use crate::base::error::SpanReject;
+use crate::records::slots::SlotsSnapshot;
 
 /// A sample's labels, in the order they are written.
 type Labels = Vec<(&'static str, String)>;

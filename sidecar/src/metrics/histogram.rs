@@ -5,7 +5,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 
-use crate::vocab::{TraceId, hex};
+use crate::base::vocab::{TraceId, hex};
 
 /// The exemplar's label set: the observation's trace id (hex).
 pub type ExemplarLabels = Vec<(&'static str, String)>;

@@ -23,9 +23,9 @@ pub mod spanmetrics;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::error::IngestError;
-use crate::slots::SlotsSnapshot;
-use crate::turn::TurnRecord;
+use crate::base::error::IngestError;
+use crate::records::slots::SlotsSnapshot;
+use crate::records::turn::TurnRecord;
 use exposition::{LiveGauges, OwnCounts, Scrape};
 use requests::RequestMetrics;
 use sessions::SessionMetrics;
@@ -209,7 +209,7 @@ impl Metrics {
     }
 
     /// Observes a session that stopped being live, at `now_ns`.
-    pub fn observe_session(&self, s: &crate::session::SessionRecord, now_ns: i64) {
+    pub fn observe_session(&self, s: &crate::records::session::SessionRecord, now_ns: i64) {
         self.sessions.observe(s, now_ns);
     }
 

@@ -9,7 +9,7 @@ use slotlight_otel::metric::{buckets, label};
 
 use super::OVERFLOW;
 use super::histogram::{self, TraceHistogram};
-use crate::turn::{TurnRecord, TurnStatus};
+use crate::records::turn::{TurnRecord, TurnStatus};
 
 /// Most distinct GenAI label sets (operation, provider, request and response model).
 pub const MAX_SERIES: usize = 64;
@@ -132,10 +132,10 @@ impl RequestMetrics {
         let ok = t.status == TurnStatus::Ok;
         // The GenAI conventions record these two for successful responses only.
         if ok {
-            if let Some(v) = s(t.ttft_ms) {
+            if let Some(v) = s(t.usage.ttft_ms) {
                 histogram::observe(&m.ttft, v, ex, ts);
             }
-            if let (Some(g), Some(n)) = (s(t.generation_ms), t.completion_tokens)
+            if let (Some(g), Some(n)) = (s(t.usage.generation_ms), t.usage.completion_tokens)
                 && n > 1
             {
                 #[allow(clippy::cast_precision_loss)] // token counts are far below 2^53
@@ -145,7 +145,7 @@ impl RequestMetrics {
         // Every turn has a duration: its own `e2e_ms`, else (a refusal) its span's.
         #[allow(clippy::cast_precision_loss)] // span durations in ns fit f64 closely enough
         let span_s = (t.end_time_unix_nano - t.start_time_unix_nano).max(0) as f64 / 1e9;
-        let duration = s(t.e2e_ms).unwrap_or(span_s);
+        let duration = s(t.usage.e2e_ms).unwrap_or(span_s);
         let error_type =
             (!ok).then(|| label_value(t.error_type.as_deref().or(Some(t.status.as_str()))));
         if m.duration.len() < MAX_OUTCOMES || m.duration.contains_key(&error_type) {
@@ -156,20 +156,24 @@ impl RequestMetrics {
             histogram::observe(h, duration, ex, ts);
         }
         // Only what the request had: an unknown time is never observed.
-        if let Some(v) = s(t.queue_ms) {
+        if let Some(v) = s(t.usage.queue_ms) {
             histogram::observe(&m.queue, v, ex, ts);
         }
-        if let Some(v) = s(t.prefill_ms) {
+        if let Some(v) = s(t.usage.prefill_ms) {
             histogram::observe(&m.prefill, v, ex, ts);
         }
-        if let Some(v) = s(t.decode_ms) {
+        if let Some(v) = s(t.usage.decode_ms) {
             histogram::observe(&m.decode, v, ex, ts);
         }
-        m.prompt_tokens += nonneg(t.prompt_tokens);
-        m.cached_tokens += nonneg(t.cached_tokens);
-        m.generated_tokens += nonneg(t.completion_tokens);
-        m.drafted_tokens = m.drafted_tokens.saturating_add(nonneg(t.drafted_tokens));
-        m.accepted_tokens = m.accepted_tokens.saturating_add(nonneg(t.accepted_tokens));
+        m.prompt_tokens += nonneg(t.usage.prompt_tokens);
+        m.cached_tokens += nonneg(t.usage.cached_tokens);
+        m.generated_tokens += nonneg(t.usage.completion_tokens);
+        m.drafted_tokens = m
+            .drafted_tokens
+            .saturating_add(nonneg(t.usage.drafted_tokens));
+        m.accepted_tokens = m
+            .accepted_tokens
+            .saturating_add(nonneg(t.usage.accepted_tokens));
         // Each change of path or slot between consecutive legs is one move; a request that
         // says it moved but whose legs did not all arrive counts once.
         let transitions = t
@@ -196,7 +200,7 @@ impl RequestMetrics {
         *m.requests.entry(outcome).or_default() += 1;
         // A turn never admitted has no resume outcome and is not counted. The engine sends
         // the contract's values; anything else is kept, within the same cap as outcomes.
-        let resume = label_value(t.resume.as_deref());
+        let resume = label_value(t.usage.resume.as_deref());
         if !resume.is_empty() {
             let resume = if m.resume.len() >= MAX_OUTCOMES && !m.resume.contains_key(&resume) {
                 OVERFLOW.to_string()

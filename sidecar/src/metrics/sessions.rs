@@ -1,11 +1,11 @@
 //! The session histograms: each session observed once, when it stops being live (the
-//! assembly's [`crate::session::SessionTracker`] says when), from its record as
+//! assembly's [`crate::assembly::sessions::SessionTracker`] says when), from its record as
 //! `/v1/sessions` gives it. No labels: a session has no one model or API.
 
 use slotlight_otel::metric::buckets;
 
 use super::histogram::{self, TraceHistogram};
-use crate::session::SessionRecord;
+use crate::records::session::SessionRecord;
 
 /// The four session histograms.
 #[derive(Debug)]

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use crate::vocab::TraceId;
+use crate::base::vocab::TraceId;
 
 /// Labels of one spanmetrics series: service, span name, kind, status code.
 pub type SpanKey<'a> = (&'a str, &'a str, i32, i32);

@@ -2,8 +2,9 @@
 
 use super::requests::MAX_OUTCOMES;
 use super::*;
-use crate::spans::{Body, EngineSpan, RequestSpan};
-use crate::turn::TurnRecord;
+use crate::records::spans::{Body, EngineSpan, RequestSpan};
+use crate::records::turn::TurnRecord;
+use crate::records::usage::UsageTiming;
 use slotlight_otel::metric::{self, label};
 use std::sync::Arc;
 
@@ -24,11 +25,14 @@ fn turn_with(over: RequestSpan) -> TurnRecord {
     };
     let req = RequestSpan {
         name: "chat m".into(),
-        ttft_ms: Some(30.0),
-        e2e_ms: Some(1500.0),
-        generation_ms: Some(1000.0),
-        output_tokens: Some(11),
-        input_tokens: Some(5),
+        usage: UsageTiming {
+            ttft_ms: Some(30.0),
+            e2e_ms: Some(1500.0),
+            generation_ms: Some(1000.0),
+            completion_tokens: Some(11),
+            prompt_tokens: Some(5),
+            ..req.usage
+        },
         finish_reasons: vec!["stop".into()],
         ..req
     };
@@ -118,16 +122,19 @@ fn unknown_times_and_failures_are_never_observed_as_values() {
         error_type: Some("overloaded".into()),
         ..Default::default()
     });
-    refused.ttft_ms = None;
-    refused.e2e_ms = None;
-    refused.generation_ms = None;
+    refused.usage.ttft_ms = None;
+    refused.usage.e2e_ms = None;
+    refused.usage.generation_ms = None;
     refused.end_time_unix_nano = refused.start_time_unix_nano + 2_000_000;
     m.observe_turn(&refused);
     // Cancelled after its first token: a TTFT, but not a successful response.
     let cancelled = turn_with(RequestSpan {
         status: Some("cancelled".into()),
         error_type: Some("cancelled".into()),
-        queue_ms: Some(3.0),
+        usage: UsageTiming {
+            queue_ms: Some(3.0),
+            ..Default::default()
+        },
         ..Default::default()
     });
     m.observe_turn(&cancelled);
@@ -182,7 +189,10 @@ fn turns_are_counted_by_resume_outcome_and_unadmitted_ones_not_at_all() {
     let m = Metrics::new(10);
     let with = |resume: &str| {
         turn_with(RequestSpan {
-            resume: Some(resume.into()),
+            usage: UsageTiming {
+                resume: Some(resume.into()),
+                ..Default::default()
+            },
             ..Default::default()
         })
     };
@@ -223,7 +233,10 @@ fn resume_labels_are_capped() {
     let m = Metrics::new(10);
     for i in 0..MAX_OUTCOMES + 5 {
         m.observe_turn(&turn_with(RequestSpan {
-            resume: Some(format!("made_up_{i}")),
+            usage: UsageTiming {
+                resume: Some(format!("made_up_{i}")),
+                ..Default::default()
+            },
             ..Default::default()
         }));
     }
@@ -241,8 +254,11 @@ fn draft_tokens_are_counted_over_turns_by_genai_labels() {
     let m = Metrics::new(10);
     for (drafted, accepted) in [(40, 30), (20, 5)] {
         m.observe_turn(&turn_with(RequestSpan {
-            drafted_tokens: Some(drafted),
-            accepted_tokens: Some(accepted),
+            usage: UsageTiming {
+                drafted_tokens: Some(drafted),
+                accepted_tokens: Some(accepted),
+                ..Default::default()
+            },
             ..Default::default()
         }));
     }

@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use crate::net::IpNet;
+use crate::base::net::IpNet;
 
 /// The receivers' source filter. Empty means everyone may send.
 #[derive(Debug, Clone, Default)]

@@ -1,4 +1,4 @@
-//! The span decoder: wire spans to typed engine spans ([`crate::spans`]), the receivers'
+//! The span decoder: wire spans to typed engine spans ([`crate::records::spans`]), the receivers'
 //! validation step.
 //!
 //! [`convert`] reads an encoded OTLP export request once, with the zero-copy reader in
@@ -16,12 +16,13 @@ use prost::Message;
 use slotlight_otel::{attr, span as names};
 
 use super::otlp::{self, Value, WireError};
-use crate::error::SpanReject;
+use crate::base::error::SpanReject;
 use crate::metrics::spanmetrics::SpanBatch;
-use crate::spans::{
+use crate::records::spans::{
     Body, DecodeSpan, EngineSpan, LegSpan, Path, PrefillSpan, PrefillWindowSpan, QueueSpan,
     RequestSpan, SlotKey, TraceId,
 };
+use crate::records::usage::{AttrValue, UsageTiming};
 
 /// The result of [`convert`].
 #[derive(Debug, Default)]
@@ -176,7 +177,7 @@ fn span<'a>(
             9 if ctx.engine => {
                 let (k, v) = otlp::key_value(otlp::bytes(w)?)?;
                 if let Some(id) = field_id(k) {
-                    fields.0[id as usize] = Some(Value::decode(v)?).filter(|v| *v != Value::Other);
+                    fields.0[id] = Some(Value::decode(v)?).filter(|v| *v != Value::Other);
                 }
             }
             15 => {
@@ -326,22 +327,7 @@ fn convert_span(
                 .get(F::FinishReasons)
                 .map(Value::as_str_array)
                 .unwrap_or_default(),
-            input_tokens: int(f.get(F::InputTokens)),
-            output_tokens: int(f.get(F::OutputTokens)),
-            reasoning_tokens: int(f.get(F::ReasoningTokens)),
-            cached_tokens: int(f.get(F::CacheRead)),
-            prefilled_tokens: int(f.get(F::PrefilledTokens)),
-            speculation: text(f.get(F::Speculation)),
-            drafts: int(f.get(F::Drafts)),
-            drafted_tokens: int(f.get(F::DraftedTokens)),
-            accepted_tokens: int(f.get(F::AcceptedTokens)),
-            queue_ms: dbl(f.get(F::QueueMs)),
-            prefill_ms: dbl(f.get(F::PrefillMs)),
-            ttft_ms: dbl(f.get(F::TtftMs)),
-            decode_ms: dbl(f.get(F::DecodeMs)),
-            generation_ms: dbl(f.get(F::GenerationMs)),
-            decode_tps: dbl(f.get(F::DecodeTps)),
-            e2e_ms: dbl(f.get(F::E2eMs)),
+            usage: f.usage(),
             sampling_ratio: dbl(f.get(F::SamplingRatio)),
             data_parallel_rank: int(f.get(F::DataParallelRank)),
             request_start_ns: int(f.get(F::RequestStart)),
@@ -349,10 +335,6 @@ fn convert_span(
             legs: int(f.get(F::Legs)),
             moved: f.get(F::Moved).and_then(Value::as_bool),
             slot_group: int(f.get(F::SlotGroup)),
-            resume: text(f.get(F::Resume)),
-            resume_reusable_tokens: int(f.get(F::ResumeReusable)),
-            resume_diverged_at: int(f.get(F::ResumeDivergedAt)),
-            resume_evicted_tokens: int(f.get(F::ResumeEvicted)),
             api: text(f.get(F::Api)),
             session_source: text(f.get(F::SessionSource)),
             session_turn: int(f.get(F::SessionTurn)),
@@ -423,7 +405,7 @@ impl Req<'_> {
     }
 }
 
-/// The attributes the sidecar reads, by position in [`Fields`].
+/// The attributes the sidecar reads besides the usage record's, by position in [`Fields`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 enum F {
@@ -464,29 +446,9 @@ enum F {
     RequestModel,
     ResponseModel,
     FinishReasons,
-    InputTokens,
-    OutputTokens,
-    ReasoningTokens,
-    CacheRead,
-    PrefilledTokens,
-    Speculation,
-    Drafts,
-    DraftedTokens,
-    AcceptedTokens,
-    QueueMs,
-    PrefillMs,
-    TtftMs,
-    DecodeMs,
-    GenerationMs,
-    DecodeTps,
-    E2eMs,
     Legs,
     Moved,
     ChoiceIndex,
-    Resume,
-    ResumeReusable,
-    ResumeDivergedAt,
-    ResumeEvicted,
     SamplingRatio,
     DataParallelRank,
     Api,
@@ -501,7 +463,7 @@ enum F {
 /// Number of [`F`] variants.
 const N_FIELDS: usize = F::ErrorType as usize + 1;
 
-/// Every attribute key the sidecar reads, and where it goes.
+/// The attribute key of each [`F`] (the usage record names its own: [`UsageTiming::KEYS`]).
 const KEYS: [(&str, F); N_FIELDS] = [
     (attr::REQUEST_ID, F::RequestId),
     (attr::GEN_AI_CONVERSATION_ID, F::SessionId),
@@ -541,31 +503,8 @@ const KEYS: [(&str, F); N_FIELDS] = [
     (attr::GEN_AI_REQUEST_MODEL, F::RequestModel),
     (attr::GEN_AI_RESPONSE_MODEL, F::ResponseModel),
     (attr::GEN_AI_RESPONSE_FINISH_REASONS, F::FinishReasons),
-    (attr::GEN_AI_USAGE_INPUT_TOKENS, F::InputTokens),
-    (attr::GEN_AI_USAGE_OUTPUT_TOKENS, F::OutputTokens),
-    (
-        attr::GEN_AI_USAGE_REASONING_OUTPUT_TOKENS,
-        F::ReasoningTokens,
-    ),
-    (attr::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, F::CacheRead),
-    (attr::USAGE_PREFILLED_TOKENS, F::PrefilledTokens),
-    (attr::SPECULATION, F::Speculation),
-    (attr::USAGE_DRAFTS, F::Drafts),
-    (attr::USAGE_DRAFTED_TOKENS, F::DraftedTokens),
-    (attr::USAGE_ACCEPTED_TOKENS, F::AcceptedTokens),
-    (attr::USAGE_QUEUE_MS, F::QueueMs),
-    (attr::USAGE_PREFILL_MS, F::PrefillMs),
-    (attr::USAGE_TTFT_MS, F::TtftMs),
-    (attr::USAGE_DECODE_MS, F::DecodeMs),
-    (attr::USAGE_GENERATION_MS, F::GenerationMs),
-    (attr::USAGE_DECODE_TPS, F::DecodeTps),
-    (attr::USAGE_E2E_MS, F::E2eMs),
     (attr::REQUEST_LEGS, F::Legs),
     (attr::REQUEST_MOVED, F::Moved),
-    (attr::RESUME, F::Resume),
-    (attr::RESUME_REUSABLE_TOKENS, F::ResumeReusable),
-    (attr::RESUME_DIVERGED_AT, F::ResumeDivergedAt),
-    (attr::RESUME_EVICTED_TOKENS, F::ResumeEvicted),
     (attr::TRACE_SAMPLING_RATIO, F::SamplingRatio),
     (attr::ENGINE_DATA_PARALLEL_RANK, F::DataParallelRank),
     (attr::API, F::Api),
@@ -576,47 +515,75 @@ const KEYS: [(&str, F); N_FIELDS] = [
     (attr::ERROR_TYPE, F::ErrorType),
 ];
 
-/// The longest key in [`KEYS`] plus one (keys are looked up by length first).
+/// Number of the usage record's attributes ([`UsageTiming::KEYS`]): in [`Fields`], after
+/// the [`F`]s.
+const N_USAGE: usize = UsageTiming::KEYS.len();
+
+/// The longest key read plus one (keys are looked up by length first).
 const MAX_KEY: usize = 64;
 
-/// [`KEYS`] bucketed by key length: an attribute key costs one or two comparisons instead of
-/// a walk over every known key.
-type Bucket = Vec<(&'static [u8], F)>;
+/// The keys read ([`KEYS`], then [`UsageTiming::KEYS`]) with their positions in [`Fields`],
+/// bucketed by key length: an attribute key costs one or two comparisons instead of a walk
+/// over every known key.
+type Bucket = Vec<(&'static [u8], usize)>;
 
 fn key_buckets() -> &'static [Bucket] {
     static BUCKETS: std::sync::OnceLock<Vec<Bucket>> = std::sync::OnceLock::new();
     BUCKETS.get_or_init(|| {
         let mut b = vec![Vec::new(); MAX_KEY];
-        for (k, f) in KEYS {
+        let fields = KEYS.iter().map(|&(k, f)| (k, f as usize));
+        let usage = (UsageTiming::KEYS.iter().enumerate()).map(|(i, &k)| (k, N_FIELDS + i));
+        for (k, at) in fields.chain(usage) {
             debug_assert!(k.len() < MAX_KEY, "{k} is longer than MAX_KEY");
             if let Some(bucket) = b.get_mut(k.len()) {
-                bucket.push((k.as_bytes(), f));
+                bucket.push((k.as_bytes(), at));
             }
         }
         b
     })
 }
 
-fn field_id(key: &[u8]) -> Option<F> {
+/// Where the attribute `key` goes in [`Fields`], if the sidecar reads it.
+fn field_id(key: &[u8]) -> Option<usize> {
     key_buckets()
         .get(key.len())?
         .iter()
         .find(|(k, _)| *k == key)
-        .map(|(_, f)| *f)
+        .map(|(_, at)| *at)
 }
 
-/// The attributes of one span the sidecar reads, found in one pass.
-struct Fields<'a>([Option<Value<'a>>; N_FIELDS]);
+/// The attributes of one span the sidecar reads, found in one pass: the [`F`]s, then the
+/// usage record's.
+struct Fields<'a>([Option<Value<'a>>; N_FIELDS + N_USAGE]);
 
 impl Default for Fields<'_> {
     fn default() -> Self {
-        Fields([None; N_FIELDS])
+        Fields([None; N_FIELDS + N_USAGE])
     }
 }
 
 impl<'a> Fields<'a> {
     fn get(&self, f: F) -> Option<Value<'a>> {
         self.0[f as usize]
+    }
+
+    /// The usage record, from its attributes.
+    fn usage(&self) -> UsageTiming {
+        UsageTiming::read(|i| self.0[N_FIELDS + i])
+    }
+}
+
+impl AttrValue for Value<'_> {
+    fn int(self) -> Option<i64> {
+        self.as_i64()
+    }
+
+    fn double(self) -> Option<f64> {
+        self.as_f64()
+    }
+
+    fn text(self) -> Option<String> {
+        self.as_str().map(String::from)
     }
 }
 
@@ -814,10 +781,10 @@ mod tests {
         let Body::Request(r) = &c.spans[0].body else {
             panic!("not a request span")
         };
-        assert_eq!(r.ttft_ms, Some(12.5));
+        assert_eq!(r.usage.ttft_ms, Some(12.5));
         assert_eq!(r.finish_reasons, vec!["stop".to_string()]);
-        assert_eq!(r.output_tokens, Some(7));
-        assert_eq!(r.reasoning_tokens, Some(5));
+        assert_eq!(r.usage.completion_tokens, Some(7));
+        assert_eq!(r.usage.reasoning_tokens, Some(5));
     }
 
     #[test]
@@ -843,14 +810,14 @@ mod tests {
         let [Body::Request(r), Body::Request(none)] = [&c.spans[0].body, &c.spans[1].body] else {
             panic!("not request spans")
         };
-        assert_eq!(r.resume.as_deref(), Some(attr::value::RESUME_EVICTED));
-        assert_eq!(r.resume_reusable_tokens, Some(96));
-        assert_eq!(r.resume_diverged_at, Some(80));
-        assert_eq!(r.resume_evicted_tokens, Some(32));
-        assert_eq!(none.resume, None);
-        assert_eq!(none.resume_reusable_tokens, None);
-        assert_eq!(none.resume_diverged_at, None);
-        assert_eq!(none.resume_evicted_tokens, None);
+        assert_eq!(r.usage.resume.as_deref(), Some(attr::value::RESUME_EVICTED));
+        assert_eq!(r.usage.reusable_tokens, Some(96));
+        assert_eq!(r.usage.diverged_at, Some(80));
+        assert_eq!(r.usage.evicted_tokens, Some(32));
+        assert_eq!(none.usage.resume, None);
+        assert_eq!(none.usage.reusable_tokens, None);
+        assert_eq!(none.usage.diverged_at, None);
+        assert_eq!(none.usage.evicted_tokens, None);
     }
 
     /// Speculative decoding's counts, on the request span, a leg and a decode window; an
@@ -916,11 +883,15 @@ mod tests {
             panic!("not a request, a leg, a window and a request")
         };
         assert_eq!(
-            r.speculation.as_deref(),
+            r.usage.speculation.as_deref(),
             Some(attr::value::SPECULATION_PREDICTION)
         );
         assert_eq!(
-            (r.drafts, r.drafted_tokens, r.accepted_tokens),
+            (
+                r.usage.drafts,
+                r.usage.drafted_tokens,
+                r.usage.accepted_tokens
+            ),
             (Some(8), Some(40), Some(30))
         );
         assert_eq!((l.drafted_tokens, l.accepted_tokens), (Some(40), Some(30)));
@@ -928,10 +899,25 @@ mod tests {
             (d.window_steps, d.drafted_tokens, d.accepted_tokens),
             (Some(4), Some(12), Some(9))
         );
-        assert_eq!(old.speculation, None);
+        assert_eq!(old.usage.speculation, None);
         assert_eq!(
-            (old.drafts, old.drafted_tokens, old.accepted_tokens),
+            (
+                old.usage.drafts,
+                old.usage.drafted_tokens,
+                old.usage.accepted_tokens
+            ),
             (None, None, None)
         );
+    }
+
+    #[test]
+    fn each_key_has_one_place() {
+        let mut keys: Vec<&str> = KEYS.iter().map(|(k, _)| *k).collect();
+        keys.extend(UsageTiming::KEYS);
+        let n = keys.len();
+        keys.sort_unstable();
+        keys.dedup();
+        assert_eq!(keys.len(), n, "a key read twice");
+        assert!(keys.iter().all(|k| k.len() < MAX_KEY));
     }
 }

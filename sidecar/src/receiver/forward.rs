@@ -23,8 +23,17 @@ use tokio::task::JoinHandle;
 
 use super::raw::RawExporter;
 pub use super::signal::Signal;
-use crate::error::StartError;
 use crate::metrics::Metrics;
+
+/// `--forward-otlp` is not a URL this build can send to.
+#[derive(Debug, thiserror::Error)]
+#[error("--forward-otlp {url:?}: {why}")]
+pub struct ForwardUrlError {
+    /// The URL given.
+    pub url: String,
+    /// What is wrong with it.
+    pub why: String,
+}
 
 /// Where to forward.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,8 +46,8 @@ pub enum Upstream {
 
 impl Upstream {
     /// Parses `--forward-otlp`.
-    pub fn parse(url: &str) -> Result<Upstream, StartError> {
-        let bad = |why: &str| StartError::ForwardUrl {
+    pub fn parse(url: &str) -> Result<Upstream, ForwardUrlError> {
+        let bad = |why: &str| ForwardUrlError {
             url: url.to_string(),
             why: why.to_string(),
         };
@@ -96,14 +105,14 @@ impl Forwarder {
         queue: usize,
         timeout: Duration,
         metrics: Arc<Metrics>,
-    ) -> Result<(Forwarder, JoinHandle<()>), StartError> {
+    ) -> Result<(Forwarder, JoinHandle<()>), ForwardUrlError> {
         let (tx, rx) = mpsc::channel(queue.max(1));
         let sender = match &upstream {
             Upstream::Http(url) => {
                 let client = reqwest::Client::builder()
                     .timeout(timeout)
                     .build()
-                    .map_err(|e| StartError::ForwardUrl {
+                    .map_err(|e| ForwardUrlError {
                         url: url.clone(),
                         why: e.to_string(),
                     })?;
@@ -116,7 +125,7 @@ impl Forwarder {
             }
             Upstream::Grpc(endpoint) => {
                 let channel = tonic::transport::Endpoint::from_shared(endpoint.clone())
-                    .map_err(|e| StartError::ForwardUrl {
+                    .map_err(|e| ForwardUrlError {
                         url: endpoint.clone(),
                         why: e.to_string(),
                     })?

@@ -24,7 +24,7 @@ use tonic_types::{ErrorDetails, StatusExt};
 
 use super::http::RETRY_AFTER_S;
 use super::{Ingest, Response, Signal};
-use crate::error::IngestError;
+use crate::base::error::IngestError;
 use crate::metrics::Metrics;
 
 /// What a gRPC service receives: its signal (whose service and method it serves).

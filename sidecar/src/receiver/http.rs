@@ -25,7 +25,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message;
 
 use super::{Ingest, Signal};
-use crate::error::IngestError;
+use crate::base::error::IngestError;
 
 /// Seconds a sender is asked to wait when the queue is full.
 pub const RETRY_AFTER_S: u64 = 1;

@@ -38,7 +38,7 @@ use prost::Message;
 use tokio::sync::{Semaphore, mpsc};
 
 use crate::assembly::Batch;
-use crate::error::IngestError;
+use crate::base::error::IngestError;
 use crate::metrics::Metrics;
 use crate::metrics::spanmetrics::SpanBatch;
 pub use allow::AllowList;

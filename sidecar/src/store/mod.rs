@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags, params};
 
-use crate::session::{SessionCursor, SessionQuery, SessionRecord, TurnFacts};
-use crate::turn::{TurnQuery, TurnRecord};
+use crate::records::session::{SessionCursor, SessionQuery, SessionRecord, TurnFacts};
+use crate::records::turn::{TurnQuery, TurnRecord};
 pub use query::TurnPage;
 pub use ring::TurnStore;
 
@@ -333,12 +333,12 @@ fn write_loop(mut c: Connection, path: &Path, rx: Receiver<Arc<TurnRecord>>, ret
                 Err(_) => break,
             }
         }
-        if let Err(e) = write_batch(&mut c, &batch, crate::vocab::unix_now_ns()) {
+        if let Err(e) = write_batch(&mut c, &batch, crate::base::vocab::unix_now_ns()) {
             tracing::error!(error = %e, path = %path.display(), records = batch.len(), "TurnStore.WriteFailed");
         }
         batch.clear();
         if last_retention.is_none_or(|t| t.elapsed() >= RETENTION_EVERY) {
-            if let Err(e) = apply_retention(&mut c, retention, crate::vocab::unix_now_ns()) {
+            if let Err(e) = apply_retention(&mut c, retention, crate::base::vocab::unix_now_ns()) {
                 tracing::error!(error = %e, path = %path.display(), "TurnStore.RetentionFailed");
             }
             last_retention = Some(Instant::now());

@@ -9,7 +9,7 @@ use rusqlite::Connection;
 use rusqlite::types::Value as Sql;
 use serde_json::value::RawValue;
 
-use crate::turn::{Cursor, TurnQuery};
+use crate::records::turn::{Cursor, TurnQuery};
 
 /// One page of stored records, each the `/v1/turns` item exactly as it was written.
 #[derive(Debug, Default)]

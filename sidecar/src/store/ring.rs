@@ -3,8 +3,10 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, RwLock};
 
-use crate::session::{SessionCursor, SessionQuery, SessionRecord, TurnFacts, detail, summarize};
-use crate::turn::{Cursor, TurnQuery, TurnRecord};
+use crate::records::session::{
+    SessionCursor, SessionQuery, SessionRecord, TurnFacts, detail, summarize,
+};
+use crate::records::turn::{Cursor, TurnQuery, TurnRecord};
 
 /// The bounded ring of recent turn records (`--turns-db :memory:`). Only the assembly task
 /// writes it. Each record gets a completion number, so that pages can follow one another.
@@ -132,7 +134,7 @@ impl TurnStore {
                 summarize(&id, facts, idle_ns, now_ns)
             })
             .collect();
-        crate::session::query::page(q, all)
+        crate::records::session::query::page(q, all)
     }
 
     /// Session `id` and its turns in order, each with `gap_before_s`; `None` when the ring
@@ -171,7 +173,7 @@ impl TurnStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spans::{Body, EngineSpan, RequestSpan};
+    use crate::records::spans::{Body, EngineSpan, RequestSpan};
 
     fn root(req: RequestSpan) -> EngineSpan {
         EngineSpan {

@@ -13,8 +13,10 @@ use rusqlite::types::Value as Sql;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use super::query::filter_and_limit;
-use crate::session::{SessionCursor, SessionQuery, SessionRecord, TurnFacts, detail, summarize};
-use crate::turn::TurnRecord;
+use crate::records::session::{
+    SessionCursor, SessionQuery, SessionRecord, TurnFacts, detail, summarize,
+};
+use crate::records::turn::TurnRecord;
 
 /// Writes `session_id` into the keyless turn `request_id` of `instance` (a found session's
 /// turn 0): its row and its record. Nothing when that turn is not stored or already has a

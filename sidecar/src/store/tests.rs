@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::spans::{Body, EngineSpan, RequestSpan};
-use crate::turn::{TurnQuery, TurnStatus};
+use crate::records::spans::{Body, EngineSpan, RequestSpan};
+use crate::records::turn::{TurnQuery, TurnStatus};
+use crate::records::usage::UsageTiming;
 
 /// A scratch directory under the system's temporary directory, removed on drop.
 struct Scratch(PathBuf);
@@ -16,7 +17,7 @@ impl Scratch {
         let p = std::env::temp_dir().join(format!(
             "slotlight-store-{name}-{}-{}",
             std::process::id(),
-            crate::vocab::unix_now_ns()
+            crate::base::vocab::unix_now_ns()
         ));
         std::fs::create_dir_all(&p).expect("scratch dir");
         Scratch(p)
@@ -38,7 +39,10 @@ fn turn(id: &str, session: Option<&str>, start_ns: i64, status: Option<&str>) ->
     let req = RequestSpan {
         name: "chat m".into(),
         status: status.map(str::to_string),
-        e2e_ms: Some(1.5),
+        usage: UsageTiming {
+            e2e_ms: Some(1.5),
+            ..Default::default()
+        },
         ..Default::default()
     };
     let mut trace = [0u8; 16];
@@ -386,12 +390,15 @@ fn timed(
     const S: i64 = 1_000_000_000;
     let req = RequestSpan {
         name: "chat m".into(),
-        e2e_ms: Some(((end_s - start_s) * 1000) as f64),
-        queue_ms: Some(100.0),
-        ttft_ms: Some(400.0),
-        input_tokens: Some(100),
-        cached_tokens: Some(50),
-        resume: Some("full".into()),
+        usage: UsageTiming {
+            e2e_ms: Some(((end_s - start_s) * 1000) as f64),
+            queue_ms: Some(100.0),
+            ttft_ms: Some(400.0),
+            prompt_tokens: Some(100),
+            cached_tokens: Some(50),
+            resume: Some("full".into()),
+            ..Default::default()
+        },
         api: Some("chat.completions".into()),
         session_source: session.map(|_| "found".into()),
         session_extends: extends.map(str::to_string),
@@ -413,8 +420,8 @@ fn timed(
     Arc::new(TurnRecord::build(&root, &req, vec![]))
 }
 
-fn all_sessions(db: &TurnDb, now_ns: i64) -> Vec<crate::session::SessionRecord> {
-    let q = crate::session::SessionQuery {
+fn all_sessions(db: &TurnDb, now_ns: i64) -> Vec<crate::records::session::SessionRecord> {
+    let q = crate::records::session::SessionQuery {
         limit: 100,
         ..Default::default()
     };
@@ -466,7 +473,7 @@ fn sessions_are_kept_with_their_turns_and_read_back_exactly_after_reopening() {
     assert!(all_sessions(&db, 70_000_000_000)[0].live);
     assert!(!all_sessions(&db, 71_000_000_000)[0].live);
     let live_only = |live: bool, now: i64| {
-        let q = crate::session::SessionQuery {
+        let q = crate::records::session::SessionQuery {
             live: Some(live),
             limit: 10,
             ..Default::default()
@@ -533,10 +540,10 @@ fn a_store_written_before_sessions_gets_them_from_its_turns() {
 /// `timed`, whose request span stated speculative decoding's counts.
 fn drafted(id: &str, session: &str, start_s: i64, counts: (i64, i64)) -> Arc<TurnRecord> {
     let mut t = (*timed(id, Some(session), start_s, start_s + 1, None)).clone();
-    t.speculation = Some(slotlight_otel::attr::value::SPECULATION_NGRAM.into());
-    t.drafts = Some(counts.0 / 4);
-    t.drafted_tokens = Some(counts.0);
-    t.accepted_tokens = Some(counts.1);
+    t.usage.speculation = Some(slotlight_otel::attr::value::SPECULATION_NGRAM.into());
+    t.usage.drafts = Some(counts.0 / 4);
+    t.usage.drafted_tokens = Some(counts.0);
+    t.usage.accepted_tokens = Some(counts.1);
     Arc::new(t)
 }
 

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use prost::Message;
 use tokio::sync::watch;
 
-use crate::config::BenchArgs;
+use crate::base::config::BenchArgs;
 use crate::receiver::raw::RawExporter;
 use crate::tools::synth;
 
@@ -288,13 +288,13 @@ async fn probe(
     let mut exp = RawExporter::new(channel(grpc)?, false);
     let mut lat = Vec::new();
     let mut n = first;
-    let start = crate::vocab::unix_now_ns();
+    let start = crate::base::vocab::unix_now_ns();
     let mut req = synth::Request::new("probe", 42, start);
     req.first_token_ns = Some(start);
     let leg = req.leg(0, Some(0), start, 0);
     while !stop.load(Ordering::Relaxed) {
         n += 1;
-        let now = crate::vocab::unix_now_ns();
+        let now = crate::base::vocab::unix_now_ns();
         let span = req.decode(&leg, now - 1_000_000, now, 1, n);
         let body = Bytes::from(synth::export(&instance, vec![span]).encode_to_vec());
         let t0 = Instant::now();
@@ -337,7 +337,7 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
             let dir = std::env::temp_dir().join(format!(
                 "slotlight-bench-{}-{}",
                 std::process::id(),
-                crate::vocab::unix_now_ns()
+                crate::base::vocab::unix_now_ns()
             ));
             std::fs::create_dir_all(&dir).map_err(setup("creating the scratch directory"))?;
             let db = dir.join("turns.db").display().to_string();
@@ -356,7 +356,7 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
         args.connections,
         args.batch_spans
     );
-    let base = crate::vocab::unix_now_ns();
+    let base = crate::base::vocab::unix_now_ns();
     let mut workloads: Vec<Workload> = (0..args.connections.max(1))
         .map(|c| Workload::new(&format!("bench-engine-{c}"), &args, base))
         .collect();
@@ -567,10 +567,11 @@ mod tests {
 
     #[test]
     fn workload_patches_cycles_in_place() {
-        let args = match crate::config::Cli::parse_from(["x", "bench", "--windows", "2"]).command {
-            Some(crate::config::Command::Bench(b)) => b,
-            None => panic!("bench args"),
-        };
+        let args =
+            match crate::base::config::Cli::parse_from(["x", "bench", "--windows", "2"]).command {
+                Some(crate::base::config::Command::Bench(b)) => b,
+                None => panic!("bench args"),
+            };
         let mut w = Workload::new("i", &args, 1_000);
         let (a, n) = w.get(0, 1);
         let (b, _) = w.get(0, 2);
@@ -594,8 +595,8 @@ mod breakdown {
     #[test]
     #[ignore]
     fn span_cost() {
-        let args = match crate::config::Cli::parse_from(["x", "bench"]).command {
-            Some(crate::config::Command::Bench(b)) => b,
+        let args = match crate::base::config::Cli::parse_from(["x", "bench"]).command {
+            Some(crate::base::config::Command::Bench(b)) => b,
             None => panic!("bench args"),
         };
         let mut w = Workload::new("i", &args, 1_000);

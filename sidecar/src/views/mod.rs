@@ -25,10 +25,10 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::BroadcastStream;
 
 use crate::assembly::Published;
-use crate::error::ViewError;
+use crate::base::error::ViewError;
 use crate::metrics::{Metrics, negotiate};
+use crate::records::turn::{Cursor, TurnQuery, TurnRecord, TurnStatus};
 use crate::store::TurnDb;
-use crate::turn::{Cursor, TurnQuery, TurnRecord, TurnStatus};
 
 /// The live page (self-contained: no external script, style or font).
 pub const PAGE: &str = include_str!("page/index.html");
@@ -127,7 +127,7 @@ pub(crate) fn to_json(view: &impl serde::Serialize) -> Result<String, String> {
 
 async fn slots(State(st): State<ApiState>) -> Response {
     let snap = st.published.slots.borrow().clone();
-    match to_json(&snap.view(crate::vocab::unix_now_ns())) {
+    match to_json(&snap.view(crate::base::vocab::unix_now_ns())) {
         Ok(body) => json_response(body),
         Err(e) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
     }
@@ -149,7 +149,7 @@ async fn slots_stream(
             }
         }
         let snap = rx.borrow_and_update().clone();
-        let event = match to_json(&snap.view(crate::vocab::unix_now_ns())) {
+        let event = match to_json(&snap.view(crate::base::vocab::unix_now_ns())) {
             Ok(json) => Event::default().event("slots").data(json),
             Err(e) => Event::default().event("error").data(e),
         };

@@ -7,8 +7,8 @@ use axum::response::Response;
 use serde::Deserialize;
 
 use super::{ApiState, json_response, to_json};
-use crate::error::ViewError;
-use crate::session::{SessionCursor, SessionQuery, SessionRecord};
+use crate::base::error::ViewError;
+use crate::records::session::{SessionCursor, SessionQuery, SessionRecord};
 
 /// Default `limit` of `/v1/sessions`.
 const DEFAULT_SESSIONS: usize = 100;
@@ -93,7 +93,7 @@ pub async fn list(
     params: Result<Query<SessionsParams>, QueryRejection>,
 ) -> Result<Response, ViewError> {
     let q = SessionsParams::query(params)?;
-    let now = crate::vocab::unix_now_ns();
+    let now = crate::base::vocab::unix_now_ns();
     let idle = st.session_idle_ns;
     let (sessions, next) = match st.store {
         Some(db) => tokio::task::spawn_blocking(move || db.sessions(&q, idle, now))
@@ -128,7 +128,7 @@ pub async fn one(
     State(st): State<ApiState>,
     Path(id): Path<String>,
 ) -> Result<Response, ViewError> {
-    let now = crate::vocab::unix_now_ns();
+    let now = crate::base::vocab::unix_now_ns();
     let idle = st.session_idle_ns;
     let key = id.clone();
     let found = match st.store {

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::turn::TurnRecord;
+use crate::records::turn::TurnRecord;
 
 /// What a session's record needs of one turn record (read from the record itself, or from its
 /// stored JSON).
@@ -81,16 +81,16 @@ impl From<&TurnRecord> for TurnFacts {
             api: t.api.clone(),
             start_time_unix_nano: t.start_time_unix_nano,
             end_time_unix_nano: t.end_time_unix_nano,
-            prompt_tokens: t.prompt_tokens,
-            cached_tokens: t.cached_tokens,
-            completion_tokens: t.completion_tokens,
-            reasoning_tokens: t.reasoning_tokens,
-            drafted_tokens: t.drafted_tokens,
-            accepted_tokens: t.accepted_tokens,
-            queue_ms: t.queue_ms,
-            ttft_ms: t.ttft_ms,
-            e2e_ms: t.e2e_ms,
-            resume: t.resume.clone(),
+            prompt_tokens: t.usage.prompt_tokens,
+            cached_tokens: t.usage.cached_tokens,
+            completion_tokens: t.usage.completion_tokens,
+            reasoning_tokens: t.usage.reasoning_tokens,
+            drafted_tokens: t.usage.drafted_tokens,
+            accepted_tokens: t.usage.accepted_tokens,
+            queue_ms: t.usage.queue_ms,
+            ttft_ms: t.usage.ttft_ms,
+            e2e_ms: t.usage.e2e_ms,
+            resume: t.usage.resume.clone(),
         }
     }
 }
@@ -282,7 +282,7 @@ pub fn summarize(
         reasoning_tokens: sum(|t| t.reasoning_tokens),
         drafted_tokens,
         accepted_tokens,
-        draft_acceptance: crate::vocab::acceptance(drafted_tokens, accepted_tokens),
+        draft_acceptance: crate::base::vocab::acceptance(drafted_tokens, accepted_tokens),
         model_s: queue_s + prefill_s + decode_s,
         queue_s,
         prefill_s,

@@ -1,11 +1,13 @@
 //! The engine's spans as the sidecar keeps them: validated and typed, with every attribute
 //! the assembly needs already parsed. The receivers' decoder ([`crate::receiver::decode`])
-//! makes them; the assembly and the turn records read them. A leaf beside the shared
-//! vocabulary ([`crate::vocab`]), which it hands on.
+//! makes them; the assembly and the turn records read them. Over the usage record
+//! ([`super::usage`], the request span's usage and timing) and the shared vocabulary
+//! ([`crate::base::vocab`]), which it hands on.
 
 use std::sync::Arc;
 
-pub use crate::vocab::{Path, SlotKey, TraceId, hex};
+use super::usage::UsageTiming;
+pub use crate::base::vocab::{Path, SlotKey, TraceId, hex};
 
 /// One validated span of the engine.
 #[derive(Debug, Clone)]
@@ -172,39 +174,9 @@ pub struct RequestSpan {
     pub response_model: Option<String>,
     /// Why each choice stopped, in choice order (`gen_ai.response.finish_reasons`).
     pub finish_reasons: Vec<String>,
-    /// Prompt tokens, as in the response's `usage` (`gen_ai.usage.input_tokens`).
-    pub input_tokens: Option<i64>,
-    /// Generated tokens, as in the response's `usage` (`gen_ai.usage.output_tokens`).
-    pub output_tokens: Option<i64>,
-    /// Generated tokens inside the reasoning block (`gen_ai.usage.reasoning.output_tokens`;
-    /// chats with a thinking template only).
-    pub reasoning_tokens: Option<i64>,
-    /// Prompt tokens reused from the KV cache (`gen_ai.usage.cache_read.input_tokens`).
-    pub cached_tokens: Option<i64>,
-    /// Prompt tokens computed by the prefill (`slotlight.usage.prefilled_tokens`).
-    pub prefilled_tokens: Option<i64>,
-    /// How the request was drafted for: `ngram`, `prediction` or `off` (`slotlight.speculation`).
-    pub speculation: Option<String>,
-    /// Verification steps with a draft, over all choices (`slotlight.usage.drafts`).
-    pub drafts: Option<i64>,
-    /// Draft tokens verified, over all choices (`slotlight.usage.drafted_tokens`).
-    pub drafted_tokens: Option<i64>,
-    /// Of those, draft tokens taken as the model's own (`slotlight.usage.accepted_tokens`).
-    pub accepted_tokens: Option<i64>,
-    /// Time waiting for admission, ms (`slotlight.usage.queue_ms`).
-    pub queue_ms: Option<f64>,
-    /// Time in the prefill, ms (`slotlight.usage.prefill_ms`).
-    pub prefill_ms: Option<f64>,
-    /// Arrival to first token, ms (`slotlight.usage.ttft_ms`).
-    pub ttft_ms: Option<f64>,
-    /// Time decoding after the first token, ms (`slotlight.usage.decode_ms`).
-    pub decode_ms: Option<f64>,
-    /// First token to last, ms: the base of the time per output token (`slotlight.usage.generation_ms`).
-    pub generation_ms: Option<f64>,
-    /// Decode rate after the first token, tokens/s (`slotlight.usage.decode_tps`).
-    pub decode_tps: Option<f64>,
-    /// Arrival to the end of the answer, ms (`slotlight.usage.e2e_ms`).
-    pub e2e_ms: Option<f64>,
+    /// Its usage and timing: token counts, times, warm resume and drafts (`gen_ai.usage.*`,
+    /// `slotlight.usage.*`, `slotlight.resume*`, `slotlight.speculation`).
+    pub usage: UsageTiming,
     /// When the request arrived, Unix ns (`slotlight.request.start_time_unix_nano`).
     pub request_start_ns: Option<i64>,
     /// When the first token was sampled, Unix ns (`slotlight.request.first_token_time_unix_nano`).
@@ -215,15 +187,6 @@ pub struct RequestSpan {
     pub moved: Option<bool>,
     /// The device group that served it (`slotlight.slot.group`).
     pub slot_group: Option<i64>,
-    /// `slotlight.resume`: whether the turn reused its conversation's KV and, if not, why.
-    /// Absent for a request never admitted (and from an engine that does not send it).
-    pub resume: Option<String>,
-    /// Tokens the session's last turn could have given (`slotlight.resume.reusable_tokens`).
-    pub resume_reusable_tokens: Option<i64>,
-    /// The token where the prompt departs from the last turn (`slotlight.resume.diverged_at`).
-    pub resume_diverged_at: Option<i64>,
-    /// Reusable tokens whose KV had been reclaimed (`slotlight.resume.evicted_tokens`).
-    pub resume_evicted_tokens: Option<i64>,
     /// The API the request came through (`slotlight.api`).
     pub api: Option<String>,
     /// How the session key was found (`slotlight.session.source`).

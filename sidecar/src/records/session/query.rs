@@ -68,7 +68,7 @@ impl std::fmt::Display for SessionCursor {
             f,
             "{}.{}",
             self.last_turn_at,
-            crate::vocab::hex(self.session_id.as_bytes())
+            crate::base::vocab::hex(self.session_id.as_bytes())
         )
     }
 }
@@ -115,7 +115,7 @@ pub fn page(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::session::record::{TurnFacts, summarize};
+    use crate::records::session::record::{TurnFacts, summarize};
 
     fn session(id: &str, start: i64, end: i64, instance: &str) -> SessionRecord {
         let t = TurnFacts {

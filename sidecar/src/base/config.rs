@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::net::IpNet;
+use crate::base::net::IpNet;
 
 /// `slotlight-sidecar`: receives the engine's OTLP spans and serves live views of them.
 #[derive(Debug, Parser)]

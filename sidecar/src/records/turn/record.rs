@@ -1,15 +1,16 @@
 //! Turn records: one per finished request, built from its request span and its legs.
 //!
-//! Every number a record shares with the request span is copied unchanged from the span's
-//! attribute (so it equals the engine's HTTP `usage` block exactly); only `prefill_tps` and
-//! `total_ms` (an alias of `e2e_ms`) are derived.
+//! Every number a record shares with the request span is the span's usage record
+//! ([`UsageTiming`]), unchanged (so it equals the engine's HTTP `usage` block exactly); only
+//! `prefill_tps` is derived (and `total_ms` repeats `e2e_ms`).
 
 use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::spans::{EngineSpan, LegSpan, RequestSpan};
-use crate::vocab::{Path, TraceId, hex};
+use crate::base::vocab::{Path, TraceId, hex};
+use crate::records::spans::{EngineSpan, LegSpan, RequestSpan};
+use crate::records::usage::UsageTiming;
 
 /// One leg of a finished request.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -181,55 +182,11 @@ pub struct TurnRecord {
     pub start_time_unix_nano: i64,
     /// Request span end, Unix ns.
     pub end_time_unix_nano: i64,
-    /// Prompt tokens, as in the response's `usage` (`gen_ai.usage.input_tokens`).
-    pub prompt_tokens: Option<i64>,
-    /// Prompt tokens reused from the KV cache (`gen_ai.usage.cache_read.input_tokens`).
-    pub cached_tokens: Option<i64>,
-    /// Prompt tokens computed by the prefill (`slotlight.usage.prefilled_tokens`).
-    pub prefilled_tokens: Option<i64>,
-    /// `slotlight.resume`: whether the turn reused its conversation's KV and, if not, why
-    /// (`first`, `full`, `diverged`, `evicted`, `other_group`; without a session `none` or
-    /// `prefix`). Null for a request never admitted.
-    pub resume: Option<String>,
-    /// `slotlight.resume.reusable_tokens`: what could have been reused (set beside
-    /// `cached_tokens`, what was). Null without a remembered last turn.
-    pub reusable_tokens: Option<i64>,
-    /// `slotlight.resume.diverged_at`: the token index where the prompt departs from the
-    /// session's last turn. Null unless the history changed.
-    pub diverged_at: Option<i64>,
-    /// `slotlight.resume.evicted_tokens`: reusable tokens whose KV blocks had been reclaimed.
-    /// Null unless `resume` is `evicted`.
-    pub evicted_tokens: Option<i64>,
-    /// Generated tokens, as in the response's `usage` (`gen_ai.usage.output_tokens`).
-    pub completion_tokens: Option<i64>,
-    /// Generated tokens inside the reasoning block (`gen_ai.usage.reasoning.output_tokens`);
-    /// null unless the model's template is a thinking template.
-    pub reasoning_tokens: Option<i64>,
-    /// How the request was drafted for (speculative decoding): `ngram`, `prediction` or `off`
-    /// (`slotlight.speculation`).
-    pub speculation: Option<String>,
-    /// Verification steps with a draft, over all choices (`slotlight.usage.drafts`).
-    pub drafts: Option<i64>,
-    /// Draft tokens verified, over all choices (`slotlight.usage.drafted_tokens`).
-    pub drafted_tokens: Option<i64>,
-    /// Of those, draft tokens taken as the model's own (`slotlight.usage.accepted_tokens`).
-    pub accepted_tokens: Option<i64>,
-    /// Time waiting for admission, ms (`slotlight.usage.queue_ms`).
-    pub queue_ms: Option<f64>,
-    /// Time in the prefill, ms (`slotlight.usage.prefill_ms`).
-    pub prefill_ms: Option<f64>,
-    /// Arrival to first token, ms (`slotlight.usage.ttft_ms`).
-    pub ttft_ms: Option<f64>,
-    /// Time decoding after the first token, ms (`slotlight.usage.decode_ms`).
-    pub decode_ms: Option<f64>,
-    /// First token to last, ms (`slotlight.usage.generation_ms`).
-    pub generation_ms: Option<f64>,
-    /// `slotlight.usage.e2e_ms`.
-    pub e2e_ms: Option<f64>,
-    /// Same as `e2e_ms`.
-    pub total_ms: Option<f64>,
-    /// Decode rate after the first token, tokens/s (`slotlight.usage.decode_tps`).
-    pub decode_tps: Option<f64>,
+    /// The request's usage and timing, as its request span states them (every field null
+    /// when the request span never arrived). Flattened: in JSON its fields are the record's
+    /// own, `prompt_tokens` to `decode_tps`.
+    #[serde(flatten)]
+    pub usage: UsageTiming,
     /// `prefilled_tokens / (prefill_ms / 1000)` when both are known and `prefill_ms > 0`.
     pub prefill_tps: Option<f64>,
     /// The request's legs, by choice, then index.
@@ -268,7 +225,7 @@ impl TurnRecord {
             .first()
             .cloned()
             .or_else(|| req.error_type.clone());
-        let prefill_tps = match (req.prefilled_tokens, req.prefill_ms) {
+        let prefill_tps = match (req.usage.prefilled_tokens, req.usage.prefill_ms) {
             #[allow(clippy::cast_precision_loss)] // token counts are far below 2^53
             (Some(t), Some(ms)) if ms > 0.0 => Some(t as f64 / (ms / 1e3)),
             _ => None,
@@ -305,27 +262,7 @@ impl TurnRecord {
             error_type: req.error_type.clone(),
             start_time_unix_nano: root.start_ns,
             end_time_unix_nano: root.end_ns,
-            prompt_tokens: req.input_tokens,
-            cached_tokens: req.cached_tokens,
-            prefilled_tokens: req.prefilled_tokens,
-            resume: req.resume.clone(),
-            reusable_tokens: req.resume_reusable_tokens,
-            diverged_at: req.resume_diverged_at,
-            evicted_tokens: req.resume_evicted_tokens,
-            completion_tokens: req.output_tokens,
-            reasoning_tokens: req.reasoning_tokens,
-            speculation: req.speculation.clone(),
-            drafts: req.drafts,
-            drafted_tokens: req.drafted_tokens,
-            accepted_tokens: req.accepted_tokens,
-            queue_ms: req.queue_ms,
-            prefill_ms: req.prefill_ms,
-            ttft_ms: req.ttft_ms,
-            decode_ms: req.decode_ms,
-            generation_ms: req.generation_ms,
-            e2e_ms: req.e2e_ms,
-            total_ms: req.e2e_ms,
-            decode_tps: req.decode_tps,
+            usage: req.usage.clone(),
             prefill_tps,
             legs,
             legs_expected: req.legs,
@@ -370,27 +307,7 @@ impl TurnRecord {
             error_type: None,
             start_time_unix_nano: seen.start_ns,
             end_time_unix_nano: seen.end_ns,
-            prompt_tokens: None,
-            cached_tokens: None,
-            prefilled_tokens: None,
-            resume: None,
-            reusable_tokens: None,
-            diverged_at: None,
-            evicted_tokens: None,
-            completion_tokens: None,
-            reasoning_tokens: None,
-            speculation: None,
-            drafts: None,
-            drafted_tokens: None,
-            accepted_tokens: None,
-            queue_ms: None,
-            prefill_ms: None,
-            ttft_ms: None,
-            decode_ms: None,
-            generation_ms: None,
-            e2e_ms: None,
-            total_ms: None,
-            decode_tps: None,
+            usage: UsageTiming::default(),
             prefill_tps: None,
             legs,
             legs_expected: None,
@@ -424,7 +341,7 @@ pub struct PartialTurn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spans::Body;
+    use crate::records::spans::Body;
 
     fn root(req: RequestSpan) -> EngineSpan {
         EngineSpan {
@@ -464,11 +381,14 @@ mod tests {
     fn copies_usage_and_derives_the_rest() {
         let req = RequestSpan {
             name: "chat small".into(),
-            prefilled_tokens: Some(100),
-            prefill_ms: Some(50.0),
-            e2e_ms: Some(123.456),
+            usage: UsageTiming {
+                prefilled_tokens: Some(100),
+                prefill_ms: Some(50.0),
+                e2e_ms: Some(123.456),
+                reasoning_tokens: Some(9),
+                ..Default::default()
+            },
             legs: Some(2),
-            reasoning_tokens: Some(9),
             ..Default::default()
         };
         let t = TurnRecord::build(
@@ -478,12 +398,12 @@ mod tests {
         );
         assert_eq!(t.model.as_deref(), Some("small"));
         assert_eq!(t.prefill_tps, Some(2000.0));
-        assert_eq!(t.total_ms, Some(123.456));
         assert!(t.moved);
         assert!(t.legs_complete);
         assert_eq!(t.legs[0].index, 0);
         let json = serde_json::to_value(&t).expect("json");
         assert_eq!(json["e2e_ms"], serde_json::json!(123.456));
+        assert_eq!(json["total_ms"], serde_json::json!(123.456));
         assert_eq!(json["reasoning_tokens"], 9);
         assert!(json.get("trace_id_bytes").is_none());
     }
@@ -520,11 +440,14 @@ mod tests {
         use slotlight_otel::attr::value;
         let req = RequestSpan {
             name: "chat small".into(),
-            cached_tokens: Some(64),
-            resume: Some(value::RESUME_DIVERGED.into()),
-            resume_reusable_tokens: Some(80),
-            resume_diverged_at: Some(81),
-            resume_evicted_tokens: Some(16),
+            usage: UsageTiming {
+                cached_tokens: Some(64),
+                resume: Some(value::RESUME_DIVERGED.into()),
+                reusable_tokens: Some(80),
+                diverged_at: Some(81),
+                evicted_tokens: Some(16),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let t = TurnRecord::build(&root(req.clone()), &req, vec![]);
@@ -563,10 +486,13 @@ mod tests {
         use slotlight_otel::attr::value;
         let req = RequestSpan {
             name: "chat small".into(),
-            speculation: Some(value::SPECULATION_NGRAM.into()),
-            drafts: Some(6),
-            drafted_tokens: Some(24),
-            accepted_tokens: Some(18),
+            usage: UsageTiming {
+                speculation: Some(value::SPECULATION_NGRAM.into()),
+                drafts: Some(6),
+                drafted_tokens: Some(24),
+                accepted_tokens: Some(18),
+                ..Default::default()
+            },
             legs: Some(2),
             ..Default::default()
         };

@@ -3,12 +3,10 @@
 //! went (the model's queue, prefill and decode, and the client's own time between turns) and
 //! whether it is still live. Types of their own beside the turn records: the store keeps them
 //! with the turns, the views list them, the assembly's tracker observes each session once it
-//! ends ([`tracker`]).
+//! ends ([`crate::assembly::sessions`]).
 
 pub mod query;
 pub mod record;
-pub mod tracker;
 
 pub use query::{SessionCursor, SessionQuery};
 pub use record::{SessionRecord, TurnFacts, detail, summarize};
-pub use tracker::SessionTracker;

@@ -149,32 +149,6 @@ impl axum::response::IntoResponse for ViewError {
     }
 }
 
-/// Why the sidecar could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// A listener could not bind.
-    #[error("cannot listen on {addr} ({what}): {source}")]
-    Bind {
-        /// Which listener could not bind (`--otlp-grpc`, `--otlp-http` or `--listen`).
-        what: &'static str,
-        /// The address asked for.
-        addr: std::net::SocketAddr,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// `--forward-otlp` is not a URL this build can send to.
-    #[error("--forward-otlp {url:?}: {why}")]
-    ForwardUrl {
-        /// The URL given.
-        url: String,
-        /// What is wrong with it.
-        why: String,
-    },
-    /// `--turns-db` could not be opened or created.
-    #[error("--turns-db: {0}")]
-    TurnStore(#[from] crate::store::StoreError),
-}
-
 /// Why one engine span was rejected (label of `slotlight_sidecar_spans_rejected_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpanReject {

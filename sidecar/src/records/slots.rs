@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::vocab::{Path, SlotKey, TraceId, acceptance, hex};
+use crate::base::vocab::{Path, SlotKey, TraceId, acceptance, hex};
 
 /// Rate samples kept per row for the page's sparkline.
 pub const HISTORY_LEN: usize = 60;

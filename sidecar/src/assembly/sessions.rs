@@ -9,8 +9,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::record::{SessionRecord, TurnFacts, summarize};
-use crate::turn::TurnRecord;
+use crate::records::session::{SessionRecord, TurnFacts, summarize};
+use crate::records::turn::TurnRecord;
 
 #[derive(Debug, Default)]
 struct Live {
@@ -117,7 +117,8 @@ impl SessionTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spans::{Body, EngineSpan, RequestSpan};
+    use crate::records::spans::{Body, EngineSpan, RequestSpan};
+    use crate::records::usage::UsageTiming;
     use std::sync::Arc;
 
     const S: i64 = 1_000_000_000;
@@ -156,8 +157,11 @@ mod tests {
 
     fn prompt_tokens_for_test() -> RequestSpan {
         RequestSpan {
-            input_tokens: Some(10),
-            cached_tokens: Some(5),
+            usage: UsageTiming {
+                prompt_tokens: Some(10),
+                cached_tokens: Some(5),
+                ..UsageTiming::default()
+            },
             ..RequestSpan::default()
         }
     }
