@@ -141,7 +141,7 @@ impl MessageUsage {
                     thinking_tokens: if prewarm { 0 } else { r },
                 }),
             service_tier: "standard",
-            extras: u.extras(),
+            extras: u.extras.clone(),
         }
     }
 

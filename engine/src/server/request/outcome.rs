@@ -17,7 +17,7 @@ use slotlight_otel::attr::value;
 use crate::scheduler::{Completion, EngineError, FinishReason};
 use crate::server::error::ApiError;
 use crate::server::request::usage::{
-    CompletionDetails, LegUsage, LlamaCppTimings, PromptDetails, Usage,
+    CompletionDetails, LegUsage, LlamaCppTimings, PromptDetails, Usage, UsageExtras,
 };
 use crate::speculation::SpeculationMode;
 use crate::timing::{DraftCounts, LegRecord, UsageTimings};
@@ -259,8 +259,8 @@ impl RequestOutcome {
             drafts.add(&c.timings.drafts);
         }
         let mut usage = usage(&instants, done, &legs);
-        usage.drafted_tokens = drafts.drafted_tokens;
-        usage.accepted_tokens = drafts.accepted_tokens;
+        usage.extras.drafted_tokens = drafts.drafted_tokens;
+        usage.extras.accepted_tokens = drafts.accepted_tokens;
         usage.completion_tokens_details = CompletionDetails::of(None, speculation, &drafts);
         let mut timings = llama_cpp_timings(&instants, done);
         if speculation != SpeculationMode::Off {
@@ -399,16 +399,11 @@ fn usage(at: &Instants, done: &[Completion], legs: &[ChoiceLeg]) -> Usage {
     let completion_tokens: usize = done.iter().map(|c| c.timings.generated_tokens).sum();
     // The prompt's fate is choice 0's (the others fork from its prefill).
     let resume = done.first().and_then(|c| c.timings.resume);
-    Usage {
+    let extras = UsageExtras {
         resume: resume.map(|r| r.outcome.as_str()),
         reusable_tokens: resume.and_then(|r| r.reusable_tokens),
         diverged_at: resume.and_then(|r| r.diverged_at),
         evicted_tokens: resume.and_then(|r| r.evicted_tokens),
-        prompt_tokens,
-        completion_tokens,
-        total_tokens: prompt_tokens + completion_tokens,
-        prompt_tokens_details: PromptDetails { cached_tokens },
-        completion_tokens_details: None,
         drafted_tokens: 0,
         accepted_tokens: 0,
         timings: merged_timings(at, done),
@@ -430,6 +425,14 @@ fn usage(at: &Instants, done: &[Completion], legs: &[ChoiceLeg]) -> Usage {
                 accepted_tokens: l.record.accepted_tokens,
             })
             .collect(),
+    };
+    Usage {
+        prompt_tokens,
+        completion_tokens,
+        total_tokens: prompt_tokens + completion_tokens,
+        prompt_tokens_details: PromptDetails { cached_tokens },
+        completion_tokens_details: None,
+        extras,
     }
 }
 
@@ -478,9 +481,9 @@ mod tests {
         let t0 = Instant::now();
         let a = choice(t0, 0, 5, 4);
         let u = of(t0, std::slice::from_ref(&a)).usage;
-        assert_eq!(u.timings, a.timings.usage());
+        assert_eq!(u.extras.timings, a.timings.usage());
         assert_eq!((u.prompt_tokens, u.completion_tokens), (10, 4));
-        assert!(u.legs.iter().all(|l| l.choice == 0));
+        assert!(u.extras.legs.iter().all(|l| l.choice == 0));
 
         let b = choice(t0, 1, 30, 6);
         let o = of(t0, &[a, b]);
@@ -488,20 +491,20 @@ mod tests {
         assert_eq!(u.prompt_tokens, 10, "the prompt counts once");
         assert_eq!(u.completion_tokens, 10);
         assert_eq!(u.total_tokens, 20);
-        assert_eq!(u.timings.queue_ms, Some(5.0), "the first admission");
+        assert_eq!(u.extras.timings.queue_ms, Some(5.0), "the first admission");
         assert_eq!(
-            u.timings.ttft_ms,
+            u.extras.timings.ttft_ms,
             Some(25.0),
             "the first token of any choice"
         );
-        assert_eq!(u.timings.e2e_ms, Some(110.0), "the last finish");
-        assert_eq!(u.timings.generation_ms, Some(75.0));
-        assert_eq!(u.timings.prefill_ms, Some(20.0));
-        assert_eq!(u.timings.decode_ms, Some(80.0));
-        let tps = u.timings.decode_tps.expect("tps");
+        assert_eq!(u.extras.timings.e2e_ms, Some(110.0), "the last finish");
+        assert_eq!(u.extras.timings.generation_ms, Some(75.0));
+        assert_eq!(u.extras.timings.prefill_ms, Some(20.0));
+        assert_eq!(u.extras.timings.decode_ms, Some(80.0));
+        let tps = u.extras.timings.decode_tps.expect("tps");
         assert!((tps - 8.0 / 0.08).abs() < 1e-9);
         assert_eq!(tm.predicted_n, 10);
-        let choices: Vec<usize> = u.legs.iter().map(|l| l.choice).collect();
+        let choices: Vec<usize> = u.extras.legs.iter().map(|l| l.choice).collect();
         assert_eq!(choices, vec![0, 1]);
     }
 

@@ -596,8 +596,11 @@ mod tests {
         assert_eq!(reason.map(ApiFinishReason::as_str), Some("error"));
         let u = &f.usage;
         assert_eq!(u.prompt_tokens, 5);
-        assert_eq!(u.timings.queue_ms, Some(1.0));
-        assert_eq!((u.timings.ttft_ms, u.timings.decode_ms), (None, None));
+        assert_eq!(u.extras.timings.queue_ms, Some(1.0));
+        assert_eq!(
+            (u.extras.timings.ttft_ms, u.extras.timings.decode_ms),
+            (None, None)
+        );
         let root = request_span(&mem);
         let get = |k: &str| attr_of(&root, k);
         assert_eq!(get(attr::REQUEST_STATUS).as_deref(), Some("error"));
@@ -693,7 +696,7 @@ mod tests {
         };
         let e = outcome.api_error().expect("an error answer");
         assert_eq!(e.error, ErrorKind::Internal);
-        assert_eq!(outcome.usage.timings.queue_ms, None);
+        assert_eq!(outcome.usage.extras.timings.queue_ms, None);
         let root = request_span(&mem);
         assert_eq!(
             attr_of(&root, attr::REQUEST_STATUS).as_deref(),

@@ -159,7 +159,7 @@ fn log_finished(meta: &RequestMeta, trace_id: &str, o: &RequestOutcome) {
         .collect();
     let legs = serde_json::Value::Array(legs).to_string();
     let usage = &o.usage;
-    let u = &usage.timings;
+    let u = &usage.extras.timings;
     let reasons: Vec<&str> = o.finish_reasons.iter().map(|r| r.as_str()).collect();
     tracing::info!(
         name: "Request.Finished",
@@ -178,10 +178,10 @@ fn log_finished(meta: &RequestMeta, trace_id: &str, o: &RequestOutcome) {
         prompt_tokens = usage.prompt_tokens,
         cached_tokens = usage.prompt_tokens_details.cached_tokens,
         prefilled_tokens = o.prefilled_tokens,
-        resume = usage.resume,
-        reusable_tokens = usage.reusable_tokens,
-        diverged_at = usage.diverged_at,
-        evicted_tokens = usage.evicted_tokens,
+        resume = usage.extras.resume,
+        reusable_tokens = usage.extras.reusable_tokens,
+        diverged_at = usage.extras.diverged_at,
+        evicted_tokens = usage.extras.evicted_tokens,
         completion_tokens = usage.completion_tokens,
         reasoning_tokens = o.reasoning_tokens(),
         speculation = o.speculation.as_str(),
@@ -206,7 +206,7 @@ fn log_finished(meta: &RequestMeta, trace_id: &str, o: &RequestOutcome) {
 /// `error.type`, and the queue time of an admitted one.
 fn observe_finished(metrics: &RequestMetrics, meta: &RequestMeta, o: &RequestOutcome) {
     let usage = &o.usage;
-    let u = &usage.timings;
+    let u = &usage.extras.timings;
     let secs = |ms: Option<f64>| ms.map(|v| v / 1e3);
     #[allow(clippy::cast_precision_loss)] // token counts are far below 2^53
     let tpot = secs(u.generation_ms)

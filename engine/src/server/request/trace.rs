@@ -666,7 +666,7 @@ impl RequestTrace {
             self.close_choice(i);
         }
         let usage = &o.usage;
-        let u = &usage.timings;
+        let u = &usage.extras.timings;
         let sp = self.root.span();
         let at = &o.instants;
         let mut attrs = vec![
@@ -739,16 +739,16 @@ impl RequestTrace {
                 .into_iter()
                 .filter_map(|(k, v)| v.map(|v| KeyValue::new(k, v))),
         );
-        if let Some(r) = usage.resume {
+        if let Some(r) = usage.extras.resume {
             attrs.push(KeyValue::new(attr::RESUME, r));
         }
         if let Some(ttl) = o.session_kv_ttl {
             attrs.push(KeyValue::new(attr::SESSION_KV_TTL_MS, ms(ttl)));
         }
         let resume_counts = [
-            (attr::RESUME_REUSABLE_TOKENS, usage.reusable_tokens),
-            (attr::RESUME_DIVERGED_AT, usage.diverged_at),
-            (attr::RESUME_EVICTED_TOKENS, usage.evicted_tokens),
+            (attr::RESUME_REUSABLE_TOKENS, usage.extras.reusable_tokens),
+            (attr::RESUME_DIVERGED_AT, usage.extras.diverged_at),
+            (attr::RESUME_EVICTED_TOKENS, usage.extras.evicted_tokens),
         ];
         attrs.extend(
             resume_counts

@@ -23,40 +23,23 @@ pub struct Usage {
     /// otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub completion_tokens_details: Option<CompletionDetails>,
-    /// Draft tokens verified, over all choices (slotlight extension; speculative decoding).
-    pub drafted_tokens: usize,
-    /// Of those, the ones taken as the model's own (the same count as
-    /// `completion_tokens_details.accepted_prediction_tokens`).
-    pub accepted_tokens: usize,
+    /// slotlight's extras: the request's own timings, its resume facts, its legs and its
+    /// draft counts.
+    #[serde(flatten)]
+    pub extras: UsageExtras,
+}
+
+/// slotlight's extras of a usage: the request's own timings, its resume facts and its legs,
+/// which every API's usage carries beside its own counts (flattened into chat completions'
+/// [`Usage`] and into the Responses and Messages usages).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct UsageExtras {
     /// The request's own timings.
     #[serde(flatten)]
     pub timings: UsageTimings,
     /// Whether the turn reused its conversation's KV and, if not, why (`first`, `full`,
     /// `diverged`, `evicted`, `other_group`; without a session `none` or `prefix`); `null`
     /// for a request never admitted.
-    pub resume: Option<&'static str>,
-    /// Tokens the prompt had in common with the session's remembered last turn: what could
-    /// have been reused (`null` without a remembered turn).
-    pub reusable_tokens: Option<usize>,
-    /// Where the prompt departs from the session's last turn (`diverged`, and `evicted` when
-    /// the history changed too).
-    pub diverged_at: Option<usize>,
-    /// Reusable tokens whose KV blocks had been reclaimed (`evicted`).
-    pub evicted_tokens: Option<usize>,
-    /// The request's legs (slotlight extension): where each choice ran and what each stretch
-    /// did.
-    pub legs: Vec<LegUsage>,
-}
-
-/// slotlight's extras of a usage: the request's own timings, its resume facts and its legs,
-/// which every API's usage carries beside its own counts (chat completions' [`Usage`] has them
-/// inline; the Responses and Messages usages flatten this).
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct UsageExtras {
-    /// The request's own timings.
-    #[serde(flatten)]
-    pub timings: UsageTimings,
-    /// Whether the turn reused its conversation's KV and, if not, why (as [`Usage::resume`]).
     pub resume: Option<&'static str>,
     /// Tokens the prompt had in common with the session's remembered last turn.
     pub reusable_tokens: Option<usize>,
@@ -73,20 +56,6 @@ pub struct UsageExtras {
 }
 
 impl Usage {
-    /// The extras every API's usage carries.
-    pub fn extras(&self) -> UsageExtras {
-        UsageExtras {
-            timings: self.timings,
-            resume: self.resume,
-            reusable_tokens: self.reusable_tokens,
-            diverged_at: self.diverged_at,
-            evicted_tokens: self.evicted_tokens,
-            legs: self.legs.clone(),
-            drafted_tokens: self.drafted_tokens,
-            accepted_tokens: self.accepted_tokens,
-        }
-    }
-
     /// Reasoning tokens (0 without a thinking template).
     pub fn reasoning_tokens(&self) -> usize {
         self.completion_tokens_details

@@ -74,7 +74,7 @@ impl ResponsesUsage {
                 rejected_prediction_tokens: details.and_then(|d| d.rejected_prediction_tokens),
             },
             total_tokens: u.prompt_tokens + output,
-            extras: u.extras(),
+            extras: u.extras.clone(),
         }
     }
 }
