@@ -7,6 +7,7 @@ use serde::Deserialize;
 use super::family::{self, Hparams, WindowPattern};
 use super::gguf::{GgufFile, Value};
 
+// At home in `family`; kept here for the backends and tests that name them by this path.
 pub use super::family::{Activation, Arch, Family, RopeStyle, SlidingWindow};
 
 /// Llama 3 style frequency-dependent RoPE scaling.

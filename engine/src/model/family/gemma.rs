@@ -64,9 +64,6 @@ pub(super) fn block(h: &Hparams, g: &Generation) -> Family {
 /// attention's post-norm there, not the feed-forward's pre-norm), each stored as `w` for
 /// `x · (1 + w)`.
 pub(super) const HF_NAMES: Names = Names {
-    embed: "model.embed_tokens.weight",
-    norm: "model.norm.weight",
-    output: "lm_head.weight",
     block: |l, part| {
         let s = match part {
             "attn_norm" => "input_layernorm.weight",
@@ -78,4 +75,5 @@ pub(super) const HF_NAMES: Names = Names {
         format!("model.layers.{l}.{s}")
     },
     norm_offset: 1.0,
+    ..LLAMA_HF_NAMES
 };

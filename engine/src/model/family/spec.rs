@@ -102,6 +102,7 @@ pub struct Hparams {
     pub attn_softcap: Option<f64>,
     /// Logit soft-cap.
     pub final_softcap: Option<f64>,
-    /// Queries are scaled by `1/√query_pre_attn_scalar` (Hugging Face; GGUF has no such key).
+    /// Queries are scaled by `1/√query_pre_attn_scalar` (Hugging Face: the config's, else
+    /// `head_dim`; GGUF files have no such key).
     pub query_pre_attn_scalar: Option<f64>,
 }
