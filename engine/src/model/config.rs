@@ -1,23 +1,14 @@
-//! Model hyper-parameters, read from GGUF metadata or a Hugging Face `config.json`.
+//! Model hyper-parameters, read from GGUF metadata or a Hugging Face `config.json`:
+//! the sizes every model has here, and its family's own ([`Hparams`]) handed to its
+//! [`FamilySpec`](family::FamilySpec).
 
 use serde::Deserialize;
 
+use super::family::{self, Hparams, WindowPattern};
 use super::gguf::{GgufFile, Value};
-use crate::chat_template::TurnFormat;
 
-/// How RoPE pairs the dimensions of a head.
-///
-/// Must match the weights' layout: llama.cpp's converter permutes the Q and K rows of `llama`
-/// models so that GGUF files rotate adjacent pairs, while Hugging Face checkpoints (and GGUF
-/// `qwen2` files) rotate the two halves of a head. Using the wrong convention corrupts
-/// attention patterns without any error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// Pairs `(x[2i], x[2i+1])` (GGUF `llama`).
-    Interleaved,
-    /// Pairs `(x[i], x[i + d/2])` (Hugging Face, GGUF `qwen2`).
-    Neox,
-}
+// At home in `family`; kept here for the backends and tests that name them by this path.
+pub use super::family::{Activation, Arch, Family, RopeStyle, SlidingWindow};
 
 /// Llama 3 style frequency-dependent RoPE scaling.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -30,142 +21,6 @@ pub struct Llama3Scaling {
     pub high_freq_factor: f64,
     /// Context length the model was trained with before scaling.
     pub original_max_position: f64,
-}
-
-/// The architecture family: its name, and through [`Arch::family`] what the forward pass does
-/// differently for it. Backends read the [`Family`], never the `Arch`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arch {
-    /// Llama 2/3, SmolLM, TinyLlama, Mistral (GGUF `llama`).
-    Llama,
-    /// Qwen2 (attention bias on q, k, v).
-    Qwen2,
-    /// Qwen3 (per-head RMSNorm on q and k, no bias).
-    Qwen3,
-    /// Gemma 2 (GeGLU, pre- and post-norms, soft-capped attention and logits, sliding window
-    /// on every other layer).
-    Gemma2,
-    /// Gemma 3 (GeGLU, pre- and post-norms, QK norm, sliding window on five of six layers).
-    Gemma3,
-}
-
-impl Arch {
-    /// The GGUF `general.architecture` name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Qwen2 => "qwen2",
-            Arch::Qwen3 => "qwen3",
-            Arch::Gemma2 => "gemma2",
-            Arch::Gemma3 => "gemma3",
-        }
-    }
-
-    /// The turn format its models are prompted with when they ship no chat template:
-    /// Gemma's for Gemma, ChatML for the others.
-    pub fn turn_format(self) -> TurnFormat {
-        match self {
-            Arch::Gemma2 | Arch::Gemma3 => TurnFormat::Gemma,
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => TurnFormat::ChatMl,
-        }
-    }
-}
-
-/// The feed-forward's gate activation (`act(gate) * up`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Activation {
-    /// SiLU (SwiGLU: Llama, Qwen).
-    #[default]
-    Silu,
-    /// GELU, tanh approximation (GeGLU: Gemma; ggml's `gelu`, PyTorch's `gelu(approximate="tanh")`).
-    GeluTanh,
-}
-
-/// Which layers attend only to the last `window` positions (sliding-window attention).
-#[derive(Debug, Clone, PartialEq)]
-pub struct SlidingWindow {
-    /// Positions a local layer sees, its own included: key `p` is visible from query `q` when
-    /// `q - p < window` (llama.cpp's standard SWA, Hugging Face's `sliding_window`).
-    pub window: usize,
-    /// Per layer: `true` for a local (windowed) layer, `false` for a global one.
-    pub local: Vec<bool>,
-    /// RoPE base of the local layers (Gemma 3: 10000; global layers use
-    /// [`ModelConfig::rope_theta`] and its scaling).
-    pub local_rope_theta: Option<f64>,
-}
-
-impl SlidingWindow {
-    /// Every `period`-th layer global, the others local (llama.cpp's `set_swa_pattern`, Gemma 3
-    /// with period 6, Gemma 2 with period 2).
-    pub fn periodic(window: usize, period: usize, layers: usize) -> Self {
-        Self {
-            window,
-            local: (0..layers)
-                .map(|l| period == 0 || l % period < period - 1)
-                .collect(),
-            local_rope_theta: None,
-        }
-    }
-}
-
-/// What a family does beyond the Llama block (pre-norm attention and SwiGLU, both added to the
-/// residual). One description per family, read by every backend; the defaults are Llama's.
-///
-/// The block, in order: `h = norm(x) · attn_norm`; q, k, v projections (+ bias); per-head
-/// `qk_norm`; RoPE; q scaled by [`Family::attn_scale`]; attention (windowed on local layers,
-/// scores soft-capped by `attn_softcap`); output projection; `post_norms`: normed by
-/// `attn_post_norm`; added to `x`. Then `h = norm(x) · ffn_norm`; `activation(gate) · up`; down
-/// projection; `post_norms`: normed by `ffn_post_norm`; added to `x`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Family {
-    /// Per-head RMSNorm of q and k before RoPE (`attn_q_norm`, `attn_k_norm`: Qwen3, Gemma 3).
-    pub qk_norm: bool,
-    /// RMSNorm of the attention and feed-forward outputs before the residual add
-    /// (`post_attention_norm`, `post_ffw_norm`: Gemma 2/3).
-    pub post_norms: bool,
-    /// The feed-forward activation.
-    pub activation: Activation,
-    /// The embedding rows are multiplied by this (Gemma: `√hidden`).
-    pub embed_scale: f32,
-    /// Queries are multiplied by this before attention: `1/√head_dim`, or Gemma's
-    /// `1/√query_pre_attn_scalar`. `None`: `1/√head_dim`.
-    pub attn_scale: Option<f32>,
-    /// Attention scores become `cap · tanh(score / cap)` (Gemma 2's `attn_logit_softcapping`).
-    pub attn_softcap: Option<f32>,
-    /// Logits become `cap · tanh(logit / cap)` (Gemma 2's `final_logit_softcapping`).
-    pub final_softcap: Option<f32>,
-    /// Local layers, when the family has them.
-    pub sliding_window: Option<SlidingWindow>,
-    /// Linear RoPE scaling of the global layers: positions are divided by this (Gemma 3 4B+).
-    pub rope_linear_factor: Option<f64>,
-}
-
-impl Default for Family {
-    fn default() -> Self {
-        Self {
-            qk_norm: false,
-            post_norms: false,
-            activation: Activation::Silu,
-            embed_scale: 1.0,
-            attn_scale: None,
-            attn_softcap: None,
-            final_softcap: None,
-            sliding_window: None,
-            rope_linear_factor: None,
-        }
-    }
-}
-
-impl Family {
-    /// Whether layer `l` is local, and its window.
-    pub fn window(&self, l: usize) -> Option<usize> {
-        let sw = self.sliding_window.as_ref()?;
-        sw.local
-            .get(l)
-            .copied()
-            .unwrap_or(false)
-            .then_some(sw.window)
-    }
 }
 
 /// Everything the forward pass needs to know about a model's shape.
@@ -212,9 +67,7 @@ pub enum ConfigError {
     #[error("missing or invalid metadata key {0}")]
     Missing(String),
     /// The architecture is not one this engine runs.
-    #[error(
-        "unsupported architecture {0:?} (supported: llama, mistral, qwen2, qwen3, gemma2, gemma3)"
-    )]
+    #[error("unsupported architecture {:?} (supported: {})", .0, family::gguf_names())]
     Architecture(String),
     /// The numbers do not describe a valid model.
     #[error("inconsistent model shape: {0}")]
@@ -232,14 +85,9 @@ impl ModelConfig {
             .and_then(Value::as_str)
             .ok_or_else(|| ConfigError::Missing("general.architecture".into()))?
             .to_string();
-        let arch = match arch_name.as_str() {
-            "llama" | "mistral" => Arch::Llama,
-            "qwen2" => Arch::Qwen2,
-            "qwen3" => Arch::Qwen3,
-            "gemma2" => Arch::Gemma2,
-            "gemma3" => Arch::Gemma3,
-            other => return Err(ConfigError::Architecture(other.to_string())),
-        };
+        let arch = family::by_gguf_name(&arch_name)
+            .ok_or_else(|| ConfigError::Architecture(arch_name.clone()))?;
+        let spec = arch.spec();
         let key = |k: &str| format!("{arch_name}.{k}");
         let float = |k: &str| g.get(&key(k)).and_then(Value::as_f64);
         let int = |k: &str| -> Result<usize, ConfigError> {
@@ -280,76 +128,32 @@ impl ModelConfig {
             .unwrap_or(10000.0);
         let layers = int("block_count")?;
         let scaling_type = g.get(&key("rope.scaling.type")).and_then(Value::as_str);
-        let rope_linear_factor = match scaling_type {
-            Some("linear") => float("rope.scaling.factor").filter(|&f| f > 0.0 && f != 1.0),
-            _ => None,
-        };
-        let family = match arch {
-            Arch::Llama | Arch::Qwen2 => Family::default(),
-            Arch::Qwen3 => Family {
-                qk_norm: true,
-                ..Family::default()
+        let family = (spec.block)(&Hparams {
+            hidden,
+            heads,
+            head_dim,
+            layers,
+            sliding_window: int("attention.sliding_window").ok(),
+            // llama.cpp: the pattern may be an array of per-layer flags or a period.
+            window_pattern: match g.get(&key("attention.sliding_window_pattern")) {
+                Some(Value::Array(a)) => Some(WindowPattern::Layers(
+                    a.iter().map(|v| v.as_bool().unwrap_or(false)).collect(),
+                )),
+                Some(v) => v
+                    .as_u64()
+                    .and_then(|p| usize::try_from(p).ok())
+                    .map(WindowPattern::Period),
+                None => None,
             },
-            Arch::Gemma2 | Arch::Gemma3 => {
-                let gemma3 = arch == Arch::Gemma3;
-                // llama.cpp: the pattern may be an array of per-layer flags or a period.
-                let pattern_key = key("attention.sliding_window_pattern");
-                let sliding_window =
-                    int("attention.sliding_window")
-                        .ok()
-                        .filter(|&w| w > 0)
-                        .map(|w| {
-                            let mut sw = match g.get(&pattern_key) {
-                                Some(Value::Array(a)) => SlidingWindow {
-                                    window: w,
-                                    local: a.iter().map(|v| v.as_bool().unwrap_or(false)).collect(),
-                                    local_rope_theta: None,
-                                },
-                                Some(v) => SlidingWindow::periodic(
-                                    w,
-                                    v.as_u64()
-                                        .and_then(|p| usize::try_from(p).ok())
-                                        .unwrap_or(6),
-                                    layers,
-                                ),
-                                None => {
-                                    SlidingWindow::periodic(w, if gemma3 { 6 } else { 2 }, layers)
-                                }
-                            };
-                            if gemma3 {
-                                sw.local_rope_theta =
-                                    Some(float("rope.freq_base_swa").unwrap_or(10000.0));
-                            }
-                            sw
-                        });
-                #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
-                let family = Family {
-                    qk_norm: gemma3,
-                    post_norms: true,
-                    activation: Activation::GeluTanh,
-                    embed_scale: (hidden as f32).sqrt(),
-                    // llama.cpp (GGUF has no `query_pre_attn_scalar`): 1/√head_dim, except
-                    // the 27B models (62 layers for Gemma 3, 46 for Gemma 2): 1/√(hidden/heads).
-                    attn_scale: Some(
-                        1.0 / (if layers == if gemma3 { 62 } else { 46 } {
-                            hidden.checked_div(heads).unwrap_or(head_dim)
-                        } else {
-                            head_dim
-                        } as f32)
-                            .sqrt(),
-                    ),
-                    attn_softcap: float("attn_logit_softcapping")
-                        .filter(|&c| c > 0.0)
-                        .map(|c| c as f32),
-                    final_softcap: float("final_logit_softcapping")
-                        .filter(|&c| c > 0.0)
-                        .map(|c| c as f32),
-                    sliding_window,
-                    rope_linear_factor,
-                };
-                family
-            }
-        };
+            local_rope_theta: float("rope.freq_base_swa"),
+            rope_linear_factor: match scaling_type {
+                Some("linear") => float("rope.scaling.factor"),
+                _ => None,
+            },
+            attn_softcap: float("attn_logit_softcapping"),
+            final_softcap: float("final_logit_softcapping"),
+            query_pre_attn_scalar: None,
+        });
         let rope_scaling = match scaling_type {
             Some("llama3") => Some(Llama3Scaling {
                 factor: g
@@ -388,14 +192,9 @@ impl ModelConfig {
             context: int("context_length")?,
             rms_eps,
             rope_theta,
-            // llama.cpp's `llama_model_rope_type`: NEOX for Qwen and Gemma, NORM for llama.
-            rope_style: if arch == Arch::Llama {
-                RopeStyle::Interleaved
-            } else {
-                RopeStyle::Neox
-            },
+            rope_style: spec.gguf_rope,
             rope_scaling,
-            qkv_bias: arch == Arch::Qwen2,
+            qkv_bias: spec.qkv_bias,
             family,
         };
         cfg.validate()?;
@@ -406,14 +205,9 @@ impl ModelConfig {
     pub fn from_hf_json(text: &str) -> Result<Self, ConfigError> {
         let c: HfConfig = serde_json::from_str(text)?;
         let model_type = c.model_type.clone().unwrap_or_default();
-        let arch = match model_type.as_str() {
-            "llama" | "mistral" => Arch::Llama,
-            "qwen2" => Arch::Qwen2,
-            "qwen3" => Arch::Qwen3,
-            "gemma2" => Arch::Gemma2,
-            "gemma3_text" | "gemma3" => Arch::Gemma3,
-            other => return Err(ConfigError::Architecture(other.to_string())),
-        };
+        let arch = family::by_hf_model_type(&model_type)
+            .ok_or_else(|| ConfigError::Architecture(model_type.clone()))?;
+        let spec = arch.spec();
         let heads = c.num_attention_heads;
         let head_dim = c
             .head_dim
@@ -430,71 +224,36 @@ impl ModelConfig {
             .rope_theta
             .or_else(|| rope_param("full_attention", "rope_theta")?.as_f64())
             .unwrap_or(10000.0);
-        let family = match arch {
-            Arch::Llama | Arch::Qwen2 => Family::default(),
-            Arch::Qwen3 => Family {
-                qk_norm: true,
-                ..Family::default()
+        #[allow(clippy::cast_precision_loss)]
+        let family = (spec.block)(&Hparams {
+            hidden: c.hidden_size,
+            heads,
+            head_dim,
+            layers: c.num_hidden_layers,
+            sliding_window: c.sliding_window,
+            window_pattern: match &c.layer_types {
+                Some(t) => Some(WindowPattern::Layers(
+                    t.iter().map(|t| t == "sliding_attention").collect(),
+                )),
+                None => c.sliding_window_pattern.map(WindowPattern::Period),
             },
-            Arch::Gemma2 | Arch::Gemma3 => {
-                let gemma3 = arch == Arch::Gemma3;
-                let layers = c.num_hidden_layers;
-                let sliding_window = c.sliding_window.filter(|&w| w > 0).map(|w| {
-                    let mut sw = match &c.layer_types {
-                        Some(t) => SlidingWindow {
-                            window: w,
-                            local: t.iter().map(|t| t == "sliding_attention").collect(),
-                            local_rope_theta: None,
-                        },
-                        None => SlidingWindow::periodic(
-                            w,
-                            c.sliding_window_pattern
-                                .unwrap_or(if gemma3 { 6 } else { 2 }),
-                            layers,
-                        ),
-                    };
-                    if gemma3 {
-                        sw.local_rope_theta = Some(
-                            c.rope_local_base_freq
-                                .or_else(|| rope_param("sliding_attention", "rope_theta")?.as_f64())
-                                .unwrap_or(10000.0),
-                        );
-                    }
-                    sw
-                });
-                let linear = c
-                    .rope_scaling
-                    .as_ref()
-                    .filter(|s| s.rope_type.as_deref().or(s.r#type.as_deref()) == Some("linear"))
-                    .and_then(|s| s.factor)
-                    .or_else(|| {
-                        (rope_param("full_attention", "rope_type")?.as_str()? == "linear")
-                            .then(|| rope_param("full_attention", "factor")?.as_f64())?
-                    })
-                    .filter(|&f| f > 0.0 && f != 1.0);
-                #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
-                let family = Family {
-                    qk_norm: gemma3,
-                    post_norms: true,
-                    activation: Activation::GeluTanh,
-                    embed_scale: (c.hidden_size as f32).sqrt(),
-                    attn_scale: Some(
-                        1.0 / (c.query_pre_attn_scalar.unwrap_or(head_dim as f64) as f32).sqrt(),
-                    ),
-                    attn_softcap: c
-                        .attn_logit_softcapping
-                        .filter(|&v| v > 0.0)
-                        .map(|v| v as f32),
-                    final_softcap: c
-                        .final_logit_softcapping
-                        .filter(|&v| v > 0.0)
-                        .map(|v| v as f32),
-                    sliding_window,
-                    rope_linear_factor: linear,
-                };
-                family
-            }
-        };
+            local_rope_theta: c
+                .rope_local_base_freq
+                .or_else(|| rope_param("sliding_attention", "rope_theta")?.as_f64()),
+            rope_linear_factor: c
+                .rope_scaling
+                .as_ref()
+                .filter(|s| s.rope_type.as_deref().or(s.r#type.as_deref()) == Some("linear"))
+                .and_then(|s| s.factor)
+                .or_else(|| {
+                    (rope_param("full_attention", "rope_type")?.as_str()? == "linear")
+                        .then(|| rope_param("full_attention", "factor")?.as_f64())?
+                }),
+            attn_softcap: c.attn_logit_softcapping,
+            final_softcap: c.final_logit_softcapping,
+            // transformers scales queries by 1/√head_dim unless the config says otherwise.
+            query_pre_attn_scalar: Some(c.query_pre_attn_scalar.unwrap_or(head_dim as f64)),
+        });
         let rope_scaling = match c.rope_scaling {
             Some(s) if s.rope_type.as_deref().or(s.r#type.as_deref()) == Some("llama3") => {
                 Some(Llama3Scaling {
@@ -522,7 +281,7 @@ impl ModelConfig {
             rope_theta,
             rope_style: RopeStyle::Neox,
             rope_scaling,
-            qkv_bias: arch == Arch::Qwen2 || c.attention_bias.unwrap_or(false),
+            qkv_bias: spec.qkv_bias || c.attention_bias.unwrap_or(false),
             family,
         };
         cfg.validate()?;
@@ -671,18 +430,4 @@ struct HfConfig {
     rope_local_base_freq: Option<f64>,
     attn_logit_softcapping: Option<f64>,
     final_logit_softcapping: Option<f64>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn gemma_families_fall_back_to_gemma_turns_and_the_others_to_chatml() {
-        assert_eq!(Arch::Gemma2.turn_format(), TurnFormat::Gemma);
-        assert_eq!(Arch::Gemma3.turn_format(), TurnFormat::Gemma);
-        for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
-            assert_eq!(arch.turn_format(), TurnFormat::ChatMl, "{}", arch.name());
-        }
-    }
 }

@@ -4,10 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::config::Arch;
 use super::config::{ConfigError, ModelConfig};
+use super::family::GGUF_NAMES;
 use super::gguf::{GgufError, GgufFile, Value};
-use super::llama::{GGUF_NAMES, HF_GEMMA_NAMES, HF_NAMES, LlamaWeights, WeightsError};
+use super::llama::{LlamaWeights, WeightsError};
 use super::safetensors::{Checkpoint, SafetensorsError};
 use crate::chat_template::{ChatTemplate, TemplateError, fallback_template};
 use crate::tokenizer::{GgufVocab, Tokenizer, TokenizerConfig, TokenizerError};
@@ -272,7 +272,7 @@ impl Model {
     /// The chat template source the model's chat prompts are rendered with, from metadata
     /// only (no weights): its own (GGUF `tokenizer.chat_template`, or `tokenizer_config.json`
     /// in a Hugging Face folder), else its family's fallback
-    /// ([`fallback_template`] of its [`Arch::turn_format`]).
+    /// ([`fallback_template`] of its [`Arch::turn_format`](super::config::Arch::turn_format)).
     pub fn load_chat_template_source(
         path: &Path,
         tokenizer: &Tokenizer,
@@ -377,10 +377,7 @@ impl Model {
             source,
         })?;
         let ckpt = Checkpoint::open(dir)?;
-        let names = match cfg.arch {
-            Arch::Gemma2 | Arch::Gemma3 => &HF_GEMMA_NAMES,
-            _ => &HF_NAMES,
-        };
+        let names = cfg.arch.spec().hf_tensors;
         let weights =
             LlamaWeights::assemble(&cfg, names, |n| ckpt.tensor(n)).map_err(|source| {
                 LoadError::Weights {

@@ -1,6 +1,8 @@
-//! Models: file formats (GGUF, safetensors), configuration, and the Llama family's weights.
+//! Models: file formats (GGUF, safetensors), configuration, the families (one file each, in
+//! [`family`]), and their weights.
 
 pub mod config;
+pub mod family;
 pub mod gguf;
 pub mod llama;
 pub mod loader;

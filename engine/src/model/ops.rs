@@ -3,7 +3,8 @@
 //!
 //! Every backend executes this description with its own kernels (the CPU one op at a time,
 //! the CUDA backend fused into its launches after checking it can run the exact sequence), so
-//! adding a family changes [`layer_ops`] and its tests, not two forward passes.
+//! a family that needs a new step adds it to [`layer_ops`] and its tests, not to two forward
+//! passes (a family that only sets [`super::config::Family`]'s fields changes nothing here).
 //!
 //! The values a layer reads and writes: `x` the residual stream, `h` the normed input of a
 //! sub-layer, `q`/`k`/`v` the projections, `att` the attention output, `o` a sub-layer's output
