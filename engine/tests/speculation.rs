@@ -4,6 +4,8 @@
 //! batch slots (each sequence its own draft, beside the others' plain decodes), across a move
 //! from the solo path into a slot, after a preemption, under a grammar, with stop strings,
 //! logprobs and `n`; and the positions of rejected draft tokens never reach the prefix cache.
+//! Seeded sampling gives the same tokens with drafts and without, at any batch size and under
+//! load.
 //!
 //! Regression tests for issue 33 ("Agents rewrite what they read"), items 1 and 2.
 
@@ -516,28 +518,148 @@ fn constraints_stop_strings_logprobs_and_n_keep_working() {
     }
 }
 
-/// Sampling with drafts: tokens are drawn (seeded), drafts verified by rejection sampling;
-/// the counts agree and the reply is as long as asked.
-#[test]
-fn sampling_with_drafts_verifies_by_rejection() {
-    let Some(m) = default_model() else { return };
-    let drafting = engine(m, ngram(8), 1, 8192);
-    let (_, prompt, _) = prompts(m).remove(1);
-    let c = run(
-        &drafting,
-        GenerateRequest {
-            sampling: SamplingParams {
-                temperature: 0.7,
-                seed: Some(7),
-                ..SamplingParams::default()
-            },
-            ignore_eos: true,
-            ..GenerateRequest::new("sampled", prompt, 48)
+/// A seeded request at temperature 0.8.
+fn seeded(prompt: Vec<u32>, max_tokens: usize, seed: u64) -> GenerateRequest {
+    GenerateRequest {
+        sampling: SamplingParams {
+            temperature: 0.8,
+            seed: Some(seed),
+            ..SamplingParams::default()
         },
+        ..GenerateRequest::new("seeded", prompt, max_tokens)
+    }
+}
+
+/// Seeds of the seeded tests.
+const SEEDS: [u64; 2] = [7, 1234];
+
+/// Each prompt's seeded reply (for each of [`SEEDS`]) decoded plainly, one request at a time.
+fn seeded_alone(model: &Model) -> Vec<(String, GenerateRequest, Completion)> {
+    let plain = engine(model, none(), 1, 8192);
+    let mut out = Vec::new();
+    for (name, prompt, max_tokens) in prompts(model) {
+        for seed in SEEDS {
+            let req = seeded(prompt.clone(), max_tokens, seed);
+            let c = run(&plain, req.clone());
+            assert_eq!(c.timings.drafts.drafts, 0, "{name}: no drafts when off");
+            out.push((format!("{name}, seed {seed}"), req, c));
+        }
+    }
+    out
+}
+
+/// A seed means the same text: sampled at temperature 0.8, each prompt's reply is the same
+/// tokens with drafts from the prompt and reply (`--speculative ngram`), with a prediction that
+/// is partly wrong, and without drafts (`--speculative off`), because each output position's
+/// random number depends on the seed and the position only, and a draft is verified with the
+/// very draw plain decoding makes there. The grounded prompts do take drafts (their tokens are
+/// verified, not decoded), and a different seed gives a different reply.
+fn seeded_output_is_the_same_with_drafts_and_without(model: &Model) {
+    let want = seeded_alone(model);
+    let drafting = engine(model, ngram(10), 1, 8192);
+    let predicted = engine(model, none_but_predictions(), 1, 8192);
+    let mut taken = 0;
+    for (name, req, want) in &want {
+        let got = run(&drafting, req.clone());
+        assert_eq!(got.tokens, want.tokens, "{name}: prompt-lookup drafts");
+        assert_eq!(got.finish_reason, want.finish_reason, "{name}");
+        check_counts(&got);
+        if !name.starts_with("free-form") {
+            taken += got.timings.drafts.accepted_tokens;
+        }
+        // A prediction: the reply with one token changed in its middle.
+        let mut prediction = want.tokens.clone();
+        let mid = prediction.len() / 2;
+        prediction[mid] = prediction[mid].wrapping_add(1) % 1000;
+        let got = run(
+            &predicted,
+            GenerateRequest {
+                prediction: Some(prediction),
+                ..req.clone()
+            },
+        );
+        assert_eq!(got.tokens, want.tokens, "{name}: prediction drafts");
+        check_counts(&got);
+        let d = got.timings.drafts;
+        assert!(
+            d.accepted_tokens + 2 >= want.tokens.len() / 2,
+            "{name}: the prediction's first half is taken: {d:?} of {} tokens",
+            want.tokens.len()
+        );
+    }
+    assert!(taken > 0, "the grounded prompts took prompt-lookup drafts");
+    // Sanity: the seed matters.
+    let (_, req, a) = &want[want.len() - 2];
+    let b = &want[want.len() - 1].2;
+    assert_ne!(
+        a.tokens, b.tokens,
+        "two seeds, one reply: {:?}",
+        req.sampling
     );
-    assert_eq!(c.tokens.len(), 48);
-    check_counts(&c);
-    assert!(c.timings.drafts.drafts > 0, "{:?}", c.timings.drafts);
+}
+
+#[test]
+fn seeded_output_is_the_same_with_drafts_and_without_on_smollm2() {
+    let Some(m) = default_model() else { return };
+    seeded_output_is_the_same_with_drafts_and_without(m);
+}
+
+#[test]
+fn seeded_output_is_the_same_with_drafts_and_without_on_gemma3() {
+    let Some(m) = gemma_model() else { return };
+    seeded_output_is_the_same_with_drafts_and_without(m);
+}
+
+/// A seed means the same text under any load: the seeded requests of
+/// [`seeded_output_is_the_same_with_drafts_and_without`] all at once, beside unseeded requests
+/// sampled at temperature 1 (other traffic), in batch slots of 2 and 4, with drafts and
+/// without; the first starts alone on the solo path and moves into a slot when the others
+/// arrive. Each reply equals its plain reply alone.
+#[test]
+fn seeded_output_is_the_same_at_any_batch_size_and_under_load() {
+    let Some(m) = default_model() else { return };
+    let want = seeded_alone(m);
+    let load: Vec<GenerateRequest> = [
+        "Tell me about lighthouses.",
+        "List five fruits and their colours.",
+    ]
+    .iter()
+    .map(|text| GenerateRequest {
+        sampling: SamplingParams::default(),
+        ..GenerateRequest::new("load", chat(m, text), 48)
+    })
+    .collect();
+    for (spec, batch) in [(none(), 4), (ngram(8), 2), (ngram(8), 4)] {
+        let label = format!("drafts up to {}, batch {batch}", spec.max_tokens);
+        let e = engine(m, spec, batch, 16_384);
+        // The first alone until its first token, then everything else at once.
+        let mut first = e.submit(want[0].1.clone()).expect("submit");
+        let mut early = Vec::new();
+        while !matches!(early.last(), Some(Event::Token { .. })) {
+            early.push(first.blocking_recv().expect("event"));
+        }
+        let rest: Vec<_> = want[1..]
+            .iter()
+            .map(|(_, r, _)| r.clone())
+            .chain(load.iter().cloned())
+            .map(|r| e.submit(r).expect("submit"))
+            .collect();
+        let (_, a) = collect(first);
+        let done: Vec<Completion> = rest.into_iter().map(|rx| collect(rx).1).collect();
+        for ((name, _, w), c) in want.iter().zip(std::iter::once(&a).chain(&done)) {
+            assert_eq!(c.tokens, w.tokens, "{name}, {label}");
+            assert_eq!(c.finish_reason, w.finish_reason, "{name}, {label}");
+            check_counts(c);
+        }
+        assert!(
+            a.timings
+                .legs
+                .iter()
+                .any(|l| l.end_reason == Some(LegEnd::Moved)),
+            "{label}: the first moved from the solo path: {:?}",
+            a.timings.legs
+        );
+    }
 }
 
 /// The CPU backend computes a verification chunk's rows as one-token steps do: each row's
