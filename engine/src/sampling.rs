@@ -856,7 +856,11 @@ mod tests {
         );
         let distinct: std::collections::HashSet<u64> =
             forward.iter().map(|x| x.to_bits()).collect();
-        assert_eq!(distinct.len(), forward.len(), "every position its own number");
+        assert_eq!(
+            distinct.len(),
+            forward.len(),
+            "every position its own number"
+        );
         let other = PositionRng::new(43);
         assert!((0..1000).all(|i| other.uniform(i) != forward[i as usize]));
         // Choice 1 of `n` (seed + 1) is not choice 0 one position on.
