@@ -211,59 +211,122 @@ fn prompts(model: &Model) -> Vec<(&'static str, Vec<u32>, usize)> {
     ]
 }
 
-/// Greedy output with drafts from the prompt and reply, and with a prediction (the output
-/// itself with a word changed, so that part of it is rejected), equals plain decoding's, token
-/// for token; and the grounded prompts do take drafts, in fewer decode steps than tokens.
-fn greedy_output_is_the_same_with_drafts_and_without(model: &Model) {
-    let plain = engine(model, none(), 1, 4096);
-    let drafting = engine(model, ngram(10), 1, 4096);
-    let predicted = engine(model, none_but_predictions(), 1, 4096);
-    for (name, prompt, max_tokens) in prompts(model) {
-        let want = run(&plain, greedy(prompt.clone(), max_tokens));
-        assert_eq!(want.timings.drafts.drafts, 0, "{name}: no drafts when off");
-        assert_eq!(want.speculation, SpeculationMode::Off);
-        let got = run(&drafting, greedy(prompt.clone(), max_tokens));
-        assert_eq!(got.tokens, want.tokens, "{name}: prompt-lookup drafts");
-        assert_eq!(got.finish_reason, want.finish_reason, "{name}");
-        assert_eq!(got.speculation, SpeculationMode::Ngram);
-        check_counts(&got);
-        if name != "free-form" {
-            let d = got.timings.drafts;
-            assert!(d.accepted_tokens > 0, "{name}: {d:?}");
-            assert!(
-                got.timings.decode_steps < got.timings.decode_tokens,
-                "{name}: {} steps for {} tokens",
-                got.timings.decode_steps,
-                got.timings.decode_tokens
-            );
-        }
-        // A prediction: the reply with one token changed in its middle.
-        let mut prediction = want.tokens.clone();
-        let mid = prediction.len() / 2;
-        prediction[mid] = prediction[mid].wrapping_add(1) % 1000;
-        let got = run(
-            &predicted,
-            GenerateRequest {
-                prediction: Some(prediction),
-                ..greedy(prompt.clone(), max_tokens)
+/// One request of the comparisons with and without drafts: a prompt of [`prompts`] with one
+/// way of sampling, and its reply decoded plainly, alone.
+struct Case {
+    name: String,
+    /// Whether the reply copies from the prompt (so drafts are taken).
+    grounded: bool,
+    req: GenerateRequest,
+    want: Completion,
+}
+
+/// The request of `prompt` for `seed`: greedy for `None`, else sampled at temperature 0.8 with
+/// that seed.
+fn request(prompt: Vec<u32>, max_tokens: usize, seed: Option<u64>) -> GenerateRequest {
+    match seed {
+        None => greedy(prompt, max_tokens),
+        Some(seed) => GenerateRequest {
+            sampling: SamplingParams {
+                temperature: 0.8,
+                seed: Some(seed),
+                ..SamplingParams::default()
             },
-        );
-        assert_eq!(got.tokens, want.tokens, "{name}: prediction drafts");
-        assert_eq!(got.speculation, SpeculationMode::Prediction);
-        check_counts(&got);
-        let d = got.timings.drafts;
-        assert!(
-            d.accepted_tokens + 2 >= want.tokens.len() / 2,
-            "{name}: the prediction's first half is taken: {d:?} of {} tokens",
-            want.tokens.len()
-        );
-        if want.tokens.len() > 2 {
-            assert!(
-                d.rejected_tokens() > 0,
-                "{name}: the edit is rejected: {d:?}"
-            );
+            ..GenerateRequest::new("seeded", prompt, max_tokens)
+        },
+    }
+}
+
+/// Each prompt's request for each of `seeds` (see [`request`]), with its reply decoded plainly
+/// (`--speculative off`), one request at a time.
+fn alone(model: &Model, seeds: &[Option<u64>]) -> Vec<Case> {
+    let plain = engine(model, none(), 1, 8192);
+    let mut out = Vec::new();
+    for (name, prompt, max_tokens) in prompts(model) {
+        for &seed in seeds {
+            let req = request(prompt.clone(), max_tokens, seed);
+            let want = run(&plain, req.clone());
+            let name = format!("{name}, seed {seed:?}");
+            assert_eq!(want.timings.drafts.drafts, 0, "{name}: no drafts when off");
+            assert_eq!(want.speculation, SpeculationMode::Off);
+            out.push(Case {
+                grounded: !name.starts_with("free-form"),
+                name,
+                req,
+                want,
+            });
         }
     }
+    out
+}
+
+/// The output with drafts from the prompt and reply, and with a prediction (the output itself
+/// with a word changed, so that part of it is rejected), equals plain decoding's, token for
+/// token, for each prompt and each of `seeds` (see [`request`]); and the grounded prompts do
+/// take drafts, in fewer decode steps than tokens. Returns the cases.
+fn same_with_drafts_and_without(model: &Model, seeds: &[Option<u64>]) -> Vec<Case> {
+    let cases = alone(model, seeds);
+    let drafting = engine(model, ngram(10), 1, 8192);
+    let predicted = engine(model, none_but_predictions(), 1, 8192);
+    for prompt in cases.chunk_by(|a, b| a.req.prompt == b.req.prompt) {
+        // The grounded prompt's drafts over its seeds.
+        let (mut taken, mut steps, mut tokens) = (0, 0, 0);
+        for Case {
+            name,
+            grounded,
+            req,
+            want,
+        } in prompt
+        {
+            let got = run(&drafting, req.clone());
+            assert_eq!(got.tokens, want.tokens, "{name}: prompt-lookup drafts");
+            assert_eq!(got.finish_reason, want.finish_reason, "{name}");
+            assert_eq!(got.speculation, SpeculationMode::Ngram);
+            check_counts(&got);
+            if *grounded {
+                taken += got.timings.drafts.accepted_tokens;
+                steps += got.timings.decode_steps;
+                tokens += got.timings.decode_tokens;
+            }
+            // A prediction: the reply with one token changed in its middle.
+            let mut prediction = want.tokens.clone();
+            let mid = prediction.len() / 2;
+            prediction[mid] = prediction[mid].wrapping_add(1) % 1000;
+            let got = run(
+                &predicted,
+                GenerateRequest {
+                    prediction: Some(prediction),
+                    ..req.clone()
+                },
+            );
+            assert_eq!(got.tokens, want.tokens, "{name}: prediction drafts");
+            assert_eq!(got.speculation, SpeculationMode::Prediction);
+            check_counts(&got);
+            let d = got.timings.drafts;
+            assert!(
+                d.accepted_tokens + 2 >= want.tokens.len() / 2,
+                "{name}: the prediction's first half is taken: {d:?} of {} tokens",
+                want.tokens.len()
+            );
+            if want.tokens.len() > 2 {
+                assert!(
+                    d.rejected_tokens() > 0,
+                    "{name}: the edit is rejected: {d:?}"
+                );
+            }
+        }
+        if prompt[0].grounded {
+            let name = &prompt[0].name;
+            assert!(taken > 0, "{name}: drafts taken");
+            assert!(steps < tokens, "{name}: {steps} steps for {tokens} tokens");
+        }
+    }
+    cases
+}
+
+/// Greedy output is the same with drafts and without.
+fn greedy_output_is_the_same_with_drafts_and_without(model: &Model) {
+    same_with_drafts_and_without(model, &[None]);
 }
 
 /// Drafts from a prediction only (`--speculative off`).
@@ -518,35 +581,8 @@ fn constraints_stop_strings_logprobs_and_n_keep_working() {
     }
 }
 
-/// A seeded request at temperature 0.8.
-fn seeded(prompt: Vec<u32>, max_tokens: usize, seed: u64) -> GenerateRequest {
-    GenerateRequest {
-        sampling: SamplingParams {
-            temperature: 0.8,
-            seed: Some(seed),
-            ..SamplingParams::default()
-        },
-        ..GenerateRequest::new("seeded", prompt, max_tokens)
-    }
-}
-
 /// Seeds of the seeded tests.
-const SEEDS: [u64; 2] = [7, 1234];
-
-/// Each prompt's seeded reply (for each of [`SEEDS`]) decoded plainly, one request at a time.
-fn seeded_alone(model: &Model) -> Vec<(String, GenerateRequest, Completion)> {
-    let plain = engine(model, none(), 1, 8192);
-    let mut out = Vec::new();
-    for (name, prompt, max_tokens) in prompts(model) {
-        for seed in SEEDS {
-            let req = seeded(prompt.clone(), max_tokens, seed);
-            let c = run(&plain, req.clone());
-            assert_eq!(c.timings.drafts.drafts, 0, "{name}: no drafts when off");
-            out.push((format!("{name}, seed {seed}"), req, c));
-        }
-    }
-    out
-}
+const SEEDS: [Option<u64>; 2] = [Some(7), Some(1234)];
 
 /// A seed means the same text: sampled at temperature 0.8, each prompt's reply is the same
 /// tokens with drafts from the prompt and reply (`--speculative ngram`), with a prediction that
@@ -555,46 +591,13 @@ fn seeded_alone(model: &Model) -> Vec<(String, GenerateRequest, Completion)> {
 /// very draw plain decoding makes there. The grounded prompts do take drafts (their tokens are
 /// verified, not decoded), and a different seed gives a different reply.
 fn seeded_output_is_the_same_with_drafts_and_without(model: &Model) {
-    let want = seeded_alone(model);
-    let drafting = engine(model, ngram(10), 1, 8192);
-    let predicted = engine(model, none_but_predictions(), 1, 8192);
-    let mut taken = 0;
-    for (name, req, want) in &want {
-        let got = run(&drafting, req.clone());
-        assert_eq!(got.tokens, want.tokens, "{name}: prompt-lookup drafts");
-        assert_eq!(got.finish_reason, want.finish_reason, "{name}");
-        check_counts(&got);
-        if !name.starts_with("free-form") {
-            taken += got.timings.drafts.accepted_tokens;
-        }
-        // A prediction: the reply with one token changed in its middle.
-        let mut prediction = want.tokens.clone();
-        let mid = prediction.len() / 2;
-        prediction[mid] = prediction[mid].wrapping_add(1) % 1000;
-        let got = run(
-            &predicted,
-            GenerateRequest {
-                prediction: Some(prediction),
-                ..req.clone()
-            },
-        );
-        assert_eq!(got.tokens, want.tokens, "{name}: prediction drafts");
-        check_counts(&got);
-        let d = got.timings.drafts;
-        assert!(
-            d.accepted_tokens + 2 >= want.tokens.len() / 2,
-            "{name}: the prediction's first half is taken: {d:?} of {} tokens",
-            want.tokens.len()
-        );
-    }
-    assert!(taken > 0, "the grounded prompts took prompt-lookup drafts");
-    // Sanity: the seed matters.
-    let (_, req, a) = &want[want.len() - 2];
-    let b = &want[want.len() - 1].2;
+    let cases = same_with_drafts_and_without(model, &SEEDS);
+    // The free-form prompt (a copied reply may well be the same whatever the seed).
+    let poem: Vec<&Case> = cases.iter().filter(|c| !c.grounded).collect();
     assert_ne!(
-        a.tokens, b.tokens,
-        "two seeds, one reply: {:?}",
-        req.sampling
+        poem[0].want.tokens, poem[1].want.tokens,
+        "{} and {}: two seeds, one reply",
+        poem[0].name, poem[1].name
     );
 }
 
@@ -618,7 +621,7 @@ fn seeded_output_is_the_same_with_drafts_and_without_on_gemma3() {
 #[test]
 fn seeded_output_is_the_same_at_any_batch_size_and_under_load() {
     let Some(m) = default_model() else { return };
-    let want = seeded_alone(m);
+    let want = alone(m, &SEEDS);
     let load: Vec<GenerateRequest> = [
         "Tell me about lighthouses.",
         "List five fruits and their colours.",
@@ -633,22 +636,22 @@ fn seeded_output_is_the_same_at_any_batch_size_and_under_load() {
         let label = format!("drafts up to {}, batch {batch}", spec.max_tokens);
         let e = engine(m, spec, batch, 16_384);
         // The first alone until its first token, then everything else at once.
-        let mut first = e.submit(want[0].1.clone()).expect("submit");
+        let mut first = e.submit(want[0].req.clone()).expect("submit");
         let mut early = Vec::new();
         while !matches!(early.last(), Some(Event::Token { .. })) {
             early.push(first.blocking_recv().expect("event"));
         }
         let rest: Vec<_> = want[1..]
             .iter()
-            .map(|(_, r, _)| r.clone())
+            .map(|c| c.req.clone())
             .chain(load.iter().cloned())
             .map(|r| e.submit(r).expect("submit"))
             .collect();
         let (_, a) = collect(first);
         let done: Vec<Completion> = rest.into_iter().map(|rx| collect(rx).1).collect();
-        for ((name, _, w), c) in want.iter().zip(std::iter::once(&a).chain(&done)) {
-            assert_eq!(c.tokens, w.tokens, "{name}, {label}");
-            assert_eq!(c.finish_reason, w.finish_reason, "{name}, {label}");
+        for (w, c) in want.iter().zip(std::iter::once(&a).chain(&done)) {
+            assert_eq!(c.tokens, w.want.tokens, "{}, {label}", w.name);
+            assert_eq!(c.finish_reason, w.want.finish_reason, "{}, {label}", w.name);
             check_counts(c);
         }
         assert!(
