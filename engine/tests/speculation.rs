@@ -4,6 +4,8 @@
 //! batch slots (each sequence its own draft, beside the others' plain decodes), across a move
 //! from the solo path into a slot, after a preemption, under a grammar, with stop strings,
 //! logprobs and `n`; and the positions of rejected draft tokens never reach the prefix cache.
+//! Seeded sampling gives the same tokens with drafts and without, at any batch size and under
+//! load.
 //!
 //! Regression tests for issue 33 ("Agents rewrite what they read"), items 1 and 2.
 
@@ -209,59 +211,122 @@ fn prompts(model: &Model) -> Vec<(&'static str, Vec<u32>, usize)> {
     ]
 }
 
-/// Greedy output with drafts from the prompt and reply, and with a prediction (the output
-/// itself with a word changed, so that part of it is rejected), equals plain decoding's, token
-/// for token; and the grounded prompts do take drafts, in fewer decode steps than tokens.
-fn greedy_output_is_the_same_with_drafts_and_without(model: &Model) {
-    let plain = engine(model, none(), 1, 4096);
-    let drafting = engine(model, ngram(10), 1, 4096);
-    let predicted = engine(model, none_but_predictions(), 1, 4096);
-    for (name, prompt, max_tokens) in prompts(model) {
-        let want = run(&plain, greedy(prompt.clone(), max_tokens));
-        assert_eq!(want.timings.drafts.drafts, 0, "{name}: no drafts when off");
-        assert_eq!(want.speculation, SpeculationMode::Off);
-        let got = run(&drafting, greedy(prompt.clone(), max_tokens));
-        assert_eq!(got.tokens, want.tokens, "{name}: prompt-lookup drafts");
-        assert_eq!(got.finish_reason, want.finish_reason, "{name}");
-        assert_eq!(got.speculation, SpeculationMode::Ngram);
-        check_counts(&got);
-        if name != "free-form" {
-            let d = got.timings.drafts;
-            assert!(d.accepted_tokens > 0, "{name}: {d:?}");
-            assert!(
-                got.timings.decode_steps < got.timings.decode_tokens,
-                "{name}: {} steps for {} tokens",
-                got.timings.decode_steps,
-                got.timings.decode_tokens
-            );
-        }
-        // A prediction: the reply with one token changed in its middle.
-        let mut prediction = want.tokens.clone();
-        let mid = prediction.len() / 2;
-        prediction[mid] = prediction[mid].wrapping_add(1) % 1000;
-        let got = run(
-            &predicted,
-            GenerateRequest {
-                prediction: Some(prediction),
-                ..greedy(prompt.clone(), max_tokens)
+/// One request of the comparisons with and without drafts: a prompt of [`prompts`] with one
+/// way of sampling, and its reply decoded plainly, alone.
+struct Case {
+    name: String,
+    /// Whether the reply copies from the prompt (so drafts are taken).
+    grounded: bool,
+    req: GenerateRequest,
+    want: Completion,
+}
+
+/// The request of `prompt` for `seed`: greedy for `None`, else sampled at temperature 0.8 with
+/// that seed.
+fn request(prompt: Vec<u32>, max_tokens: usize, seed: Option<u64>) -> GenerateRequest {
+    match seed {
+        None => greedy(prompt, max_tokens),
+        Some(seed) => GenerateRequest {
+            sampling: SamplingParams {
+                temperature: 0.8,
+                seed: Some(seed),
+                ..SamplingParams::default()
             },
-        );
-        assert_eq!(got.tokens, want.tokens, "{name}: prediction drafts");
-        assert_eq!(got.speculation, SpeculationMode::Prediction);
-        check_counts(&got);
-        let d = got.timings.drafts;
-        assert!(
-            d.accepted_tokens + 2 >= want.tokens.len() / 2,
-            "{name}: the prediction's first half is taken: {d:?} of {} tokens",
-            want.tokens.len()
-        );
-        if want.tokens.len() > 2 {
-            assert!(
-                d.rejected_tokens() > 0,
-                "{name}: the edit is rejected: {d:?}"
-            );
+            ..GenerateRequest::new("seeded", prompt, max_tokens)
+        },
+    }
+}
+
+/// Each prompt's request for each of `seeds` (see [`request`]), with its reply decoded plainly
+/// (`--speculative off`), one request at a time.
+fn alone(model: &Model, seeds: &[Option<u64>]) -> Vec<Case> {
+    let plain = engine(model, none(), 1, 8192);
+    let mut out = Vec::new();
+    for (name, prompt, max_tokens) in prompts(model) {
+        for &seed in seeds {
+            let req = request(prompt.clone(), max_tokens, seed);
+            let want = run(&plain, req.clone());
+            let name = format!("{name}, seed {seed:?}");
+            assert_eq!(want.timings.drafts.drafts, 0, "{name}: no drafts when off");
+            assert_eq!(want.speculation, SpeculationMode::Off);
+            out.push(Case {
+                grounded: !name.starts_with("free-form"),
+                name,
+                req,
+                want,
+            });
         }
     }
+    out
+}
+
+/// The output with drafts from the prompt and reply, and with a prediction (the output itself
+/// with a word changed, so that part of it is rejected), equals plain decoding's, token for
+/// token, for each prompt and each of `seeds` (see [`request`]); and the grounded prompts do
+/// take drafts, in fewer decode steps than tokens. Returns the cases.
+fn same_with_drafts_and_without(model: &Model, seeds: &[Option<u64>]) -> Vec<Case> {
+    let cases = alone(model, seeds);
+    let drafting = engine(model, ngram(10), 1, 8192);
+    let predicted = engine(model, none_but_predictions(), 1, 8192);
+    for prompt in cases.chunk_by(|a, b| a.req.prompt == b.req.prompt) {
+        // The grounded prompt's drafts over its seeds.
+        let (mut taken, mut steps, mut tokens) = (0, 0, 0);
+        for Case {
+            name,
+            grounded,
+            req,
+            want,
+        } in prompt
+        {
+            let got = run(&drafting, req.clone());
+            assert_eq!(got.tokens, want.tokens, "{name}: prompt-lookup drafts");
+            assert_eq!(got.finish_reason, want.finish_reason, "{name}");
+            assert_eq!(got.speculation, SpeculationMode::Ngram);
+            check_counts(&got);
+            if *grounded {
+                taken += got.timings.drafts.accepted_tokens;
+                steps += got.timings.decode_steps;
+                tokens += got.timings.decode_tokens;
+            }
+            // A prediction: the reply with one token changed in its middle.
+            let mut prediction = want.tokens.clone();
+            let mid = prediction.len() / 2;
+            prediction[mid] = prediction[mid].wrapping_add(1) % 1000;
+            let got = run(
+                &predicted,
+                GenerateRequest {
+                    prediction: Some(prediction),
+                    ..req.clone()
+                },
+            );
+            assert_eq!(got.tokens, want.tokens, "{name}: prediction drafts");
+            assert_eq!(got.speculation, SpeculationMode::Prediction);
+            check_counts(&got);
+            let d = got.timings.drafts;
+            assert!(
+                d.accepted_tokens + 2 >= want.tokens.len() / 2,
+                "{name}: the prediction's first half is taken: {d:?} of {} tokens",
+                want.tokens.len()
+            );
+            if want.tokens.len() > 2 {
+                assert!(
+                    d.rejected_tokens() > 0,
+                    "{name}: the edit is rejected: {d:?}"
+                );
+            }
+        }
+        if prompt[0].grounded {
+            let name = &prompt[0].name;
+            assert!(taken > 0, "{name}: drafts taken");
+            assert!(steps < tokens, "{name}: {steps} steps for {tokens} tokens");
+        }
+    }
+    cases
+}
+
+/// Greedy output is the same with drafts and without.
+fn greedy_output_is_the_same_with_drafts_and_without(model: &Model) {
+    same_with_drafts_and_without(model, &[None]);
 }
 
 /// Drafts from a prediction only (`--speculative off`).
@@ -516,28 +581,88 @@ fn constraints_stop_strings_logprobs_and_n_keep_working() {
     }
 }
 
-/// Sampling with drafts: tokens are drawn (seeded), drafts verified by rejection sampling;
-/// the counts agree and the reply is as long as asked.
-#[test]
-fn sampling_with_drafts_verifies_by_rejection() {
-    let Some(m) = default_model() else { return };
-    let drafting = engine(m, ngram(8), 1, 8192);
-    let (_, prompt, _) = prompts(m).remove(1);
-    let c = run(
-        &drafting,
-        GenerateRequest {
-            sampling: SamplingParams {
-                temperature: 0.7,
-                seed: Some(7),
-                ..SamplingParams::default()
-            },
-            ignore_eos: true,
-            ..GenerateRequest::new("sampled", prompt, 48)
-        },
+/// Seeds of the seeded tests.
+const SEEDS: [Option<u64>; 2] = [Some(7), Some(1234)];
+
+/// A seed means the same text: sampled at temperature 0.8, each prompt's reply is the same
+/// tokens with drafts from the prompt and reply (`--speculative ngram`), with a prediction that
+/// is partly wrong, and without drafts (`--speculative off`), because each output position's
+/// random number depends on the seed and the position only, and a draft is verified with the
+/// very draw plain decoding makes there. The grounded prompts do take drafts (their tokens are
+/// verified, not decoded), and a different seed gives a different reply.
+fn seeded_output_is_the_same_with_drafts_and_without(model: &Model) {
+    let cases = same_with_drafts_and_without(model, &SEEDS);
+    // The free-form prompt (a copied reply may well be the same whatever the seed).
+    let poem: Vec<&Case> = cases.iter().filter(|c| !c.grounded).collect();
+    assert_ne!(
+        poem[0].want.tokens, poem[1].want.tokens,
+        "{} and {}: two seeds, one reply",
+        poem[0].name, poem[1].name
     );
-    assert_eq!(c.tokens.len(), 48);
-    check_counts(&c);
-    assert!(c.timings.drafts.drafts > 0, "{:?}", c.timings.drafts);
+}
+
+#[test]
+fn seeded_output_is_the_same_with_drafts_and_without_on_smollm2() {
+    let Some(m) = default_model() else { return };
+    seeded_output_is_the_same_with_drafts_and_without(m);
+}
+
+#[test]
+fn seeded_output_is_the_same_with_drafts_and_without_on_gemma3() {
+    let Some(m) = gemma_model() else { return };
+    seeded_output_is_the_same_with_drafts_and_without(m);
+}
+
+/// A seed means the same text under any load: the seeded requests of
+/// [`seeded_output_is_the_same_with_drafts_and_without`] all at once, beside unseeded requests
+/// sampled at temperature 1 (other traffic), in batch slots of 2 and 4, with drafts and
+/// without; the first starts alone on the solo path and moves into a slot when the others
+/// arrive. Each reply equals its plain reply alone.
+#[test]
+fn seeded_output_is_the_same_at_any_batch_size_and_under_load() {
+    let Some(m) = default_model() else { return };
+    let want = alone(m, &SEEDS);
+    let load: Vec<GenerateRequest> = [
+        "Tell me about lighthouses.",
+        "List five fruits and their colours.",
+    ]
+    .iter()
+    .map(|text| GenerateRequest {
+        sampling: SamplingParams::default(),
+        ..GenerateRequest::new("load", chat(m, text), 48)
+    })
+    .collect();
+    for (spec, batch) in [(none(), 4), (ngram(8), 2), (ngram(8), 4)] {
+        let label = format!("drafts up to {}, batch {batch}", spec.max_tokens);
+        let e = engine(m, spec, batch, 16_384);
+        // The first alone until its first token, then everything else at once.
+        let mut first = e.submit(want[0].req.clone()).expect("submit");
+        let mut early = Vec::new();
+        while !matches!(early.last(), Some(Event::Token { .. })) {
+            early.push(first.blocking_recv().expect("event"));
+        }
+        let rest: Vec<_> = want[1..]
+            .iter()
+            .map(|c| c.req.clone())
+            .chain(load.iter().cloned())
+            .map(|r| e.submit(r).expect("submit"))
+            .collect();
+        let (_, a) = collect(first);
+        let done: Vec<Completion> = rest.into_iter().map(|rx| collect(rx).1).collect();
+        for (w, c) in want.iter().zip(std::iter::once(&a).chain(&done)) {
+            assert_eq!(c.tokens, w.want.tokens, "{}, {label}", w.name);
+            assert_eq!(c.finish_reason, w.want.finish_reason, "{}, {label}", w.name);
+            check_counts(c);
+        }
+        assert!(
+            a.timings
+                .legs
+                .iter()
+                .any(|l| l.end_reason == Some(LegEnd::Moved)),
+            "{label}: the first moved from the solo path: {:?}",
+            a.timings.legs
+        );
+    }
 }
 
 /// The CPU backend computes a verification chunk's rows as one-token steps do: each row's

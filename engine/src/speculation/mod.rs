@@ -7,8 +7,9 @@
 //! position's logits decide, in order, whether its draft token is taken
 //! ([`crate::sampling::Sampler::verify`]): at
 //! temperature 0 when it is the argmax, so the output is the one plain decoding gives, bit for
-//! bit; with sampling by rejection sampling, so the output keeps the model's distribution. The
-//! first token not taken is replaced by the model's own choice, and a draft taken whole earns
+//! bit; with sampling when it is the token plain decoding draws at that position (with that
+//! position's own random number), so the output is again the one plain decoding gives, seed
+//! for seed, and keeps the model's distribution. The first token not taken is replaced by the model's own choice, and a draft taken whole earns
 //! one more token from its last position. The KV cache keeps only the positions of tokens
 //! taken: the step loop counts the rest as never computed, and the prefix cache never
 //! registers a block holding them.
