@@ -17,7 +17,7 @@ use super::instruments::{RequestInstruments, genai_attrs};
 /// is counted, so only a refusal could bring a new one, and refusals carry none.
 const MAX_SERIES: usize = 32;
 
-/// Label value of the series beyond [`MAX_SERIES`].
+/// Label value of the series beyond `MAX_SERIES`.
 pub const OVERFLOW: &str = "_overflow";
 
 /// One finished or refused request, as its latency histograms see it.

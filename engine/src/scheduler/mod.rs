@@ -1,7 +1,7 @@
 //! Continuous batching: a request starts alone on the **solo path** and moves into a **batch
 //! slot**, carrying its reply so far, when others arrive.
 //!
-//! Each device group runs one step loop on its own thread ([`group`]); the loop owns the
+//! Each device group runs one step loop on its own thread (`group`); the loop owns the
 //! backend (model and KV storage), the block manager and every sequence. The HTTP side talks
 //! to it only through channels: [`EngineHandle::submit`] returns the request's own event
 //! channel, on which its tokens, its leg and prefill records, and finally its completion with

@@ -48,7 +48,7 @@ pub const MAX_HEADERS: usize = 100;
 /// [`ServeConfig::read_timeout`] to deliver each request head (hyper's `header_read_timeout`;
 /// it also ends keep-alive connections idle that long), heads are capped at
 /// [`ServeConfig::max_header_bytes`] and [`MAX_HEADERS`], and the body read has its own
-/// deadline in [`super::openai::read_json`].
+/// deadline in [`super::body::read_json`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     st: SharedState,

@@ -4,8 +4,8 @@
 //!
 //! Set-up is one plain function per OTLP [`Signal`] ([`otlp_spans`], [`otlp_metrics`],
 //! [`otlp_logs`]), each over the same resolution of its protocol and endpoint (flags, else the
-//! signal's variables, else the general ones: [`signal_target`]; the collector's default port and
-//! the signal's HTTP path: [`signal_endpoint`]) and the same exporter shape, chosen by
+//! signal's variables, else the general ones: `signal_target`; the collector's default port and
+//! the signal's HTTP path: `signal_endpoint`) and the same exporter shape, chosen by
 //! [`from_config`]; [`Telemetry::disabled`], and [`Telemetry::with_provider`] for tests. A
 //! failure is a typed [`TelemetryError`].
 //!
@@ -767,10 +767,10 @@ pub fn otlp_metrics(
         .build())
 }
 
-/// Spans over OTLP with `protocol` to `endpoint` ([`signal_endpoint`]: default
+/// Spans over OTLP with `protocol` to `endpoint` (`signal_endpoint`: default
 /// `http://127.0.0.1:4317` for gRPC; over HTTP a base URL, default `http://127.0.0.1:4318`,
 /// with `/v1/traces` appended unless present), through an export queue of `limits`, retried
-/// within each attempt ([`retry_policy`]). Must run inside a tokio runtime for gRPC.
+/// within each attempt (`retry_policy`). Must run inside a tokio runtime for gRPC.
 pub fn otlp_spans(
     protocol: OtlpProtocol,
     endpoint: Option<&str>,

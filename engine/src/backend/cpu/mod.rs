@@ -688,7 +688,7 @@ impl Backend for CpuBackend {
     }
 
     /// Any chunk: each row has its own activations' quantization and accumulators in the
-    /// integer kernels ([`gemm`]), its own dot products on float weights ([`matmul`]), and
+    /// integer kernels ([`gemm`]), its own dot products on float weights ([`matmul`](mod@matmul)), and
     /// attention states computed and merged in the same order whether it decodes alone or runs
     /// among others ([`attention`]).
     fn exact_rows(&self) -> usize {

@@ -10,7 +10,7 @@
 //! broadcast gives all eight rows' partial sums at once, and the scales, the correction and the
 //! accumulation are one vector operation each for the whole group. Every format (5-bit and
 //! 6-bit codes in bit planes, the K-quants' super-blocks with their integer sub-block scales,
-//! the IQ4 table) on every x86 instruction set runs in [`wide`]'s one tile; [`scalar`] is the
+//! the IQ4 table) on every x86 instruction set runs in `wide`'s one tile; `scalar` is the
 //! portable reference.
 //!
 //! Batch invariance: each token has its own accumulator and sees the same operations in the
