@@ -15,7 +15,9 @@ use libfuzzer_sys::fuzz_target;
 use slotlight_engine::server::Limits;
 use slotlight_engine::server::body::read_json;
 use slotlight_engine::server::messages::signature::Signer;
+use slotlight_engine::server::messages::translate;
 use slotlight_engine::server::messages::types::{Endpoint, MessagesRequest};
+use slotlight_engine::server::request::session;
 use slotlight_engine::server::request::validate::messages;
 
 /// The body is whole already; the deadline only has to be there.
@@ -51,7 +53,7 @@ fuzz_target!(|data: &[u8]| {
             }
             assert!(chat.last().is_none_or(|m| m.role != "assistant"));
             assert!(
-                req.session_key(&HeaderMap::new())
+                session::resolve(&HeaderMap::new(), translate::session_keys(&req))
                     .is_none_or(|k| !k.id.is_empty() && k.id.len() <= 256)
             );
             let _ = req.chat.common.validate(&limits, 49_152);
