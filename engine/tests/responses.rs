@@ -249,3 +249,69 @@ async fn a_prediction_on_the_agent_doors_is_drafted_from_and_changes_nothing() {
     assert_eq!(e["error"]["param"], "prediction.type", "{e}");
     s.stop().await;
 }
+
+/// Codex sends no `max_output_tokens`: OpenAI's meaning is the rest of the context, so the
+/// request may run to `--max-tokens-limit` (or what the context leaves), not to
+/// `--default-max-tokens`; a stored chain's history is not counted against `--max-messages`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responses_request_without_a_limit_runs_to_the_context_and_its_chain_is_not_counted() {
+    let Some(path) = support::default_model() else {
+        return;
+    };
+    let m = Model::load(&path).expect("model");
+    let limits = slotlight_engine::server::Limits {
+        max_tokens: 300,
+        default_max_tokens: 8,
+        max_messages: 3,
+        ..Default::default()
+    };
+    let s = TestServer::start(
+        &m,
+        Options {
+            ctx_size: 2048,
+            kv_tokens: 8192,
+            limits,
+            ..Options::default()
+        },
+    )
+    .await;
+    let r1 = create(&s, json!({"input": "Say hi.", "temperature": 0})).await;
+    create(
+        &s,
+        json!({"input": "Say hi.", "temperature": 0, "max_output_tokens": 5}),
+    )
+    .await;
+    let spans = request_spans(&s, 2).await;
+    let max_tokens = |i: usize| spans[i].get(attr::GEN_AI_REQUEST_MAX_TOKENS).cloned();
+    assert_eq!(
+        max_tokens(0).as_deref(),
+        Some("300"),
+        "the limit, not the default"
+    );
+    assert_eq!(max_tokens(1).as_deref(), Some("5"), "as asked");
+    // Three turns sent one at a time on a stored chain: each sends two messages (with its
+    // instructions), under the limit of three, whatever the chain holds.
+    let mut previous = r1["id"].as_str().expect("id").to_string();
+    for turn in ["Again.", "Once more.", "And again."] {
+        let r = create(
+            &s,
+            json!({"input": turn, "instructions": "Be brief.", "previous_response_id": previous,
+                   "max_output_tokens": 4, "temperature": 0}),
+        )
+        .await;
+        previous = r["id"].as_str().expect("id").to_string();
+    }
+    // Four messages sent in one request are still refused.
+    let said = |role: &str, t: &str| json!({"role": role, "content": t});
+    let r = s
+        .post(
+            "/v1/responses",
+            json!({"input": [said("user", "a"), said("assistant", "b"), said("user", "c")],
+                   "instructions": "x", "max_output_tokens": 4}),
+        )
+        .await;
+    assert_eq!(r.status().as_u16(), 400);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["error"]["param"], "input", "{v}");
+    s.stop().await;
+}

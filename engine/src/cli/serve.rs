@@ -67,14 +67,17 @@ pub struct ServeArgs {
     /// Largest request body, bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     pub max_body_bytes: usize,
-    /// Largest `max_tokens` a request may ask for.
+    /// Largest `max_tokens` a request may ask for; also how far a Responses request without
+    /// `max_output_tokens` may run (to the end of the context, at most this).
     #[arg(long, default_value_t = 4096)]
     pub max_tokens_limit: usize,
-    /// `max_tokens` when a request gives none.
+    /// `max_tokens` when a chat completions or completions request gives none (Messages
+    /// requires it; Responses without `max_output_tokens` runs to `--max-tokens-limit`).
     #[arg(long, default_value_t = 256)]
     pub default_max_tokens: usize,
-    /// Most messages in one chat request.
-    #[arg(long, default_value_t = 512)]
+    /// Most messages one request sends (a stored Responses chain's history is not counted;
+    /// the body size and the context bound the rest): enough for a 1,000-round tool session.
+    #[arg(long, default_value_t = 4096)]
     pub max_messages: usize,
     /// Longest content of one message, bytes (stop strings: at most 16, each at most 512 bytes).
     #[arg(long, default_value_t = 256 * 1024)]

@@ -9,7 +9,7 @@
 //!   only that door uses: [`openai`] (chat completions and completions), [`responses`]
 //!   (OpenAI's Responses, with its response store), [`messages`] (Anthropic's Messages, with
 //!   its thinking signatures) and [`tokenize`] (`/tokenize`, `/detokenize` and the render
-//!   API). No door imports another.
+//!   API; nothing there streams, so it has no `stream`). No door imports another.
 //! - The HTTP plumbing, here at the top: the settings and shared state ([`state`]), bodies
 //!   ([`body`]), errors in each API's shape ([`error`]), ids ([`ids`]), the middleware
 //!   (arrival, API key; [`middleware`]), the routes (`routes`) and serving with its drain on

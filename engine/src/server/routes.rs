@@ -114,10 +114,13 @@ pub fn router(st: SharedState) -> Router {
             "/v1/responses/{id}/input_items",
             get(responses::handler::input_items),
         )
-        .route("/v1/chat/completions/render", post(tokenize::render::chat))
+        .route(
+            "/v1/chat/completions/render",
+            post(tokenize::handler::render_chat),
+        )
         .route(
             "/v1/completions/render",
-            post(tokenize::render::completions),
+            post(tokenize::handler::render_completions),
         )
         .route("/tokenize", post(tokenize::handler::tokenize))
         .route("/detokenize", post(tokenize::handler::detokenize))

@@ -102,7 +102,7 @@ impl AppState {
 /// Limits on what a request may ask for.
 #[derive(Debug, Clone)]
 pub struct Limits {
-    /// Most messages in a chat.
+    /// Most messages one request sends (a stored chain's history is not counted).
     pub max_messages: usize,
     /// Longest message content, in bytes.
     pub max_message_bytes: usize,
@@ -121,7 +121,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            max_messages: 512,
+            max_messages: 4096,
             max_message_bytes: 256 * 1024,
             max_stop: crate::stop::MAX_STOP_STRINGS,
             max_tokens: 4096,

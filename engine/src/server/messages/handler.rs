@@ -108,7 +108,7 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
         ..
     } = m;
     let mut req = ValidRequest::chat(st, Api::Messages, chat).await?;
-    translate::clamp_to_context(st, &mut req, asked)?;
+    req.clamp_to_context(st.context, "messages", Some(asked))?;
     req.tools_skipped.extend(tools_skipped);
     req.session_ttl = session_ttl;
     let turn = Turn::new(

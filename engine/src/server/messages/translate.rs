@@ -1,5 +1,5 @@
 //! What only the Messages API has, mapped onto the shared request: the thinking switch and
-//! effort as template variables, `max_tokens` clamped to the context, the fingerprints the
+//! effort as template variables, the fingerprints the
 //! cache diagnostics compare, and the session key (Claude Code's `session_id` inside
 //! `metadata.user_id`), offered in this door's order.
 
@@ -7,10 +7,7 @@ use serde_json::{Map, Value};
 
 use super::types::{MessagesRequest, SectionsSent, Thinking};
 use crate::diagnostics::{Fingerprint, Sections};
-use crate::server::error::{ApiError, ErrorKind};
-use crate::server::request::ValidRequest;
 use crate::server::request::session::{KeySource, Offered};
-use crate::server::state::AppState;
 
 /// The template variables a request's `thinking` and `output_config.effort` set, for a
 /// template that reads them: `enable_thinking` (on unless `disabled`) and `reasoning_effort`
@@ -47,35 +44,6 @@ pub fn sections(model: &str, s: &SectionsSent) -> Sections {
         format: Fingerprint::of(&s.format.as_ref().map(Value::to_string)),
         options: Fingerprint::of_json(&s.options),
     }
-}
-
-/// Clamps the request's `max_tokens` (already at most `--max-tokens-limit`) to what the
-/// context leaves after its prompt; `asked` is what the client asked for, recorded on the
-/// span when it was more than the request runs with.
-pub fn clamp_to_context(
-    st: &AppState,
-    req: &mut ValidRequest,
-    asked: usize,
-) -> Result<(), ApiError> {
-    let room = st.context.saturating_sub(req.prompt.len());
-    if room == 0 {
-        let mut e = ApiError::invalid_param(
-            "messages",
-            format!(
-                "the prompt is {} tokens, which leaves no room in the context of {} tokens",
-                req.prompt.len(),
-                st.context
-            ),
-        );
-        e.error = ErrorKind::ContextLength;
-        e.code = Some("context_length_exceeded");
-        return Err(e);
-    }
-    req.opts.max_tokens = req.opts.max_tokens.min(room);
-    if asked > req.opts.max_tokens {
-        req.max_tokens_asked = Some(asked);
-    }
-    Ok(())
 }
 
 /// The session key a Messages body offers: `metadata.user_id`, or the session inside it when

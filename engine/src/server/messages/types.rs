@@ -889,6 +889,7 @@ impl MessagesRequest {
                 logprobs: false,
                 top_logprobs: None,
                 chat_template_kwargs: Map::new(),
+                held_messages: 0,
             },
             max_tokens,
             thinking,

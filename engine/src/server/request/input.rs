@@ -289,6 +289,10 @@ pub struct ChatRequest {
     /// `{"enable_thinking": false}`), checked: an object whose keys are not variables the
     /// server sets itself.
     pub chat_template_kwargs: Map<String, Value>,
+    /// How many of `messages` the server held rather than the client sent (a stored Responses
+    /// chain's history): they are not counted against `--max-messages`, which bounds what one
+    /// request sends.
+    pub held_messages: usize,
 }
 
 /// A prompt: text, a list of one text, or token ids.

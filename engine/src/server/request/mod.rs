@@ -43,7 +43,7 @@ use self::input::{ChatRequest, CompletionRequest};
 pub use self::validate::{GrammarRequest, ValidOptions};
 use crate::constraint::{Constraint, ConstraintKind};
 use crate::scheduler::GenerateRequest;
-use crate::server::error::ApiError;
+use crate::server::error::{ApiError, ErrorKind};
 use crate::server::request::reasoning::ReasoningStart;
 use crate::server::request::session::TurnSession;
 use crate::server::request::tools::ToolSetup;
@@ -248,6 +248,38 @@ impl ValidRequest {
             constraint: self.constraint.clone(),
             prediction: self.prediction.clone(),
         }
+    }
+
+    /// Clamps `max_tokens` (already at most `--max-tokens-limit`) to what a context of
+    /// `context` tokens leaves after the prompt, or refuses a prompt that leaves no room
+    /// (`context_length_exceeded`, naming `param`); `asked` is what the client asked for,
+    /// recorded on the span when it was more than the request runs with.
+    pub fn clamp_to_context(
+        &mut self,
+        context: usize,
+        param: &str,
+        asked: Option<usize>,
+    ) -> Result<(), ApiError> {
+        let room = context.saturating_sub(self.prompt.len());
+        if room == 0 {
+            let mut e = ApiError::invalid_param(
+                param,
+                format!(
+                    "the prompt is {} tokens, which leaves no room in the context of {context} tokens",
+                    self.prompt.len(),
+                ),
+            );
+            e.error = ErrorKind::ContextLength;
+            e.code = Some("context_length_exceeded");
+            return Err(e);
+        }
+        self.opts.max_tokens = self.opts.max_tokens.min(room);
+        if let Some(asked) = asked
+            && asked > self.opts.max_tokens
+        {
+            self.max_tokens_asked = Some(asked);
+        }
+        Ok(())
     }
 
     /// The kind of the request's output constraint, when it has one.

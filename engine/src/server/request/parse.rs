@@ -336,6 +336,7 @@ impl ChatRequest {
             logprobs: b.take("logprobs")?.unwrap_or(false),
             top_logprobs: b.take("top_logprobs")?,
             chat_template_kwargs,
+            held_messages: 0,
         };
         b.finish_with(REFUSED)?;
         Ok(r)

@@ -666,7 +666,7 @@ pub fn messages(req: &ChatRequest, limits: &Limits) -> Result<Vec<ChatMessage>, 
     at_most(
         "messages",
         "messages",
-        req.messages.len(),
+        req.messages.len().saturating_sub(req.held_messages),
         limits.max_messages,
     )?;
     let mut names: HashMap<String, String> = HashMap::new();

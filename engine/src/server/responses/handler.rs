@@ -112,6 +112,14 @@ async fn prepare(st: &AppState, v: Value) -> Result<Prepared, ApiError> {
     if req.cache.prewarm {
         // A prefill without generation: the one token the prefill samples is dropped.
         valid.opts.max_tokens = 1;
+    } else if req.common.max_completion_tokens.is_none() {
+        // Without `max_output_tokens` the reply may run to the end of the context (OpenAI's
+        // meaning), bounded by `--max-tokens-limit`; `--default-max-tokens` is chat
+        // completions' and completions' default only.
+        valid.opts.max_tokens = st.cfg.limits.max_tokens;
+        valid
+            .clamp_to_context(st.context, "input", None)
+            .map_err(renamed)?;
     }
     Ok(Prepared {
         req,

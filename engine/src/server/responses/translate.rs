@@ -27,7 +27,9 @@ impl ResponsesRequest {
         if let Some(i) = &self.instructions {
             messages.push(text_message("instructions", "system", i.clone()));
         }
-        messages.extend(to_messages(history, "previous_response_id")?);
+        let held = to_messages(history, "previous_response_id")?;
+        let held_messages = held.len();
+        messages.extend(held);
         messages.extend(to_messages(&self.input, "input")?);
         let messages = merge_adjacent(messages);
         let mut chat_template_kwargs = Map::new();
@@ -43,6 +45,7 @@ impl ResponsesRequest {
             logprobs: self.logprobs(),
             top_logprobs: self.top_logprobs,
             chat_template_kwargs,
+            held_messages,
         })
     }
 }
