@@ -805,3 +805,33 @@ async fn cache_diagnostics_are_counted_on_the_tokens() {
     );
     s.stop().await;
 }
+
+/// A reply cut because the prompt and the reply fill the context stops with Anthropic's
+/// `model_context_window_exceeded` (Claude Code then compacts rather than retrying into a
+/// full context); one cut by `max_tokens` stops with `max_tokens`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_that_fills_the_context_says_so() {
+    let m = model();
+    let s = TestServer::start(
+        &m,
+        Options {
+            ctx_size: 96,
+            ..options()
+        },
+    )
+    .await;
+    let mut body = ask("tell me", 32000);
+    body["temperature"] = json!(0);
+    let (code, v) = create(&s, body.clone()).await;
+    assert_eq!(code, 200, "{v}");
+    let used = v["usage"]["input_tokens"].as_u64().unwrap_or(0)
+        + v["usage"]["cache_read_input_tokens"].as_u64().unwrap_or(0)
+        + v["usage"]["output_tokens"].as_u64().unwrap_or(0);
+    assert_eq!(used, 96, "the tiny model's reply runs to the end of the context: {v}");
+    assert_eq!(v["stop_reason"], "model_context_window_exceeded", "{v}");
+    body["max_tokens"] = json!(5);
+    let (code, v) = create(&s, body).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["stop_reason"], "max_tokens", "{v}");
+    s.stop().await;
+}

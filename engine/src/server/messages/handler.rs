@@ -130,6 +130,7 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
         prewarm,
         tokenizer: Arc::clone(st.prompts.tokenizer()),
         diagnostics,
+        context: st.context,
     };
     let headers = headers(&launched.meta.id, &launched.meta.request.tools_skipped);
     let mut response = if stream {

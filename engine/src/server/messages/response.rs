@@ -25,8 +25,11 @@ use crate::tokenizer::Tokenizer;
 pub enum StopReason {
     /// The model ended its turn (an end-of-sequence token, or a complete constrained output).
     EndTurn,
-    /// `max_tokens`, as clamped, or the context, was reached.
+    /// `max_tokens` (as clamped to `--max-tokens-limit`) was reached.
     MaxTokens,
+    /// The reply filled the model's context window: the prompt and the reply are all the
+    /// context holds.
+    ModelContextWindowExceeded,
     /// One of `stop_sequences` was generated (`stop_sequence` says which).
     StopSequence,
     /// The reply is tool calls.
@@ -298,6 +301,9 @@ pub struct Answer {
     pub tokenizer: Arc<Tokenizer>,
     /// The cache diagnostics of the request.
     pub diagnostics: Option<Diagnostics>,
+    /// The context length served: a reply cut where the prompt and the reply fill it stopped
+    /// for the context, not for `max_tokens`.
+    pub context: usize,
 }
 
 impl Answer {
@@ -351,6 +357,11 @@ impl Answer {
     pub fn stop(&self, end: &ChoiceEnd) -> (StopReason, Option<String>) {
         match end.finish_reason {
             ApiFinishReason::ToolCalls => (StopReason::ToolUse, None),
+            ApiFinishReason::Length
+                if self.meta.request.prompt.len() + end.tokens.len() >= self.context =>
+            {
+                (StopReason::ModelContextWindowExceeded, None)
+            }
             ApiFinishReason::Length => (StopReason::MaxTokens, None),
             _ if self.prewarm => (StopReason::MaxTokens, None),
             ApiFinishReason::Stop | ApiFinishReason::Cancelled | ApiFinishReason::Error => {
@@ -386,6 +397,10 @@ mod tests {
         assert_eq!(
             serde_json::to_value(StopReason::StopSequence).expect("json"),
             serde_json::json!("stop_sequence")
+        );
+        assert_eq!(
+            serde_json::to_value(StopReason::ModelContextWindowExceeded).expect("json"),
+            serde_json::json!("model_context_window_exceeded")
         );
         let d = Diagnostics::of(Some(Diagnosis {
             reason: Some(MissReason::Tools),

@@ -52,17 +52,17 @@ impl ResponsesRequest {
 
 /// The session keys a Responses body offers, in this door's order: `conversation`, the
 /// session of the `previous_response_id` chain (`chain`: the response store remembers each
-/// chain's session), `prompt_cache_key`, then `user` (or `safety_identifier`).
-pub fn session_keys<'a>(req: &'a ResponsesRequest, chain: Option<&'a str>) -> [Offered<'a>; 4] {
+/// chain's session), `prompt_cache_key`, `safety_identifier` (OpenAI's replacement for
+/// `user`, echoed on the response), then `user`.
+pub fn session_keys<'a>(req: &'a ResponsesRequest, chain: Option<&'a str>) -> [Offered<'a>; 5] {
     let c = &req.common;
+    let safety_identifier = req.ignored.get("safety_identifier").and_then(Value::as_str);
     [
         (req.conversation.as_deref(), KeySource::Conversation),
         (chain, KeySource::ResponseChain),
         (c.prompt_cache_key.as_deref(), KeySource::PromptCacheKey),
-        (
-            c.user.as_deref().or(c.safety_identifier.as_deref()),
-            KeySource::User,
-        ),
+        (safety_identifier, KeySource::User),
+        (c.user.as_deref(), KeySource::User),
     ]
 }
 
@@ -395,6 +395,11 @@ mod tests {
         assert_eq!(
             resolve(&none, session_keys(&chain, None)),
             key("codex-thread", KeySource::PromptCacheKey)
+        );
+        let safety = request(json!({"input": "hi", "safety_identifier": "si", "user": "u"}));
+        assert_eq!(
+            resolve(&none, session_keys(&safety, None)),
+            key("si", KeySource::User)
         );
         let user = request(json!({"input": "hi", "user": "u"}));
         assert_eq!(

@@ -24,7 +24,7 @@ pub const IGNORED: &[(&str, &str)] = &[
     ("service_tier", "there is one service tier"),
     (
         "safety_identifier",
-        "kept on the response; no platform policy applies",
+        "echoed on the response and taken as the session key after `prompt_cache_key`; no platform policy applies",
     ),
     (
         "max_tool_calls",
