@@ -86,8 +86,11 @@ pub enum Status {
     InProgress,
     /// Ran to its end.
     Completed,
-    /// Stopped by `max_output_tokens` (or the context), or cut off when the client left.
+    /// Stopped by `max_output_tokens` (or the context).
     Incomplete,
+    /// Cut off because the client left (OpenAI's `cancelled`; `incomplete_details` stays
+    /// `null`, as `max_output_tokens` and `content_filter` are its only reasons).
+    Cancelled,
     /// The engine failed it.
     Failed,
 }
@@ -99,6 +102,7 @@ impl Status {
             Status::InProgress => "in_progress",
             Status::Completed => "completed",
             Status::Incomplete => "incomplete",
+            Status::Cancelled => "cancelled",
             Status::Failed => "failed",
         }
     }
@@ -107,7 +111,8 @@ impl Status {
     pub fn of(reason: ApiFinishReason) -> Self {
         match reason {
             ApiFinishReason::Stop | ApiFinishReason::ToolCalls => Status::Completed,
-            ApiFinishReason::Length | ApiFinishReason::Cancelled => Status::Incomplete,
+            ApiFinishReason::Length => Status::Incomplete,
+            ApiFinishReason::Cancelled => Status::Cancelled,
             ApiFinishReason::Error => Status::Failed,
         }
     }
@@ -116,7 +121,9 @@ impl Status {
     pub fn final_event(self) -> &'static str {
         match self {
             Status::Completed | Status::InProgress => "response.completed",
-            Status::Incomplete => "response.incomplete",
+            // Nobody reads a cancelled response's stream (its client left); the event is the
+            // documented one for a response that did not complete.
+            Status::Incomplete | Status::Cancelled => "response.incomplete",
             Status::Failed => "response.failed",
         }
     }
@@ -358,7 +365,6 @@ pub fn call_item_id(call: &ToolCall) -> String {
 pub fn incomplete_reason(reason: ApiFinishReason) -> Option<&'static str> {
     match reason {
         ApiFinishReason::Length => Some("max_output_tokens"),
-        ApiFinishReason::Cancelled => Some("interrupted"),
         _ => None,
     }
 }
@@ -367,4 +373,28 @@ pub fn incomplete_reason(reason: ApiFinishReason) -> Option<&'static str> {
 pub fn error_object(o: &RequestOutcome) -> Option<Value> {
     o.api_error()
         .map(|e| json!({"code": e.code.unwrap_or("server_error"), "message": e.message}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_openais_statuses_and_incomplete_reasons_are_written() {
+        use ApiFinishReason::*;
+        assert_eq!(Status::of(Cancelled).as_str(), "cancelled");
+        assert_eq!(incomplete_reason(Cancelled), None);
+        assert_eq!(Status::of(Length).as_str(), "incomplete");
+        assert_eq!(incomplete_reason(Length), Some("max_output_tokens"));
+        for r in [Stop, ToolCalls, Length, Cancelled, Error] {
+            let status = Status::of(r).as_str();
+            assert!(
+                ["completed", "incomplete", "cancelled", "failed"].contains(&status),
+                "{status}"
+            );
+            if let Some(reason) = incomplete_reason(r) {
+                assert!(["max_output_tokens", "content_filter"].contains(&reason));
+            }
+        }
+    }
 }

@@ -39,9 +39,13 @@ impl SqliteStore {
             let conn = match &path {
                 Some(p) => {
                     if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
-                        std::fs::create_dir_all(dir)?;
+                        private_dir(dir)?;
                     }
+                    private_file(p)?;
                     let c = Connection::open(p)?;
+                    // Before any statement: a lock another process holds at start-up is waited
+                    // for, not a failure at the first pragma.
+                    c_busy(&c)?;
                     // WAL: a committed transaction is in the log before `put` returns, so a
                     // kill -9 of the engine loses nothing that was stored.
                     c.pragma_update(None, "journal_mode", "WAL")?;
@@ -155,6 +159,31 @@ impl SqliteStore {
 
 /// Waits for a lock held by another connection (a second engine on the same file) rather
 /// than failing at once.
+/// Makes the store's folder (and any missing above it) readable by the engine's user alone
+/// (0700); a folder that already exists keeps its permissions (it may be shared, as `/tmp`).
+fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    let mut b = std::fs::DirBuilder::new();
+    b.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+    b.create(dir)
+}
+
+/// Makes the store's file readable and writable by the engine's user alone (0600), whether
+/// it is new or was there (SQLite gives its WAL and shared-memory files the same mode): the
+/// stored conversations are no other local account's to read.
+fn private_file(path: &std::path::Path) -> std::io::Result<()> {
+    let mut o = std::fs::OpenOptions::new();
+    o.create(true).append(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    let f = o.open(path)?;
+    #[cfg(unix)]
+    f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    drop(f);
+    Ok(())
+}
+
 fn c_busy(c: &Connection) -> Result<(), rusqlite::Error> {
     c.busy_timeout(std::time::Duration::from_secs(5))
 }
@@ -225,6 +254,39 @@ mod tests {
             max_bytes,
             max_age: Duration::from_secs(3600),
         }
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn the_file_and_its_new_folder_are_the_engines_users_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = std::env::temp_dir().join(format!("slotlight-store-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let path = root.join("private").join("responses.db");
+        let s = SqliteStore::open(Some(path.clone()), StoreLimits::default())
+            .await
+            .expect("open");
+        s.put(&response("resp_a", None, 10)).await.expect("put");
+        let mode = |p: &std::path::Path| {
+            std::fs::metadata(p).expect("metadata").permissions().mode() & 0o777
+        };
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(path.parent().expect("folder")), 0o700);
+        assert_eq!(mode(&root), 0o700, "a folder made for it");
+        let wal = path.with_extension("db-wal");
+        if wal.exists() {
+            assert_eq!(mode(&wal), 0o600);
+        }
+        drop(s);
+        // A file that was there, readable by others, is made private when opened.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let s = SqliteStore::open(Some(path.clone()), StoreLimits::default())
+            .await
+            .expect("reopen");
+        assert_eq!(s.get("resp_a").await.expect("get").map(|r| r.id).as_deref(), Some("resp_a"));
+        assert_eq!(mode(&path), 0o600);
+        drop(s);
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[tokio::test]
