@@ -369,3 +369,29 @@ def test_the_store_is_behind_the_api_key(tmp_path):
         assert c.responses.retrieve(r.id).id == r.id
     finally:
         e.close()
+
+
+def test_a_store_that_cannot_be_opened_leaves_the_engine_serving(tmp_path):
+    """A corrupt store file: the engine starts, chat and unstored responses are served, a
+    response to store is a 503 naming the reason, /health stays up."""
+    require_model()
+    db = tmp_path / "responses.db"
+    db.write_bytes(b"this is not an SQLite database\n" * 64)
+    e = EngineProcess("--batch", "2", "--responses-db", str(db))
+    try:
+        code, _ = http_json("GET", e.base + "/health")
+        assert code == 200
+        code, v = http_json("POST", e.base + "/v1/chat/completions", {
+            "model": e.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert code == 200, v
+        code, v = http_json("POST", e.base + "/v1/responses", {
+            "model": e.model, "input": "hi", "max_output_tokens": 4, "store": False})
+        assert code == 200, v
+        code, v = http_json("POST", e.base + "/v1/responses", {
+            "model": e.model, "input": "hi", "max_output_tokens": 4})
+        assert code == 503, v
+        assert v["error"]["code"] == "unavailable" and "unavailable" in v["error"]["message"], v
+        code, v = http_json("GET", e.base + "/v1/responses/resp_x")
+        assert code == 503, v
+    finally:
+        e.close()

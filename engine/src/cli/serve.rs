@@ -383,10 +383,19 @@ async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {
             max_bytes: r.responses_max_bytes,
             max_age: Duration::from_secs(r.responses_ttl_hours.saturating_mul(3600).max(1)),
         };
-        let store = ResponseStore::open(&location, limits)
-            .await
-            .map_err(|e| anyhow::anyhow!("{e} ({location:?})"))?;
-        tracing::info!(store = store.describe(), "Responses.StoreOpened");
+        // A store that cannot be opened (corrupt, unreadable, locked past the busy timeout)
+        // does not stop the engine: everything else is served, and a Responses request that
+        // needs the store is answered 503 with the reason.
+        let store = match ResponseStore::open(&location, limits).await {
+            Ok(store) => {
+                tracing::info!(store = store.describe(), "Responses.StoreOpened");
+                store
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, location = ?location, "Responses.StoreUnavailable");
+                ResponseStore::Unavailable(e.to_string())
+            }
+        };
         Arc::new(store)
     };
     let st = Arc::new(AppState {

@@ -233,6 +233,18 @@ impl ApiError {
         e
     }
 
+    /// A 503 `server_error` for a part of the server that cannot be used now (the Responses
+    /// store that could not be opened), while the rest serves.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(
+            ErrorKind::Internal,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            Some("unavailable"),
+            message,
+        )
+    }
+
     /// A 500 `server_error` for a failure that is the server's, not the caller's.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(

@@ -66,7 +66,7 @@ async fn stored(st: &AppState, id: &str, param: &str) -> Result<StoredResponse, 
             param,
             format!("no stored response `{id}`: unknown, deleted or expired (`{param}`)"),
         )),
-        Err(e) => Err(ApiError::internal(e.to_string())),
+        Err(e) => Err(e.api_error()),
     }
 }
 
@@ -79,7 +79,7 @@ async fn prepare(st: &AppState, v: Value) -> Result<Prepared, ApiError> {
         (None, Some(conv)) => match ResponseStore::of(st)?.latest_in(conv).await {
             Ok(Some(id)) => Some(stored(st, &id, "conversation").await?),
             Ok(None) => None,
-            Err(e) => return Err(ApiError::internal(e.to_string())),
+            Err(e) => return Err(e.api_error()),
         },
         (None, None) => None,
     };
@@ -172,6 +172,10 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
     let model = valid.model.clone();
     let max_output_tokens = valid.opts.max_tokens;
     let store = req.store.then(|| ResponseStore::of(st)).transpose()?;
+    // A response to store needs the store: refused before it is generated when it is down.
+    if let Some(store) = &store {
+        store.available().map_err(|e| e.api_error())?;
+    }
     let pending = store.map(|store| Pending {
         store,
         record: StoredResponse {
@@ -368,7 +372,7 @@ pub async fn delete(State(st): State<SharedState>, Path(id): Path<String>) -> Re
             format!("no stored response `{id}`: unknown, deleted or expired"),
         )
         .into_response(),
-        Err(e) => ApiError::internal(e.to_string()).into_response(),
+        Err(e) => e.api_error().into_response(),
     }
 }
 

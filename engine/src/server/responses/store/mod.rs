@@ -108,6 +108,21 @@ pub enum StoreError {
     /// A blocking store task was lost.
     #[error("response store: {0}")]
     Task(String),
+    /// The store could not be opened when the engine started (corrupt, unreadable, locked
+    /// past the busy timeout); the engine serves on without it.
+    #[error("the response store is unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl StoreError {
+    /// The error a request that needs the store is answered with: 503 when the store could
+    /// not be opened (the engine serves everything else), else 500.
+    pub fn api_error(&self) -> ApiError {
+        match self {
+            StoreError::Unavailable(_) => ApiError::unavailable(self.to_string()),
+            _ => ApiError::internal(self.to_string()),
+        }
+    }
 }
 
 /// Where the store lives, as `--responses-db` names it.
@@ -153,6 +168,10 @@ pub enum ResponseStore {
     Sqlite(sqlite::SqliteStore),
     /// Redis.
     Redis(redis::RedisStore),
+    /// None: the store could not be opened, for this reason. Chat completions, completions
+    /// and Messages are served as usual; a Responses request that needs the store is
+    /// answered 503 naming the reason.
+    Unavailable(String),
 }
 
 impl std::fmt::Debug for ResponseStore {
@@ -185,12 +204,21 @@ impl ResponseStore {
         })
     }
 
-    /// A word for logs and `/health`: `sqlite`, `memory` or `redis`.
+    /// A word for logs and `/health`: `sqlite`, `memory`, `redis` or `unavailable`.
     pub fn describe(&self) -> &'static str {
         match self {
             ResponseStore::Sqlite(s) if s.in_memory() => "memory",
             ResponseStore::Sqlite(_) => "sqlite",
             ResponseStore::Redis(_) => "redis",
+            ResponseStore::Unavailable(_) => "unavailable",
+        }
+    }
+
+    /// Whether the store can be used: `Err` (its reason) when it could not be opened.
+    pub fn available(&self) -> Result<(), StoreError> {
+        match self {
+            ResponseStore::Unavailable(reason) => Err(StoreError::Unavailable(reason.clone())),
+            _ => Ok(()),
         }
     }
 
@@ -199,6 +227,7 @@ impl ResponseStore {
         match self {
             ResponseStore::Sqlite(s) => s.put(r).await,
             ResponseStore::Redis(s) => s.put(r).await,
+            ResponseStore::Unavailable(reason) => Err(StoreError::Unavailable(reason.clone())),
         }
     }
 
@@ -207,6 +236,7 @@ impl ResponseStore {
         match self {
             ResponseStore::Sqlite(s) => s.get(id).await,
             ResponseStore::Redis(s) => s.get(id).await,
+            ResponseStore::Unavailable(reason) => Err(StoreError::Unavailable(reason.clone())),
         }
     }
 
@@ -215,6 +245,7 @@ impl ResponseStore {
         match self {
             ResponseStore::Sqlite(s) => s.delete(id).await,
             ResponseStore::Redis(s) => s.delete(id).await,
+            ResponseStore::Unavailable(reason) => Err(StoreError::Unavailable(reason.clone())),
         }
     }
 
@@ -223,6 +254,7 @@ impl ResponseStore {
         match self {
             ResponseStore::Sqlite(s) => s.latest_in(conversation).await,
             ResponseStore::Redis(s) => s.latest_in(conversation).await,
+            ResponseStore::Unavailable(reason) => Err(StoreError::Unavailable(reason.clone())),
         }
     }
 }
