@@ -827,7 +827,10 @@ async fn a_reply_that_fills_the_context_says_so() {
     let used = v["usage"]["input_tokens"].as_u64().unwrap_or(0)
         + v["usage"]["cache_read_input_tokens"].as_u64().unwrap_or(0)
         + v["usage"]["output_tokens"].as_u64().unwrap_or(0);
-    assert_eq!(used, 96, "the tiny model's reply runs to the end of the context: {v}");
+    assert_eq!(
+        used, 96,
+        "the tiny model's reply runs to the end of the context: {v}"
+    );
     assert_eq!(v["stop_reason"], "model_context_window_exceeded", "{v}");
     body["max_tokens"] = json!(5);
     let (code, v) = create(&s, body).await;

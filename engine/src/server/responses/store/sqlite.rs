@@ -283,7 +283,10 @@ mod tests {
         let s = SqliteStore::open(Some(path.clone()), StoreLimits::default())
             .await
             .expect("reopen");
-        assert_eq!(s.get("resp_a").await.expect("get").map(|r| r.id).as_deref(), Some("resp_a"));
+        assert_eq!(
+            s.get("resp_a").await.expect("get").map(|r| r.id).as_deref(),
+            Some("resp_a")
+        );
         assert_eq!(mode(&path), 0o600);
         drop(s);
         let _ = std::fs::remove_dir_all(&root);
