@@ -124,6 +124,10 @@ crate::contract! {
     REQUEST_MOVED = "slotlight.request.moved", "bool", "";
     /// Request span: how the request ended (`ok`, `cancelled`, `refused`, `error`).
     REQUEST_STATUS = "slotlight.request.status", "string", "";
+    /// Store span: the Responses store's backend (`sqlite`, `memory`, `redis`).
+    STORE_BACKEND = "slotlight.store.backend", "string", "";
+    /// Store span: whether the response was saved. When it was not (the backend failed; its error is the span's status message and `error.type` is `store_failed`), the response was still returned, with `store: false`, and a later `previous_response_id` to it is a 404.
+    STORE_STORED = "slotlight.store.stored", "bool", "";
     /// Request span: the share of request traces the engine's sampler keeps, from 0 to 1 (`OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`; 1 by default). Spans of the other requests never leave the engine, so the sidecar's views and metrics count the sampled requests only; the engine's own metrics count all of them.
     TRACE_SAMPLING_RATIO = "slotlight.trace.sampling_ratio", "double", "1";
     /// Request span: the engine process that served the request (its resource's `service.instance.id`), so a trace read without its resource (or a backend that shows span attributes only) still names the replica.

@@ -169,6 +169,10 @@ pub mod engine {
         SPAN_QUEUE_SPANS = "slotlight_engine_span_queue_spans", "gauge", "{span}";
         /// Gauge (engine): the share of request traces the engine's sampler keeps, from 0 to 1 (`OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`); 1 without a ratio sampler, 0 with telemetry off. Every engine metric counts all requests whatever this is.
         TRACE_SAMPLING_RATIO = "slotlight_engine_trace_sampling_ratio", "gauge", "1";
+        /// Gauge (engine), per `backend` (`sqlite`, `memory`, `redis`, `unavailable`): 1 when the Responses store was opened, 0 when it could not be (corrupt, unreadable, locked past the busy timeout), with the reason in `reason`; the engine serves everything else without it.
+        RESPONSES_STORE_AVAILABLE = "slotlight_engine_responses_store_available", "gauge", "1";
+        /// Counter (engine), per `backend`: finished Responses API responses the store failed to save (Redis down, a full disk); each was still returned, marked as not stored (`store: false`, the `x-slotlight-stored: false` header, a `slotlight.store` span with `slotlight.store.stored` false).
+        RESPONSES_NOT_STORED = "slotlight_engine_responses_not_stored_total", "counter", "{response}";
     }
 }
 
@@ -245,6 +249,8 @@ pub mod label {
     pub const SLOT: &str = "slot";
     /// Why something was rejected or evicted.
     pub const REASON: &str = "reason";
+    /// The Responses store's backend (`sqlite`, `memory`, `redis`, `unavailable`).
+    pub const BACKEND: &str = "backend";
     /// spanmetrics: `service.name`.
     pub const SERVICE_NAME: &str = "service_name";
     /// spanmetrics: the span name.

@@ -14,6 +14,8 @@ crate::contract! {
     PREFILL_WINDOW = "slotlight.prefill.window", "span", "";
     /// A decode progress window, a child of a leg. Ends at most every `--progress-interval-ms`; these windows are what keeps live views live, since OpenTelemetry exports a span only when it ends.
     DECODE = "slotlight.decode", "span", "";
+    /// A Responses API response saved to the store (`store`, OpenAI's default), a child of its request span, from the request's end until the store answered: whether it was saved (`slotlight.store.stored`) and on which backend (`slotlight.store.backend`).
+    STORE = "slotlight.store", "span", "";
     /// The engine's start-up, from before the model is read to the moment it listens (an operational span, a trace of its own; exported through the same tracer provider as the request spans).
     STARTUP = "slotlight.startup", "span", "";
     /// Start-up: mapping the model file and assembling its weights.

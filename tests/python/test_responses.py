@@ -15,6 +15,8 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import openai
@@ -393,5 +395,132 @@ def test_a_store_that_cannot_be_opened_leaves_the_engine_serving(tmp_path):
         assert v["error"]["code"] == "unavailable" and "unavailable" in v["error"]["message"], v
         code, v = http_json("GET", e.base + "/v1/responses/resp_x")
         assert code == 503, v
+        # The reason is on /health, on /metrics and in the log.
+        code, h = http_json("GET", e.base + "/health")
+        assert h["responses_store"]["available"] is False, h
+        assert h["responses_store"]["reason"], h
+        metrics = _text(e.base + "/metrics")
+        line = next(l for l in metrics.splitlines()
+                    if l.startswith("slotlight_engine_responses_store_available{"))
+        assert 'backend="unavailable"' in line and 'reason="' in line and line.endswith(" 0"), line
+        assert any("Responses.StoreUnavailable" in l for l in e.log)
     finally:
         e.close()
+
+
+def _text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return r.read().decode()
+
+
+def _raw_create(base: str, body: dict):
+    """POST /v1/responses; the status, the `x-slotlight-stored` header and the body."""
+    req = urllib.request.Request(base + "/v1/responses", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status, r.headers.get("x-slotlight-stored"), json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers.get("x-slotlight-stored"), json.loads(err.read())
+
+
+def _start_redis(server: str, port: int, folder: Path) -> subprocess.Popen:
+    """A redis-server that writes every change to its append-only file before answering, so
+    a SIGKILL loses nothing it acknowledged."""
+    p = subprocess.Popen(
+        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
+         "--appendfsync", "always", "--dir", str(folder)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return p
+        except OSError:
+            if time.monotonic() > deadline:
+                stop_process(p)
+                raise
+            time.sleep(0.1)
+
+
+def test_a_redis_store_that_goes_away_under_load_loses_no_request_and_is_used_again(tmp_path):
+    """redis-server SIGKILLed while responses are being created, then started again on the
+    same port: during the outage every request is answered, marked as not stored (the header,
+    `store: false`, the counter, the log line); once it is back, responses are stored again
+    and a chain begun before the outage continues, without restarting the engine."""
+    require_model()
+    server = shutil.which("redis-server")
+    if server is None:
+        if os.environ.get("SLOTLIGHT_REQUIRE_TOOLS") == "1":
+            pytest.fail("redis-server is required (Debian package redis-server)")
+        pytest.skip("redis-server is not installed")
+    port = _free_port()
+    redis = _start_redis(server, port, tmp_path)
+    e = EngineProcess("--batch", "4", "--responses-db", f"redis://127.0.0.1:{port}/0",
+                      "--responses-redis-connect-timeout-ms", "300",
+                      "--responses-redis-timeout-ms", "1000")
+    try:
+        body = {"model": e.model, "instructions": INSTRUCTIONS, "temperature": 0,
+                "max_output_tokens": 24}
+        code, stored, r1 = _raw_create(e.base, {**body, "input": "Name the capital of France."})
+        assert (code, stored, r1["store"]) == (200, "true", True), r1
+
+        # Load: four requests at a time, Redis killed while they run.
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(_raw_create, e.base, {**body, "input": f"Count to {n}."})
+                       for n in range(8)]
+            time.sleep(0.5)
+            redis.kill()
+            redis.wait(timeout=30)
+            during = [f.result() for f in futures]
+        assert all(code == 200 for code, _, _ in during), during
+        # Each is answered; those that finished after the kill say they were not stored.
+        unstored = [r for code, header, r in during if header == "false"]
+        assert all(r["store"] is False for r in unstored)
+        assert all(r["status"] in ("completed", "incomplete") for _, _, r in during)
+        # With Redis down, every request is still answered, unstored.
+        code, stored, r_down = _raw_create(e.base, {**body, "input": "Name the capital of Spain."})
+        assert (code, stored, r_down["store"]) == (200, "false", False), r_down
+        unstored.append(r_down)
+        conn, resp = post_stream(e.base, {**body, "input": "Say hello.", "stream": True},
+                                 path="/v1/responses")
+        streamed = [json.loads(l[len(b"data: "):]) for l in resp.read().splitlines()
+                    if l.startswith(b"data: ")]
+        conn.close()
+        done = [ev for ev in streamed if ev.get("type") in ("response.completed",
+                                                           "response.incomplete")]
+        assert done and done[-1]["response"]["store"] is False, streamed[-3:]
+        unstored.append(done[-1]["response"])
+        # A read needs the store: 503 in OpenAI's shape, not a hang.
+        code, v = http_json("GET", e.base + f"/v1/responses/{r1['id']}")
+        assert code == 503 and v["error"]["code"] == "unavailable", v
+
+        redis = _start_redis(server, port, tmp_path)
+        # Back: stored again, with no restart of the engine (the first call may still see
+        # the old connection fail; the manager reconnects).
+        deadline = time.monotonic() + 30
+        while True:
+            code, stored, r2 = _raw_create(e.base, {**body, "input": "And of Italy?",
+                                                    "previous_response_id": r1["id"]})
+            if stored == "true" or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert (code, stored, r2["store"]) == (200, "true", True), r2
+        assert r2["usage"]["input_tokens"] > r1["usage"]["input_tokens"] + r1["usage"]["output_tokens"]
+        code, got = http_json("GET", e.base + f"/v1/responses/{r2['id']}")
+        assert code == 200 and got["id"] == r2["id"], got
+        # What was not stored is a clear 404 to continue from.
+        for r in unstored:
+            code, v = http_json("POST", e.base + "/v1/responses", {
+                **body, "input": "More.", "previous_response_id": r["id"]})
+            assert code == 404 and v["error"]["param"] == "previous_response_id", v
+        metrics = _text(e.base + "/metrics")
+        line = next(l for l in metrics.splitlines()
+                    if l.startswith("slotlight_engine_responses_not_stored_total{"))
+        assert line == f'slotlight_engine_responses_not_stored_total{{backend="redis"}} {len(unstored)}', line
+        assert sum("Responses.NotStored" in l for l in e.log) == len(unstored)
+    finally:
+        e.close()
+        stop_process(redis)

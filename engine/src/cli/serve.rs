@@ -164,6 +164,14 @@ pub struct ResponsesArgs {
     /// How long a stored response is kept, in hours (OpenAI keeps them 30 days).
     #[arg(long, default_value_t = 720)]
     pub responses_ttl_hours: u64,
+    /// With a Redis store: most milliseconds to open a connection, each attempt. A Redis that
+    /// is down costs a request at most a few of these; the engine reconnects by itself when
+    /// it is back.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub responses_redis_connect_timeout_ms: u64,
+    /// With a Redis store: most milliseconds for the answer to a command.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub responses_redis_timeout_ms: u64,
 }
 
 /// Arguments of the KV-cache event stream (vLLM's wire format; docs/api.md).
@@ -372,7 +380,9 @@ async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {
         }),
     };
     let responses = {
-        use crate::server::responses::store::{ResponseStore, StoreLimits, StoreLocation};
+        use crate::server::responses::store::{
+            RedisTimeouts, ResponseStore, StoreLimits, StoreLocation,
+        };
         let r = &a.responses;
         let location = r
             .responses_db
@@ -386,14 +396,18 @@ async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {
         // A store that cannot be opened (corrupt, unreadable, locked past the busy timeout)
         // does not stop the engine: everything else is served, and a Responses request that
         // needs the store is answered 503 with the reason.
-        let store = match ResponseStore::open(&location, limits).await {
+        let timeouts = RedisTimeouts {
+            connect: Duration::from_millis(r.responses_redis_connect_timeout_ms),
+            response: Duration::from_millis(r.responses_redis_timeout_ms),
+        };
+        let store = match ResponseStore::open_with(&location, limits, timeouts).await {
             Ok(store) => {
                 tracing::info!(store = store.describe(), "Responses.StoreOpened");
                 store
             }
             Err(e) => {
                 tracing::warn!(error = %e, location = ?location, "Responses.StoreUnavailable");
-                ResponseStore::Unavailable(e.to_string())
+                ResponseStore::unavailable(e.to_string())
             }
         };
         Arc::new(store)

@@ -39,6 +39,19 @@ pub struct Scrape {
     pub telemetry: TelemetrySnapshot,
     /// With `--metrics-compat vllm`: the model-server protocol's signals under vLLM's names.
     pub vllm: Option<VllmCompat>,
+    /// The Responses store (absent where the state holds none).
+    pub responses_store: Option<StoreSnapshot>,
+}
+
+/// The Responses store as `/metrics` reports it.
+#[derive(Debug, Clone, Default)]
+pub struct StoreSnapshot {
+    /// Its backend (`sqlite`, `memory`, `redis`, `unavailable`).
+    pub backend: &'static str,
+    /// Why it could not be opened, when it could not.
+    pub unavailable: Option<String>,
+    /// Finished responses it failed to save.
+    pub not_stored: u64,
 }
 
 /// What the vLLM-compatible families need besides the groups' snapshots.
@@ -279,6 +292,24 @@ impl Scrape {
     }
 }
 
+/// The Responses store's availability (with the reason it is not) and its unsaved responses.
+fn encode_store(enc: &mut DescriptorEncoder<'_>, s: &StoreSnapshot) -> std::fmt::Result {
+    let mut l = vec![(label::BACKEND, s.backend.to_string())];
+    if let Some(reason) = &s.unavailable {
+        l.push((label::REASON, reason.clone()));
+    }
+    gauge(
+        &mut family(enc, engine::RESPONSES_STORE_AVAILABLE, MetricType::Gauge)?,
+        &l,
+        i64::from(s.unavailable.is_none()),
+    )?;
+    counter(
+        &mut family(enc, engine::RESPONSES_NOT_STORED, MetricType::Counter)?,
+        &vec![(label::BACKEND, s.backend.to_string())],
+        s.not_stored,
+    )
+}
+
 impl Scrape {
     /// The vLLM-named families ([`metric::vllm`]), from the same group snapshots as the
     /// engine's own, so each equals the series it mirrors.
@@ -374,6 +405,9 @@ impl Collector for Scrape {
         self.encode_groups(&mut enc)?;
         self.encode_requests(&mut enc)?;
         self.encode_telemetry(&mut enc)?;
+        if let Some(store) = &self.responses_store {
+            encode_store(&mut enc, store)?;
+        }
         if let Some(c) = &self.vllm {
             self.encode_vllm(&mut enc, c)?;
         }
@@ -427,7 +461,33 @@ mod tests {
                 ..Default::default()
             },
             vllm: None,
+            responses_store: None,
         }
+    }
+
+    #[test]
+    fn the_responses_store_says_why_it_is_unavailable_and_what_it_did_not_save() {
+        let mut s = scrape();
+        s.responses_store = Some(StoreSnapshot {
+            backend: "unavailable",
+            unavailable: Some("file is not a database".into()),
+            not_stored: 0,
+        });
+        let text = render(s, false);
+        assert!(text.contains(
+            "slotlight_engine_responses_store_available{backend=\"unavailable\",reason=\"file is not a database\"} 0\n"
+        ));
+        let mut s = scrape();
+        s.responses_store = Some(StoreSnapshot {
+            backend: "redis",
+            unavailable: None,
+            not_stored: 3,
+        });
+        let text = render(s, false);
+        assert!(text.contains("slotlight_engine_responses_store_available{backend=\"redis\"} 1\n"));
+        assert!(
+            text.contains("slotlight_engine_responses_not_stored_total{backend=\"redis\"} 3\n")
+        );
     }
 
     #[test]

@@ -16,7 +16,7 @@ pub mod instruments;
 pub mod otlp;
 pub mod requests;
 
-pub use exposition::{Scrape, TelemetrySnapshot, VllmCompat, negotiate, render};
+pub use exposition::{Scrape, StoreSnapshot, TelemetrySnapshot, VllmCompat, negotiate, render};
 pub use group::{GroupMetrics, GroupSnapshot};
 pub use histogram::{AtomicHistogram, HistogramSnapshot};
 pub use requests::{Observation, RequestMetrics, RequestSnapshot};

@@ -47,6 +47,15 @@ async fn health(State(st): State<SharedState>) -> Response {
         "groups": groups,
         "telemetry": st.telemetry.counts(),
         "kv_events": st.engine.kv_events_status(),
+        "responses_store": responses::store::ResponseStore::of(&st).ok().map(|s| {
+            let s = s.snapshot();
+            json!({
+                "backend": s.backend,
+                "available": s.unavailable.is_none(),
+                "reason": s.unavailable,
+                "not_stored": s.not_stored,
+            })
+        }),
     });
     let code = if draining {
         StatusCode::SERVICE_UNAVAILABLE
@@ -78,6 +87,9 @@ async fn metrics(State(st): State<SharedState>, headers: HeaderMap) -> Response 
         requests: st.metrics.snapshot(),
         telemetry: (st.telemetry.snapshot_source())(),
         vllm: st.cfg.vllm_metrics.clone(),
+        responses_store: responses::store::ResponseStore::of(&st)
+            .ok()
+            .map(|s| s.snapshot()),
     };
     let body = crate::metrics::render(scrape, openmetrics);
     ([(header::CONTENT_TYPE, content_type)], body).into_response()

@@ -203,6 +203,9 @@ pub struct RequestOutcome {
     /// How long after the request the engine keeps its session's KV (`None` without a
     /// session; zero when it keeps none).
     pub session_kv_ttl: Option<Duration>,
+    /// The request span's context, once it has ended: the parent of work a door does after
+    /// the request (the Responses store's save).
+    pub span: Option<opentelemetry::Context>,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -283,6 +286,7 @@ impl RequestOutcome {
             speculation,
             drafts,
             session_kv_ttl: done.first().and_then(|c| c.timings.session_kv_ttl),
+            span: None,
         }
     }
 

@@ -380,6 +380,7 @@ async fn run(
         record::finished(&metrics, &meta, &trace.trace_id(), &outcome);
     }
     trace.finish(&outcome);
+    outcome.span = Some(trace.context().clone());
     let _ = tx.send(Out::Done(Box::new(outcome)));
 }
 

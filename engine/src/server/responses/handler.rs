@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::response::{
     Frame, ItemIds, ResponsesUsage, Status, error_object, incomplete_reason, output_items,
 };
-use super::store::{Pending, ResponseStore, StoredResponse};
+use super::store::{Pending, ResponseStore, STORED_HEADER, StoredResponse};
 use super::translate::rename_param;
 use super::types::ResponsesRequest;
 use crate::server::body::read_json;
@@ -178,6 +178,7 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
     }
     let pending = store.map(|store| Pending {
         store,
+        tracer: std::sync::Arc::clone(&st.telemetry.tracer),
         record: StoredResponse {
             id: id.clone(),
             created_at: created(),
@@ -257,26 +258,35 @@ async fn whole(
         output_items(c, &frame.request, &ItemIds::new(), bytes)
     };
     let usage = ResponsesUsage::of(outcome, prewarm);
-    let object = frame.object(
+    let mut object = frame.object(
         status,
         &items,
         Some(&usage),
         error,
         incomplete_reason(reason).filter(|_| status == Status::Incomplete),
     );
-    if let Some(p) = pending.filter(|_| status != Status::Failed) {
-        let reply = if prewarm {
-            Vec::new()
-        } else {
-            c.end.as_ref().map(|e| e.tokens.clone()).unwrap_or_default()
-        };
-        if let Err(e) = p.put(items, reply, &object).await {
-            tracing::error!(error = %e, "Responses.StoreFailed");
-            return ApiError::internal(format!("the response could not be stored: {e}"))
-                .into_response();
+    let saved = match pending.filter(|_| status != Status::Failed) {
+        Some(p) => {
+            let reply = if prewarm {
+                Vec::new()
+            } else {
+                c.end.as_ref().map(|e| e.tokens.clone()).unwrap_or_default()
+            };
+            Some(
+                p.save(items, reply, &mut object, outcome.span.as_ref())
+                    .await,
+            )
         }
+        None => None,
+    };
+    let mut response = Json(object).into_response();
+    if let Some(saved) = saved {
+        response.headers_mut().insert(
+            STORED_HEADER,
+            HeaderValue::from_static(saved.header_value()),
+        );
     }
-    Json(object).into_response()
+    response
 }
 
 /// Input items with ids (`msg_…`, `fc_…`), as `input_items` lists them.

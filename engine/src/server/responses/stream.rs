@@ -364,7 +364,7 @@ impl Encoder for Streaming {
             Status::of(reason)
         };
         let usage = ResponsesUsage::of(outcome, self.prewarm);
-        let object = self.frame.object(
+        let mut object = self.frame.object(
             status,
             &self.items,
             Some(&usage),
@@ -377,28 +377,13 @@ impl Encoder for Streaming {
         let seq = self.seq;
         self.seq += 1;
         let prewarm = self.prewarm;
+        let parent = outcome.span.clone();
         Some(Box::pin(async move {
-            let (status, object) = match pending {
-                Some(p) => match p
-                    .put(items, if prewarm { Vec::new() } else { tokens }, &object)
-                    .await
-                {
-                    Ok(()) => (status, object),
-                    Err(e) => {
-                        tracing::error!(error = %e, "Responses.StoreFailed");
-                        let mut failed = object;
-                        if let Value::Object(m) = &mut failed {
-                            m.insert("status".into(), json!("failed"));
-                            m.insert(
-                                "error".into(),
-                                json!({"code": "server_error", "message": format!("the response could not be stored: {e}")}),
-                            );
-                        }
-                        (Status::Failed, failed)
-                    }
-                },
-                None => (status, object),
-            };
+            // A response the store fails to save is still completed, marked `store: false`.
+            if let Some(p) = pending {
+                let reply = if prewarm { Vec::new() } else { tokens };
+                p.save(items, reply, &mut object, parent.as_ref()).await;
+            }
             let kind = status.final_event();
             let body = json!({"type": kind, "sequence_number": seq, "response": object});
             out.push(SseEvent::default().event(kind).data(body.to_string()));

@@ -7,14 +7,17 @@
 //! on disk), the default, and Redis (`redis://…`) for several replicas behind a gateway. Both
 //! are bounded by count, bytes and age ([`StoreLimits`]): the oldest responses go first, and
 //! a response older than the age bound is gone even if nothing pushed it out. A response is
-//! written whole in one transaction (SQLite) or one atomic pipeline (Redis): a reader never
-//! sees half of one.
+//! written whole in one transaction (SQLite) or one atomic server-side script (Redis): a
+//! reader never sees half of one. A finished response the store cannot save is returned all
+//! the same, marked as not stored ([`saving`]).
 
 mod redis;
+mod saving;
 mod sqlite;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -22,6 +25,9 @@ use serde_json::Value;
 
 use crate::server::error::ApiError;
 use crate::server::state::AppState;
+
+pub use redis::RedisTimeouts;
+pub use saving::{Pending, STORED_HEADER, Saved};
 
 /// A stored response: what `GET` answers, and what a continuation needs.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -89,8 +95,8 @@ impl Default for StoreLimits {
     }
 }
 
-/// Why the store failed. A failure to store a response fails its request (status `failed`):
-/// a client that asked for `store` must be able to continue from it.
+/// Why the store failed. A finished response the store fails to save is still returned,
+/// marked as not stored ([`Saved`]); a read that fails is the request's error.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// SQLite failed (opening, a statement, the disk).
@@ -116,10 +122,14 @@ pub enum StoreError {
 
 impl StoreError {
     /// The error a request that needs the store is answered with: 503 when the store could
-    /// not be opened (the engine serves everything else), else 500.
+    /// not be opened (the engine serves everything else) or its server does not answer (a
+    /// Redis that is down or past its timeouts), else 500.
     pub fn api_error(&self) -> ApiError {
         match self {
             StoreError::Unavailable(_) => ApiError::unavailable(self.to_string()),
+            StoreError::Redis(e) if e.is_io_error() || e.is_timeout() => {
+                ApiError::unavailable(format!("the response store is not answering: {e}"))
+            }
             _ => ApiError::internal(self.to_string()),
         }
     }
@@ -162,8 +172,8 @@ impl StoreLocation {
     }
 }
 
-/// The store, whichever its backend.
-pub enum ResponseStore {
+/// The store's backend.
+enum Backend {
     /// SQLite, in a file or in memory.
     Sqlite(sqlite::SqliteStore),
     /// Redis.
@@ -174,6 +184,12 @@ pub enum ResponseStore {
     Unavailable(String),
 }
 
+/// The store, whichever its backend, with the count of responses it failed to save.
+pub struct ResponseStore {
+    backend: Backend,
+    not_stored: AtomicU64,
+}
+
 impl std::fmt::Debug for ResponseStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.describe())
@@ -181,6 +197,13 @@ impl std::fmt::Debug for ResponseStore {
 }
 
 impl ResponseStore {
+    fn with(backend: Backend) -> Self {
+        Self {
+            backend,
+            not_stored: AtomicU64::new(0),
+        }
+    }
+
     /// The door's store, as the shared state holds it ([`AppState::responses`]). A state built
     /// with something else there is refused as an internal error, never a panic.
     pub fn of(st: &AppState) -> Result<Arc<Self>, ApiError> {
@@ -189,72 +212,103 @@ impl ResponseStore {
             .map_err(|_| ApiError::internal("the Responses store is not set up"))
     }
 
-    /// Opens (creates) the store at `location`, bounded by `limits`.
+    /// Opens (creates) the store at `location`, bounded by `limits`, with Redis's default
+    /// timeouts.
     pub async fn open(location: &StoreLocation, limits: StoreLimits) -> Result<Self, StoreError> {
-        Ok(match location {
-            StoreLocation::File(p) => {
-                ResponseStore::Sqlite(sqlite::SqliteStore::open(Some(p.clone()), limits).await?)
-            }
-            StoreLocation::Memory => {
-                ResponseStore::Sqlite(sqlite::SqliteStore::open(None, limits).await?)
-            }
-            StoreLocation::Redis(url) => {
-                ResponseStore::Redis(redis::RedisStore::open(url, limits).await?)
-            }
-        })
+        Self::open_with(location, limits, RedisTimeouts::default()).await
     }
 
-    /// A word for logs and `/health`: `sqlite`, `memory`, `redis` or `unavailable`.
+    /// Opens (creates) the store at `location`, bounded by `limits`; a Redis store waits
+    /// for its server at most `timeouts`.
+    pub async fn open_with(
+        location: &StoreLocation,
+        limits: StoreLimits,
+        timeouts: RedisTimeouts,
+    ) -> Result<Self, StoreError> {
+        Ok(Self::with(match location {
+            StoreLocation::File(p) => {
+                Backend::Sqlite(sqlite::SqliteStore::open(Some(p.clone()), limits).await?)
+            }
+            StoreLocation::Memory => {
+                Backend::Sqlite(sqlite::SqliteStore::open(None, limits).await?)
+            }
+            StoreLocation::Redis(url) => {
+                Backend::Redis(redis::RedisStore::open(url, limits, timeouts).await?)
+            }
+        }))
+    }
+
+    /// A store that could not be opened, for `reason`: everything but the Responses requests
+    /// that need it is served.
+    pub fn unavailable(reason: String) -> Self {
+        Self::with(Backend::Unavailable(reason))
+    }
+
+    /// A word for logs, `/health` and `/metrics`: `sqlite`, `memory`, `redis` or
+    /// `unavailable`.
     pub fn describe(&self) -> &'static str {
-        match self {
-            ResponseStore::Sqlite(s) if s.in_memory() => "memory",
-            ResponseStore::Sqlite(_) => "sqlite",
-            ResponseStore::Redis(_) => "redis",
-            ResponseStore::Unavailable(_) => "unavailable",
+        match &self.backend {
+            Backend::Sqlite(s) if s.in_memory() => "memory",
+            Backend::Sqlite(_) => "sqlite",
+            Backend::Redis(_) => "redis",
+            Backend::Unavailable(_) => "unavailable",
         }
     }
 
     /// Whether the store can be used: `Err` (its reason) when it could not be opened.
     pub fn available(&self) -> Result<(), StoreError> {
-        match self {
-            ResponseStore::Unavailable(reason) => Err(StoreError::Unavailable(reason.clone())),
+        match &self.backend {
+            Backend::Unavailable(reason) => Err(StoreError::Unavailable(reason.clone())),
             _ => Ok(()),
+        }
+    }
+
+    /// What `/metrics` says of the store: its backend, why it could not be opened, and how
+    /// many finished responses it failed to save.
+    pub fn snapshot(&self) -> crate::metrics::StoreSnapshot {
+        crate::metrics::StoreSnapshot {
+            backend: self.describe(),
+            unavailable: match &self.backend {
+                Backend::Unavailable(reason) => Some(reason.clone()),
+                _ => None,
+            },
+            not_stored: self.not_stored.load(Ordering::Relaxed),
         }
     }
 
     /// Stores `r` whole (replacing one of the same id), then drops what is over the bounds.
     pub async fn put(&self, r: &StoredResponse) -> Result<(), StoreError> {
-        match self {
-            ResponseStore::Sqlite(s) => s.put(r).await,
-            ResponseStore::Redis(s) => s.put(r).await,
-            ResponseStore::Unavailable(reason) => Err(StoreError::Unavailable(reason.clone())),
+        match &self.backend {
+            Backend::Sqlite(s) => s.put(r).await,
+            Backend::Redis(s) => s.put(r).await,
+            Backend::Unavailable(reason) => Err(StoreError::Unavailable(reason.clone())),
         }
     }
 
     /// The response `id`, unless it is unknown or older than the age bound.
     pub async fn get(&self, id: &str) -> Result<Option<StoredResponse>, StoreError> {
-        match self {
-            ResponseStore::Sqlite(s) => s.get(id).await,
-            ResponseStore::Redis(s) => s.get(id).await,
-            ResponseStore::Unavailable(reason) => Err(StoreError::Unavailable(reason.clone())),
+        match &self.backend {
+            Backend::Sqlite(s) => s.get(id).await,
+            Backend::Redis(s) => s.get(id).await,
+            Backend::Unavailable(reason) => Err(StoreError::Unavailable(reason.clone())),
         }
     }
 
     /// Deletes the response `id`; whether there was one.
     pub async fn delete(&self, id: &str) -> Result<bool, StoreError> {
-        match self {
-            ResponseStore::Sqlite(s) => s.delete(id).await,
-            ResponseStore::Redis(s) => s.delete(id).await,
-            ResponseStore::Unavailable(reason) => Err(StoreError::Unavailable(reason.clone())),
+        match &self.backend {
+            Backend::Sqlite(s) => s.delete(id).await,
+            Backend::Redis(s) => s.delete(id).await,
+            Backend::Unavailable(reason) => Err(StoreError::Unavailable(reason.clone())),
         }
     }
 
     /// The latest stored response of `conversation`, if any.
     pub async fn latest_in(&self, conversation: &str) -> Result<Option<String>, StoreError> {
-        match self {
-            ResponseStore::Sqlite(s) => s.latest_in(conversation).await,
-            ResponseStore::Redis(s) => s.latest_in(conversation).await,
-            ResponseStore::Unavailable(reason) => Err(StoreError::Unavailable(reason.clone())),
+        match &self.backend {
+            Backend::Sqlite(s) => s.latest_in(conversation).await,
+            Backend::Redis(s) => s.latest_in(conversation).await,
+            Backend::Unavailable(reason) => Err(StoreError::Unavailable(reason.clone())),
         }
     }
 }
@@ -265,30 +319,6 @@ fn unix_now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs()
-}
-
-/// A response to store once it is whole: where, and what is known before it is generated.
-pub struct Pending {
-    /// Where it goes.
-    pub store: Arc<ResponseStore>,
-    /// What is known of it before it is generated.
-    pub record: StoredResponse,
-}
-
-impl Pending {
-    /// Stores the response with its output items, its reply's token ids and its object.
-    pub async fn put(
-        self,
-        output: Vec<Value>,
-        reply: Vec<u32>,
-        object: &Value,
-    ) -> Result<(), StoreError> {
-        let mut r = self.record;
-        r.output = output;
-        r.reply_tokens = reply;
-        r.response = object.clone();
-        self.store.put(&r).await
-    }
 }
 
 #[cfg(test)]
