@@ -408,6 +408,127 @@ def test_a_store_that_cannot_be_opened_leaves_the_engine_serving(tmp_path):
         e.close()
 
 
+def _store_health(e) -> dict:
+    code, h = http_json("GET", e.base + "/health")
+    assert code == 200, h
+    return h["responses_store"]
+
+
+def test_a_sqlite_store_locked_by_another_process_is_waited_for_then_given_up(tmp_path):
+    """A second process holding the store's write lock: released within the busy timeout,
+    the engine waits and opens the store; held past it, the engine serves without it."""
+    import sqlite3
+    import threading
+    require_model()
+    db = tmp_path / "responses.db"
+
+    def hold(seconds: float) -> threading.Thread:
+        ready = threading.Event()
+
+        def run():
+            con = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+            con.execute("BEGIN EXCLUSIVE")
+            ready.set()
+            time.sleep(seconds)
+            con.execute("ROLLBACK")
+            con.close()
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        assert ready.wait(30)
+        return t
+
+    t = hold(1.5)
+    e = EngineProcess("--batch", "2", "--responses-db", str(db))
+    try:
+        assert _store_health(e)["available"] is True
+        code, stored, r = _raw_create(e.base, {"model": e.model, "input": "hi",
+                                              "max_output_tokens": 4})
+        assert (code, stored) == (200, "true"), r
+    finally:
+        e.close()
+        t.join()
+    t = hold(12)
+    e = EngineProcess("--batch", "2", "--responses-db", str(db))
+    try:
+        h = _store_health(e)
+        assert h["available"] is False and "locked" in h["reason"], h
+        code, v = http_json("POST", e.base + "/v1/chat/completions", {
+            "model": e.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert code == 200, v
+    finally:
+        e.close()
+        t.join()
+
+
+def test_a_truncated_sqlite_store_is_found_at_start_and_the_engine_serves(tmp_path):
+    require_model()
+    db = tmp_path / "responses.db"
+    e = EngineProcess("--batch", "2", "--responses-db", str(db))
+    try:
+        for n in range(6):
+            code, _, r = _raw_create(e.base, {"model": e.model, "input": "x " * 400 + str(n),
+                                              "max_output_tokens": 4})
+            assert code == 200, r
+    finally:
+        e.close()
+    size = db.stat().st_size
+    assert size > 8192, size
+    with open(db, "r+b") as f:
+        f.truncate(size // 2)
+    e = EngineProcess("--batch", "2", "--responses-db", str(db))
+    try:
+        h = _store_health(e)
+        assert h["available"] is False and h["reason"], h
+        code, v = http_json("POST", e.base + "/v1/chat/completions", {
+            "model": e.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert code == 200, v
+        code, _, v = _raw_create(e.base, {"model": e.model, "input": "hi", "max_output_tokens": 4})
+        assert code == 503 and v["error"]["code"] == "unavailable", v
+    finally:
+        e.close()
+
+
+def test_an_engine_killed_while_saving_leaves_a_consistent_store(tmp_path):
+    """SIGKILL while responses are being saved, four at a time: the store opens, passes its
+    check, and holds every response that was answered before the kill."""
+    require_model()
+    from concurrent.futures import ThreadPoolExecutor
+    db = tmp_path / "responses.db"
+    e = EngineProcess("--batch", "4", "--responses-db", str(db))
+    answered = []
+    try:
+        body = {"model": e.model, "max_output_tokens": 6, "temperature": 0}
+
+        def one(n):
+            try:
+                code, _, r = _raw_create(e.base, {**body, "input": f"Count to {n}."})
+            except OSError:
+                return None
+            return r["id"] if code == 200 else None
+
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(one, n) for n in range(40)]
+            # Kill once a few are through, with others being saved.
+            deadline = time.monotonic() + 120
+            while sum(f.done() for f in futures) < 6 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            e.proc.send_signal(signal.SIGKILL)
+            e.proc.wait(timeout=30)
+            answered = [f.result() for f in futures]
+    finally:
+        stop_process(e.proc)
+    answered = [a for a in answered if a]
+    assert len(answered) >= 6, answered
+    e = EngineProcess("--batch", "2", "--responses-db", str(db))
+    try:
+        assert _store_health(e)["available"] is True
+        for rid in answered:
+            code, v = http_json("GET", e.base + f"/v1/responses/{rid}")
+            assert code == 200 and v["id"] == rid, v
+    finally:
+        e.close()
+
+
 def _text(url: str) -> str:
     with urllib.request.urlopen(url, timeout=30) as r:
         return r.read().decode()

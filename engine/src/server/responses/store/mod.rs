@@ -111,6 +111,9 @@ pub enum StoreError {
     /// The store's place cannot be used (its directory cannot be made).
     #[error("response store: {0}")]
     Io(#[from] std::io::Error),
+    /// The SQLite file is damaged (its quick check's first finding).
+    #[error("response store (SQLite): the file is damaged: {0}")]
+    Damaged(String),
     /// A blocking store task was lost.
     #[error("response store: {0}")]
     Task(String),

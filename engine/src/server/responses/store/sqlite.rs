@@ -56,6 +56,12 @@ impl SqliteStore {
             };
             c_busy(&conn)?;
             conn.execute_batch(SCHEMA)?;
+            // A damaged file (truncated, overwritten) is found now, not at some later read:
+            // the engine then serves without the store and says why.
+            let check: String = conn.query_row("PRAGMA quick_check(1)", [], |r| r.get(0))?;
+            if check != "ok" {
+                return Err(StoreError::Damaged(check));
+            }
             Ok(conn)
         })
         .await
