@@ -373,7 +373,15 @@ async fn whole_and_streamed_replies_agree_and_count_tokens_counts_the_prompt() {
         start["stop_reason"].is_null() && start["content"] == json!([]),
         "{start}"
     );
-    assert_eq!(start["usage"]["input_tokens"].as_u64(), Some(prompt));
+    // `message_start` is sent once the prompt's reuse is known: its counts are the final ones
+    // (this stream repeats the whole request's prompt, so part of it is read from the cache).
+    let su = &start["usage"];
+    assert_eq!(
+        su["input_tokens"].as_u64().expect("input")
+            + su["cache_read_input_tokens"].as_u64().expect("read"),
+        prompt,
+        "{su}"
+    );
     let mut streamed = String::new();
     let mut open = None;
     for (name, v) in &events {
@@ -410,6 +418,18 @@ async fn whole_and_streamed_replies_agree_and_count_tokens_counts_the_prompt() {
                 .as_u64()
                 .expect("read"),
         prompt
+    );
+    assert!(
+        su["cache_read_input_tokens"].as_u64() > Some(0),
+        "the repeated prompt is read from the cache: {su}"
+    );
+    assert_eq!(
+        su["input_tokens"], delta["usage"]["input_tokens"],
+        "{su} {delta}"
+    );
+    assert_eq!(
+        su["cache_read_input_tokens"], delta["usage"]["cache_read_input_tokens"],
+        "{su} {delta}"
     );
     s.stop().await;
 }

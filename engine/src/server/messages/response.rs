@@ -148,12 +148,14 @@ impl MessageUsage {
         }
     }
 
-    /// The usage `message_start` carries, before anything is known but the prompt: its
-    /// tokens as input (the last event, `message_delta`, carries the final counts).
-    pub fn opening(prompt_tokens: usize) -> Self {
+    /// The usage `message_start` carries, once the prompt's reuse is known: of its
+    /// `prompt_tokens`, `cached` read from the cache, the rest input, as the final usage
+    /// counts them (the last event, `message_delta`, carries the final counts of the rest).
+    pub fn opening(prompt_tokens: usize, cached: usize) -> Self {
+        let cached = cached.min(prompt_tokens);
         Self {
-            input_tokens: prompt_tokens,
-            cache_read_input_tokens: 0,
+            input_tokens: prompt_tokens - cached,
+            cache_read_input_tokens: cached,
             cache_creation_input_tokens: 0,
             cache_creation: CacheCreation::default(),
             output_tokens: 0,

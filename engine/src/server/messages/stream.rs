@@ -39,6 +39,8 @@ pub struct Streaming {
     open: Option<Open>,
     /// The choice's stop reason and sequence, once it ended.
     stop: Option<(StopReason, Option<String>)>,
+    /// Whether `message_start` went out.
+    started: bool,
 }
 
 /// An event of `kind` with `data` as JSON. A value that does not serialize is reported (a log
@@ -71,7 +73,25 @@ impl Streaming {
             next: 0,
             open: None,
             stop: None,
+            started: false,
         }
+    }
+
+    /// `message_start` (and a `ping`), once: with the prompt's reuse when it is known, as the
+    /// final usage will count it.
+    fn message_start(&mut self, cached: usize, out: &mut Vec<SseEvent>) {
+        if std::mem::replace(&mut self.started, true) {
+            return;
+        }
+        let prompt = self.answer.meta.request.prompt.len();
+        let message = self
+            .answer
+            .message(Vec::new(), MessageUsage::opening(prompt, cached));
+        out.push(event(
+            "message_start",
+            &json!({"type": "message_start", "message": message}),
+        ));
+        out.push(event("ping", &json!({"type": "ping"})));
     }
 
     fn start(&mut self, block: &ContentBlock, out: &mut Vec<SseEvent>) -> usize {
@@ -219,33 +239,35 @@ pub fn finish_turn(registry: &Registry, answer: &Answer, e: &ChoiceEnd) {
 }
 
 impl Encoder for Streaming {
+    /// Nothing yet: `message_start` waits until the prompt's reuse is known, so that its
+    /// `input_tokens` and `cache_read_input_tokens` are the final ones (a proxy that counts
+    /// from `message_start` counts right).
     fn opening(&mut self) -> Vec<SseEvent> {
-        let prompt = self.answer.meta.request.prompt.len();
-        let message = self
-            .answer
-            .message(Vec::new(), MessageUsage::opening(prompt));
-        vec![
-            event(
-                "message_start",
-                &json!({"type": "message_start", "message": message}),
-            ),
-            event("ping", &json!({"type": "ping"})),
-        ]
+        Vec::new()
     }
 
     fn on(&mut self, o: Out) -> Vec<SseEvent> {
-        match o {
+        let mut out = Vec::new();
+        if let Out::PromptReused { cached } = o {
+            self.message_start(cached, &mut out);
+            return out;
+        }
+        // Output before the reuse was told (a request that failed before its prefill): the
+        // start goes first, with what is known.
+        self.message_start(0, &mut out);
+        out.extend(match o {
             Out::Delta {
                 text, reasoning, ..
             } => {
-                let mut out = Vec::new();
-                self.reasoning(&reasoning, &mut out);
-                self.text(&text, &mut out);
-                out
+                let mut ev = Vec::new();
+                self.reasoning(&reasoning, &mut ev);
+                self.text(&text, &mut ev);
+                ev
             }
-            Out::PromptProgress(_) => Vec::new(),
+            Out::PromptProgress(_) | Out::PromptReused { .. } => Vec::new(),
             Out::ChoiceDone(e) => self.choice_done(&e),
             Out::Done(f) => self.done(&f),
-        }
+        });
+        out
     }
 }

@@ -303,6 +303,7 @@ impl Encoder for Streaming {
                 vec![c.event()]
             }
             Out::PromptProgress(p) => vec![self.progress(p).event()],
+            Out::PromptReused { .. } => Vec::new(),
             Out::ChoiceDone(e) => self.choice_done(&e),
             Out::Done(f) => self.done(&f),
         }

@@ -111,7 +111,7 @@ pub async fn collect(launched: Launched) -> Result<(Vec<Collected>, RequestOutco
                 }
             }
             // A whole response carries no progress (the pipeline sends none for it).
-            Out::PromptProgress(_) => {}
+            Out::PromptProgress(_) | Out::PromptReused { .. } => {}
             Out::ChoiceDone(e) => {
                 if let Some(c) = choices.get_mut(e.choice) {
                     c.text.push_str(&e.text);

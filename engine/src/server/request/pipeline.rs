@@ -63,6 +63,12 @@ pub enum Out {
     /// A chunk of the request's prefill ran (with `return_progress` on a stream only): where
     /// the prompt's prefill stands.
     PromptProgress(PromptProgress),
+    /// The prompt's reuse is known (its prefill began; sent once, for every request): of its
+    /// positions, `cached` came from the KV cache. Anthropic's `message_start` waits for it.
+    PromptReused {
+        /// Prompt positions reused from the KV cache.
+        cached: usize,
+    },
     /// One choice finished.
     ChoiceDone(Box<ChoiceEnd>),
     /// The request finished (after every choice), with its outcome.
@@ -271,6 +277,7 @@ async fn run(
     let mut reasons = vec![ApiFinishReason::Error; n];
     // The prompt's prefill is choice 0's: the other choices fork from it.
     let progress_of = meta.request.opts.return_progress.then_some(0);
+    let mut reuse_told = false;
     while finished < n {
         tokio::select! {
             item = events.next() => {
@@ -318,9 +325,16 @@ async fn run(
                             .is_err();
                         cancel.fetch_or(gone, Ordering::Relaxed);
                     }
-                    Event::PrefillChunk(rec) if progress_of == Some(i) => {
-                        let gone = tx.send(Out::PromptProgress(PromptProgress::from(&rec))).is_err();
-                        cancel.fetch_or(gone, Ordering::Relaxed);
+                    Event::PrefillChunk(rec) if i == 0 => {
+                        if !reuse_told {
+                            reuse_told = true;
+                            let gone = tx.send(Out::PromptReused { cached: rec.cached }).is_err();
+                            cancel.fetch_or(gone, Ordering::Relaxed);
+                        }
+                        if progress_of == Some(i) {
+                            let gone = tx.send(Out::PromptProgress(PromptProgress::from(&rec))).is_err();
+                            cancel.fetch_or(gone, Ordering::Relaxed);
+                        }
                     }
                     Event::Done(c) => {
                         let state = &mut choices[i];
@@ -588,7 +602,7 @@ mod tests {
             match out.recv().await {
                 Some(Out::ChoiceDone(c)) => reason = Some(c.finish_reason),
                 Some(Out::Done(f)) => break f,
-                Some(Out::Delta { .. } | Out::PromptProgress(_)) => {}
+                Some(Out::Delta { .. } | Out::PromptProgress(_) | Out::PromptReused { .. }) => {}
                 None => panic!("an answer"),
             }
         };
@@ -941,7 +955,7 @@ mod tests {
                     end = Some(e);
                 }
                 Some(Out::Done(o)) => break *o,
-                Some(Out::PromptProgress(_)) => {}
+                Some(Out::PromptProgress(_) | Out::PromptReused { .. }) => {}
                 None => panic!("an outcome"),
             }
         };

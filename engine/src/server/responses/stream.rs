@@ -343,7 +343,7 @@ impl Encoder for Streaming {
                 self.add(&reasoning, &text, &logprobs, &mut out);
                 out
             }
-            Out::PromptProgress(_) => Vec::new(),
+            Out::PromptProgress(_) | Out::PromptReused { .. } => Vec::new(),
             Out::ChoiceDone(e) => self.choice_done(&e),
             // The end goes through `finish`, which stores the response first.
             Out::Done(_) => Vec::new(),
