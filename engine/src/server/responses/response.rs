@@ -39,6 +39,10 @@ pub struct ResponsesUsage {
 pub struct InputDetails {
     /// Prompt tokens served from the KV cache.
     pub cached_tokens: usize,
+    /// Always 0, as Messages' `cache_creation_input_tokens`: slotlight has no separate cache
+    /// write; every prompt token it computes is counted in `input_tokens` and kept in the
+    /// prefix cache for later requests while there is room.
+    pub cache_write_tokens: usize,
 }
 
 /// `usage.output_tokens_details`.
@@ -66,6 +70,7 @@ impl ResponsesUsage {
             input_tokens: u.prompt_tokens,
             input_tokens_details: InputDetails {
                 cached_tokens: u.prompt_tokens_details.cached_tokens,
+                cache_write_tokens: 0,
             },
             output_tokens: output,
             output_tokens_details: OutputDetails {
