@@ -1,6 +1,8 @@
 //! The Responses API's endpoints: create (whole or streamed), retrieve, delete, list a
 //! response's input items, and count a request's input tokens.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, Query, Request, State};
@@ -14,6 +16,7 @@ use super::response::{
 use super::store::{Pending, ResponseStore, STORED_HEADER, StoredResponse};
 use super::translate::rename_param;
 use super::types::ResponsesRequest;
+use crate::diagnostics::{Fingerprint, MissReason, Sections, Turn};
 use crate::server::body::read_json;
 use crate::server::error::ApiError;
 use crate::server::ids::{created, new_id};
@@ -155,8 +158,15 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
         history,
     } = prepare(st, v).await?;
     let id = new_id(Api::Responses.id_prefix());
+    let turn = turn_of(
+        &valid.model,
+        req.instructions.as_deref(),
+        &Value::Array(req.tools_wire.clone()),
+        &format,
+        &valid.prompt,
+    );
     let diagnostics = match &req.cache.comparison_response_id {
-        Some(cid) => Some(diagnose(st, cid, &req, &valid, &format).await),
+        Some(cid) => Some(diagnose(st, cid, &turn).await),
         None => None,
     };
     // The session: the header, the conversation, the chain's, the cache key, the user; a
@@ -178,7 +188,7 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
     }
     let pending = store.map(|store| Pending {
         store,
-        tracer: std::sync::Arc::clone(&st.telemetry.tracer),
+        tracer: Arc::clone(&st.telemetry.tracer),
         record: StoredResponse {
             id: id.clone(),
             created_at: created(),
@@ -211,15 +221,21 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
         r.error = renamed(r.error);
         r
     })?;
+    // Every turn is kept for a later comparison by id, stored or not.
+    st.diagnostics.register(&launched.meta.id, turn);
     let bytes = st.prompts.tokenizer().token_bytes();
     let mut response = if stream {
         launch::stream(
             launched,
-            super::stream::Streaming::new(frame, bytes, pending, prewarm),
+            super::stream::Streaming::new(frame, bytes, pending, prewarm, Arc::clone(st)),
         )
     } else {
+        let rid = launched.meta.id.clone();
         match launch::collect(launched).await {
             Ok((choices, outcome)) => {
+                if let Some(end) = choices.first().and_then(|c| c.end.as_ref()) {
+                    st.diagnostics.finish(&rid, end.tokens.as_slice().into());
+                }
                 whole(&frame, &choices, &outcome, pending, prewarm, &bytes).await
             }
             Err(e) => e.into_response(),
@@ -311,51 +327,70 @@ fn with_ids(items: &[Value]) -> Vec<Value> {
         .collect()
 }
 
-/// `prompt_cache_diagnostics` against the response `cid`: a hit when this prompt extends that
-/// response's prompt and reply; else the first thing that changed, and the exact number of
-/// this prompt's tokens after the common prefix.
-async fn diagnose(
-    st: &AppState,
-    cid: &str,
-    req: &ResponsesRequest,
-    valid: &ValidRequest,
+/// The turn the cache diagnostics compare: the parts its prompt is built from and the prompt.
+fn turn_of(
+    model: &str,
+    instructions: Option<&str>,
+    tools: &Value,
     format: &Value,
-) -> Value {
-    let Ok(store) = ResponseStore::of(st) else {
-        return json!({"type": "unavailable"});
+    prompt: &[u32],
+) -> Turn {
+    Turn::new(
+        Sections {
+            model: model.to_string(),
+            system: Fingerprint::of(&instructions),
+            tools: Fingerprint::of_json(tools),
+            format: Fingerprint::of_json(format.get("text").unwrap_or(&Value::Null)),
+            options: Fingerprint::of_json(format.get("thinking").unwrap_or(&Value::Null)),
+        },
+        Arc::from(prompt),
+    )
+}
+
+/// `prompt_cache_options.comparison_response_id`: the current turn against the compared one,
+/// by the engine's one comparison ([`crate::diagnostics::diagnose`], which Messages' answers
+/// come from too). The compared turn is the engine's memory of it (any response, stored or
+/// not, while the engine remembers it), else the store's.
+async fn diagnose(st: &AppState, cid: &str, current: &Turn) -> Value {
+    let d = match st.diagnostics.compare(cid, current) {
+        Some(d) => d,
+        None => {
+            let Ok(store) = ResponseStore::of(st) else {
+                return json!({"type": "unavailable"});
+            };
+            let prev = match store.get(cid).await {
+                Ok(Some(p)) => p,
+                Ok(None) => return json!({"type": "comparison_response_not_found"}),
+                Err(_) => return json!({"type": "unavailable"}),
+            };
+            let mut turn = turn_of(
+                &prev.model,
+                prev.instructions.as_deref(),
+                &prev.tools,
+                &prev.format,
+                &prev.prompt_tokens,
+            );
+            turn.reply = Some(Arc::from(prev.reply_tokens.as_slice()));
+            crate::diagnostics::diagnose(&turn, current)
+        }
     };
-    let prev = match store.get(cid).await {
-        Ok(Some(p)) => p,
-        Ok(None) => return json!({"type": "comparison_response_not_found"}),
-        Err(_) => return json!({"type": "unavailable"}),
-    };
-    let mut before = prev.prompt_tokens.clone();
-    before.extend_from_slice(&prev.reply_tokens);
-    let common = valid
-        .prompt
-        .iter()
-        .zip(&before)
-        .take_while(|(a, b)| a == b)
-        .count();
-    if common >= prev.prompt_tokens.len() {
+    let Some(reason) = d.reason else {
         return json!({"type": "cache_hit"});
-    }
-    let reason = if prev.model != valid.model {
-        "model_changed"
-    } else if prev.tools != Value::Array(req.tools_wire.clone()) {
-        "tools_changed"
-    } else if prev.format.get("text") != format.get("text") {
-        "text_format_changed"
-    } else if prev.format.get("thinking") != format.get("thinking") {
-        "reasoning_effort_changed"
-    } else {
-        "input_changed"
+    };
+    let reason = match reason {
+        MissReason::Model => "model_changed",
+        MissReason::Tools => "tools_changed",
+        MissReason::Format => "text_format_changed",
+        MissReason::Options => "reasoning_effort_changed",
+        // OpenAI counts the instructions as input.
+        MissReason::System | MissReason::Input => "input_changed",
     };
     json!({
         "type": "cache_miss",
         "reason": reason,
-        "cache_missed_tokens": valid.prompt.len() - common,
-        "comparison_reusable_tokens": common,
+        // OpenAI's count: the input tokens after the first divergence.
+        "cache_missed_tokens": current.prompt.len().saturating_sub(d.common_tokens),
+        "comparison_reusable_tokens": d.common_tokens,
     })
 }
 

@@ -22,6 +22,7 @@ use crate::sampling::TokenLogprobs;
 use crate::server::request::launch::{Encoder, Finishing};
 use crate::server::request::outcome::{ApiFinishReason, RequestOutcome};
 use crate::server::request::pipeline::{ChoiceEnd, Out};
+use crate::server::state::SharedState;
 use crate::tokenizer::TokenBytes;
 
 /// The item being streamed now.
@@ -50,6 +51,8 @@ pub struct Streaming {
     end: Option<(ApiFinishReason, Vec<u32>)>,
     /// Where the response is stored (with `store`).
     pending: Option<Pending>,
+    /// The shared state, whose diagnostics registry learns the reply's tokens.
+    st: SharedState,
     prewarm: bool,
 }
 
@@ -60,8 +63,10 @@ impl Streaming {
         bytes: Arc<TokenBytes>,
         pending: Option<Pending>,
         prewarm: bool,
+        st: SharedState,
     ) -> Self {
         Self {
+            st,
             frame,
             ids: ItemIds::new(),
             bytes,
@@ -372,6 +377,9 @@ impl Encoder for Streaming {
             incomplete_reason(reason).filter(|_| status == Status::Incomplete),
         );
         let tokens = self.end.take().map(|(_, t)| t).unwrap_or_default();
+        self.st
+            .diagnostics
+            .finish(&self.frame.id, tokens.as_slice().into());
         let pending = self.pending.take().filter(|_| status != Status::Failed);
         let items = std::mem::take(&mut self.items);
         let seq = self.seq;
