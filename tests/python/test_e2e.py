@@ -196,10 +196,13 @@ def test_prometheus_scrapes_the_sidecar(engine, sidecar):
             q = "histogram_quantile(0.5, sum by (le) (gen_ai_server_time_to_first_token_seconds_bucket))"
             url = f"http://127.0.0.1:{port}/api/v1/query?query=" + urllib.parse.quote(q)
             value = None
-            for _ in range(300):
+            # Prometheus answers 503 (plain text) until its storage is ready: slow on a busy
+            # machine, so the wait is by deadline.
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
                 try:
                     code, body = http_json("GET", url, timeout=5)
-                except OSError:
+                except (OSError, ValueError):
                     code, body = 0, None
                 if code == 200 and body["data"]["result"]:
                     value = float(body["data"]["result"][0]["value"][1])
