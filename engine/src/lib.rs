@@ -20,6 +20,7 @@ pub mod kv_events;
 pub mod metrics;
 pub mod model;
 pub mod prompt;
+pub mod replies;
 pub mod runtime;
 pub mod sampling;
 pub mod scheduler;

@@ -51,6 +51,12 @@ pub struct ServeArgs {
     /// `prompt_cache_options.ttl`, Messages `cache_control.ttl`).
     #[arg(long, default_value_t = 3600.0, value_parser = seconds)]
     pub session_kv_ttl_max: f64,
+    /// MiB of generated replies remembered (their token ids, by their text and tool calls),
+    /// so that a reply a client sends back is prompted as the tokens the engine generated,
+    /// not as a re-tokenization of its text; the least recently used is forgotten first. 0
+    /// remembers none.
+    #[arg(long, default_value_t = 64)]
+    pub reply_memory_mib: usize,
     /// The share of each group's KV blocks that live sessions may keep, from 0 to 1 (the
     /// longest-idle session lets go first).
     #[arg(long, default_value_t = 0.5, value_parser = share)]
@@ -330,7 +336,8 @@ async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {
         let engine = Arc::new(super::start_engine_with_events(
             &model, &a.model, kv, sched, kv_events,
         )?);
-        let prompts = PromptBuilder::new(&model);
+        let prompts = PromptBuilder::new(&model)
+            .with_reply_memory(a.reply_memory_mib.saturating_mul(1 << 20));
         Ok((model, engine, prompts))
     })?;
     let context = a.model.ctx_size.min(model.config.context);

@@ -15,6 +15,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tracing::Instrument as _;
 
 use crate::metrics::RequestMetrics;
+use crate::replies::{ReplyKey, ReplyMemory};
 use crate::sampling::TokenLogprobs;
 use crate::scheduler::{Completion, EngineError, Event, FinishReason, PromptProgress};
 use crate::server::error::ApiError;
@@ -197,7 +198,20 @@ pub fn launch(
     // The task's log lines carry the request's trace and span ids, and its warnings become
     // events on the request span.
     let span = crate::telemetry::request_span(trace.context(), &meta.id);
-    tokio::spawn(run(trace, rxs, tx, flag, progress, Arc::clone(&meta), metrics).instrument(span));
+    let replies = Arc::clone(st.prompts.replies());
+    tokio::spawn(
+        run(
+            trace,
+            rxs,
+            tx,
+            flag,
+            progress,
+            Arc::clone(&meta),
+            metrics,
+            replies,
+        )
+        .instrument(span),
+    );
     Ok((meta, out, cancel))
 }
 
@@ -213,6 +227,8 @@ struct ChoiceState {
     done: Option<Completion>,
     /// The reply as shown, for the request span (with `--trace-content` only).
     output: Option<OutputMessage>,
+    /// The reply's content as sent so far (remembered with its ids once it ends).
+    shown: String,
 }
 
 /// The completion of choice `choice` of `meta` when its channel closed without one. The
@@ -241,6 +257,7 @@ async fn run(
     progress: Duration,
     meta: Arc<RequestMeta>,
     metrics: Arc<RequestMetrics>,
+    replies: Arc<ReplyMemory>,
 ) {
     let tools = meta.request.tools.as_ref();
     let reasoning: Option<ReasoningStart> = meta.request.reasoning;
@@ -253,6 +270,7 @@ async fn run(
             generated: 0,
             done: None,
             output: trace.records_content().then(OutputMessage::default),
+            shown: String::new(),
         })
         .collect();
     // Each choice's events, tagged with its index, and a `None` when its channel closes.
@@ -305,6 +323,7 @@ async fn run(
                             None => (String::new(), text),
                         };
                         let shown = c.shaper.push(&content);
+                        c.shown.push_str(&shown);
                         if let Some(o) = c.output.as_mut() {
                             o.push(&thought, &shown);
                         }
@@ -362,6 +381,19 @@ async fn run(
                             o.push(&thought, &text);
                             o.finish(&calls, reason);
                             trace.record_output(i, o);
+                        }
+                        if !matches!(reason, ApiFinishReason::Error | ApiFinishReason::Cancelled) {
+                            let whole = std::mem::take(&mut state.shown) + &text;
+                            let sent_calls = calls
+                                .iter()
+                                .map(|c| {
+                                    (
+                                        c.function.name.clone(),
+                                        serde_json::Value::String(c.function.arguments.clone()),
+                                    )
+                                })
+                                .collect();
+                            replies.remember(ReplyKey::new(&whole, sent_calls), &c.tokens);
                         }
                         let _ = tx.send(Out::ChoiceDone(Box::new(ChoiceEnd {
                             choice: i,

@@ -14,6 +14,7 @@ use super::input::{
 };
 use crate::chat_template::{ChatMessage, Role};
 use crate::constraint::{Constraint, ConstraintKind, GrammarSpec};
+use crate::replies::ReplyKey;
 use crate::sampling::SamplingParams;
 use crate::server::error::ApiError;
 use crate::server::request::reasoning::ReasoningStart;
@@ -554,16 +555,31 @@ pub fn chat_prompt(
         tool_setup(req, format, limits)?
     };
     let messages = messages(req, limits)?;
+    // Replies the engine generated, sent back: their generated ids go in their place (never
+    // the last message, which a generation may continue).
+    let replies = st.prompts.replies();
+    let last = messages.len().saturating_sub(1);
+    let generated: Vec<Option<Arc<[u32]>>> = messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            (i < last)
+                .then(|| ReplyKey::of_message(m))
+                .flatten()
+                .and_then(|k| replies.recall(&k))
+        })
+        .collect();
     let messages = match &tools {
         Some(t) => t.prepare(messages),
         None if format == ToolFormat::Generic => tools::polyfill_history(messages),
         None => messages,
     };
     let template_tools = tools.as_ref().and_then(ToolSetup::template_tools);
-    let (text, prompt) = st
+    let (text, prompt, _) = st
         .prompts
-        .chat_with(
+        .chat_generated(
             &messages,
+            &generated,
             template_tools.as_ref(),
             &req.chat_template_kwargs,
             add_generation_prompt,

@@ -9,7 +9,7 @@
 //! a response older than the age bound is gone even if nothing pushed it out. A response is
 //! written whole in one transaction (SQLite) or one atomic server-side script (Redis): a
 //! reader never sees half of one. A finished response the store cannot save is returned all
-//! the same, marked as not stored ([`saving`]).
+//! the same, marked as not stored ([`Saved`]).
 
 mod redis;
 mod saving;
