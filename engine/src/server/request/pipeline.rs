@@ -207,12 +207,17 @@ pub fn launch(
             flag,
             progress,
             Arc::clone(&meta),
-            metrics,
-            replies,
+            Afterwards { metrics, replies },
         )
         .instrument(span),
     );
     Ok((meta, out, cancel))
+}
+
+/// Where a request's task leaves what outlives it: its metrics and its replies' ids.
+struct Afterwards {
+    metrics: Arc<RequestMetrics>,
+    replies: Arc<ReplyMemory>,
 }
 
 /// One choice in progress, as the request task sees it.
@@ -256,9 +261,9 @@ async fn run(
     cancel: Arc<AtomicBool>,
     progress: Duration,
     meta: Arc<RequestMeta>,
-    metrics: Arc<RequestMetrics>,
-    replies: Arc<ReplyMemory>,
+    after: Afterwards,
 ) {
+    let Afterwards { metrics, replies } = after;
     let tools = meta.request.tools.as_ref();
     let reasoning: Option<ReasoningStart> = meta.request.reasoning;
     let n = rxs.len();
@@ -625,7 +630,10 @@ mod tests {
             cancel,
             Duration::ZERO,
             one,
-            Arc::clone(&metrics),
+            Afterwards {
+                metrics: Arc::clone(&metrics),
+                replies: Arc::default(),
+            },
         )
         .instrument(span)
         .await;
@@ -731,7 +739,10 @@ mod tests {
             Arc::new(AtomicBool::new(false)),
             Duration::ZERO,
             one,
-            Arc::new(RequestMetrics::default()),
+            Afterwards {
+                metrics: Arc::new(RequestMetrics::default()),
+                replies: Arc::default(),
+            },
         )
         .await;
         let outcome = loop {
@@ -840,7 +851,10 @@ mod tests {
             Arc::new(AtomicBool::new(false)),
             Duration::ZERO,
             two,
-            Arc::clone(&metrics),
+            Afterwards {
+                metrics: Arc::clone(&metrics),
+                replies: Arc::default(),
+            },
         )
         .await;
         let outcome = loop {
@@ -966,7 +980,10 @@ mod tests {
             Arc::new(AtomicBool::new(false)),
             Duration::ZERO,
             one,
-            Arc::new(RequestMetrics::default()),
+            Afterwards {
+                metrics: Arc::new(RequestMetrics::default()),
+                replies: Arc::default(),
+            },
         )
         .await;
         let (mut reasoning, mut content, mut deltas) = (String::new(), String::new(), Vec::new());
