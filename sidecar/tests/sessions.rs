@@ -114,6 +114,8 @@ async fn sessions_are_listed_whole_and_each_one_says_where_its_time_went() {
         "/v1/sessions?cursor=zz",
         "/v1/sessions?instance=",
         "/v1/sessions?live=maybe",
+        "/v1/sessions?limit=1001",
+        "/v1/sessions?limit=0",
     ] {
         let (code, body) = t.get(bad).await;
         assert_eq!(code, 400, "{bad}: {body}");

@@ -313,6 +313,9 @@ async fn a_bad_turns_query_answers_in_the_api_error_shape() {
         ("/v1/turns?limit=banana", Value::Null),
         ("/v1/turns/stream?session_id=", Value::from("session_id")),
         ("/v1/turns/stream?limit=-1", Value::Null),
+        // Pages are bounded: a bigger one is read with `cursor`.
+        ("/v1/turns?limit=1001", Value::from("limit")),
+        ("/v1/turns?limit=0", Value::from("limit")),
     ] {
         let (status, body) = t.get(path).await;
         assert_eq!(status, 400, "{path}: {body}");

@@ -41,6 +41,24 @@ mod sessions;
 /// Default `limit` of `/v1/turns`.
 const DEFAULT_TURNS: usize = 100;
 
+/// The largest `limit` of `/v1/turns` and `/v1/sessions`: a bigger page is read with
+/// `cursor`, so one request never asks the store for an unbounded answer.
+pub const MAX_LIMIT: usize = 1000;
+
+/// `limit` as asked (else `default`), refused outside 1..=[`MAX_LIMIT`].
+fn page_limit(asked: Option<usize>, default: usize) -> Result<usize, ViewError> {
+    match asked {
+        None => Ok(default),
+        Some(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
+        Some(n) => Err(ViewError::InvalidQuery {
+            param: Some("limit"),
+            message: format!(
+                "limit is {n}; it must be from 1 to {MAX_LIMIT} (read further pages with `cursor`)"
+            ),
+        }),
+    }
+}
+
 /// What the view handlers read.
 #[derive(Debug, Clone)]
 pub struct ApiState {
@@ -176,7 +194,7 @@ pub struct TurnsParams {
     pub until: Option<i64>,
     /// The page after this one: a previous answer's `next_cursor`.
     pub cursor: Option<String>,
-    /// At most this many (default 100): the newest ones.
+    /// At most this many (default 100, at most 1,000): the newest ones.
     pub limit: Option<usize>,
 }
 
@@ -232,7 +250,7 @@ impl TurnsParams {
             since: p.since,
             until: p.until,
             cursor,
-            limit: p.limit.unwrap_or(DEFAULT_TURNS),
+            limit: page_limit(p.limit, DEFAULT_TURNS)?,
         })
     }
 }

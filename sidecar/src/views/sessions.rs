@@ -27,7 +27,7 @@ pub struct SessionsParams {
     pub live: Option<bool>,
     /// The page after this one: a previous answer's `next_cursor`.
     pub cursor: Option<String>,
-    /// At most this many (default 100).
+    /// At most this many (default 100, at most 1,000).
     pub limit: Option<usize>,
 }
 
@@ -62,7 +62,7 @@ impl SessionsParams {
             instance: p.instance,
             live: p.live,
             cursor,
-            limit: p.limit.unwrap_or(DEFAULT_SESSIONS),
+            limit: super::page_limit(p.limit, DEFAULT_SESSIONS)?,
         })
     }
 }
