@@ -21,6 +21,9 @@ import pytest
 from procs import EngineProcess, agent_cli, require_gemma
 
 MODEL_NAME = "gemma-local"
+# The engine's `--api-key`, which Codex sends from the environment variable its provider's
+# `env_key` names (the README's block).
+API_KEY = "codex-test-key"
 # Codex's optional tools, off: what is left is a tool the engine skips for this model.
 DISABLED = [
     "shell_tool", "unified_exec", "goals", "multi_agent", "view_image", "apps", "plugins",
@@ -41,7 +44,7 @@ def engine():
     e = EngineProcess(
         "--batch", "2", "--served-model-name", MODEL_NAME, "--generic-tools", "off",
         "--max-tokens-limit", "64", "--default-max-tokens", "64",
-        ctx_size=32768, model=gemma,
+        ctx_size=32768, model=gemma, api_key=API_KEY,
     )
     yield e
     e.close()
@@ -54,7 +57,8 @@ def codex(home: Path, work: Path, *args: str) -> list[dict]:
         cmd += ["--disable", f]
     cmd += ["-c", 'web_search="disabled"', "--output-schema", str(home / "schema.json"),
             "--json", "--skip-git-repo-check", *args]
-    env = dict(os.environ, CODEX_HOME=str(home), OPENAI_API_KEY="none", HOME=str(home))
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    env.update(CODEX_HOME=str(home), HOME=str(home), SLOTLIGHT_API_KEY=API_KEY)
     p = subprocess.run(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True,
                        text=True, timeout=1200)
     events = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
@@ -75,6 +79,7 @@ def test_codex_runs_two_turns_and_the_second_reuses_the_first(engine, tmp_path):
         'name = "slotlight"\n'
         f'base_url = "{engine.base}/v1"\n'
         'wire_api = "responses"\n'
+        'env_key = "SLOTLIGHT_API_KEY"\n'
     )
     first = codex(home, work, "Say hello.")
     done = [e for e in first if e["type"] == "turn.completed"]
