@@ -48,6 +48,7 @@ fn engine(model: &Model, keep: KeepConfig) -> EngineHandle {
             mixed_prefill_chunk: 16,
             return_to_solo: true,
             max_sessions: 64,
+            session_memory_bytes: 256 << 20,
             session_kv: keep,
             speculation: SpeculationConfig::default(),
         },

@@ -50,6 +50,7 @@ fn sched() -> SchedulerConfig {
         mixed_prefill_chunk: 4,
         return_to_solo: true,
         max_sessions: 16,
+        session_memory_bytes: 256 << 20,
         speculation: SpeculationConfig {
             max_tokens: 0,
             ..SpeculationConfig::off()

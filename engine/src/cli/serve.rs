@@ -42,6 +42,11 @@ pub struct ServeArgs {
     /// conversation's KV and why not (`usage.resume`); the least recently used is dropped first.
     #[arg(long, default_value_t = 4096)]
     pub max_sessions: usize,
+    /// MiB of those sessions' remembered tokens (each session's last turn, prompt and reply):
+    /// long contexts cost memory, so the least recently used session is dropped first beyond
+    /// this too.
+    #[arg(long, default_value_t = 256)]
+    pub session_memory_mib: usize,
     /// Seconds after a turn that its session's KV stays ahead of other cached prefixes (long
     /// enough for an agent's ordinary tool calls); a later turn that finds its blocks
     /// reclaimed after that says `expired`. 0 keeps none.
@@ -325,6 +330,7 @@ async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {
             mixed_prefill_chunk: a.mixed_prefill_chunk.max(1),
             return_to_solo: true,
             max_sessions: a.max_sessions,
+            session_memory_bytes: a.session_memory_mib.saturating_mul(1 << 20),
             speculation: a.speculation.config(),
             session_kv: KeepConfig {
                 ttl: Duration::from_secs_f64(a.session_kv_ttl),

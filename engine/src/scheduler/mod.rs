@@ -56,6 +56,9 @@ pub struct SchedulerConfig {
     /// Sessions whose last turn the engine remembers for warm resume (least recently used
     /// dropped first; 0 remembers none).
     pub max_sessions: usize,
+    /// The most bytes of those sessions' remembered tokens (least recently used dropped
+    /// first).
+    pub session_memory_bytes: usize,
     /// How decoding sequences draft tokens to verify (speculative decoding).
     pub speculation: SpeculationConfig,
     /// How long, and within what share of each group's blocks, live sessions' KV is kept.
@@ -71,6 +74,7 @@ impl Default for SchedulerConfig {
             mixed_prefill_chunk: 64,
             return_to_solo: true,
             max_sessions: 4096,
+            session_memory_bytes: 256 << 20,
             speculation: SpeculationConfig::default(),
             session_kv: KeepConfig::default(),
         }
@@ -384,6 +388,10 @@ pub struct SessionStats {
     pub dropped: u64,
     /// Sessions found so far from their prompts (no key).
     pub found: u64,
+    /// Bytes of the remembered turns' tokens now.
+    pub bytes: usize,
+    /// The most bytes remembered (`--session-memory-mib`).
+    pub max_bytes: usize,
 }
 
 impl EngineHandle {
@@ -404,7 +412,10 @@ impl EngineHandle {
         kv_events: Option<KvEventSink>,
     ) -> Self {
         let queued = Arc::new(AtomicUsize::new(0));
-        let sessions = Arc::new(Mutex::new(SessionMemory::new(cfg.max_sessions)));
+        let sessions = Arc::new(Mutex::new(SessionMemory::with_bytes(
+            cfg.max_sessions,
+            cfg.session_memory_bytes,
+        )));
         let context = backends
             .iter()
             .map(|b| b.config().context)
@@ -591,6 +602,8 @@ impl EngineHandle {
             capacity: m.as_ref().map_or(0, |m| m.capacity()),
             dropped: m.as_ref().map_or(0, |m| m.dropped()),
             found: m.as_ref().map_or(0, |m| m.found()),
+            bytes: m.as_ref().map_or(0, |m| m.bytes().0),
+            max_bytes: m.as_ref().map_or(0, |m| m.bytes().1),
         }
     }
 

@@ -10,8 +10,9 @@
 //! Two conversations that share only a system prompt stay apart: neither prompt extends the
 //! other's whole turn.
 //!
-//! Bounded: at most `--max-sessions` sessions and candidates together, the least recently
-//! used candidate dropped first, then the least recently used session.
+//! Bounded: at most `--max-sessions` sessions and candidates together, and at most
+//! `--session-memory-mib` of their remembered tokens, the least recently used candidate
+//! dropped first, then the least recently used session.
 //!
 //! Finding a session costs one pass over the new prompt: every remembered turn that can be
 //! found is indexed by a hash of its whole tokens, and the prompt's running hash is probed at
@@ -74,6 +75,10 @@ struct Entry {
 #[derive(Debug)]
 pub struct SessionMemory {
     capacity: usize,
+    /// The most bytes of remembered tokens.
+    max_bytes: usize,
+    /// Bytes of remembered tokens now.
+    bytes: usize,
     sessions: HashMap<String, Entry>,
     /// Remembered turns that can be found, by the hash of their whole tokens.
     by_tokens: HashMap<u64, String>,
@@ -132,8 +137,16 @@ impl SessionMemory {
     /// Room for `capacity` sessions and candidates (0 remembers none: every turn is `first`,
     /// and no session is found).
     pub fn new(capacity: usize) -> Self {
+        Self::with_bytes(capacity, usize::MAX)
+    }
+
+    /// Room for `capacity` sessions and candidates and `max_bytes` of their tokens (the turn
+    /// just remembered is kept even alone over the bound).
+    pub fn with_bytes(capacity: usize, max_bytes: usize) -> Self {
         Self {
             capacity,
+            max_bytes,
+            bytes: 0,
             sessions: HashMap::new(),
             by_tokens: HashMap::new(),
             lengths: BTreeMap::new(),
@@ -277,6 +290,7 @@ impl SessionMemory {
         });
         if let Some(old) = old {
             self.unindex(&old);
+            self.bytes -= old.tokens.len() * 4;
         }
         let kind = self.sessions.get(&id).map(|e| e.kind)?;
         let indexed = (kind != Kind::Keyed).then(|| {
@@ -293,6 +307,12 @@ impl SessionMemory {
         };
         if let Some(e) = self.sessions.get_mut(&id) {
             e.last = Some(last);
+            self.bytes += tokens.len() * 4;
+        }
+        while self.bytes > self.max_bytes && self.sessions.len() > 1 {
+            if !self.drop_oldest(Some(&id)) {
+                break;
+            }
         }
         made.then_some(id)
     }
@@ -308,24 +328,34 @@ impl SessionMemory {
         if self.sessions.len() < self.capacity {
             return;
         }
+        self.drop_oldest(None);
+    }
+
+    /// Drops the least recently used candidate, else the least recently used session, never
+    /// `keep`; whether one was dropped.
+    fn drop_oldest(&mut self, keep: Option<&str>) -> bool {
         let oldest = |candidates: bool| {
             self.sessions
                 .iter()
-                .filter(|(_, e)| !candidates || e.kind == Kind::Candidate)
+                .filter(|(k, e)| {
+                    (!candidates || e.kind == Kind::Candidate) && Some(k.as_str()) != keep
+                })
                 .min_by_key(|(_, e)| e.used)
                 .map(|(k, _)| k.clone())
         };
         let Some(victim) = oldest(true).or_else(|| oldest(false)) else {
-            return;
+            return false;
         };
         if let Some(e) = self.sessions.remove(&victim) {
             if let Some(l) = &e.last {
                 self.unindex(l);
+                self.bytes -= l.tokens.len() * 4;
             }
             if e.kind != Kind::Candidate {
                 self.dropped += 1;
             }
         }
+        true
     }
 
     fn unindex(&mut self, last: &LastTurn) {
@@ -380,6 +410,11 @@ impl SessionMemory {
     pub fn found(&self) -> u64 {
         self.found
     }
+
+    /// Bytes of remembered tokens now, and the bound.
+    pub fn bytes(&self) -> (usize, usize) {
+        (self.bytes, self.max_bytes)
+    }
 }
 
 #[cfg(test)]
@@ -388,6 +423,31 @@ mod tests {
 
     fn turn(m: &mut SessionMemory, key: Option<&str>, prompt: &[u32]) -> Option<SessionTurn> {
         m.open_turn(key, true, prompt).map(|(t, _)| t)
+    }
+
+    #[test]
+    fn the_memory_is_bounded_by_the_bytes_of_its_tokens() {
+        // Room for 3 sessions' tokens of 100 ids each.
+        let mut m = SessionMemory::with_bytes(100, 3 * 400);
+        for (k, id) in [(1u32, "a"), (2, "b"), (3, "c")] {
+            turn(&mut m, Some(id), &[1]);
+            m.remember(Some(id), &[k; 100], 0, id);
+        }
+        assert_eq!(m.len(), 3);
+        assert_eq!(m.bytes().0, 1200);
+        // "a" used again: "b" is the least recently used.
+        turn(&mut m, Some("a"), &[0; 100]);
+        turn(&mut m, Some("d"), &[1]);
+        m.remember(Some("d"), &[9; 100], 0, "d");
+        assert!(m.group_of("b").is_none(), "dropped for the bytes");
+        assert!(m.group_of("a").is_some() && m.group_of("d").is_some());
+        assert!(m.bytes().0 <= 1200);
+        assert_eq!(m.dropped(), 1);
+        // One turn over the whole bound is kept, alone.
+        turn(&mut m, Some("e"), &[1]);
+        m.remember(Some("e"), &[7; 1000], 0, "e");
+        assert_eq!(m.len(), 1);
+        assert!(m.group_of("e").is_some());
     }
 
     #[test]

@@ -125,6 +125,7 @@ impl TestServer {
             mixed_prefill_chunk: 32,
             return_to_solo: true,
             max_sessions: 64,
+            session_memory_bytes: 256 << 20,
             speculation: o.speculation.clone(),
             session_kv: o.session_kv,
         };
