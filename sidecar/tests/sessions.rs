@@ -105,6 +105,26 @@ async fn sessions_are_listed_whole_and_each_one_says_where_its_time_went() {
     assert_eq!(turns[0]["request_id"], "a1");
     assert!(turns[0]["gap_before_s"].is_null());
     assert!((turns[1]["gap_before_s"].as_f64().unwrap() - 1.6).abs() < 1e-9);
+    assert!(detail["next_cursor"].is_null());
+    // Its turn records a page at a time.
+    let first = t.get_json("/v1/sessions/sess-a?limit=1").await;
+    assert_eq!(first["turns"], 2, "the record is the whole session's");
+    assert_eq!(first["turn_records"].as_array().unwrap().len(), 1);
+    assert_eq!(first["turn_records"][0]["request_id"], "a1");
+    let cursor = first["next_cursor"].as_str().unwrap().to_string();
+    let second = t
+        .get_json(&format!("/v1/sessions/sess-a?limit=1&cursor={cursor}"))
+        .await;
+    assert_eq!(second["turn_records"][0]["request_id"], "a2");
+    assert!(second["next_cursor"].is_null());
+    for bad in [
+        "/v1/sessions/sess-a?limit=0",
+        "/v1/sessions/sess-a?limit=1001",
+        "/v1/sessions/sess-a?cursor=zz",
+    ] {
+        let (code, body) = t.get(bad).await;
+        assert_eq!(code, 400, "{bad}: {body}");
+    }
     // Errors in the API's shape.
     let (code, body) = t.get("/v1/sessions/nope").await;
     assert_eq!(code, 404, "{body}");

@@ -111,23 +111,57 @@ pub async fn list(
     Ok(json_response(body))
 }
 
-/// The `/v1/sessions/{id}` answer: the session's record and its turns.
+/// The `/v1/sessions/{id}` answer: the session's record and a page of its turns.
 #[derive(serde::Serialize)]
 struct SessionBody {
     #[serde(flatten)]
     session: SessionRecord,
     /// Its turn records in the order the conversation ran (by arrival), each with
-    /// `gap_before_s`.
+    /// `gap_before_s`: at most `limit` of them, from `cursor`.
     turn_records: Vec<serde_json::Value>,
+    /// The `cursor=` of the next page of turn records; null when this page is the last.
+    next_cursor: Option<String>,
+}
+
+/// `/v1/sessions/{id}` query parameters: a page of its turn records.
+#[derive(Debug, Deserialize, Default)]
+pub struct SessionParams {
+    /// The page after this one: a previous answer's `next_cursor`.
+    pub cursor: Option<String>,
+    /// At most this many turn records (default 100, at most 1,000).
+    pub limit: Option<usize>,
+}
+
+/// The first turn record of a page: `turn:<index>`, as `next_cursor` writes it.
+fn turn_cursor(c: &str) -> Result<usize, ViewError> {
+    c.strip_prefix("turn:")
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| ViewError::InvalidQuery {
+            param: Some("cursor"),
+            message: format!("cursor {c:?} is not one a previous answer gave"),
+        })
 }
 
 /// `GET /v1/sessions/{id}`: the session's record (as in `/v1/sessions`) and `turn_records`,
 /// its turn records in order, each with `gap_before_s` (the time from the previous turns'
-/// end to its arrival; null for the first). An unknown session is a 404 [`ViewError`].
+/// end to its arrival; null for the first), at most `limit` (default 100) from `cursor`, with
+/// `next_cursor` for the next page. An unknown session is a 404 [`ViewError`].
 pub async fn one(
     State(st): State<ApiState>,
     Path(id): Path<String>,
+    params: Result<Query<SessionParams>, QueryRejection>,
 ) -> Result<Response, ViewError> {
+    let Query(p) = params.map_err(|r| ViewError::InvalidQuery {
+        param: None,
+        message: r.body_text(),
+    })?;
+    let limit = super::page_limit(p.limit, DEFAULT_SESSIONS)?;
+    let from = p
+        .cursor
+        .as_deref()
+        .map(turn_cursor)
+        .transpose()?
+        .unwrap_or(0);
     let now = crate::base::vocab::unix_now_ns();
     let idle = st.session_idle_ns;
     let key = id.clone();
@@ -141,9 +175,13 @@ pub async fn one(
     let Some((session, turn_records)) = found else {
         return Err(ViewError::NotFound(format!("no session {id:?}")));
     };
+    let total = turn_records.len();
+    let page: Vec<serde_json::Value> = turn_records.into_iter().skip(from).take(limit).collect();
+    let next = from + page.len();
     let body = to_json(&SessionBody {
         session,
-        turn_records,
+        turn_records: page,
+        next_cursor: (next < total).then(|| format!("turn:{next}")),
     })
     .map_err(ViewError::Store)?;
     Ok(json_response(body))
