@@ -13,15 +13,7 @@ use slotlight_otel::attr;
 use support::server::{Options, TestServer};
 
 async fn server(m: &Model) -> TestServer {
-    TestServer::start(
-        m,
-        Options {
-            ctx_size: 2048,
-            kv_tokens: 8192,
-            ..Options::default()
-        },
-    )
-    .await
+    TestServer::start(m, Options::default_model()).await
 }
 
 async fn create(s: &TestServer, body: Value) -> Value {

@@ -321,22 +321,9 @@ def test_a_response_store_of_redis_is_shared_by_two_engines(tmp_path):
             pytest.fail("redis-server is required (Debian package redis-server)")
         pytest.skip("redis-server is not installed")
     port = _free_port()
-    redis = subprocess.Popen(
-        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    redis = _start_redis(server, port, tmp_path)
     url = f"redis://127.0.0.1:{port}/0"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
         a = EngineProcess("--batch", "2", "--responses-db", url)
         b = EngineProcess("--batch", "2", "--responses-db", url)
         try:

@@ -75,6 +75,18 @@ pub struct Options {
     pub session_kv: KeepConfig,
 }
 
+impl Options {
+    /// The options of the tests on the default model: a 2,048-position context over 8,192
+    /// positions of KV.
+    pub fn default_model() -> Self {
+        Self {
+            ctx_size: 2048,
+            kv_tokens: 8192,
+            ..Self::default()
+        }
+    }
+}
+
 impl Default for Options {
     fn default() -> Self {
         Self {

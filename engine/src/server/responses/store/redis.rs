@@ -285,11 +285,16 @@ mod tests {
     /// Starts one, or `None` when `redis-server` is not installed (a failure instead under
     /// `SLOTLIGHT_REQUIRE_TOOLS=1`).
     fn server() -> Option<Server> {
-        let required = std::env::var("SLOTLIGHT_REQUIRE_TOOLS").as_deref() == Ok("1");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
+        server_on(port)
+    }
+
+    /// A server on `port`, answering once it listens.
+    fn server_on(port: u16) -> Option<Server> {
+        let required = std::env::var("SLOTLIGHT_REQUIRE_TOOLS").as_deref() == Ok("1");
         let dir = folder(port);
         let child = std::process::Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
@@ -436,20 +441,11 @@ mod tests {
             .await
             .expect("open");
         s.put(&response("resp_a", None, 10)).await.expect("put");
-        let dir = folder(port);
         drop(srv);
         // Down: a call fails (never hangs).
         assert!(s.put(&response("resp_b", None, 10)).await.is_err());
         // Back on the same port: the same store works again, without being reopened.
-        let mut child = std::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(&dir)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("restart");
+        let again = server_on(port).expect("restarted");
         let mut ok = false;
         for _ in 0..100 {
             match s.put(&response("resp_c", None, 10)).await {
@@ -461,9 +457,7 @@ mod tests {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let _ = child.kill();
-        let _ = child.wait();
-        let _ = std::fs::remove_dir_all(&dir);
+        drop(again);
         assert!(ok, "the store reconnected once Redis was back");
     }
 }
