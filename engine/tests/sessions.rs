@@ -111,16 +111,24 @@ async fn a_keyless_prompt_that_extends_an_earlier_turn_joins_its_session() {
         find_session: true,
         ..request(id, prompt, 8)
     };
-    // Turn 0: no key, nothing to find.
+    // Turn 0: no key, nothing to find: a provisional session of its own from its arrival
+    // (its turn 0), with nothing to resume.
     let p0 = tokens(0, 40);
     let (c0, t0) = run(&e, find("r0", p0.clone())).await;
-    assert_eq!(t0, None);
+    let t0 = t0.expect("provisional");
+    assert!(t0.found && t0.id.starts_with("found-"), "{t0:?}");
+    assert_eq!((t0.index, t0.extends.as_deref()), (0, None));
     assert_eq!(outcome(&c0), ResumeOutcome::None);
+    assert_eq!(
+        c0.timings.session_kv_ttl, None,
+        "no KV kept for a lone turn"
+    );
     // Turn 1 resends the history: it joins turn 0's session, as its turn 1.
     let p1 = next_turn(&p0, &c0, tokens(5, 12));
     let (c1, t1) = run(&e, find("r1", p1.clone())).await;
     let t1 = t1.expect("found");
-    assert!(t1.found && t1.id.starts_with("found-"), "{t1:?}");
+    assert_eq!(t1.id, t0.id, "the provisional session continues");
+    assert!(t1.found, "{t1:?}");
     assert_eq!((t1.index, t1.extends.as_deref()), (1, Some("r0")));
     assert_eq!(outcome(&c1), ResumeOutcome::Full);
     let reachable = (p0.len() + c0.tokens.len() - 1) / BLOCK * BLOCK;
@@ -134,12 +142,13 @@ async fn a_keyless_prompt_that_extends_an_earlier_turn_joins_its_session() {
         (t1.id.as_str(), 2, None)
     );
     assert_eq!(outcome(&c2), ResumeOutcome::Full);
-    // Another conversation with the same first block (a shared system prompt) only: no
-    // session; it reuses that block as a plain prefix.
+    // Another conversation with the same first block (a shared system prompt) only: a
+    // session of its own; it reuses that block as a plain prefix.
     let mut other = p0[..BLOCK].to_vec();
     other.extend(tokens(50, 30));
     let (c3, t3) = run(&e, find("r3", other)).await;
-    assert_eq!(t3, None);
+    let t3 = t3.expect("provisional");
+    assert!(t3.id != t1.id && t3.index == 0, "{t3:?}");
     assert_eq!(outcome(&c3), ResumeOutcome::Prefix);
     // A request that does not look for its session finds none.
     let p4 = next_turn(&p1, &c1, tokens(11, 6));
@@ -417,16 +426,18 @@ async fn the_request_span_says_the_session_its_turn_and_how_its_key_was_found() 
         );
         assert_eq!(attr_of(&sp, attr::SESSION_EXTENDS), None);
     }
-    // No key, and no earlier turn extended: no session at all.
+    // No key, and no earlier turn extended: a provisional session from the first turn on
+    // (a later turn that extends it continues the id), keeping no KV yet.
     let id = post("/v1/chat/completions", chat(json!({})), None).await;
     let sp = request_span(&s, &id).await;
-    for k in [
-        attr::SESSION_ID,
-        attr::GEN_AI_CONVERSATION_ID,
-        attr::SESSION_SOURCE,
-        attr::SESSION_TURN,
-        attr::SESSION_KV_TTL_MS,
-    ] {
+    let found = text(&sp, attr::SESSION_ID).expect("a provisional session");
+    assert!(found.starts_with("found-"), "{found}");
+    assert_eq!(
+        text(&sp, attr::SESSION_SOURCE).as_deref(),
+        Some(attr::value::SESSION_SOURCE_FOUND)
+    );
+    assert_eq!(attr_of(&sp, attr::SESSION_TURN), Some(&OtelValue::I64(0)));
+    for k in [attr::SESSION_KV_TTL_MS, attr::SESSION_EXTENDS] {
         assert_eq!(attr_of(&sp, k), None, "{k}");
     }
     s.stop().await;

@@ -58,7 +58,14 @@ async fn sessions_are_listed_whole_and_each_one_says_where_its_time_went() {
     for id in ["a1", "a2", "b1"] {
         t.wait_turn(id).await;
     }
-    let all = t.wait_for("/v1/sessions", |v| v["count"] == 2).await;
+    // Sessions of one turn are listed when asked (`min_turns=1`); by default only those a
+    // later turn continued.
+    let all = t
+        .wait_for("/v1/sessions?min_turns=1", |v| v["count"] == 2)
+        .await;
+    let default = t.get_json("/v1/sessions").await;
+    assert_eq!(default["count"], 1, "{default}");
+    assert_eq!(default["sessions"][0]["session_id"], "sess-a");
     let ids: Vec<&str> = all["sessions"]
         .as_array()
         .unwrap()
@@ -86,15 +93,17 @@ async fn sessions_are_listed_whole_and_each_one_says_where_its_time_went() {
     assert_eq!(a["live"], false);
     assert_eq!(a["instances"], serde_json::json!(["engine-a"]));
     // Filters.
-    let only_b = t.get_json("/v1/sessions?instance=engine-b").await;
+    let only_b = t
+        .get_json("/v1/sessions?instance=engine-b&min_turns=1")
+        .await;
     assert_eq!(only_b["count"], 1);
     assert_eq!(only_b["sessions"][0]["session_id"], "sess-b");
     assert_eq!(t.get_json("/v1/sessions?live=true").await["count"], 0);
-    let page = t.get_json("/v1/sessions?limit=1").await;
+    let page = t.get_json("/v1/sessions?limit=1&min_turns=1").await;
     assert_eq!(page["count"], 1);
     let cursor = page["next_cursor"].as_str().unwrap().to_string();
     let next = t
-        .get_json(&format!("/v1/sessions?limit=1&cursor={cursor}"))
+        .get_json(&format!("/v1/sessions?limit=1&min_turns=1&cursor={cursor}"))
         .await;
     assert_eq!(next["sessions"][0]["session_id"], "sess-b");
     assert!(next["next_cursor"].is_null());

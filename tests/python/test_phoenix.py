@@ -418,21 +418,33 @@ def test_a_screenshot_of_the_trace_page(phoenix, content_engine, tmp_path):
     print(f"\nPhoenix trace page screenshot: {png}")
 
 
-def test_a_three_turn_session_is_one_phoenix_session_of_three_traces(phoenix, plain_engine):
-    session = f"phoenix-session-{uuid.uuid4().hex[:12]}"
-    messages = [{"role": "system", "content": "You are a terse assistant."}]
+@pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "keyless"])
+def test_a_three_turn_session_is_one_phoenix_session_of_three_traces(phoenix, plain_engine, keyed):
+    """With a key, and without one: a client that only resends its history gets a session
+    from its first turn on (a provisional id the later turns continue)."""
+    session = f"phoenix-session-{uuid.uuid4().hex[:12]}" if keyed else None
+    messages = [{"role": "system", "content": f"You are a terse assistant ({uuid.uuid4().hex[:6]})."}]
     answers = []
     for question in ["Name a large ocean.", "Name a small sea.", "Name a river."]:
         messages.append({"role": "user", "content": question})
         code, r = plain_engine.post(
             "/v1/chat/completions",
             {"model": plain_engine.model, "messages": messages, "max_tokens": 8, "temperature": 0},
-            headers={"x-session-id": session},
+            headers={"x-session-id": session} if keyed else None,
         )
         assert code == 200, r
         answers.append(r)
         messages.append({"role": "assistant", "content": r["choices"][0]["message"]["content"]})
     deadline = time.monotonic() + SPAN_DEADLINE_S
+    while session is None:
+        # The first turn's request span names the session it started.
+        roots = phoenix.spans(attribute=f"{ATTR['REQUEST_ID']}:{answers[0]['id']}")
+        session = next((r["attributes"].get("session.id") for r in roots
+                        if r["parent_id"] is None and r["attributes"].get("session.id")), None)
+        if session is None:
+            assert time.monotonic() < deadline, f"no session on the first turn's span: {roots}"
+            time.sleep(0.5)
+    assert keyed or session.startswith("found-"), session
     found = None
     while found is None or len(found["traces"]) < 3:
         try:
@@ -446,7 +458,12 @@ def test_a_three_turn_session_is_one_phoenix_session_of_three_traces(phoenix, pl
     assert found["session_id"] == session
     assert len(found["traces"]) == 3, found
     # The three traces are the three turns' (their request spans carry the session).
-    roots = [s for s in phoenix.spans(attribute=f"session.id:{session}") if s["parent_id"] is None]
+    # (Phoenix may list a trace in its session before the span query returns its root.)
+    while True:
+        roots = [s for s in phoenix.spans(attribute=f"session.id:{session}") if s["parent_id"] is None]
+        if len(roots) >= 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert sorted(r["attributes"][ATTR["REQUEST_ID"]] for r in roots) == sorted(a["id"] for a in answers)
     assert {t["trace_id"] for t in found["traces"]} == {r["context"]["trace_id"] for r in roots}
     assert found["token_count_prompt"] == sum(a["usage"]["prompt_tokens"] for a in answers)

@@ -136,23 +136,28 @@ def test_each_key_and_a_found_session_are_the_same_on_spans_turn_records_and_ses
     rec = check_turn(setup, c["id"], f"c-{tag}", "user", 0)
     assert rec["api"] == "completions"
     # No key at all: the second turn extends the first (prompt and reply), the third the second.
+    # The first turn carries its (provisional) session id from its arrival on.
     found = conversation(e, ["Name a river.", "Name a mountain.", "Name a lake."])
     first = setup.request_span(found[0]["id"])
-    assert ATTR["SESSION_ID"] not in first and ATTR["GEN_AI_CONVERSATION_ID"] not in first
+    fid = first[ATTR["SESSION_ID"]]
+    assert fid.startswith("found-"), first
     second = setup.request_span(found[1]["id"])
-    fid = second[ATTR["SESSION_ID"]]
-    assert fid.startswith("found-"), second
+    assert second[ATTR["SESSION_ID"]] == fid, second
     assert second[ATTR["SESSION_EXTENDS"]] == found[0]["id"]
+    check_turn(setup, found[0]["id"], fid, "found", 0)
     check_turn(setup, found[1]["id"], fid, "found", 1)
     check_turn(setup, found[2]["id"], fid, "found", 2)
     assert [v["usage"]["resume"] for v in found[1:]] == ["full", "full"], [v["usage"] for v in found]
     # The sessions view: every session with its turns; the found one with its turn 0.
     want = {h: 2, f"pck-{tag}": 1, f"c-{tag}": 1, fid: 3}
     listed = side.wait_for(
-        "/v1/sessions?limit=1000",
+        "/v1/sessions?limit=1000&min_turns=1",
         lambda v: all(any(s["session_id"] == k and s["turns"] == n for s in v["sessions"]) for k, n in want.items()),
         "every session",
     )
+    # By default, sessions of one turn are left out.
+    default = {s["session_id"] for s in side.get("/v1/sessions?limit=1000")["sessions"]}
+    assert h in default and fid in default and f"pck-{tag}" not in default
     by_id = {s["session_id"]: s for s in listed["sessions"]}
     assert by_id[h]["source"] == "header" and by_id[fid]["source"] == "found"
     assert by_id[h]["apis"] == ["chat.completions"] and by_id[f"c-{tag}"]["apis"] == ["completions"]
@@ -162,9 +167,11 @@ def test_each_key_and_a_found_session_are_the_same_on_spans_turn_records_and_ses
     assert ids == [v["id"] for v in found]
     assert [t["session_turn"] for t in detail["turn_records"]] == [0, 1, 2]
     assert all(t["session_id"] == fid for t in detail["turn_records"])
-    # Two conversations that share only the system prompt stay apart: a new one finds none.
+    # Two conversations that share only the system prompt stay apart: a new one finds none
+    # and starts its own.
     apart = conversation(e, ["Name a desert."])
-    assert ATTR["SESSION_ID"] not in setup.request_span(apart[0]["id"])
+    own = setup.request_span(apart[0]["id"])[ATTR["SESSION_ID"]]
+    assert own.startswith("found-") and own != fid
 
 
 def test_the_agent_doors_keys_are_the_same_on_spans_turn_records_and_sessions(setup):

@@ -510,6 +510,23 @@ impl<'t> Loop<'t> {
             }
             return;
         };
+        // A keyless first turn's provisional session keeps no KV until a later turn extends
+        // it (only then is it known to be a conversation).
+        let candidate = self.sessions.lock().is_ok_and(|m| m.is_candidate(&session));
+        if candidate {
+            if seq.choice == 0
+                && computed > 0
+                && let Ok(mut m) = self.sessions.lock()
+            {
+                m.remember(
+                    Some(&session),
+                    &seq.tokens[..computed],
+                    self.group,
+                    &seq.req.id,
+                );
+            }
+            return;
+        }
         let ttl = self.keeping.ttl_for(seq.req.session_ttl);
         seq.timings.session_kv_ttl = Some(ttl);
         if seq.choice != 0 || computed == 0 {
@@ -657,8 +674,15 @@ impl<'t> Loop<'t> {
                     .session
                     .as_deref()
                     .is_some_and(|s| self.keeping.expired_intact(s));
+                // A keyless first turn's provisional session is no session to resume yet:
+                // its outcome is the prefix cache's (`none`, `prefix`), as without one.
+                let session = seq
+                    .req
+                    .session
+                    .as_deref()
+                    .is_some_and(|s| !self.sessions.lock().is_ok_and(|m| m.is_candidate(s)));
                 seq.timings.resume = Some(resume::decide(
-                    seq.req.session.is_some(),
+                    session,
                     seq.prior.as_ref(),
                     self.group,
                     cached,

@@ -92,6 +92,14 @@ pub struct SessionMemory {
     next_id: u64,
 }
 
+/// The prefix of engine-made session ids.
+const FOUND_PREFIX: &str = "found-";
+
+/// Whether `id` is one the engine made (a found or provisional session's).
+fn is_engine_made(id: &str) -> bool {
+    id.starts_with(FOUND_PREFIX)
+}
+
 /// A 64-bit FNV-1a over the tokens' little-endian bytes, fed one token at a time.
 #[derive(Debug, Clone, Copy)]
 struct RunningHash(u64);
@@ -183,9 +191,14 @@ impl SessionMemory {
                 (turn, None)
             });
         }
-        let (id, found) = match session {
-            Some(s) => (s.to_string(), false),
-            None if find => (self.find(prompt)?, true),
+        let (id, found, provisional) = match session {
+            Some(s) => (s.to_string(), false, false),
+            None if find => match self.find(prompt) {
+                Some(id) => (id, true, false),
+                // Nothing extended: a session of its own from this first turn on, under a
+                // provisional engine-made id that a later turn extending it continues.
+                None => (self.make_id(), true, true),
+            },
             None => return None,
         };
         let tick = self.touch();
@@ -194,7 +207,11 @@ impl SessionMemory {
             self.sessions.insert(
                 id.clone(),
                 Entry {
-                    kind: Kind::Keyed,
+                    kind: if provisional {
+                        Kind::Candidate
+                    } else {
+                        Kind::Keyed
+                    },
                     last: None,
                     turns: 0,
                     used: tick,
@@ -205,7 +222,7 @@ impl SessionMemory {
         let e = self.sessions.get_mut(&id)?;
         e.used = tick;
         let mut extends = None;
-        if found && e.kind == Kind::Candidate {
+        if found && !provisional && e.kind == Kind::Candidate {
             e.kind = Kind::Found;
             extends = e.last.as_ref().map(|l| l.request_id.clone());
             self.found += 1;
@@ -273,13 +290,19 @@ impl SessionMemory {
             None => (self.make_id(), true),
         };
         if !self.sessions.contains_key(&id) {
+            // A provisional session dropped while its first turn ran is a candidate again.
+            let engine_made = made || is_engine_made(&id);
             self.make_room();
             self.sessions.insert(
                 id.clone(),
                 Entry {
-                    kind: if made { Kind::Candidate } else { Kind::Keyed },
+                    kind: if engine_made {
+                        Kind::Candidate
+                    } else {
+                        Kind::Keyed
+                    },
                     last: None,
-                    turns: u64::from(made),
+                    turns: u64::from(engine_made),
                     used: tick,
                 },
             );
@@ -319,7 +342,15 @@ impl SessionMemory {
 
     fn make_id(&mut self) -> String {
         self.next_id += 1;
-        format!("found-{:016x}-{:x}", self.id_seed, self.next_id)
+        format!("{FOUND_PREFIX}{:016x}-{:x}", self.id_seed, self.next_id)
+    }
+
+    /// Whether `session` is a keyless turn's provisional session no later turn has extended
+    /// yet (its KV is not kept as a live session's).
+    pub fn is_candidate(&self, session: &str) -> bool {
+        self.sessions
+            .get(session)
+            .is_some_and(|e| e.kind == Kind::Candidate)
     }
 
     /// Drops one entry when full: the least recently used candidate, else the least recently
@@ -425,6 +456,11 @@ mod tests {
         m.open_turn(key, true, prompt).map(|(t, _)| t)
     }
 
+    /// Whether a keyless turn joined no session: it starts a provisional one of its own.
+    fn alone(t: Option<SessionTurn>) -> bool {
+        t.is_some_and(|t| t.found && t.index == 0 && t.extends.is_none())
+    }
+
     #[test]
     fn the_memory_is_bounded_by_the_bytes_of_its_tokens() {
         // Room for 3 sessions' tokens of 100 ids each.
@@ -461,20 +497,25 @@ mod tests {
         assert_eq!(prior.map(|p| (p.common, p.last_len)), Some((3, 3)));
         assert_eq!(m.group_of("a"), Some(0));
         // No key and nothing to find: no session; no key and not looking: none either.
-        assert!(turn(&mut m, None, &[9, 9]).is_none());
+        assert!(alone(turn(&mut m, None, &[9, 9])));
         assert!(m.open_turn(None, false, &[1, 2, 3, 4]).is_none());
     }
 
     #[test]
     fn a_prompt_that_extends_a_keyless_turn_joins_its_session() {
         let mut m = SessionMemory::new(8);
-        // Turn 0, keyless: remembered as a candidate under an engine-made id.
-        assert!(turn(&mut m, None, &[1, 2, 3]).is_none());
-        let id = m
-            .remember(None, &[1, 2, 3, 10, 11], 0, "req-0")
-            .expect("id");
+        // Turn 0, keyless: a provisional session of its own from its arrival, under an
+        // engine-made id; its turn is remembered as a candidate a later prompt may extend.
+        let t0 = turn(&mut m, None, &[1, 2, 3]).expect("provisional");
+        assert!(alone(Some(t0.clone())));
+        let id = t0.id;
         assert!(id.starts_with("found-"));
-        assert_eq!((m.len(), m.candidates()), (0, 1));
+        assert!(m.is_candidate(&id));
+        assert!(
+            m.remember(Some(&id), &[1, 2, 3, 10, 11], 0, "req-0")
+                .is_none()
+        );
+        assert_eq!((m.len(), m.candidates(), m.found()), (0, 1, 0));
         // Turn 1 resends the history (prompt and reply) and adds to it.
         let (t1, prior) = m
             .open_turn(None, true, &[1, 2, 3, 10, 11, 4, 5])
@@ -484,6 +525,7 @@ mod tests {
         assert_eq!(t1.extends.as_deref(), Some("req-0"));
         assert_eq!(prior.map(|p| p.common), Some(5));
         assert_eq!((m.len(), m.candidates(), m.found()), (1, 0, 1));
+        assert!(!m.is_candidate(&id));
         // Its reply is remembered under the found id; turn 2 finds that, not turn 0.
         m.remember(Some(&id), &[1, 2, 3, 10, 11, 4, 5, 12], 0, "req-1");
         let t2 = turn(&mut m, None, &[1, 2, 3, 10, 11, 4, 5, 12, 6]).expect("found");
@@ -492,7 +534,7 @@ mod tests {
             (id.as_str(), 2, None)
         );
         // The old turn is no longer indexed: a fork from turn 0 finds nothing.
-        assert!(turn(&mut m, None, &[1, 2, 3, 10, 11, 7]).is_none());
+        assert!(alone(turn(&mut m, None, &[1, 2, 3, 10, 11, 7])));
     }
 
     #[test]
@@ -501,14 +543,14 @@ mod tests {
         let system = [50, 51, 52];
         let a = m.remember(None, &[50, 51, 52, 1, 60], 0, "a0").expect("a");
         // B's first prompt shares the system prompt only: no session.
-        assert!(turn(&mut m, None, &[50, 51, 52, 2]).is_none());
+        assert!(alone(turn(&mut m, None, &[50, 51, 52, 2])));
         let b = m.remember(None, &[50, 51, 52, 2, 61], 0, "b0").expect("b");
         assert_ne!(a, b);
         let ta = turn(&mut m, None, &[50, 51, 52, 1, 60, 3]).expect("a1");
         let tb = turn(&mut m, None, &[50, 51, 52, 2, 61, 4]).expect("b1");
         assert_eq!((ta.id, tb.id), (a, b));
         // A prompt equal to a remembered turn does not extend it.
-        assert!(turn(&mut m, None, &system).is_none());
+        assert!(alone(turn(&mut m, None, &system)));
     }
 
     #[test]
@@ -523,7 +565,7 @@ mod tests {
             .expect("indexed");
         assert_eq!(stored, id);
         m.by_tokens.insert(h, id);
-        assert!(turn(&mut m, None, &[7, 8, 9]).is_none());
+        assert!(alone(turn(&mut m, None, &[7, 8, 9])));
     }
 
     #[test]
@@ -533,7 +575,7 @@ mod tests {
         let c = m.remember(None, &[4, 5], 1, "rc").expect("candidate");
         m.remember(Some("b"), &[6], 0, "rb"); // the candidate goes, not "a"
         assert_eq!((m.len(), m.candidates(), m.dropped()), (2, 0, 0));
-        assert!(turn(&mut m, None, &[4, 5, 9]).is_none(), "{c} was dropped");
+        assert!(m.find(&[4, 5, 9]).is_none(), "{c} was dropped");
         assert_eq!(
             m.open_turn(Some("a"), true, &[1, 2, 9])
                 .and_then(|(_, p)| p)
@@ -560,7 +602,7 @@ mod tests {
         assert_eq!(m.candidates(), 1);
         assert_eq!(m.by_tokens.len(), 1);
         assert_eq!(m.lengths.get(&2), Some(&1));
-        assert!(turn(&mut m, None, &[1, 2, 5]).is_none());
+        assert!(alone(turn(&mut m, None, &[1, 2, 5])));
         assert!(turn(&mut m, None, &[3, 4, 5]).is_some());
     }
 }

@@ -35,6 +35,13 @@ impl SessionMetrics {
     /// Observes one session that ended, at `now_ns` (Unix ns).
     #[allow(clippy::cast_precision_loss)] // turn counts are far below 2^53
     pub fn observe(&self, s: &SessionRecord, now_ns: i64) {
+        // A keyless request no later turn continued is the engine's provisional session of
+        // one turn, not a conversation: not observed.
+        if s.turns < 2
+            && s.source.as_deref() == Some(slotlight_otel::attr::value::SESSION_SOURCE_FOUND)
+        {
+            return;
+        }
         let ts = u64::try_from(now_ns).unwrap_or(0);
         histogram::observe(&self.turns, s.turns as f64, None, ts);
         histogram::observe(&self.duration, s.duration_s, None, ts);

@@ -195,6 +195,10 @@ pub fn page(
         args.push(Sql::Integer(idle_ns));
         args.push(Sql::Integer(now_ns));
     }
+    if q.min_turns > 1 {
+        conds.push("json_extract(record, '$.turns') >= ?");
+        args.push(Sql::Integer(i64::try_from(q.min_turns).unwrap_or(i64::MAX)));
+    }
     if let Some(cur) = &q.cursor {
         conds.push("(last_turn_at, session_id) < (?, ?)");
         args.push(Sql::Integer(cur.last_turn_at));

@@ -622,3 +622,27 @@ fn draft_counts_round_trip_and_records_without_them_still_load() {
     );
     assert_eq!(again.1[1]["drafted_tokens"], 20);
 }
+
+#[test]
+fn sessions_of_fewer_turns_than_asked_are_left_out() {
+    let dir = Scratch::new("min-turns");
+    let path = dir.db();
+    let mut c = rw(&path);
+    // A provisional session of one turn, and a session of two.
+    write_batch(&mut c, &[timed("p0", Some("one"), 0, 1, None)], 1).expect("write");
+    write_batch(&mut c, &[timed("t0", Some("two"), 2, 3, None)], 2).expect("write");
+    write_batch(&mut c, &[timed("t1", Some("two"), 4, 5, None)], 3).expect("write");
+    let db = read(&path);
+    let listed = |min_turns: u64| {
+        let q = crate::records::session::SessionQuery {
+            min_turns,
+            limit: 10,
+            ..Default::default()
+        };
+        let (s, _) = db.sessions(&q, 60_000_000_000, 0).expect("sessions");
+        s.into_iter().map(|s| s.session_id).collect::<Vec<_>>()
+    };
+    assert_eq!(listed(1), ["two", "one"]);
+    assert_eq!(listed(2), ["two"]);
+    assert!(listed(3).is_empty());
+}

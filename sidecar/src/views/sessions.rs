@@ -13,6 +13,9 @@ use crate::records::session::{SessionCursor, SessionQuery, SessionRecord};
 /// Default `limit` of `/v1/sessions`.
 const DEFAULT_SESSIONS: usize = 100;
 
+/// Default `min_turns` of `/v1/sessions`.
+const DEFAULT_MIN_TURNS: u64 = 2;
+
 /// `/v1/sessions` query parameters.
 #[derive(Debug, Deserialize, Default)]
 pub struct SessionsParams {
@@ -25,6 +28,9 @@ pub struct SessionsParams {
     pub instance: Option<String>,
     /// `true`: only live sessions; `false`: only ended ones.
     pub live: Option<bool>,
+    /// Only sessions of at least this many turns (default 2: every keyless request starts a
+    /// provisional session, listed once a later turn extends it; 1 lists every session).
+    pub min_turns: Option<u64>,
     /// The page after this one: a previous answer's `next_cursor`.
     pub cursor: Option<String>,
     /// At most this many (default 100, at most 1,000).
@@ -61,6 +67,7 @@ impl SessionsParams {
             until: p.until,
             instance: p.instance,
             live: p.live,
+            min_turns: p.min_turns.unwrap_or(DEFAULT_MIN_TURNS),
             cursor,
             limit: super::page_limit(p.limit, DEFAULT_SESSIONS)?,
         })
@@ -83,7 +90,7 @@ fn store_error(e: impl std::fmt::Display) -> ViewError {
 
 /// `GET /v1/sessions`: `{"count", "sessions": [session, ...], "next_cursor"}`, the sessions
 /// with the latest activity first (by `last_turn_at`), filtered by `since`, `until`,
-/// `instance` and `live`; at most `limit` (default 100), then `next_cursor` to pass as
+/// `instance`, `live` and `min_turns` (default 2); at most `limit` (default 100), then `next_cursor` to pass as
 /// `cursor=`. Each session: its id, turns, first and last turn, whether it is live, its token
 /// counts, cache-hit ratio and draft counts, where its time went (`model_s` = `queue_s` +
 /// `prefill_s` + `decode_s`, and `client_s`), its turns by resume outcome and the APIs it used.

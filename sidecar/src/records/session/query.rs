@@ -15,6 +15,9 @@ pub struct SessionQuery {
     pub instance: Option<String>,
     /// Only live sessions (`true`) or ended ones (`false`).
     pub live: Option<bool>,
+    /// Only sessions of at least this many turns (`/v1/sessions` asks 2 unless told: every
+    /// keyless request starts a provisional session of one turn).
+    pub min_turns: u64,
     /// Only sessions past this point of the listing (a previous page's `next_cursor`).
     pub cursor: Option<SessionCursor>,
     /// At most this many.
@@ -32,6 +35,7 @@ impl SessionQuery {
                 .as_deref()
                 .is_none_or(|i| s.instances.iter().any(|x| x == i))
             && self.live.is_none_or(|l| s.live == l)
+            && s.turns >= self.min_turns
     }
 
     /// True when `s` lies past the cursor in the listing's order.
