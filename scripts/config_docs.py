@@ -94,6 +94,7 @@ mirrors ([metrics.md](metrics.md), "The inference gateway").
 | — | `slotlight_engine_session_kv_blocks`, `slotlight_engine_session_kv_expiries_total`, `slotlight_engine_session_kv_evicted_blocks_total{reason}` | KV kept for live sessions (`--session-kv-ttl`, `--session-kv-share`): blocks kept now, keepings that reached their TTL, kept blocks lost before it (`pressure`: nothing else was evictable; `share`: let go to stay within the share) |
 | — | `slotlight_engine_spans_exported_total`, `slotlight_engine_spans_dropped_total`, `slotlight_engine_span_export_failures_total`, `slotlight_engine_span_queue_spans` | the span export queue's health (as in `/health`): delivered, lost past its bounds, failed attempts (retried), held now |
 | — | `slotlight_engine_trace_sampling_ratio` | the share of traces the sampler keeps |
+| — | `slotlight_engine_responses_store_available{backend,reason}`, `slotlight_engine_responses_not_stored_total{backend}` | the Responses store: 1 when opened, 0 with the reason it could not be; finished responses it failed to save (each returned marked `store: false`) |
 """
 
 
