@@ -103,13 +103,7 @@ impl PromptBuilder {
                 replies.push(Arc::clone(ids));
             }
         }
-        let mut extra = kwargs.clone();
-        if let Some(t) = tools {
-            extra.insert("tools".into(), t.clone());
-        }
-        let rendered = self
-            .template
-            .render_with(&stand_in, add_generation_prompt, &extra)?;
+        let rendered = self.render(&stand_in, tools, kwargs, add_generation_prompt)?;
         let Some(pieces) = split_at_sentinels(&rendered, replies.len()) else {
             let (text, ids) = self.chat_with(messages, tools, kwargs, add_generation_prompt)?;
             return Ok((text, ids, 0));
@@ -151,15 +145,26 @@ impl PromptBuilder {
         kwargs: &serde_json::Map<String, serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<(String, Vec<u32>), PromptError> {
+        let text = self.render(messages, tools, kwargs, add_generation_prompt)?;
+        let ids = self.tokenizer.encode(&text, true)?;
+        Ok((text, ids))
+    }
+
+    /// The template's text for `messages`, `tools` (its `tools` variable) and `kwargs`.
+    fn render(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, PromptError> {
         let mut extra = kwargs.clone();
         if let Some(t) = tools {
             extra.insert("tools".into(), t.clone());
         }
-        let text = self
+        Ok(self
             .template
-            .render_with(messages, add_generation_prompt, &extra)?;
-        let ids = self.tokenizer.encode(&text, true)?;
-        Ok((text, ids))
+            .render_with(messages, add_generation_prompt, &extra)?)
     }
 
     /// The chat template's source (tool-call formats are recognised from it).

@@ -315,11 +315,7 @@ def test_sqlite_store_survives_a_restart_and_a_kill_9(client, engine, tmp_path):
 
 def test_a_response_store_of_redis_is_shared_by_two_engines(tmp_path):
     require_model()
-    server = shutil.which("redis-server")
-    if server is None:
-        if os.environ.get("SLOTLIGHT_REQUIRE_TOOLS") == "1":
-            pytest.fail("redis-server is required (Debian package redis-server)")
-        pytest.skip("redis-server is not installed")
+    server = _redis_server()
     port = _free_port()
     redis = _start_redis(server, port, tmp_path)
     url = f"redis://127.0.0.1:{port}/0"
@@ -532,6 +528,17 @@ def _raw_create(base: str, body: dict):
         return err.code, err.headers.get("x-slotlight-stored"), json.loads(err.read())
 
 
+def _redis_server() -> str:
+    """The `redis-server` binary; skips the calling test when it is missing, or fails it when
+    SLOTLIGHT_REQUIRE_TOOLS=1."""
+    server = shutil.which("redis-server")
+    if server is None:
+        if os.environ.get("SLOTLIGHT_REQUIRE_TOOLS") == "1":
+            pytest.fail("redis-server is required (Debian package redis-server)")
+        pytest.skip("redis-server is not installed")
+    return server
+
+
 def _start_redis(server: str, port: int, folder: Path) -> subprocess.Popen:
     """A redis-server that writes every change to its append-only file before answering, so
     a SIGKILL loses nothing it acknowledged."""
@@ -558,11 +565,7 @@ def test_a_redis_store_that_goes_away_under_load_loses_no_request_and_is_used_ag
     `store: false`, the counter, the log line); once it is back, responses are stored again
     and a chain begun before the outage continues, without restarting the engine."""
     require_model()
-    server = shutil.which("redis-server")
-    if server is None:
-        if os.environ.get("SLOTLIGHT_REQUIRE_TOOLS") == "1":
-            pytest.fail("redis-server is required (Debian package redis-server)")
-        pytest.skip("redis-server is not installed")
+    server = _redis_server()
     port = _free_port()
     redis = _start_redis(server, port, tmp_path)
     e = EngineProcess("--batch", "4", "--responses-db", f"redis://127.0.0.1:{port}/0",
