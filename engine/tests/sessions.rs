@@ -4,7 +4,8 @@
 //! pressure (kept within the TTL, `expired` after it, `evicted` without keeping); and, over
 //! HTTP, how each key was found, on the request span.
 //!
-//! Issue 32 ("An agent's session, seen whole and kept warm"), items 1, 2, 4 and 7.
+//! Issue 32 ("An agent's session, seen whole and kept warm"), items 1, 2, 4 and 7; issue 39, item 3
+//! (a side call under the session's key leaves its main conversation alone).
 
 mod support;
 
@@ -186,6 +187,38 @@ async fn a_keys_turns_are_counted_in_order() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_side_call_leaves_the_sessions_last_turn_and_kept_kv_alone() {
+    let m = tiny_model();
+    let e = engine(&m, keep(Duration::from_secs(3600)));
+    let keyed = |id: &str, prompt: Vec<u32>, max| GenerateRequest {
+        session: Some("s".into()),
+        ..request(id, prompt, max)
+    };
+    let p0 = tokens(0, 40);
+    let (c0, t0) = run(&e, keyed("s0", p0.clone(), 8)).await;
+    let t0 = t0.expect("keyed");
+    assert_eq!((t0.branch, t0.side_call), (0, false));
+    // A side call under the same key, its prompt another conversation: a branch of its own.
+    let (side, ts) = run(&e, keyed("side", tokens(500, 150), 8)).await;
+    let ts = ts.expect("keyed");
+    assert_eq!((ts.index, ts.branch, ts.side_call), (1, 1, true));
+    // The session's KV is still the main conversation's, kept for what is left of its TTL.
+    let left = side.timings.session_kv_ttl.expect("stated");
+    assert!(
+        left > Duration::ZERO && left <= Duration::from_secs(3600),
+        "{left:?}"
+    );
+    pressure(&e, "other").await;
+    // The next real turn is compared with turn 0, whose KV outlasted the side call and the
+    // other traffic.
+    let (c1, t1) = run(&e, keyed("s1", next_turn(&p0, &c0, tokens(3, 8)), 4)).await;
+    let t1 = t1.expect("keyed");
+    assert_eq!((t1.index, t1.branch, t1.side_call), (2, 0, false));
+    assert_eq!(outcome(&c1), ResumeOutcome::Full);
+    assert_eq!(c1.timings.cached_tokens, 32);
+}
+
 /// Other traffic between two turns of session `s`: two keyless prompts of 150 tokens, each
 /// needing 10 of the 16 blocks, so that the least recently used cached blocks (the session's)
 /// go first unless kept.
@@ -347,6 +380,7 @@ async fn the_request_span_says_the_session_its_turn_and_how_its_key_was_found() 
             "h1",
             attr::value::SESSION_SOURCE_HEADER,
             0,
+            false,
         ),
         (
             post(
@@ -358,12 +392,14 @@ async fn the_request_span_says_the_session_its_turn_and_how_its_key_was_found() 
             "p1",
             attr::value::SESSION_SOURCE_PROMPT_CACHE_KEY,
             0,
+            false,
         ),
         (
             post("/v1/chat/completions", chat(json!({"user": "u1"})), None).await,
             "u1",
             attr::value::SESSION_SOURCE_USER,
             0,
+            false,
         ),
         (
             post(
@@ -375,6 +411,7 @@ async fn the_request_span_says_the_session_its_turn_and_how_its_key_was_found() 
             "u1",
             attr::value::SESSION_SOURCE_USER,
             1,
+            false,
         ),
         (
             post(
@@ -386,6 +423,7 @@ async fn the_request_span_says_the_session_its_turn_and_how_its_key_was_found() 
             "c1",
             attr::value::SESSION_SOURCE_USER,
             0,
+            false,
         ),
         (
             post(
@@ -397,9 +435,10 @@ async fn the_request_span_says_the_session_its_turn_and_how_its_key_was_found() 
             "h1",
             attr::value::SESSION_SOURCE_HEADER,
             1,
+            true,
         ),
     ];
-    for (id, session, source, turn) in cases {
+    for (id, session, source, turn, side_call) in cases {
         let sp = request_span(&s, &id).await;
         assert_eq!(
             text(&sp, attr::SESSION_ID).as_deref(),
@@ -420,10 +459,23 @@ async fn the_request_span_says_the_session_its_turn_and_how_its_key_was_found() 
             Some(&OtelValue::I64(turn)),
             "{id}"
         );
-        assert!(
-            matches!(attr_of(&sp, attr::SESSION_KV_TTL_MS), Some(OtelValue::F64(ms)) if *ms == 300_000.0),
+        assert_eq!(
+            attr_of(&sp, attr::SESSION_SIDE_CALL),
+            Some(&OtelValue::Bool(side_call)),
             "{id}"
         );
+        // A side call's session KV is the main conversation's, kept for what is left of it.
+        let ttl_ms = match attr_of(&sp, attr::SESSION_KV_TTL_MS) {
+            Some(OtelValue::F64(ms)) => *ms,
+            other => panic!("{id}: {other:?}"),
+        };
+        if side_call {
+            assert!(ttl_ms > 0.0 && ttl_ms <= 300_000.0, "{id}: {ttl_ms}");
+            assert_eq!(attr_of(&sp, attr::SESSION_BRANCH), Some(&OtelValue::I64(1)));
+        } else {
+            assert!((ttl_ms - 300_000.0).abs() < f64::EPSILON, "{id}: {ttl_ms}");
+            assert_eq!(attr_of(&sp, attr::SESSION_BRANCH), Some(&OtelValue::I64(0)));
+        }
         assert_eq!(attr_of(&sp, attr::SESSION_EXTENDS), None);
     }
     // No key, and no earlier turn extended: a provisional session from the first turn on

@@ -76,7 +76,11 @@ crate::contract! {
     SESSION_TURN = "slotlight.session.turn", "int", "";
     /// Request span of the second turn of a found session (`slotlight.session.source` `found`, `slotlight.session.turn` 1): the request id of the earlier turn, sent without a key, whose whole prompt and reply its prompt extends: that turn is the session's turn 0 (the sidecar files it under the session).
     SESSION_EXTENDS = "slotlight.session.extends", "string", "";
-    /// Request span of a served turn with a session: how long after the turn's end the engine keeps the session's KV ahead of other cached prefixes (`--session-kv-ttl`, or the request's own TTL within `--session-kv-ttl-max`); 0 when it keeps none. The sidecar counts the session live until then.
+    /// Request span of a turn with a session: the branch of the session the turn extends or starts, numbered in the order the session's branches began (0: its first conversation). A keyed turn whose prompt does not begin with the whole prompt of the session's main conversation's last turn starts a branch of its own (a side call: titles, topics, quota checks under the main conversation's key); a turn that extends a side branch continues it, and makes it the main conversation when the main one had no turn since that branch began.
+    SESSION_BRANCH = "slotlight.session.branch", "int", "";
+    /// Request span of a turn with a session: whether the turn is a side call, its branch not the session's main conversation. A side call neither replaces the main conversation's remembered last turn (the next turn is still compared with it) nor its kept KV; the sidecar counts side calls per session (`side_calls`).
+    SESSION_SIDE_CALL = "slotlight.session.side_call", "bool", "";
+    /// Request span of a served turn with a session: how long after the turn's end the engine keeps the session's KV ahead of other cached prefixes (`--session-kv-ttl`, or the request's own TTL within `--session-kv-ttl-max`); 0 when it keeps none. For a side call (`slotlight.session.side_call`), what is left of the main conversation's keeping. The sidecar counts the session live until then.
     SESSION_KV_TTL_MS = "slotlight.session.kv_ttl_ms", "double", "ms";
     /// Request span (refusals too): the API the request came through: `chat.completions`, `completions`, `responses` (OpenAI Responses) or `messages` (Anthropic Messages). Every API takes the one request path; only the wire format differs.
     API = "slotlight.api", "string", "";

@@ -7,6 +7,7 @@ mod support;
 
 use opentelemetry_proto::tonic::trace::v1::Span;
 use serde_json::Value;
+use slotlight_otel::attr;
 use slotlight_sidecar::tools::synth::{self, Request, Usage};
 use support::*;
 
@@ -42,10 +43,13 @@ async fn sessions_are_listed_whole_and_each_one_says_where_its_time_went() {
     let t0 = now_ns() - 10 * S;
     // One export per engine, each applied whole: a session's turns all reach the tracker
     // before it next looks for ended sessions.
-    let a = vec![
-        turn("a1", "sess-a", 1, t0),
-        turn("a2", "sess-a", 2, t0 + 2 * S),
-    ];
+    // a2 is a side call under sess-a's key (a branch of its own).
+    let mut a2 = turn("a2", "sess-a", 2, t0 + 2 * S);
+    a2.attributes.extend([
+        synth::kv_bool(attr::SESSION_SIDE_CALL, true),
+        synth::kv_int(attr::SESSION_BRANCH, 1),
+    ]);
+    let a = vec![turn("a1", "sess-a", 1, t0), a2];
     t.send_grpc(synth::export("engine-a", a))
         .await
         .expect("export");
@@ -75,6 +79,8 @@ async fn sessions_are_listed_whole_and_each_one_says_where_its_time_went() {
     assert_eq!(ids, ["sess-a", "sess-b"], "latest activity first");
     let a = &all["sessions"][0];
     assert_eq!(a["turns"], 2);
+    assert_eq!(a["side_calls"], 1);
+    assert_eq!(all["sessions"][1]["side_calls"], 0);
     assert_eq!(
         (a["prompt_tokens"].as_i64(), a["cached_tokens"].as_i64()),
         (Some(200), Some(150))
@@ -114,6 +120,11 @@ async fn sessions_are_listed_whole_and_each_one_says_where_its_time_went() {
     assert_eq!(turns[0]["request_id"], "a1");
     assert!(turns[0]["gap_before_s"].is_null());
     assert!((turns[1]["gap_before_s"].as_f64().unwrap() - 1.6).abs() < 1e-9);
+    assert_eq!(
+        (&turns[1]["session_side_call"], &turns[1]["session_branch"]),
+        (&Value::Bool(true), &Value::from(1))
+    );
+    assert!(turns[0]["session_side_call"].is_null());
     assert!(detail["next_cursor"].is_null());
     // Its turn records a page at a time.
     let first = t.get_json("/v1/sessions/sess-a?limit=1").await;

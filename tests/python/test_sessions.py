@@ -6,12 +6,14 @@ forwards the same spans to an OTLP receiver standing in for a collector.
   history): the same session id, key source and turn index on the request span (`session.id`
   beside `gen_ai.conversation.id`), in the sidecar's turn records and in `/v1/sessions`;
 - a found session's first turn, sent without a key, is filed under the session as its turn 0;
+- a side call under a session's key (its own prompt) takes a branch of its own, counted apart
+  (`side_calls`), and the next real turn still resumes `full`;
 - the gaps between turns are measured: each turn's `gap_before_s` is its arrival less the
   previous turn's end, and `client_s` their sum;
 - a sidecar restarted mid-session (its turn store kept) answers `/v1/sessions` exactly as
   before, and the session's next turn joins it.
 
-Issue 32 ("An agent's session, seen whole and kept warm"), item 7.
+Issue 32 ("An agent's session, seen whole and kept warm"), item 7; issue 39, item 3.
 """
 
 from __future__ import annotations
@@ -202,13 +204,27 @@ def test_the_agent_doors_keys_are_the_same_on_spans_turn_records_and_sessions(se
     msgs = [{"role": "user", "content": "Name a planet."}]
     code, m1 = e.post("/v1/messages", {"max_tokens": 8, "temperature": 0, "messages": msgs, "metadata": meta})
     assert code == 200, m1
+    # A side call under the same session (Claude Code's titles and topics): its own prompt.
+    code, side_call = e.post("/v1/messages", {
+        "max_tokens": 8, "temperature": 0, "metadata": meta,
+        "system": "Write a title of three words for the conversation.",
+        "messages": [{"role": "user", "content": "Name a planet."}],
+    })
+    assert code == 200, side_call
     msgs += [{"role": "assistant", "content": m1["content"][0]["text"]}, {"role": "user", "content": "Another."}]
     code, m2 = e.post("/v1/messages", {"max_tokens": 8, "temperature": 0, "messages": msgs, "metadata": meta})
     assert code == 200, m2
     check_turn(setup, m1["id"], cc, "metadata", 0)
-    rec = check_turn(setup, m2["id"], cc, "metadata", 1)
+    side_rec = check_turn(setup, side_call["id"], cc, "metadata", 1)
+    rec = check_turn(setup, m2["id"], cc, "metadata", 2)
     assert rec["api"] == "messages"
-    want = {conv: 2, r1["id"]: 2, cc: 2}
+    # The side call took a branch of its own; the next real turn still resumed the first.
+    side_span = setup.request_span(side_call["id"])
+    assert side_span[ATTR["SESSION_SIDE_CALL"]] is True and side_span[ATTR["SESSION_BRANCH"]] == 1, side_span
+    assert (side_rec["session_side_call"], side_rec["session_branch"]) == (True, 1), side_rec
+    assert (rec["session_side_call"], rec["session_branch"]) == (False, 0), rec
+    assert m2["usage"]["resume"] == "full", m2["usage"]
+    want = {conv: 2, r1["id"]: 2, cc: 3}
     listed = side.wait_for(
         "/v1/sessions?limit=1000",
         lambda v: all(any(s["session_id"] == k and s["turns"] == n for s in v["sessions"]) for k, n in want.items()),
@@ -218,6 +234,7 @@ def test_the_agent_doors_keys_are_the_same_on_spans_turn_records_and_sessions(se
     assert by_id[conv]["apis"] == ["responses"] and by_id[cc]["apis"] == ["messages"]
     assert by_id[conv]["source"] == "conversation" and by_id[cc]["source"] == "metadata"
     assert by_id[r1["id"]]["source"] == "response_chain"
+    assert (by_id[cc]["side_calls"], by_id[conv]["side_calls"]) == (1, 0), by_id[cc]
 
 
 def test_the_gaps_between_turns_are_the_clients_time(setup):

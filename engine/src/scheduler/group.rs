@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use super::keep::SessionKeeping;
 use super::resume;
 use super::sequence::{Phase, PrefillProgress, Seq};
-use super::sessions::SessionMemory;
+use super::sessions::{FinishedTurn, SessionMemory};
 use super::slots::Slots;
 use super::{Command, EngineError, Event, FinishReason, InFlight, Placement, SchedulerConfig};
 use crate::backend::{Backend, BackendError, SeqChunk};
@@ -500,13 +500,20 @@ impl<'t> Loop<'t> {
     /// remembered as a turn a later prompt may extend. `table` is the turn's full-pool blocks,
     /// `computed` its positions with KV.
     fn remember_turn(&mut self, seq: &mut Seq<'t>, table: &[u32], computed: usize, now: Instant) {
+        let finished = FinishedTurn {
+            tokens: &seq.tokens[..computed],
+            prompt_len: seq.req.prompt.len().min(computed),
+            group: self.group,
+            request_id: &seq.req.id,
+            branch: seq.req.session_branch,
+        };
         let Some(session) = seq.req.session.clone() else {
             if seq.req.find_session
                 && seq.choice == 0
                 && computed > 0
                 && let Ok(mut m) = self.sessions.lock()
             {
-                m.remember(None, &seq.tokens[..computed], self.group, &seq.req.id);
+                m.remember(None, finished);
             }
             return;
         };
@@ -518,28 +525,26 @@ impl<'t> Loop<'t> {
                 && computed > 0
                 && let Ok(mut m) = self.sessions.lock()
             {
-                m.remember(
-                    Some(&session),
-                    &seq.tokens[..computed],
-                    self.group,
-                    &seq.req.id,
-                );
+                m.remember(Some(&session), finished);
             }
             return;
         }
         let ttl = self.keeping.ttl_for(seq.req.session_ttl);
-        seq.timings.session_kv_ttl = Some(ttl);
         if seq.choice != 0 || computed == 0 {
+            seq.timings.session_kv_ttl = Some(ttl);
             return;
         }
-        if let Ok(mut m) = self.sessions.lock() {
-            m.remember(
-                Some(&session),
-                &seq.tokens[..computed],
-                self.group,
-                &seq.req.id,
-            );
+        // A side call is remembered on its own branch; the session's kept KV stays the main
+        // conversation's.
+        let main = self.sessions.lock().is_ok_and(|mut m| {
+            m.remember(Some(&session), finished);
+            m.is_main(&session, finished.branch)
+        });
+        if !main {
+            seq.timings.session_kv_ttl = Some(self.keeping.kept_for(&session, now));
+            return;
         }
+        seq.timings.session_kv_ttl = Some(ttl);
         let full = (computed / self.blocks.block_size()).min(table.len());
         self.keeping
             .keep(&session, &table[..full], ttl, now, self.blocks.full_mut());

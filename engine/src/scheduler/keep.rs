@@ -189,6 +189,14 @@ impl SessionKeeping {
             .min()
     }
 
+    /// How much longer from `now` `session`'s KV is kept (zero when it is not).
+    pub fn kept_for(&self, session: &str, now: Instant) -> Duration {
+        self.sessions
+            .get(session)
+            .filter(|k| k.state == State::Kept)
+            .map_or(Duration::ZERO, |k| k.until.saturating_duration_since(now))
+    }
+
     /// Whether `session`'s keeping ended at its TTL with every block still there: a loss of
     /// its blocks since happened after the keeping (`expired`).
     pub fn expired_intact(&self, session: &str) -> bool {

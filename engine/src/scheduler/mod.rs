@@ -102,6 +102,9 @@ pub struct GenerateRequest {
     /// Without a session: look for the session whose remembered turn the prompt extends, and
     /// remember this turn as one a later prompt may extend ([`sessions`]).
     pub find_session: bool,
+    /// The session branch the turn extends or starts ([`SessionTurn::branch`]): set when the
+    /// request is submitted, whatever the caller put here.
+    pub session_branch: u32,
     /// How long after this turn its session's KV should be kept, when the request asked
     /// (Responses `prompt_cache_options.ttl`, Messages `cache_control.ttl`); clamped to
     /// `--session-kv-ttl-max`. `None`: `--session-kv-ttl`.
@@ -138,6 +141,7 @@ impl GenerateRequest {
             ignore_eos: false,
             session: None,
             find_session: false,
+            session_branch: 0,
             session_ttl: None,
             received: Instant::now(),
             cancel: Arc::new(AtomicBool::new(false)),
@@ -540,6 +544,7 @@ impl EngineHandle {
         if let Some(t) = turn.as_ref().filter(|t| t.found) {
             req.session = Some(t.id.clone());
         }
+        req.session_branch = turn.as_ref().map_or(0, |t| t.branch);
         let (txs, rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::unbounded_channel()).unzip();
         self.groups[g].load.fetch_add(n, Ordering::Relaxed);
         // The request waits in its group from now on, even before the loop takes it.

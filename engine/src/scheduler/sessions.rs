@@ -10,6 +10,17 @@
 //! Two conversations that share only a system prompt stay apart: neither prompt extends the
 //! other's whole turn.
 //!
+//! **Branches.** A keyed session's turns usually extend its conversation: the new prompt
+//! begins with the whole prompt of the session's last turn. A turn under the same key whose
+//! prompt does not (a **side call**: Claude Code's titles, topics and quota checks carry the
+//! main conversation's key) starts a branch of its own and leaves the main conversation's
+//! last turn alone, so the next real turn is still compared with it (and its KV stays kept,
+//! [`super::keep`]). A session remembers its main conversation and its latest
+//! [`MAX_SIDE_BRANCHES`] side branches; a turn that extends a side branch continues it, and
+//! makes it the main conversation when the main one had no turn since that branch began (a
+//! client that started its conversation over, as a compaction does). Branches are numbered in
+//! the order they began, the first conversation 0.
+//!
 //! Bounded: at most `--max-sessions` sessions and candidates together, and at most
 //! `--session-memory-mib` of their remembered tokens, the least recently used candidate
 //! dropped first, then the least recently used session.
@@ -35,6 +46,29 @@ pub struct SessionTurn {
     /// For a found session's turn 1: the request id of turn 0, the keyless turn whose whole
     /// tokens the prompt extends.
     pub extends: Option<String>,
+    /// The branch the turn extends or starts (0: the session's first conversation; see the
+    /// module's documentation).
+    pub branch: u32,
+    /// Whether the turn is a side call: its branch is not the session's main conversation.
+    pub side_call: bool,
+}
+
+/// The most side branches a session remembers beside its main conversation (the latest).
+pub const MAX_SIDE_BRANCHES: usize = 4;
+
+/// A finished turn, as the memory keeps it.
+#[derive(Debug, Clone, Copy)]
+pub struct FinishedTurn<'a> {
+    /// Tokens with KV (prompt and reply).
+    pub tokens: &'a [u32],
+    /// Of those, the prompt's.
+    pub prompt_len: usize,
+    /// The group that served it.
+    pub group: usize,
+    /// Its request id.
+    pub request_id: &'a str,
+    /// Its branch ([`SessionTurn::branch`]; 0 for a keyless turn).
+    pub branch: u32,
 }
 
 /// What a session is to the memory.
@@ -48,11 +82,19 @@ enum Kind {
     Found,
 }
 
-/// A remembered turn.
+/// A remembered turn: the last of its branch.
 #[derive(Debug)]
 struct LastTurn {
     /// Tokens with KV (prompt and reply).
     tokens: Vec<u32>,
+    /// Of those, the prompt's: a turn extends this one when its prompt begins with them.
+    prompt_len: usize,
+    /// Its branch.
+    branch: u32,
+    /// When the branch's first turn was remembered (a tick).
+    began: u64,
+    /// When this turn was remembered (a tick).
+    at: u64,
     /// The group that served it.
     group: usize,
     /// Its request id.
@@ -64,7 +106,12 @@ struct LastTurn {
 #[derive(Debug)]
 struct Entry {
     kind: Kind,
+    /// The main conversation's last turn.
     last: Option<LastTurn>,
+    /// The latest side branches' last turns, oldest first.
+    sides: Vec<LastTurn>,
+    /// The number the next new branch takes.
+    next_branch: u32,
     /// Turns received so far: the next turn's index.
     turns: u64,
     /// Least-recently-used tick.
@@ -90,6 +137,53 @@ pub struct SessionMemory {
     /// Makes engine ids unique across processes (the sidecar keys sessions by id alone).
     id_seed: u64,
     next_id: u64,
+}
+
+impl Entry {
+    /// Places a new turn of prompt `prompt` among the session's branches: its branch, whether
+    /// it is a side call, and the last turn it is compared with (its branch's, or for a new
+    /// side branch the remembered turn sharing the longest prefix with it).
+    fn place(&mut self, prompt: &[u32]) -> (u32, bool, Option<Prior>) {
+        let Some(main) = &self.last else {
+            let branch = self.next_branch;
+            self.next_branch += 1;
+            return (branch, false, None);
+        };
+        let of = |l: &LastTurn| Prior::of(prompt, &l.tokens, l.group);
+        let main_prior = of(main);
+        if main_prior.common >= main.prompt_len {
+            return (main.branch, false, Some(main_prior));
+        }
+        let extended = self
+            .sides
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (i, of(s)))
+            .filter(|(i, p)| p.common >= self.sides[*i].prompt_len)
+            .max_by_key(|(_, p)| p.common);
+        if let Some((i, p)) = extended {
+            let side = &self.sides[i];
+            if side.began > main.at {
+                // The main conversation had no turn since this branch began: the client
+                // carries on here.
+                let promoted = self.sides.remove(i);
+                let branch = promoted.branch;
+                if let Some(old) = self.last.replace(promoted) {
+                    self.sides.push(old);
+                }
+                return (branch, false, Some(p));
+            }
+            return (side.branch, true, Some(p));
+        }
+        // On a tie, the main conversation (the first).
+        let closest = std::iter::once(main_prior)
+            .chain(self.sides.iter().map(of))
+            .rev()
+            .max_by_key(|p| p.common);
+        let branch = self.next_branch;
+        self.next_branch += 1;
+        (branch, true, closest)
+    }
 }
 
 /// The prefix of engine-made session ids.
@@ -187,6 +281,8 @@ impl SessionMemory {
                     index: 0,
                     found: false,
                     extends: None,
+                    branch: 0,
+                    side_call: false,
                 };
                 (turn, None)
             });
@@ -213,6 +309,8 @@ impl SessionMemory {
                         Kind::Keyed
                     },
                     last: None,
+                    sides: Vec::new(),
+                    next_branch: 0,
                     turns: 0,
                     used: tick,
                 },
@@ -229,15 +327,21 @@ impl SessionMemory {
         }
         let index = e.turns;
         e.turns += 1;
-        let prior = e
-            .last
-            .as_ref()
-            .map(|l| Prior::of(prompt, &l.tokens, l.group));
+        let (branch, side_call, prior) = e.place(prompt);
+        // A promotion moves the old main conversation among the side branches.
+        let over = e.sides.len().saturating_sub(MAX_SIDE_BRANCHES);
+        let gone: Vec<LastTurn> = e.sides.drain(..over).collect();
+        for g in &gone {
+            self.unindex(g);
+            self.bytes -= g.tokens.len() * 4;
+        }
         let turn = SessionTurn {
             id,
             index,
             found,
             extends,
+            branch,
+            side_call,
         };
         Some((turn, prior))
     }
@@ -270,17 +374,12 @@ impl SessionMemory {
         best.cloned()
     }
 
-    /// Remembers a finished turn: the tokens whose KV it left (`tokens`), the group that holds
-    /// them and its request id. A turn of `session` replaces that session's last turn; a
-    /// keyless turn (`session` `None`) is remembered as a candidate under a new engine-made id,
-    /// which is returned.
-    pub fn remember(
-        &mut self,
-        session: Option<&str>,
-        tokens: &[u32],
-        group: usize,
-        request_id: &str,
-    ) -> Option<String> {
+    /// Remembers a finished turn: the tokens whose KV it left, the group that holds them and
+    /// its request id. A turn of `session` replaces the last turn of its branch (the main
+    /// conversation's, or a side branch's); a keyless turn (`session` `None`) is remembered as
+    /// a candidate under a new engine-made id, which is returned.
+    pub fn remember(&mut self, session: Option<&str>, turn: FinishedTurn<'_>) -> Option<String> {
+        let tokens = turn.tokens;
         if self.capacity == 0 || tokens.is_empty() {
             return None;
         }
@@ -302,35 +401,57 @@ impl SessionMemory {
                         Kind::Keyed
                     },
                     last: None,
+                    sides: Vec::new(),
+                    next_branch: turn.branch + 1,
                     turns: u64::from(engine_made),
                     used: tick,
                 },
             );
         }
-        let old = self.sessions.get_mut(&id).and_then(|e| {
-            e.used = tick;
+        let e = self.sessions.get_mut(&id)?;
+        e.used = tick;
+        let main = e.last.as_ref().is_none_or(|l| l.branch == turn.branch);
+        let old = if main {
             e.last.take()
-        });
+        } else {
+            e.sides
+                .iter()
+                .position(|s| s.branch == turn.branch)
+                .map(|i| e.sides.remove(i))
+        };
+        let began = old.as_ref().map_or(tick, |o| o.began);
+        let mut dropped = Vec::new();
         if let Some(old) = old {
-            self.unindex(&old);
-            self.bytes -= old.tokens.len() * 4;
+            dropped.push(old);
         }
-        let kind = self.sessions.get(&id).map(|e| e.kind)?;
-        let indexed = (kind != Kind::Keyed).then(|| {
-            let h = RunningHash::of(tokens);
-            self.by_tokens.insert(h, id.clone());
-            *self.lengths.entry(tokens.len()).or_insert(0) += 1;
-            h
-        });
+        let kind = e.kind;
+        let indexed = (main && kind != Kind::Keyed).then(|| RunningHash::of(tokens));
         let last = LastTurn {
             tokens: tokens.to_vec(),
-            group,
-            request_id: request_id.to_string(),
+            prompt_len: turn.prompt_len.min(tokens.len()),
+            branch: turn.branch,
+            began,
+            at: tick,
+            group: turn.group,
+            request_id: turn.request_id.to_string(),
             indexed,
         };
-        if let Some(e) = self.sessions.get_mut(&id) {
+        if main {
             e.last = Some(last);
-            self.bytes += tokens.len() * 4;
+        } else {
+            e.sides.push(last);
+            while e.sides.len() > MAX_SIDE_BRANCHES {
+                dropped.push(e.sides.remove(0));
+            }
+        }
+        self.bytes += tokens.len() * 4;
+        for d in &dropped {
+            self.unindex(d);
+            self.bytes -= d.tokens.len() * 4;
+        }
+        if let Some(h) = indexed {
+            self.by_tokens.insert(h, id.clone());
+            *self.lengths.entry(tokens.len()).or_insert(0) += 1;
         }
         while self.bytes > self.max_bytes && self.sessions.len() > 1 {
             if !self.drop_oldest(Some(&id)) {
@@ -338,6 +459,15 @@ impl SessionMemory {
             }
         }
         made.then_some(id)
+    }
+
+    /// Whether `branch` is `session`'s main conversation now (a side call's KV is not kept as
+    /// the session's).
+    pub fn is_main(&self, session: &str, branch: u32) -> bool {
+        self.sessions
+            .get(session)
+            .and_then(|e| e.last.as_ref())
+            .is_none_or(|l| l.branch == branch)
     }
 
     fn make_id(&mut self) -> String {
@@ -378,7 +508,7 @@ impl SessionMemory {
             return false;
         };
         if let Some(e) = self.sessions.remove(&victim) {
-            if let Some(l) = &e.last {
+            for l in e.last.iter().chain(&e.sides) {
                 self.unindex(l);
                 self.bytes -= l.tokens.len() * 4;
             }
@@ -452,6 +582,17 @@ impl SessionMemory {
 mod tests {
     use super::*;
 
+    /// A finished turn on branch 0 whose tokens are all prompt.
+    fn fin<'a>(tokens: &'a [u32], group: usize, request_id: &'a str) -> FinishedTurn<'a> {
+        FinishedTurn {
+            tokens,
+            prompt_len: tokens.len(),
+            group,
+            request_id,
+            branch: 0,
+        }
+    }
+
     fn turn(m: &mut SessionMemory, key: Option<&str>, prompt: &[u32]) -> Option<SessionTurn> {
         m.open_turn(key, true, prompt).map(|(t, _)| t)
     }
@@ -467,21 +608,21 @@ mod tests {
         let mut m = SessionMemory::with_bytes(100, 3 * 400);
         for (k, id) in [(1u32, "a"), (2, "b"), (3, "c")] {
             turn(&mut m, Some(id), &[1]);
-            m.remember(Some(id), &[k; 100], 0, id);
+            m.remember(Some(id), fin(&[k; 100], 0, id));
         }
         assert_eq!(m.len(), 3);
         assert_eq!(m.bytes().0, 1200);
         // "a" used again: "b" is the least recently used.
         turn(&mut m, Some("a"), &[0; 100]);
         turn(&mut m, Some("d"), &[1]);
-        m.remember(Some("d"), &[9; 100], 0, "d");
+        m.remember(Some("d"), fin(&[9; 100], 0, "d"));
         assert!(m.group_of("b").is_none(), "dropped for the bytes");
         assert!(m.group_of("a").is_some() && m.group_of("d").is_some());
         assert!(m.bytes().0 <= 1200);
         assert_eq!(m.dropped(), 1);
         // One turn over the whole bound is kept, alone.
         turn(&mut m, Some("e"), &[1]);
-        m.remember(Some("e"), &[7; 1000], 0, "e");
+        m.remember(Some("e"), fin(&[7; 1000], 0, "e"));
         assert_eq!(m.len(), 1);
         assert!(m.group_of("e").is_some());
     }
@@ -491,7 +632,7 @@ mod tests {
         let mut m = SessionMemory::new(4);
         let t0 = turn(&mut m, Some("a"), &[1, 2]).expect("turn");
         assert_eq!((t0.id.as_str(), t0.index, t0.found), ("a", 0, false));
-        m.remember(Some("a"), &[1, 2, 3], 0, "r0");
+        m.remember(Some("a"), fin(&[1, 2, 3], 0, "r0"));
         let (t1, prior) = m.open_turn(Some("a"), true, &[1, 2, 3, 4]).expect("turn");
         assert_eq!(t1.index, 1);
         assert_eq!(prior.map(|p| (p.common, p.last_len)), Some((3, 3)));
@@ -512,7 +653,7 @@ mod tests {
         assert!(id.starts_with("found-"));
         assert!(m.is_candidate(&id));
         assert!(
-            m.remember(Some(&id), &[1, 2, 3, 10, 11], 0, "req-0")
+            m.remember(Some(&id), fin(&[1, 2, 3, 10, 11], 0, "req-0"))
                 .is_none()
         );
         assert_eq!((m.len(), m.candidates(), m.found()), (0, 1, 0));
@@ -527,7 +668,7 @@ mod tests {
         assert_eq!((m.len(), m.candidates(), m.found()), (1, 0, 1));
         assert!(!m.is_candidate(&id));
         // Its reply is remembered under the found id; turn 2 finds that, not turn 0.
-        m.remember(Some(&id), &[1, 2, 3, 10, 11, 4, 5, 12], 0, "req-1");
+        m.remember(Some(&id), fin(&[1, 2, 3, 10, 11, 4, 5, 12], 0, "req-1"));
         let t2 = turn(&mut m, None, &[1, 2, 3, 10, 11, 4, 5, 12, 6]).expect("found");
         assert_eq!(
             (t2.id.as_str(), t2.index, t2.extends),
@@ -541,10 +682,14 @@ mod tests {
     fn conversations_sharing_only_a_system_prompt_stay_apart() {
         let mut m = SessionMemory::new(8);
         let system = [50, 51, 52];
-        let a = m.remember(None, &[50, 51, 52, 1, 60], 0, "a0").expect("a");
+        let a = m
+            .remember(None, fin(&[50, 51, 52, 1, 60], 0, "a0"))
+            .expect("a");
         // B's first prompt shares the system prompt only: no session.
         assert!(alone(turn(&mut m, None, &[50, 51, 52, 2])));
-        let b = m.remember(None, &[50, 51, 52, 2, 61], 0, "b0").expect("b");
+        let b = m
+            .remember(None, fin(&[50, 51, 52, 2, 61], 0, "b0"))
+            .expect("b");
         assert_ne!(a, b);
         let ta = turn(&mut m, None, &[50, 51, 52, 1, 60, 3]).expect("a1");
         let tb = turn(&mut m, None, &[50, 51, 52, 2, 61, 4]).expect("b1");
@@ -556,7 +701,7 @@ mod tests {
     #[test]
     fn a_hash_collision_never_joins_two_conversations() {
         let mut m = SessionMemory::new(4);
-        let id = m.remember(None, &[1, 2], 0, "r").expect("id");
+        let id = m.remember(None, fin(&[1, 2], 0, "r")).expect("id");
         // Point the entry's hash at other tokens of the same length.
         let h = RunningHash::of(&[7, 8]);
         let stored = m
@@ -571,9 +716,9 @@ mod tests {
     #[test]
     fn memory_is_bounded_and_drops_candidates_first() {
         let mut m = SessionMemory::new(2);
-        m.remember(Some("a"), &[1, 2, 3], 0, "ra");
-        let c = m.remember(None, &[4, 5], 1, "rc").expect("candidate");
-        m.remember(Some("b"), &[6], 0, "rb"); // the candidate goes, not "a"
+        m.remember(Some("a"), fin(&[1, 2, 3], 0, "ra"));
+        let c = m.remember(None, fin(&[4, 5], 1, "rc")).expect("candidate");
+        m.remember(Some("b"), fin(&[6], 0, "rb")); // the candidate goes, not "a"
         assert_eq!((m.len(), m.candidates(), m.dropped()), (2, 0, 0));
         assert!(m.find(&[4, 5, 9]).is_none(), "{c} was dropped");
         assert_eq!(
@@ -582,13 +727,13 @@ mod tests {
                 .map(|p| p.common),
             Some(2)
         );
-        m.remember(Some("c"), &[7], 0, "rc2"); // "b" was used least recently
+        m.remember(Some("c"), fin(&[7], 0, "rc2")); // "b" was used least recently
         assert_eq!((m.len(), m.dropped()), (2, 1));
         assert!(m.group_of("b").is_none());
         assert!(m.by_tokens.is_empty() && m.lengths.is_empty());
         let mut none = SessionMemory::new(0);
-        assert!(none.remember(Some("a"), &[1], 0, "r").is_none());
-        assert!(none.remember(None, &[1], 0, "r").is_none());
+        assert!(none.remember(Some("a"), fin(&[1], 0, "r")).is_none());
+        assert!(none.remember(None, fin(&[1], 0, "r")).is_none());
         let (t, prior) = none.open_turn(Some("a"), true, &[1]).expect("keyed");
         assert_eq!((t.index, prior), (0, None));
         assert!(none.open_turn(None, true, &[1, 2]).is_none());
@@ -597,12 +742,88 @@ mod tests {
     #[test]
     fn dropping_an_indexed_turn_unindexes_it() {
         let mut m = SessionMemory::new(1);
-        m.remember(None, &[1, 2], 0, "r1");
-        m.remember(None, &[3, 4], 0, "r2");
+        m.remember(None, fin(&[1, 2], 0, "r1"));
+        m.remember(None, fin(&[3, 4], 0, "r2"));
         assert_eq!(m.candidates(), 1);
         assert_eq!(m.by_tokens.len(), 1);
         assert_eq!(m.lengths.get(&2), Some(&1));
         assert!(alone(turn(&mut m, None, &[1, 2, 5])));
         assert!(turn(&mut m, None, &[3, 4, 5]).is_some());
+    }
+
+    /// A finished keyed turn of `branch`: `prompt` then `reply`.
+    fn answered(m: &mut SessionMemory, key: &str, t: &SessionTurn, prompt: &[u32], reply: &[u32]) {
+        let tokens: Vec<u32> = prompt.iter().chain(reply).copied().collect();
+        let turn = FinishedTurn {
+            tokens: &tokens,
+            prompt_len: prompt.len(),
+            group: 0,
+            request_id: "r",
+            branch: t.branch,
+        };
+        m.remember(Some(key), turn);
+    }
+
+    #[test]
+    fn a_side_call_leaves_the_main_conversation_alone() {
+        let mut m = SessionMemory::new(4);
+        let p0 = [50, 51, 1, 2];
+        let (t0, _) = m.open_turn(Some("s"), true, &p0).expect("turn 0");
+        assert_eq!((t0.branch, t0.side_call), (0, false));
+        answered(&mut m, "s", &t0, &p0, &[10, 11]);
+        // A side call under the same key: it shares the system prompt only.
+        let side = [50, 51, 7, 8];
+        let (t1, prior) = m.open_turn(Some("s"), true, &side).expect("side");
+        assert_eq!((t1.index, t1.branch, t1.side_call), (1, 1, true));
+        assert_eq!(prior.map(|p| p.common), Some(2));
+        answered(&mut m, "s", &t1, &side, &[12]);
+        assert!(!m.is_main("s", 1) && m.is_main("s", 0));
+        // The next real turn still extends the main conversation, reply and all.
+        let p2 = [50, 51, 1, 2, 10, 11, 3];
+        let (t2, prior) = m.open_turn(Some("s"), true, &p2).expect("turn 2");
+        assert_eq!((t2.branch, t2.side_call), (0, false));
+        assert_eq!(prior.map(|p| (p.common, p.last_len)), Some((6, 6)));
+        answered(&mut m, "s", &t2, &p2, &[13]);
+        // A reply resent with other tokens still extends the prompt: main, compared with it.
+        let p3 = [50, 51, 1, 2, 10, 11, 3, 99, 4];
+        let (t3, prior) = m.open_turn(Some("s"), true, &p3).expect("turn 3");
+        assert_eq!((t3.branch, t3.side_call), (0, false));
+        assert_eq!(prior.map(|p| p.common), Some(7));
+        // The side call's branch goes on as a side call: the main conversation moved since.
+        let side2 = [50, 51, 7, 8, 12, 9];
+        let (t4, _) = m.open_turn(Some("s"), true, &side2).expect("side again");
+        assert_eq!((t4.branch, t4.side_call), (1, true));
+    }
+
+    #[test]
+    fn a_conversation_started_over_becomes_the_main_one() {
+        let mut m = SessionMemory::new(4);
+        let (t0, _) = m.open_turn(Some("s"), true, &[1, 2]).expect("turn 0");
+        answered(&mut m, "s", &t0, &[1, 2], &[3]);
+        // A compaction: the conversation starts again from a summary.
+        let (t1, _) = m.open_turn(Some("s"), true, &[1, 9]).expect("new branch");
+        assert_eq!((t1.branch, t1.side_call), (1, true));
+        answered(&mut m, "s", &t1, &[1, 9], &[4]);
+        // Its next turn extends it while the old conversation had none since: it is main now.
+        let (t2, prior) = m.open_turn(Some("s"), true, &[1, 9, 4, 5]).expect("turn 2");
+        assert_eq!((t2.branch, t2.side_call), (1, false));
+        assert_eq!(prior.map(|p| p.common), Some(3));
+        assert!(m.is_main("s", 1));
+        // At most MAX_SIDE_BRANCHES side branches; their bytes go with them.
+        for k in 0..10u32 {
+            let p = [100 + k, 1];
+            let (t, _) = m.open_turn(Some("s"), true, &p).expect("side");
+            assert!(t.side_call);
+            answered(&mut m, "s", &t, &p, &[2]);
+        }
+        let e = m.sessions.get("s").expect("session");
+        assert_eq!(e.sides.len(), MAX_SIDE_BRANCHES);
+        let held: usize = e
+            .last
+            .iter()
+            .chain(&e.sides)
+            .map(|l| l.tokens.len() * 4)
+            .sum();
+        assert_eq!(m.bytes().0, held);
     }
 }

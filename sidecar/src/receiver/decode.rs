@@ -339,6 +339,8 @@ fn convert_span(
             session_source: text(f.get(F::SessionSource)),
             session_turn: int(f.get(F::SessionTurn)),
             session_extends: text(f.get(F::SessionExtends)),
+            session_branch: int(f.get(F::SessionBranch)),
+            session_side_call: f.get(F::SessionSideCall).and_then(Value::as_bool),
             session_kv_ttl_ms: dbl(f.get(F::SessionKvTtl)),
             error_type: text(f.get(F::ErrorType)),
         })),
@@ -455,6 +457,8 @@ enum F {
     SessionSource,
     SessionTurn,
     SessionExtends,
+    SessionBranch,
+    SessionSideCall,
     SessionKvTtl,
     /// Must stay last: [`N_FIELDS`] counts up to it.
     ErrorType,
@@ -511,6 +515,8 @@ const KEYS: [(&str, F); N_FIELDS] = [
     (attr::SESSION_SOURCE, F::SessionSource),
     (attr::SESSION_TURN, F::SessionTurn),
     (attr::SESSION_EXTENDS, F::SessionExtends),
+    (attr::SESSION_BRANCH, F::SessionBranch),
+    (attr::SESSION_SIDE_CALL, F::SessionSideCall),
     (attr::SESSION_KV_TTL_MS, F::SessionKvTtl),
     (attr::ERROR_TYPE, F::ErrorType),
 ];

@@ -196,6 +196,10 @@ pub struct RequestSpan {
     /// The request id of the keyless turn this found session's turn 1 extends
     /// (`slotlight.session.extends`).
     pub session_extends: Option<String>,
+    /// The session branch the turn extends or starts (`slotlight.session.branch`).
+    pub session_branch: Option<i64>,
+    /// Whether the turn is a side call (`slotlight.session.side_call`).
+    pub session_side_call: Option<bool>,
     /// How long after the turn the engine keeps its session's KV, ms
     /// (`slotlight.session.kv_ttl_ms`).
     pub session_kv_ttl_ms: Option<f64>,

@@ -233,6 +233,7 @@ impl ValidRequest {
         let opts = &self.opts;
         GenerateRequest {
             find_session: session.is_none(),
+            session_branch: 0,
             session_ttl: self.session_ttl,
             id: id.to_string(),
             prompt: self.prompt.clone(),

@@ -498,6 +498,8 @@ mod tests {
                 source: crate::server::request::session::KeySource::Header,
                 turn: Some(0),
                 extends: None,
+                branch: Some(0),
+                side_call: false,
             }),
             received,
             request: ValidRequest {

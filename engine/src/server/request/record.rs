@@ -168,6 +168,8 @@ fn log_finished(meta: &RequestMeta, trace_id: &str, o: &RequestOutcome) {
         session_id = meta.session_id(),
         session_source = meta.session.as_ref().map(|s| s.source.as_str()),
         session_turn = meta.session.as_ref().and_then(|s| s.turn),
+        session_branch = meta.session.as_ref().and_then(|s| s.branch),
+        side_call = meta.session.as_ref().is_some_and(|s| s.side_call),
         trace_id = %trace_id,
         api = meta.request.api.label(),
         operation = meta.operation(),

@@ -89,6 +89,12 @@ pub struct TurnSession {
     pub turn: Option<u64>,
     /// For a found session's turn 1: the request id of the turn it extends.
     pub extends: Option<String>,
+    /// The session branch the turn extends or starts (`None` when the engine never took the
+    /// request).
+    pub branch: Option<u32>,
+    /// Whether the turn is a side call: its prompt does not extend the session's main
+    /// conversation.
+    pub side_call: bool,
 }
 
 impl TurnSession {
@@ -101,12 +107,16 @@ impl TurnSession {
                 source: KeySource::Found,
                 turn: Some(t.index),
                 extends: t.extends,
+                branch: Some(t.branch),
+                side_call: t.side_call,
             }),
             (Some(k), t) => Some(Self {
                 id: k.id,
                 source: k.source,
-                turn: t.map(|t| t.index),
+                turn: t.as_ref().map(|t| t.index),
                 extends: None,
+                branch: t.as_ref().map(|t| t.branch),
+                side_call: t.is_some_and(|t| t.side_call),
             }),
             (None, _) => None,
         }
@@ -205,20 +215,24 @@ mod tests {
             index: 3,
             found: false,
             extends: None,
+            branch: 2,
+            side_call: true,
         };
         let s = TurnSession::of(k.clone(), Some(keyed)).expect("session");
         assert_eq!(
-            (s.id.as_str(), s.source, s.turn),
-            ("k", KeySource::Header, Some(3))
+            (s.id.as_str(), s.source, s.turn, s.branch, s.side_call),
+            ("k", KeySource::Header, Some(3), Some(2), true)
         );
         // Refused by the engine: the key, no turn.
         let s = TurnSession::of(k, None).expect("session");
-        assert_eq!(s.turn, None);
+        assert_eq!((s.turn, s.branch, s.side_call), (None, None, false));
         let found = SessionTurn {
             id: "found-1".into(),
             index: 1,
             found: true,
             extends: Some("chatcmpl-0".into()),
+            branch: 0,
+            side_call: false,
         };
         let s = TurnSession::of(None, Some(found)).expect("found");
         assert_eq!(

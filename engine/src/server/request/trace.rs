@@ -191,6 +191,10 @@ impl RequestTrace {
             if let Some(e) = &s.extends {
                 attrs.push(KeyValue::new(attr::SESSION_EXTENDS, e.clone()));
             }
+            if let Some(b) = s.branch {
+                attrs.push(KeyValue::new(attr::SESSION_BRANCH, i64::from(b)));
+                attrs.push(KeyValue::new(attr::SESSION_SIDE_CALL, s.side_call));
+            }
         }
         attrs.extend(server.attrs());
         if trace_content && let Some(c) = &req.content {

@@ -69,6 +69,10 @@ pub struct TurnFacts {
     /// The resume outcome.
     #[serde(default)]
     pub resume: Option<String>,
+    /// Whether the turn is a side call (absent from records stored before the sidecar kept
+    /// it).
+    #[serde(default)]
+    pub session_side_call: Option<bool>,
 }
 
 impl From<&TurnRecord> for TurnFacts {
@@ -91,6 +95,7 @@ impl From<&TurnRecord> for TurnFacts {
             ttft_ms: t.usage.ttft_ms,
             e2e_ms: t.usage.e2e_ms,
             resume: t.usage.resume.clone(),
+            session_side_call: t.session_side_call,
         }
     }
 }
@@ -173,6 +178,11 @@ pub struct SessionRecord {
     pub client_s: f64,
     /// Turns by resume outcome (`slotlight.resume`).
     pub resume: BTreeMap<String, u64>,
+    /// Of `turns`, side calls: turns under the session's key whose prompt does not extend its
+    /// main conversation (`slotlight.session.side_call`). Absent from (so 0 in) records
+    /// stored before the sidecar kept it.
+    #[serde(default)]
+    pub side_calls: u64,
     /// The APIs its turns came through (`slotlight.api`), sorted.
     pub apis: Vec<String>,
     /// The engine instances that served it, sorted.
@@ -289,6 +299,10 @@ pub fn summarize(
         decode_s,
         client_s: gaps(&turns).into_iter().flatten().sum(),
         resume,
+        side_calls: turns
+            .iter()
+            .filter(|t| t.session_side_call == Some(true))
+            .count() as u64,
         apis,
         instances,
     };
@@ -358,12 +372,30 @@ mod tests {
         assert_eq!((r.prompt_tokens, r.cached_tokens), (300, 240));
         assert_eq!(r.cache_hit_ratio, Some(0.8));
         assert_eq!(r.resume.get("full"), Some(&3));
+        assert_eq!(r.side_calls, 0);
         assert_eq!(r.apis, vec!["chat.completions".to_string()]);
         // Live for `idle` after the last turn, without the engine's keeping.
         assert_eq!(r.live_until, 102 * S);
         assert!(r.clone().at(60 * S, 101 * S).live);
         assert!(!r.clone().at(60 * S, 102 * S).live);
         assert_eq!(r.at(5 * S, 0).live_until, 47 * S);
+    }
+
+    #[test]
+    fn side_calls_are_counted_apart() {
+        let mut side = turn("b", 5, 6);
+        side.session_side_call = Some(true);
+        let mut main = turn("c", 8, 9);
+        main.session_side_call = Some(false);
+        let r = summarize("s", vec![turn("a", 0, 4), side, main], 60 * S, 0).expect("record");
+        assert_eq!((r.turns, r.side_calls), (3, 1));
+        // A record stored before side calls were counted reads as none.
+        let json = serde_json::to_value(&r).expect("json");
+        let mut old = json.clone();
+        old.as_object_mut().expect("object").remove("side_calls");
+        let back: SessionRecord = serde_json::from_value(old).expect("old record");
+        assert_eq!(back.side_calls, 0);
+        assert_eq!(json["side_calls"], 1);
     }
 
     #[test]

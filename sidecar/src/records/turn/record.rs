@@ -151,6 +151,12 @@ pub struct TurnRecord {
     /// For a found session's turn 1: the request id of the keyless turn it extends, which
     /// becomes the session's turn 0 (`slotlight.session.extends`).
     pub session_extends: Option<String>,
+    /// The session branch the turn extends or starts, 0 for the session's first conversation
+    /// (`slotlight.session.branch`).
+    pub session_branch: Option<i64>,
+    /// Whether the turn is a side call: its prompt does not extend the session's main
+    /// conversation (`slotlight.session.side_call`).
+    pub session_side_call: Option<bool>,
     /// How long after this turn the engine keeps its session's KV, ms
     /// (`slotlight.session.kv_ttl_ms`; 0 when it keeps none).
     pub session_kv_ttl_ms: Option<f64>,
@@ -248,6 +254,8 @@ impl TurnRecord {
             session_source: req.session_source.clone(),
             session_turn: req.session_turn,
             session_extends: req.session_extends.clone(),
+            session_branch: req.session_branch,
+            session_side_call: req.session_side_call,
             session_kv_ttl_ms: req.session_kv_ttl_ms,
             api: req.api.clone(),
             trace_id: hex(&root.trace_id),
@@ -293,6 +301,8 @@ impl TurnRecord {
             session_source: None,
             session_turn: None,
             session_extends: None,
+            session_branch: None,
+            session_side_call: None,
             session_kv_ttl_ms: None,
             api: None,
             trace_id: hex(&seen.trace_id),
