@@ -92,6 +92,8 @@ class DevTools:
 
 
 def kv(k, v):
+    if isinstance(v, bool):
+        return {"key": k, "value": {"boolValue": v}}
     if isinstance(v, str):
         return {"key": k, "value": {"stringValue": v}}
     if isinstance(v, float):
@@ -252,6 +254,17 @@ def test_page_shows_a_slot_tile_over_sse(sidecar):
             assert set(widths) == {"queue", "prefill", "decode", "client"}, row
             assert abs(widths["queue"] - 20) < 0.01 and abs(widths["decode"] - 60) < 0.01, row
             assert widths["client"] == 0, row
+            # A side call under the session's key: counted apart in the session's row.
+            post_request_span(sidecar, "page-engine", "req-side-call", {
+                "GEN_AI_CONVERSATION_ID": "page-session", "SESSION_ID": "page-session",
+                "SESSION_SOURCE": "header", "SESSION_TURN": 1, "SESSION_BRANCH": 1,
+                "SESSION_SIDE_CALL": True, "SESSION_KV_TTL_MS": 600_000.0})
+            side_calls = wait_until(
+                "(() => { const c = document.querySelector('#sessions tr[data-session-id=\"page-session\"] td.side-calls');"
+                " return c && c.textContent === '1' && c.textContent; })()",
+                "the session's side calls",
+            )
+            assert side_calls == "1", side_calls
             # Self-contained: nothing but same-origin resources.
             urls = evaluate("performance.getEntriesByType('resource').map(e => e.name)")
             assert all(u.startswith(sidecar.url("")) for u in urls), urls
