@@ -8,7 +8,7 @@ use super::family::{self, Hparams, WindowPattern};
 use super::gguf::{GgufFile, Value};
 
 // At home in `family`; kept here for the backends and tests that name them by this path.
-pub use super::family::{Activation, Arch, Family, RopeStyle, SlidingWindow};
+pub use super::family::{Activation, Arch, Experts, Family, RopeStyle, SlidingWindow};
 
 /// Llama 3 style frequency-dependent RoPE scaling.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -153,7 +153,23 @@ impl ModelConfig {
             attn_softcap: float("attn_logit_softcapping"),
             final_softcap: float("final_logit_softcapping"),
             query_pre_attn_scalar: None,
+            experts: match (
+                int("expert_count"),
+                int("expert_used_count"),
+                int("expert_feed_forward_length"),
+            ) {
+                (Ok(c), Ok(u), Ok(f)) => Some((c, u, f)),
+                _ => None,
+            },
         });
+        if spec.moe && family.experts.is_none() {
+            return Err(ConfigError::Missing(format!(
+                "{} (with {}, {})",
+                key("expert_count"),
+                key("expert_used_count"),
+                key("expert_feed_forward_length")
+            )));
+        }
         let rope_scaling = match scaling_type {
             Some("llama3") => Some(Llama3Scaling {
                 factor: g
@@ -188,7 +204,8 @@ impl ModelConfig {
             heads,
             kv_heads,
             head_dim,
-            ffn: int("feed_forward_length")?,
+            // A mixture of experts may state no dense feed-forward size.
+            ffn: int("feed_forward_length").or_else(|e| family.experts.map(|x| x.ffn).ok_or(e))?,
             context: int("context_length")?,
             rms_eps,
             rope_theta,
@@ -253,6 +270,7 @@ impl ModelConfig {
             final_softcap: c.final_logit_softcapping,
             // transformers scales queries by 1/√head_dim unless the config says otherwise.
             query_pre_attn_scalar: Some(c.query_pre_attn_scalar.unwrap_or(head_dim as f64)),
+            experts: None,
         });
         let rope_scaling = match c.rope_scaling {
             Some(s) if s.rope_type.as_deref().or(s.r#type.as_deref()) == Some("llama3") => {
@@ -321,6 +339,14 @@ impl ModelConfig {
                 sw.window,
                 sw.local.len(),
                 self.layers
+            ));
+        }
+        if let Some(x) = &self.family.experts
+            && (x.count == 0 || x.used == 0 || x.used > x.count || x.ffn == 0 || x.count > 1024)
+        {
+            return bad(format!(
+                "{} of {} experts per token, {} hidden units each",
+                x.used, x.count, x.ffn
             ));
         }
         if self.context == 0 || self.context > 1 << 20 {

@@ -33,12 +33,16 @@ pub struct Block {
     pub attn_post_norm: Option<Vec<f32>>,
     /// RMSNorm weight before the feed-forward.
     pub ffn_norm: Vec<f32>,
-    /// Gate projection `[ffn, hidden]`.
+    /// Gate projection `[ffn, hidden]`; with experts, every expert's stacked
+    /// `[count·ffn, hidden]` (expert `e`'s rows `e·ffn..(e+1)·ffn`).
     pub w_gate: Tensor,
-    /// Up projection `[ffn, hidden]`.
+    /// Up projection `[ffn, hidden]`; with experts, stacked as the gate.
     pub w_up: Tensor,
-    /// Down projection `[hidden, ffn]`.
+    /// Down projection `[hidden, ffn]`; with experts, every expert's stacked
+    /// `[count·hidden, ffn]`.
     pub w_down: Tensor,
+    /// With experts: the router `[count, hidden]`.
+    pub router: Option<Tensor>,
     /// RMSNorm weight of the feed-forward output (post-norms).
     pub ffn_post_norm: Option<Vec<f32>>,
 }
@@ -117,6 +121,23 @@ impl LlamaWeights {
                     Ok(None)
                 }
             };
+            // A dense matrix `[rows, k]`, or with experts the stack `[count, rows, k]` seen as
+            // one matrix.
+            let ffn = |part: &str, rows: usize, k: usize| -> Result<Tensor, WeightsError> {
+                let Some(x) = fam.experts else {
+                    return want(&n(part), &[rows, k]);
+                };
+                let (rows, k) = if part == "down" {
+                    (h, x.ffn)
+                } else {
+                    (x.ffn, h)
+                };
+                let name = n(&format!("{part}_exps"));
+                let stack = want(&name, &[x.count, rows, k])?;
+                stack
+                    .reshaped(vec![x.count * rows, k])
+                    .ok_or(WeightsError::Missing(name))
+            };
             let opt_norm =
                 |on: bool, p: &str, len: usize| -> Result<Option<Vec<f32>>, WeightsError> {
                     if on {
@@ -138,9 +159,13 @@ impl LlamaWeights {
                 wo: want(&n("o"), &[h, q])?,
                 attn_post_norm: opt_norm(fam.post_norms, "attn_post_norm", h)?,
                 ffn_norm: norm(&n("ffn_norm"), h)?,
-                w_gate: want(&n("gate"), &[f, h])?,
-                w_up: want(&n("up"), &[f, h])?,
-                w_down: want(&n("down"), &[h, f])?,
+                w_gate: ffn("gate", f, h)?,
+                w_up: ffn("up", f, h)?,
+                w_down: ffn("down", h, f)?,
+                router: match fam.experts {
+                    Some(x) => Some(want(&n("router"), &[x.count, h])?),
+                    None => None,
+                },
                 ffn_post_norm: opt_norm(fam.post_norms, "ffn_post_norm", h)?,
             });
         }

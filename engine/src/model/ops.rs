@@ -10,7 +10,7 @@
 //! sub-layer, `q`/`k`/`v` the projections, `att` the attention output, `o` a sub-layer's output
 //! before it joins the residual, `act` the feed-forward's hidden activations.
 
-use super::config::{Activation, ModelConfig};
+use super::config::{Activation, Experts, ModelConfig};
 
 /// Which RoPE inverse frequencies a layer rotates with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +77,17 @@ pub enum Op {
     },
     /// `o = act · Wdown`.
     Down,
+    /// A mixture of experts in place of `GateUp` and `Down`: the router scores every expert
+    /// for each row of `h`, the `used` best run (`activation(h · Wgate_e) · (h · Wup_e) ·
+    /// Wdown_e`), and `o` is their sum weighted by the router's softmax probabilities
+    /// (renormalized over the chosen when the family says so). Each row's sum runs over its
+    /// experts in index order, so a row's result does not depend on the others in the step.
+    Experts {
+        /// The gates' activation.
+        activation: Activation,
+        /// How many experts, how many per row, and the weighting.
+        experts: Experts,
+    },
 }
 
 /// The whole pass: `x = embed[token] · embed_scale`, each layer's ops, then
@@ -144,10 +155,18 @@ pub fn layer_ops(cfg: &ModelConfig, l: usize) -> Vec<Op> {
     }
     ops.push(Op::Residual);
     ops.push(Op::FfnNorm);
-    ops.push(Op::GateUp {
-        activation: fam.activation,
-    });
-    ops.push(Op::Down);
+    match fam.experts {
+        Some(experts) => ops.push(Op::Experts {
+            activation: fam.activation,
+            experts,
+        }),
+        None => {
+            ops.push(Op::GateUp {
+                activation: fam.activation,
+            });
+            ops.push(Op::Down);
+        }
+    }
     if fam.post_norms {
         ops.push(Op::PostNorm(Sublayer::FeedForward));
     }
@@ -196,6 +215,7 @@ mod tests {
                 local_rope_theta: Some(1e4),
             }),
             rope_linear_factor: None,
+            experts: None,
         }
     }
 

@@ -650,6 +650,9 @@ pub struct TinyLlama {
     pub qkv_bias: bool,
     /// Seed of the random weights: the same seed writes the same model, byte for byte.
     pub seed: u64,
+    /// A mixture of experts instead of one MLP per layer: (experts, experts per token, hidden
+    /// units of one): a `qwen3moe` file (with Qwen3's q/k norms).
+    pub experts: Option<(usize, usize, usize)>,
 }
 
 impl Default for TinyLlama {
@@ -666,6 +669,7 @@ impl Default for TinyLlama {
             tied: true,
             qkv_bias: false,
             seed: 7,
+            experts: None,
         }
     }
 }
@@ -690,7 +694,11 @@ impl TinyLlama {
     ) -> GgufBuilder {
         let mut rng = FixtureRng::new(self.seed);
         let mut b = GgufBuilder::new();
-        let arch = if self.qkv_bias { "qwen2" } else { "llama" };
+        let arch = match (self.experts, self.qkv_bias) {
+            (Some(_), _) => "qwen3moe",
+            (None, true) => "qwen2",
+            (None, false) => "llama",
+        };
         let head_dim = self.hidden / self.heads;
         b.kv_str("general.architecture", arch);
         b.kv_str("general.name", "tiny");
@@ -706,6 +714,11 @@ impl TinyLlama {
         b.kv_f32(&format!("{arch}.attention.layer_norm_rms_epsilon"), 1e-5);
         b.kv_f32(&format!("{arch}.rope.freq_base"), 10000.0);
         b.kv_u32(&format!("{arch}.rope.dimension_count"), head_dim as u32);
+        if let Some((count, used, ffn)) = self.experts {
+            b.kv_u32(&format!("{arch}.expert_count"), count as u32);
+            b.kv_u32(&format!("{arch}.expert_used_count"), used as u32);
+            b.kv_u32(&format!("{arch}.expert_feed_forward_length"), ffn as u32);
+        }
         // Vocabulary: three specials, then printable ASCII bytes in GPT-2 byte-level form.
         let mut tokens: Vec<String> = vec![
             "<|endoftext|>".into(),
@@ -813,6 +826,37 @@ impl TinyLlama {
                 self.dtype,
             );
             norm(&mut b, &mut rng, &format!("{p}.ffn_norm.weight"), h);
+            if let Some((count, _, ffn)) = self.experts {
+                norm(
+                    &mut b,
+                    &mut rng,
+                    &format!("{p}.attn_q_norm.weight"),
+                    head_dim,
+                );
+                norm(
+                    &mut b,
+                    &mut rng,
+                    &format!("{p}.attn_k_norm.weight"),
+                    head_dim,
+                );
+                b.tensor_f32(
+                    &format!("{p}.ffn_gate_inp.weight"),
+                    &[count, h],
+                    &rng.vec(count * h, 1.0),
+                );
+                let scale = |cols: usize| 1.0 / (cols as f32).sqrt() * 1.7;
+                for (part, rows, cols) in [("gate", ffn, h), ("up", ffn, h), ("down", h, ffn)] {
+                    let x = rng.vec(count * rows * cols, scale(cols));
+                    store(
+                        &mut b,
+                        &format!("{p}.ffn_{part}_exps.weight"),
+                        &[count, rows, cols],
+                        self.dtype,
+                        &x,
+                    );
+                }
+                continue;
+            }
             mat(
                 &mut b,
                 &mut rng,

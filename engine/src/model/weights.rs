@@ -303,6 +303,37 @@ impl Tensor {
         &self.bytes()[row * rb..(row + 1) * rb]
     }
 
+    /// The same bytes under another shape of as many elements (`None` otherwise), e.g. a
+    /// stack of experts `[count, rows, k]` as one matrix `[count·rows, k]`.
+    pub fn reshaped(&self, shape: Vec<usize>) -> Option<Tensor> {
+        let same =
+            shape.iter().product::<usize>() == self.elems() && shape.last() == self.shape.last();
+        same.then(|| Tensor::new(self.name.clone(), self.dtype, shape, self.storage.clone()))
+    }
+
+    /// Rows `r0..r1` as a matrix of their own (`[r1 - r0, row_len]`), sharing the file's bytes
+    /// when mapped: one expert of a stack. `None` for an empty or out-of-range slice.
+    pub fn row_slice(&self, r0: usize, r1: usize) -> Option<Tensor> {
+        if r0 >= r1 || r1 > self.rows() {
+            return None;
+        }
+        let rb = self.row_bytes();
+        let storage = match &self.storage {
+            Storage::Mapped { map, offset, .. } => Storage::Mapped {
+                map: Arc::clone(map),
+                offset: offset + r0 * rb,
+                len: (r1 - r0) * rb,
+            },
+            Storage::Owned(v) => Storage::Owned(Arc::new(v[r0 * rb..r1 * rb].to_vec())),
+        };
+        Some(Tensor::new(
+            format!("{}[{r0}..{r1}]", self.name),
+            self.dtype,
+            vec![r1 - r0, self.row_len()],
+            storage,
+        ))
+    }
+
     /// Tells the OS that this tensor's pages of the model file are not needed now (after the
     /// CPU backend has repacked it): they leave the process's resident memory and are read
     /// again from the page cache if anything touches them later. No effect on owned tensors.

@@ -23,9 +23,9 @@ use self::kv::KvStore;
 use self::matmul::{Input, Weight, matmul, matmul_many};
 use self::pool::ComputePool;
 use self::quant::QActs;
-use self::weights::CpuWeights;
+use self::weights::{CpuFfn, CpuMlp, CpuWeights};
 use super::{Backend, BackendError, SeqChunk, StepStats, WindowedKv};
-use crate::model::config::{Activation, ModelConfig, RopeStyle};
+use crate::model::config::{Activation, Experts, ModelConfig, RopeStyle};
 use crate::model::llama::LlamaWeights;
 use crate::model::ops::{ForwardPlan, Op, RopeTable, Sublayer};
 
@@ -41,6 +41,11 @@ struct Scratch {
     o: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
+    /// Router scores of a mixture of experts, `rows × count`.
+    router: Vec<f32>,
+    /// One expert's rows of `h`, and its output.
+    expert_in: Vec<f32>,
+    expert_out: Vec<f32>,
     qa: QActs,
     rope: Vec<(f32, f32)>,
     /// The local (sliding-window) layers' table, when their RoPE base differs.
@@ -247,6 +252,85 @@ impl CpuBackend {
     ) {
         if ws.iter().any(|w| w.needs_quantized()) {
             qa.quantize(pool, isa, x, rows, k);
+        }
+    }
+
+    /// `gate = activation(x · Wgate) · (x · Wup)` over `rows` rows (`up` is scratch).
+    #[allow(clippy::too_many_arguments)]
+    fn gate_up(
+        pool: &ComputePool,
+        isa: Isa,
+        m: &CpuMlp,
+        activation: Activation,
+        x: &[f32],
+        rows: usize,
+        qa: &mut QActs,
+        [gate, up]: [&mut Vec<f32>; 2],
+    ) {
+        let ws = [&m.gate, &m.up];
+        Self::quantize_if_needed(pool, isa, qa, x, rows, ws[0].k(), &ws);
+        Self::mm(pool, isa, &ws, x, qa, rows, &mut [gate, up]);
+        match activation {
+            Activation::Silu => ops::silu_mul(isa, gate, up),
+            Activation::GeluTanh => ops::gelu_tanh_mul(isa, gate, up),
+        }
+    }
+
+    /// A mixture-of-experts feed-forward over `total` rows of `s.h` into `s.o`: the router's
+    /// scores, each row's chosen experts ([`route`]), then expert by expert (in index order)
+    /// its rows gathered, run through its MLP and added to theirs, weighted.
+    #[allow(clippy::too_many_arguments)]
+    fn experts(
+        pool: &ComputePool,
+        isa: Isa,
+        s: &mut Scratch,
+        router: &Weight,
+        experts: &[CpuMlp],
+        activation: Activation,
+        x: Experts,
+        total: usize,
+        h: usize,
+    ) {
+        let ws = [router];
+        Self::quantize_if_needed(pool, isa, &mut s.qa, &s.h, total, h, &ws);
+        Self::mm(pool, isa, &ws, &s.h, &s.qa, total, &mut [&mut s.router]);
+        let mut rows_of: Vec<Vec<(usize, f32)>> = vec![Vec::new(); x.count];
+        for t in 0..total {
+            let scores = &s.router[t * x.count..(t + 1) * x.count];
+            for (e, w) in route(scores, x.used, x.norm_weights) {
+                rows_of[e].push((t, w));
+            }
+        }
+        s.o.clear();
+        s.o.resize(total * h, 0.0);
+        for (m, rows) in experts.iter().zip(&rows_of) {
+            if rows.is_empty() {
+                continue;
+            }
+            let n = rows.len();
+            s.expert_in.resize(n * h, 0.0);
+            for (i, &(t, _)) in rows.iter().enumerate() {
+                s.expert_in[i * h..(i + 1) * h].copy_from_slice(&s.h[t * h..(t + 1) * h]);
+            }
+            Self::gate_up(
+                pool,
+                isa,
+                m,
+                activation,
+                &s.expert_in,
+                n,
+                &mut s.qa,
+                [&mut s.gate, &mut s.up],
+            );
+            let ws = [&m.down];
+            Self::quantize_if_needed(pool, isa, &mut s.qa, &s.gate, n, x.ffn, &ws);
+            Self::mm(pool, isa, &ws, &s.gate, &s.qa, n, &mut [&mut s.expert_out]);
+            for (i, &(t, w)) in rows.iter().enumerate() {
+                let out = &mut s.o[t * h..(t + 1) * h];
+                for (o, v) in out.iter_mut().zip(&s.expert_out[i * h..(i + 1) * h]) {
+                    *o += w * v;
+                }
+            }
         }
     }
 
@@ -575,28 +659,41 @@ impl CpuBackend {
                         ops::rms_norm(&s.x, &lb.ffn_norm, cfg.rms_eps, &mut s.h);
                     }
                     Op::GateUp { activation } => {
-                        let ws = [&blk.w_gate, &blk.w_up];
-                        Self::quantize_if_needed(&pool, isa, &mut s.qa, &s.h, total, h, &ws);
-                        Self::mm(
+                        let CpuFfn::Dense(m) = &blk.ffn else {
+                            return Err(missing(l, "dense feed-forward"));
+                        };
+                        Self::gate_up(
                             &pool,
                             isa,
-                            &ws,
+                            m,
+                            activation,
                             &s.h,
-                            &s.qa,
                             total,
-                            &mut [&mut s.gate, &mut s.up],
+                            &mut s.qa,
+                            [&mut s.gate, &mut s.up],
                         );
-                        match activation {
-                            Activation::Silu => ops::silu_mul(isa, &mut s.gate, &s.up),
-                            Activation::GeluTanh => ops::gelu_tanh_mul(isa, &mut s.gate, &s.up),
-                        }
                     }
                     Op::Down => {
-                        let ws = [&blk.w_down];
+                        let CpuFfn::Dense(m) = &blk.ffn else {
+                            return Err(missing(l, "dense feed-forward"));
+                        };
+                        let ws = [&m.down];
                         Self::quantize_if_needed(
                             &pool, isa, &mut s.qa, &s.gate, total, cfg.ffn, &ws,
                         );
                         Self::mm(&pool, isa, &ws, &s.gate, &s.qa, total, &mut [&mut s.o]);
+                    }
+                    Op::Experts {
+                        activation,
+                        experts: x,
+                    } => {
+                        let CpuFfn::Experts { router, experts } = &blk.ffn else {
+                            return Err(missing(l, "expert"));
+                        };
+                        if experts.len() != x.count {
+                            return Err(missing(l, "expert"));
+                        }
+                        Self::experts(&pool, isa, s, router, experts, activation, x, total, h);
                     }
                 }
             }
@@ -684,7 +781,8 @@ impl Backend for CpuBackend {
     }
 
     fn weight_bytes_per_step(&self) -> usize {
-        self.weights.bytes_per_step()
+        self.weights
+            .bytes_per_step(self.cfg.family.experts.map_or(0, |x| x.used))
     }
 
     /// Any chunk: each row has its own activations' quantization and accumulators in the
@@ -713,7 +811,41 @@ impl Backend for CpuBackend {
     }
 }
 
+/// The experts a row runs and their weights, from the router's `scores` (one per expert): the
+/// `used` most probable under the softmax of all scores (ties: the lower index), weighted by
+/// their probabilities, renormalized to sum to 1 when `norm`. In the order chosen.
+fn route(scores: &[f32], used: usize, norm: bool) -> Vec<(usize, f32)> {
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let exp: Vec<f32> = scores.iter().map(|&v| (v - max).exp()).collect();
+    let sum: f32 = exp.iter().sum();
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+    order.truncate(used);
+    let chosen: f32 = order.iter().map(|&e| exp[e]).sum();
+    let denom = if norm { chosen } else { sum };
+    order.into_iter().map(|e| (e, exp[e] / denom)).collect()
+}
+
 #[allow(clippy::cast_precision_loss)]
 fn bytes_to_mib(b: usize) -> f64 {
     b as f64 / (1024.0 * 1024.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::route;
+
+    #[test]
+    fn a_row_runs_its_top_experts_weighted_by_the_softmax() {
+        let scores = [0.0, 2.0, 1.0, 2.0];
+        // The two best, ties to the lower index, renormalized over the two.
+        let r = route(&scores, 2, true);
+        assert_eq!(r.iter().map(|p| p.0).collect::<Vec<_>>(), [1, 3]);
+        assert!(r.iter().all(|p| (p.1 - 0.5).abs() < 1e-6), "{r:?}");
+        // Without renormalizing: the softmax over all four.
+        let all: f32 = scores.iter().map(|v| v.exp()).sum();
+        let r = route(&scores, 3, false);
+        assert_eq!(r.iter().map(|p| p.0).collect::<Vec<_>>(), [1, 3, 2]);
+        assert!((r[2].1 - 1f32.exp() / all).abs() < 1e-6, "{r:?}");
+    }
 }

@@ -32,6 +32,11 @@ pub struct LayerLaunches {
 impl LayerLaunches {
     /// The launches of a layer described by `ops`, or why the kernels cannot run it.
     pub fn lower(ops: &[Op]) -> Result<Self, String> {
+        if ops.iter().any(|op| matches!(op, Op::Experts { .. })) {
+            return Err(
+                "mixture-of-experts feed-forwards run on the CPU backend only (for now)".into(),
+            );
+        }
         let mut bias = None;
         let mut rope = None;
         let mut attention = None;
@@ -153,6 +158,7 @@ mod tests {
                 local_rope_theta: Some(1e4),
             }),
             rope_linear_factor: None,
+            experts: None,
         };
         let qwen3 = Family {
             qk_norm: true,
@@ -194,6 +200,19 @@ mod tests {
 
     #[test]
     fn sequences_the_kernels_cannot_fuse_are_refused() {
+        let moe = Family {
+            qk_norm: true,
+            experts: Some(crate::model::config::Experts {
+                count: 8,
+                used: 2,
+                ffn: 32,
+                norm_weights: true,
+            }),
+            ..Family::default()
+        };
+        let err = LayerLaunches::lower(&ForwardPlan::new(&cfg(moe, false)).layers[0])
+            .expect_err("experts are refused");
+        assert!(err.contains("mixture-of-experts"), "{err}");
         let ops = ForwardPlan::new(&cfg(Family::default(), false)).layers[0].clone();
         // QK norm after RoPE, a residual add dropped, ops swapped: all refused.
         let mut late_norm = ops.clone();

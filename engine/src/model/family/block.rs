@@ -52,6 +52,22 @@ impl SlidingWindow {
     }
 }
 
+/// A mixture-of-experts feed-forward: a router scores `count` experts per token, the `used`
+/// best run (each a gated MLP of `ffn` hidden units) and their outputs are summed, weighted by
+/// the router's softmax probabilities (renormalized over the chosen ones when
+/// `norm_weights`: Qwen3-MoE's `norm_topk_prob`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Experts {
+    /// Experts per layer.
+    pub count: usize,
+    /// Experts each token runs.
+    pub used: usize,
+    /// Hidden units of one expert.
+    pub ffn: usize,
+    /// The chosen experts' weights are renormalized to sum to 1.
+    pub norm_weights: bool,
+}
+
 /// What a family does beyond the Llama block (pre-norm attention and SwiGLU, both added to the
 /// residual). One description per family, read by every backend; the defaults are Llama's.
 ///
@@ -59,7 +75,7 @@ impl SlidingWindow {
 /// `qk_norm`; RoPE; q scaled by [`Family::attn_scale`]; attention (windowed on local layers,
 /// scores soft-capped by `attn_softcap`); output projection; `post_norms`: normed by
 /// `attn_post_norm`; added to `x`. Then `h = norm(x) · ffn_norm`; `activation(gate) · up`; down
-/// projection; `post_norms`: normed by `ffn_post_norm`; added to `x`.
+/// projection (or, with `experts`, the router's chosen experts, weighted); `post_norms`: normed by `ffn_post_norm`; added to `x`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Family {
     /// Per-head RMSNorm of q and k before RoPE (`attn_q_norm`, `attn_k_norm`: Qwen3, Gemma 3).
@@ -82,6 +98,8 @@ pub struct Family {
     pub sliding_window: Option<SlidingWindow>,
     /// Linear RoPE scaling of the global layers: positions are divided by this (Gemma 3 4B+).
     pub rope_linear_factor: Option<f64>,
+    /// The feed-forward is a mixture of experts (Qwen3-MoE) instead of one gated MLP.
+    pub experts: Option<Experts>,
 }
 
 impl Default for Family {
@@ -96,6 +114,7 @@ impl Default for Family {
             final_softcap: None,
             sliding_window: None,
             rope_linear_factor: None,
+            experts: None,
         }
     }
 }

@@ -57,6 +57,7 @@ pub(super) fn block(h: &Hparams, g: &Generation) -> Family {
         final_softcap: h.final_softcap.filter(|&c| c > 0.0).map(|c| c as f32),
         sliding_window,
         rope_linear_factor: h.rope_linear_factor.filter(|&f| f > 0.0 && f != 1.0),
+        experts: None,
     }
 }
 

@@ -20,6 +20,7 @@ const SPEC: FamilySpec = FamilySpec {
     qkv_bias: false,
     hf_tensors: &gemma::HF_NAMES,
     turn_format: TurnFormat::Gemma,
+    moe: false,
     block: |h| gemma::block(h, &GEMMA3),
 };
 

@@ -13,6 +13,7 @@ const SPEC: FamilySpec = FamilySpec {
     qkv_bias: false,
     hf_tensors: &HF_NAMES,
     turn_format: TurnFormat::ChatMl,
+    moe: false,
     block: |_| Family::default(),
 };
 

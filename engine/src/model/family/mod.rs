@@ -10,10 +10,11 @@ mod gemma3;
 mod llama;
 mod qwen2;
 mod qwen3;
+mod qwen3moe;
 mod spec;
 mod tensors;
 
-pub use block::{Activation, Family, RopeStyle, SlidingWindow};
+pub use block::{Activation, Experts, Family, RopeStyle, SlidingWindow};
 pub use spec::{Arch, FamilySpec, Hparams, WindowPattern};
 pub use tensors::{GGUF_NAMES, HF_NAMES, Names};
 
@@ -22,6 +23,7 @@ pub const REGISTRY: &[Arch] = &[
     Arch::Llama,
     Arch::Qwen2,
     Arch::Qwen3,
+    Arch::Qwen3Moe,
     Arch::Gemma2,
     Arch::Gemma3,
 ];
@@ -61,7 +63,7 @@ mod tests {
     fn gemma_families_fall_back_to_gemma_turns_and_the_others_to_chatml() {
         assert_eq!(Arch::Gemma2.turn_format(), TurnFormat::Gemma);
         assert_eq!(Arch::Gemma3.turn_format(), TurnFormat::Gemma);
-        for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
+        for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Qwen3Moe] {
             assert_eq!(arch.turn_format(), TurnFormat::ChatMl, "{}", arch.name());
         }
     }
@@ -76,6 +78,9 @@ mod tests {
                 assert_eq!(by_hf_model_type(name), Some(arch), "HF {name}");
             }
         }
-        assert_eq!(gguf_names(), "llama, mistral, qwen2, qwen3, gemma2, gemma3");
+        assert_eq!(
+            gguf_names(),
+            "llama, mistral, qwen2, qwen3, qwen3moe, gemma2, gemma3"
+        );
     }
 }

@@ -12,6 +12,7 @@ const SPEC: FamilySpec = FamilySpec {
     qkv_bias: false,
     hf_tensors: &HF_NAMES,
     turn_format: TurnFormat::ChatMl,
+    moe: false,
     block: |_| Family {
         qk_norm: true,
         ..Family::default()

@@ -22,6 +22,8 @@ pub struct FamilySpec {
     pub hf_tensors: &'static Names,
     /// The turn format its models are prompted with when they ship no chat template.
     pub turn_format: TurnFormat,
+    /// Whether its feed-forward is a mixture of experts (its files must then say how many).
+    pub moe: bool,
     /// Its block: what it does beyond Llama's, from what the file gives, with the family's
     /// defaults for what it leaves out.
     pub block: fn(&Hparams) -> Family,
@@ -105,4 +107,8 @@ pub struct Hparams {
     /// Queries are scaled by `1/√query_pre_attn_scalar` (Hugging Face: the config's, else
     /// `head_dim`; GGUF files have no such key).
     pub query_pre_attn_scalar: Option<f64>,
+    /// Experts per layer, experts per token and one expert's hidden units (GGUF
+    /// `expert_count`, `expert_used_count`, `expert_feed_forward_length`), when the file gives
+    /// all three.
+    pub experts: Option<(usize, usize, usize)>,
 }

@@ -11,7 +11,8 @@ pub struct Names {
     pub output: &'static str,
     /// Per-block name: `(block, part)` → name, with part one of `attn_norm`, `q`, `k`, `v`,
     /// `q_bias`, `k_bias`, `v_bias`, `q_norm`, `k_norm`, `o`, `attn_post_norm`, `ffn_norm`,
-    /// `gate`, `up`, `down`, `ffn_post_norm`.
+    /// `gate`, `up`, `down`, `ffn_post_norm`; for a mixture of experts `router`, `gate_exps`,
+    /// `up_exps`, `down_exps` (every expert's matrices stacked).
     pub block: fn(usize, &str) -> String,
     /// Added to every RMSNorm weight when loading: Hugging Face's Gemma stores `w` and
     /// computes `x · (1 + w)`; llama.cpp's converter stores `1 + w` already (so 0 for GGUF).
@@ -40,6 +41,10 @@ pub const GGUF_NAMES: Names = Names {
             "ffn_post_norm" => "post_ffw_norm.weight",
             "gate" => "ffn_gate.weight",
             "up" => "ffn_up.weight",
+            "router" => "ffn_gate_inp.weight",
+            "gate_exps" => "ffn_gate_exps.weight",
+            "up_exps" => "ffn_up_exps.weight",
+            "down_exps" => "ffn_down_exps.weight",
             _ => "ffn_down.weight",
         };
         format!("blk.{l}.{s}")
