@@ -184,6 +184,7 @@ fn a_tiny_qwen3moe_gguf_loads_and_batches_like_its_sequences_alone() {
             norm_weights: true
         })
     );
+    assert_eq!(m.info().experts, Some([8, 2]));
     let b0 = &m.weights.blocks[0];
     assert_eq!(b0.w_gate.shape(), &[8 * 32, 64]);
     assert_eq!(b0.w_down.shape(), &[8 * 64, 32]);
@@ -224,4 +225,30 @@ fn a_tiny_qwen3moe_gguf_loads_and_batches_like_its_sequences_alone() {
         assert!(a.iter().all(|v| v.is_finite()));
         at += n;
     }
+}
+
+/// Writes the tiny `qwen3moe` file the docs compare with llama.cpp to `$SLOTLIGHT_MOE_OUT`
+/// (weights drawn from `$SLOTLIGHT_MOE_SEED`, default 380)
+/// (docs/performance.md, "Mixture of experts"): `cargo test -p slotlight-engine --test moe --
+/// --ignored write_the_llamacpp_comparison_file`.
+#[test]
+#[ignore = "writes a file for a comparison by hand"]
+fn write_the_llamacpp_comparison_file() {
+    let out = std::env::var("SLOTLIGHT_MOE_OUT").expect("SLOTLIGHT_MOE_OUT");
+    let tiny = TinyLlama {
+        hidden: 128,
+        heads: 4,
+        kv_heads: 2,
+        layers: 3,
+        experts: Some((8, 2, 64)),
+        dtype: slotlight_engine::model::weights::DType::F32,
+        // An output of its own: with the embedding tied, a random model repeats its input.
+        tied: false,
+        seed: std::env::var("SLOTLIGHT_MOE_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(380),
+        ..TinyLlama::default()
+    };
+    std::fs::write(&out, tiny.gguf().bytes()).expect("write");
 }

@@ -110,6 +110,8 @@ fn bench_tokens(model: &Model, n: usize) -> anyhow::Result<Vec<u32>> {
 
 #[allow(clippy::cast_precision_loss)]
 pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
+    // Load time as users count it: the file opened and mapped, the backend's weights ready.
+    let load_start = Instant::now();
     let model = a.model.load()?;
     if let Some(set) = &a.speculative_prompts {
         return super::spec_bench::run(
@@ -134,6 +136,7 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
         .into_iter()
         .next()
         .ok_or_else(|| anyhow::anyhow!("no backend"))?;
+    let load_ms = load_start.elapsed().as_secs_f64() * 1000.0;
     let ctx = backend.config().context;
     let blocks: Vec<u32> = (0..u32::try_from(backend.num_blocks())?).collect();
     let reps = a.reps.max(1);
@@ -295,7 +298,10 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
             "decode  batch 1    : {:>8.1} tok/s (min {:.1}, max {:.1}) over {gen_n} tokens",
             decode.median, decode.min, decode.max
         );
-        println!("memory: resident {rss:.0} MiB, peak {peak:.0} MiB (context {ctx})");
+        println!(
+            "memory: resident {rss:.0} MiB, peak {peak:.0} MiB (context {ctx}); loaded in {load_ms:.0} ms; KV {} bytes a position",
+            kv_bytes_per_position(&model)
+        );
     }
     let backend_desc = backend.describe();
     let backend_isa = backend.isa_name();
@@ -404,10 +410,17 @@ pub(super) fn run(a: BenchArgs) -> anyhow::Result<()> {
                 "peak_rss_mib": peak,
                 "context": ctx,
                 "kv_bytes_per_sequence": kv_per_sequence(&model, ctx),
+                "kv_bytes_per_position": kv_bytes_per_position(&model),
+                "load_ms": load_ms,
             })
         );
     }
     Ok(())
+}
+
+/// KV bytes of one position over every layer (keys and values as the cache stores them).
+fn kv_bytes_per_position(model: &Model) -> usize {
+    crate::backend::kv_bytes_per_sequence(&model.config, 16, 16, false) / 16
 }
 
 /// KV bytes one sequence holds at the context length and at 4,096 positions, with the

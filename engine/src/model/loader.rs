@@ -120,6 +120,9 @@ pub struct ModelInfo {
     pub weight_types: Vec<&'static str>,
     /// The trained context length.
     pub context_length: usize,
+    /// For a mixture of experts: experts per layer and experts each token runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts: Option<[usize; 2]>,
 }
 
 impl ModelInfo {
@@ -129,6 +132,7 @@ impl ModelInfo {
             arch: cfg.arch.name(),
             weight_types: weights.dtypes().into_iter().map(|d| d.name()).collect(),
             context_length: cfg.context,
+            experts: cfg.family.experts.map(|x| [x.count, x.used]),
         }
     }
 

@@ -395,7 +395,10 @@ fn put_codes(format: PackedFormat, codes: &[u8; QK], i: usize, rec: &mut [u8]) {
 
 /// Repacks each set of tensors (stacked by rows) into one shared arena on huge pages; a set
 /// comes back `None` when its type has no packed kernels, its tensors differ in type or row
-/// length, or the row length is not whole blocks (or when memory cannot be had).
+/// length, or the row length is not whole blocks (or when memory cannot be had). Each packed
+/// set's pages of the model file leave resident memory as soon as it is packed
+/// ([`Tensor::release_resident`]), so the file and its packed copy are never resident whole
+/// together.
 pub fn pack_all(sets: &[Vec<&Tensor>]) -> Vec<Option<PackedMatrix>> {
     let plans: Vec<Option<Plan>> = sets.iter().map(|s| plan(s)).collect();
     // Each matrix starts on a 64-byte line.
@@ -416,6 +419,7 @@ pub fn pack_all(sets: &[Vec<&Tensor>]) -> Vec<Option<PackedMatrix>> {
     for ((p, set), &off) in plans.iter().zip(sets).zip(&offsets) {
         if let Some(p) = p {
             fill(p, set, &mut map[off..off + p.len]);
+            set.iter().for_each(|t| t.release_resident());
         }
     }
     let Ok(mem) = map.make_read_only() else {

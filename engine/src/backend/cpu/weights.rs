@@ -106,12 +106,8 @@ impl CpuWeights {
             }
         }
         sets.push(vec![&model.output]);
+        // Each set's file pages are released as it is packed.
         let packed = pack_all(&sets);
-        for (p, set) in packed.iter().zip(&sets) {
-            if p.is_some() {
-                set.iter().for_each(|t| t.release_resident());
-            }
-        }
         let mut weights = packed.into_iter().zip(&sets).map(|(p, set)| match p {
             Some(p) => Weight::Packed(p),
             // A single tensor is always usable in place.
