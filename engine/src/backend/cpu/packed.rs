@@ -416,12 +416,7 @@ pub fn pack_all(sets: &[Vec<&Tensor>]) -> Vec<Option<PackedMatrix>> {
     };
     // Only advice: without transparent huge pages the arena is ordinary memory.
     let _ = map.advise(Advice::HugePage);
-    for ((p, set), &off) in plans.iter().zip(sets).zip(&offsets) {
-        if let Some(p) = p {
-            fill(p, set, &mut map[off..off + p.len]);
-            set.iter().for_each(|t| t.release_resident());
-        }
-    }
+    fill_all(&plans, sets, &offsets, &mut map);
     let Ok(mem) = map.make_read_only() else {
         return plans.iter().map(|_| None).collect();
     };
@@ -440,6 +435,45 @@ pub fn pack_all(sets: &[Vec<&Tensor>]) -> Vec<Option<PackedMatrix>> {
             })
         })
         .collect()
+}
+
+/// Fills every planned matrix's region of `arena` (at `offsets`) from its set, on every core:
+/// the regions are disjoint, handed out largest first to the least loaded thread. Each set's
+/// file pages are released once it is packed.
+fn fill_all(plans: &[Option<Plan>], sets: &[Vec<&Tensor>], offsets: &[usize], arena: &mut [u8]) {
+    type Job<'a, 'b> = (&'a Plan, &'a [&'b Tensor], &'a mut [u8]);
+    let mut jobs: Vec<Job<'_, '_>> = Vec::new();
+    let mut rest = arena;
+    let mut at = 0;
+    for ((p, set), &off) in plans.iter().zip(sets).zip(offsets) {
+        let Some(p) = p else { continue };
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(off - at);
+        let (mine, tail) = tail.split_at_mut(p.len);
+        rest = tail;
+        at = off + p.len;
+        jobs.push((p, set, mine));
+    }
+    let threads = std::thread::available_parallelism()
+        .map_or(1, std::num::NonZero::get)
+        .clamp(1, jobs.len().max(1));
+    jobs.sort_by_key(|j| std::cmp::Reverse(j.0.len));
+    let mut bins: Vec<(usize, Vec<Job<'_, '_>>)> = (0..threads).map(|_| (0, Vec::new())).collect();
+    for job in jobs {
+        if let Some(bin) = bins.iter_mut().min_by_key(|b| b.0) {
+            bin.0 += job.0.len;
+            bin.1.push(job);
+        }
+    }
+    std::thread::scope(|scope| {
+        for (_, bin) in bins {
+            scope.spawn(move || {
+                for (p, set, out) in bin {
+                    fill(p, set, out);
+                    set.iter().for_each(|t| t.release_resident());
+                }
+            });
+        }
+    });
 }
 
 impl PackedMatrix {
