@@ -3,6 +3,10 @@
 //! session picks up its turn 0: the keyless turn its turn 1 extends
 //! (`slotlight.session.extends`), remembered among the latest keyless turns.
 //!
+//! A live session's record is kept up to date turn by turn ([`SessionRecord::extend`]), so a
+//! turn costs the same whatever the session's length; only a turn that arrives out of order
+//! (or brings its session's turn 0) makes the record again from all the turns.
+//!
 //! Bounded: at most `cap` live sessions (beyond, the one idle longest ends early) and `cap`
 //! keyless turns. Live sessions the store holds are loaded at start, so a session that spans a
 //! sidecar restart is observed once, whole.
@@ -15,8 +19,32 @@ use crate::records::turn::TurnRecord;
 #[derive(Debug, Default)]
 struct Live {
     turns: Vec<TurnFacts>,
+    /// The record of `turns`, as of the latest turn.
+    record: Option<SessionRecord>,
+    /// The latest arrival among `turns` (Unix ns).
+    last_start: i64,
+}
+
+impl Live {
     /// Until when the session is live, as of its latest turn (Unix ns).
-    until: i64,
+    fn until(&self) -> i64 {
+        self.record.as_ref().map_or(i64::MIN, |r| r.live_until)
+    }
+
+    /// Adds `new` turns of session `id`: the record is extended when they all arrived after
+    /// every turn it holds (and not `remake`), else made again from all of them.
+    fn add(&mut self, id: &str, new: Vec<TurnFacts>, remake: bool, idle_ns: i64, now_ns: i64) {
+        let in_order = !remake && new.iter().all(|t| t.start_time_unix_nano > self.last_start);
+        self.last_start = new
+            .iter()
+            .map(|t| t.start_time_unix_nano)
+            .fold(self.last_start, i64::max);
+        self.turns.extend(new.iter().cloned());
+        match self.record.as_mut() {
+            Some(r) if in_order => r.extend(new, idle_ns, now_ns),
+            _ => self.record = summarize(id, self.turns.clone(), idle_ns, now_ns),
+        }
+    }
 }
 
 /// Live sessions and recent keyless turns (see the module's documentation).
@@ -52,9 +80,12 @@ impl SessionTracker {
     /// Takes up sessions that were live when the sidecar stopped (from the store).
     pub fn load(&mut self, sessions: Vec<(String, Vec<TurnFacts>)>, now_ns: i64) {
         for (id, turns) in sessions {
-            let until = summarize(&id, turns.clone(), self.idle_ns, now_ns)
-                .map_or(now_ns, |r| r.live_until);
-            self.live.insert(id, Live { turns, until });
+            let mut live = Live {
+                last_start: i64::MIN,
+                ..Live::default()
+            };
+            live.add(&id, turns, true, self.idle_ns, now_ns);
+            self.live.insert(id, live);
         }
     }
 
@@ -73,13 +104,13 @@ impl SessionTracker {
             let idlest = self
                 .live
                 .iter()
-                .min_by_key(|(_, l)| l.until)
+                .min_by_key(|(_, l)| l.until())
                 .map(|(k, _)| k.clone());
             if let Some(k) = idlest
                 && let Some(l) = self.live.remove(&k)
-                && let Some(r) = summarize(&k, l.turns, self.idle_ns, now_ns)
+                && let Some(r) = l.record
             {
-                ended.push(r);
+                ended.push(r.at(self.idle_ns, now_ns));
             }
         }
         let turn0 = t.session_extends.as_deref().and_then(|extends| {
@@ -89,11 +120,19 @@ impl SessionTracker {
                 .position(|k| k.request_id == extends && *k.instance == *t.instance)?;
             self.keyless.remove(at)
         });
-        let live = self.live.entry(id.to_string()).or_default();
-        live.turns.extend(turn0);
-        live.turns.push(facts);
-        live.until = summarize(id, live.turns.clone(), self.idle_ns, now_ns)
-            .map_or(now_ns, |r| r.live_until);
+        let live = self.live.entry(id.to_string()).or_insert_with(|| Live {
+            last_start: i64::MIN,
+            ..Live::default()
+        });
+        // A turn 0 filed now arrived before the session's other turns: the record is made again.
+        let remake = turn0.is_some();
+        live.add(
+            id,
+            turn0.into_iter().chain([facts]).collect(),
+            remake,
+            self.idle_ns,
+            now_ns,
+        );
         ended
     }
 
@@ -102,13 +141,13 @@ impl SessionTracker {
         let gone: Vec<String> = self
             .live
             .iter()
-            .filter(|(_, l)| l.until <= now_ns)
+            .filter(|(_, l)| l.until() <= now_ns)
             .map(|(k, _)| k.clone())
             .collect();
         gone.into_iter()
             .filter_map(|k| {
                 let l = self.live.remove(&k)?;
-                summarize(&k, l.turns, self.idle_ns, now_ns)
+                l.record.map(|r| r.at(self.idle_ns, now_ns))
             })
             .collect()
     }

@@ -354,6 +354,8 @@ pub fn write_batch(
 ) -> Result<usize, rusqlite::Error> {
     let tx = c.transaction()?;
     let mut written = 0;
+    // The turns this batch stored (a record written before is not added to its session again).
+    let mut stored: Vec<Arc<TurnRecord>> = Vec::with_capacity(batch.len());
     {
         let mut ins = tx.prepare_cached(schema::INSERT)?;
         for t in batch {
@@ -364,7 +366,7 @@ pub fn write_batch(
                     continue;
                 }
             };
-            written += ins.execute(params![
+            let n = ins.execute(params![
                 t.trace_id,
                 &*t.request_id,
                 &*t.instance,
@@ -375,9 +377,13 @@ pub fn write_batch(
                 now_ns,
                 record,
             ])?;
+            if n > 0 {
+                stored.push(Arc::clone(t));
+            }
+            written += n;
         }
     }
-    sessions::after_write(&tx, batch)?;
+    sessions::after_write(&tx, &stored)?;
     tx.commit()?;
     Ok(written)
 }

@@ -6,8 +6,15 @@
 //!
 //! A found session's turn 1 (`session_extends`) files the keyless turn it extends under the
 //! session as its turn 0: that turn's row and record take the session's id.
+//!
+//! A live session grows one turn at a time: when a batch's turns of a session all arrived after
+//! every turn stored before (the usual case), its record is extended with them
+//! ([`SessionRecord::extend`], exactly what making it again would give) instead of being made
+//! again from all its turns, so a turn costs the same at turn 1,000 as at turn 2. Otherwise (a
+//! turn that arrived late, a found session's turn 0 filed, a retention that deleted turns)
+//! the record is made again from the stored turns.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use rusqlite::types::Value as Sql;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
@@ -81,44 +88,90 @@ pub fn refresh<'a>(
             tx.execute("DELETE FROM sessions WHERE session_id = ?1", [id])?;
             continue;
         };
-        let Ok(json) = serde_json::to_string(&r) else {
+        write(tx, id, &r)?;
+    }
+    Ok(())
+}
+
+/// Files `batch`'s found turns' turn 0 under their sessions and brings the record of every
+/// session the batch touched up to date: extended with the batch's turns, or made again (see
+/// the module's documentation). `batch` holds the turns just stored, in the same transaction.
+pub fn after_write(
+    tx: &Transaction<'_>,
+    batch: &[std::sync::Arc<TurnRecord>],
+) -> Result<(), rusqlite::Error> {
+    let mut touched: BTreeMap<&str, Vec<TurnFacts>> = BTreeMap::new();
+    let mut remake: BTreeSet<&str> = BTreeSet::new();
+    for t in batch {
+        let Some(id) = t.session_id.as_deref() else {
             continue;
         };
-        let kv_ttl_ns = r.keep_ns(0);
-        tx.execute(
-            "INSERT INTO sessions (session_id, first_turn_at, last_turn_at, kv_ttl_ns, record)
-             VALUES (?1, ?2, ?3, ?4, ?5)
-             ON CONFLICT (session_id) DO UPDATE SET first_turn_at = ?2, last_turn_at = ?3,
-                 kv_ttl_ns = ?4, record = ?5",
-            params![id, r.first_turn_at, r.last_turn_at, kv_ttl_ns, json],
-        )?;
-        for i in &r.instances {
-            tx.execute(
-                "INSERT OR IGNORE INTO session_instances (session_id, instance) VALUES (?1, ?2)",
-                params![id, i],
-            )?;
+        if let Some(extends) = t.session_extends.as_deref()
+            && link(tx, &t.instance, extends, id)?
+        {
+            remake.insert(id);
+        }
+        touched.entry(id).or_default().push(TurnFacts::from(&**t));
+    }
+    for (id, turns) in touched {
+        if remake.contains(id) || !extend(tx, id, turns)? {
+            refresh(tx, [id])?;
         }
     }
     Ok(())
 }
 
-/// Files `batch`'s found turns' turn 0 under their sessions and refreshes every session the
-/// batch touched (after its turns are written, in the same transaction).
-pub fn after_write(
-    tx: &Transaction<'_>,
-    batch: &[std::sync::Arc<TurnRecord>],
-) -> Result<(), rusqlite::Error> {
-    let mut touched: BTreeSet<&str> = BTreeSet::new();
-    for t in batch {
-        let Some(id) = t.session_id.as_deref() else {
-            continue;
-        };
-        if let Some(extends) = t.session_extends.as_deref() {
-            link(tx, &t.instance, extends, id)?;
-        }
-        touched.insert(id);
+/// Extends session `id`'s stored record with `turns` (just stored) when every one of them
+/// arrived after each turn stored before; whether it did.
+fn extend(tx: &Transaction<'_>, id: &str, turns: Vec<TurnFacts>) -> Result<bool, rusqlite::Error> {
+    let Some(first) = turns.iter().map(|t| t.start_time_unix_nano).min() else {
+        return Ok(true);
+    };
+    let json: Option<String> = tx
+        .query_row(
+            "SELECT record FROM sessions WHERE session_id = ?1",
+            [id],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let Some(mut record) = json.and_then(|j| serde_json::from_str::<SessionRecord>(&j).ok()) else {
+        return Ok(false);
+    };
+    // The stored turns that start no earlier than the batch's first: the batch itself, unless
+    // an earlier-stored turn arrived after it (then the order of the sums would differ).
+    let later: i64 = tx.query_row(
+        "SELECT COUNT(*) FROM turns WHERE session_id = ?1 AND start_time_unix_nano >= ?2",
+        params![id, first],
+        |r| r.get(0),
+    )?;
+    if usize::try_from(later).ok() != Some(turns.len()) {
+        return Ok(false);
     }
-    refresh(tx, touched)
+    record.extend(turns, 0, 0);
+    write(tx, id, &record)?;
+    Ok(true)
+}
+
+/// Stores session `id`'s record and the instances that served it.
+fn write(tx: &Transaction<'_>, id: &str, r: &SessionRecord) -> Result<(), rusqlite::Error> {
+    let Ok(json) = serde_json::to_string(r) else {
+        return Ok(());
+    };
+    let kv_ttl_ns = r.keep_ns(0);
+    tx.execute(
+        "INSERT INTO sessions (session_id, first_turn_at, last_turn_at, kv_ttl_ns, record)
+         VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (session_id) DO UPDATE SET first_turn_at = ?2, last_turn_at = ?3,
+             kv_ttl_ns = ?4, record = ?5",
+        params![id, r.first_turn_at, r.last_turn_at, kv_ttl_ns, json],
+    )?;
+    for i in &r.instances {
+        tx.execute(
+            "INSERT OR IGNORE INTO session_instances (session_id, instance) VALUES (?1, ?2)",
+            params![id, i],
+        )?;
+    }
+    Ok(())
 }
 
 /// The sessions of the turns rows `cond` selects (before they are deleted).

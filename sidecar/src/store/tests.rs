@@ -646,3 +646,62 @@ fn sessions_of_fewer_turns_than_asked_are_left_out() {
     assert_eq!(listed(2), ["two"]);
     assert!(listed(3).is_empty());
 }
+
+#[test]
+fn a_session_grown_turn_by_turn_equals_one_made_from_all_its_turns() {
+    let dir = Scratch::new("extend");
+    let path = dir.db();
+    let mut c = rw(&path);
+    // Twenty turns one batch at a time (extended), a turn written twice (not counted again),
+    // then a turn that arrived before the last ones (the record made again).
+    for i in 0..20 {
+        let start = 3 * i + i % 2;
+        let t = timed(
+            &format!("t{i:02}"),
+            Some("g"),
+            start,
+            start + 2 + i % 3,
+            None,
+        );
+        write_batch(&mut c, &[Arc::clone(&t)], i).expect("write");
+        if i == 7 {
+            write_batch(&mut c, &[t], i).expect("write again");
+        }
+    }
+    let grown = all_sessions(&read(&path), 0);
+    sessions::rebuild(&mut c).expect("rebuild");
+    let remade = all_sessions(&read(&path), 0);
+    assert_eq!(grown, remade);
+    assert_eq!(grown[0].turns, 20);
+    // A turn in order extends the record without reading the stored turns again: a change
+    // made behind the store's back to an earlier turn's record is not seen...
+    c.execute(
+        "UPDATE turns SET record = json_set(record, '$.prompt_tokens', 100000) WHERE request_id = 't00'",
+        [],
+    )
+    .expect("update");
+    write_batch(&mut c, &[timed("t20", Some("g"), 70, 71, None)], 20).expect("write");
+    let extended = all_sessions(&read(&path), 0);
+    assert_eq!(
+        extended[0].prompt_tokens,
+        21 * 100,
+        "the turns were not read again"
+    );
+    // ... until the record is made again from the turns.
+    sessions::rebuild(&mut c).expect("rebuild");
+    assert_eq!(
+        all_sessions(&read(&path), 0)[0].prompt_tokens,
+        20 * 100 + 100_000
+    );
+    c.execute(
+        "UPDATE turns SET record = json_set(record, '$.prompt_tokens', 100) WHERE request_id = 't00'",
+        [],
+    )
+    .expect("update");
+    sessions::rebuild(&mut c).expect("rebuild");
+    write_batch(&mut c, &[timed("late", Some("g"), 50, 51, None)], 30).expect("write");
+    let with_late = all_sessions(&read(&path), 0);
+    sessions::rebuild(&mut c).expect("rebuild");
+    assert_eq!(with_late, all_sessions(&read(&path), 0));
+    assert_eq!(with_late[0].turns, 22);
+}

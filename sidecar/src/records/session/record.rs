@@ -210,9 +210,14 @@ impl SessionRecord {
     /// Sets `live_until` for sessions without KV keeping staying live `idle_ns`, and `live`
     /// as of `now_ns`.
     pub fn at(mut self, idle_ns: i64, now_ns: i64) -> Self {
+        self.decide_live(idle_ns, now_ns);
+        self
+    }
+
+    /// Sets `live_until` and `live` in place, as [`SessionRecord::at`].
+    fn decide_live(&mut self, idle_ns: i64, now_ns: i64) {
         self.live_until = self.last_turn_at.saturating_add(self.keep_ns(idle_ns));
         self.live = now_ns < self.live_until;
-        self
     }
 }
 
@@ -307,6 +312,63 @@ pub fn summarize(
         instances,
     };
     Some(record.at(idle_ns, now_ns))
+}
+
+impl SessionRecord {
+    /// Adds `turns` (any order among themselves) that all arrived after every turn the record
+    /// holds: the record becomes exactly what [`summarize`] makes of all the turns (the same
+    /// sums in the same order), without reading the earlier ones again. `live` is decided as
+    /// of `now_ns` (`idle_ns` as in [`summarize`]).
+    pub fn extend(&mut self, mut turns: Vec<TurnFacts>, idle_ns: i64, now_ns: i64) {
+        ordered(&mut turns);
+        let mut ended = self.last_turn_at;
+        for t in &turns {
+            // As `gaps`: the time since every earlier turn ended.
+            self.client_s += secs(t.start_time_unix_nano - ended);
+            ended = ended.max(t.end_time_unix_nano);
+            // As `summarize`'s last turn: the latest to end, the later in order on a tie.
+            if t.end_time_unix_nano >= self.last_turn_at {
+                self.last_turn_at = t.end_time_unix_nano;
+                self.kv_ttl_ms = t.session_kv_ttl_ms;
+            }
+            let add = |sum: &mut i64, v: Option<i64>| *sum = sum.saturating_add(v.unwrap_or(0));
+            add(&mut self.prompt_tokens, t.prompt_tokens);
+            add(&mut self.cached_tokens, t.cached_tokens);
+            add(&mut self.completion_tokens, t.completion_tokens);
+            add(&mut self.reasoning_tokens, t.reasoning_tokens);
+            add(&mut self.drafted_tokens, t.drafted_tokens);
+            add(&mut self.accepted_tokens, t.accepted_tokens);
+            let (q, p, d) = t.split();
+            self.queue_s += q;
+            self.prefill_s += p;
+            self.decode_s += d;
+            if let Some(r) = &t.resume {
+                *self.resume.entry(r.clone()).or_insert(0) += 1;
+            }
+            self.side_calls += u64::from(t.session_side_call == Some(true));
+            if self.source.is_none() {
+                self.source.clone_from(&t.session_source);
+            }
+            if let Some(api) = &t.api
+                && let Err(at) = self.apis.binary_search(api)
+            {
+                self.apis.insert(at, api.clone());
+            }
+            if let Err(at) = self.instances.binary_search(&t.instance) {
+                self.instances.insert(at, t.instance.clone());
+            }
+            self.turns += 1;
+        }
+        #[allow(clippy::cast_precision_loss)] // token counts are far below 2^53
+        let ratio =
+            (self.prompt_tokens > 0).then(|| self.cached_tokens as f64 / self.prompt_tokens as f64);
+        self.cache_hit_ratio = ratio;
+        self.draft_acceptance =
+            crate::base::vocab::acceptance(self.drafted_tokens, self.accepted_tokens);
+        self.model_s = self.queue_s + self.prefill_s + self.decode_s;
+        self.duration_s = secs(self.last_turn_at - self.first_turn_at);
+        self.decide_live(idle_ns, now_ns);
+    }
 }
 
 /// A session's turn records (JSON, as `/v1/turns` gives them, any order) in session order,
@@ -484,5 +546,34 @@ mod tests {
         assert_eq!(d[0]["gap_before_s"], serde_json::Value::Null);
         assert_eq!(d[1]["gap_before_s"], 10.0);
         assert_eq!(d[1]["status"], "ok");
+    }
+
+    #[test]
+    fn extending_a_record_equals_summarizing_all_its_turns() {
+        // Turns with overlaps, gaps, ties of ends, missing fields, several APIs and instances.
+        let mut all = Vec::new();
+        for i in 0..12i64 {
+            let start = i * 3 + i % 2;
+            let mut t = turn(&format!("r{i:02}"), start, start + 2 + i % 4);
+            t.instance = ["b", "a", "c"][(i % 3) as usize].into();
+            t.api = (i % 4 != 1).then(|| ["messages", "responses"][(i % 2) as usize].into());
+            t.resume = (i % 5 != 0).then(|| ["full", "diverged"][(i % 2) as usize].into());
+            t.session_source = (i >= 2).then(|| "header".into());
+            t.session_side_call = Some(i % 3 == 2);
+            t.session_kv_ttl_ms = Some(1000.0 * i as f64);
+            t.drafted_tokens = (i % 2 == 0).then_some(10 + i);
+            t.accepted_tokens = (i % 2 == 0).then_some(i);
+            t.queue_ms = Some(100.0 + 7.0 * i as f64);
+            all.push(t);
+        }
+        let whole = summarize("s", all.clone(), 60 * S, 30 * S).expect("record");
+        for split in 1..all.len() {
+            let mut r = summarize("s", all[..split].to_vec(), 60 * S, 30 * S).expect("prefix");
+            // The rest in two pieces, each in any order.
+            let (a, b) = all[split..].split_at((all.len() - split) / 2);
+            r.extend(a.iter().rev().cloned().collect(), 60 * S, 30 * S);
+            r.extend(b.to_vec(), 60 * S, 30 * S);
+            assert_eq!(r, whole, "split at {split}");
+        }
     }
 }
