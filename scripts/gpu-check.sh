@@ -63,7 +63,9 @@ for line in sys.stdin:
     python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$GPU/whl" 'gguf==0.19.0' \
         || echo "could not download the gguf wheel: the PyTorch column will be skipped" >&2
     du -sh "$GPU"/* >&2
-    echo "prepared: carry .gpu/model-0, then .gpu/model-1, then .gpu/model-2 .gpu/bin .gpu/whl (docs/gpu.md)" >&2
+    # The engine and a model part together stay under one call's 64 MiB, and so do the parity
+    # binary, the last part and the wheel: each binary travels with a part of its own.
+    echo "prepared: carry .gpu/model-0 .gpu/bin/slotlight-engine, then .gpu/model-1, then .gpu/model-2 .gpu/bin/cuda_parity .gpu/whl (docs/gpu.md)" >&2
     exit 0
 fi
 
