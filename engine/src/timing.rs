@@ -28,6 +28,11 @@ pub enum ResumeOutcome {
     /// Blocks of the reusable prefix had been reclaimed after the session's KV stopped being
     /// kept: the turn came after the session's TTL (`--session-kv-ttl`) had passed.
     Expired,
+    /// The sliding-window layers' blocks a resume needs had been recycled while the
+    /// full-attention layers' KV of the whole reusable prefix was still there
+    /// (`evicted_tokens`: the reusable tokens that could not be resumed): the window pool's
+    /// churn, not the cache's, cost the turn.
+    Window,
     /// The session's KV lives in another slot group than the one serving this turn.
     OtherGroup,
     /// No session, and nothing reused.
@@ -45,6 +50,7 @@ impl ResumeOutcome {
             ResumeOutcome::Diverged => value::RESUME_DIVERGED,
             ResumeOutcome::Evicted => value::RESUME_EVICTED,
             ResumeOutcome::Expired => value::RESUME_EXPIRED,
+            ResumeOutcome::Window => value::RESUME_WINDOW,
             ResumeOutcome::OtherGroup => value::RESUME_OTHER_GROUP,
             ResumeOutcome::None => value::RESUME_NONE,
             ResumeOutcome::Prefix => value::RESUME_PREFIX,
@@ -65,7 +71,8 @@ pub struct Resume {
     /// Where the prompt departs from the last turn (`diverged`, and `evicted` when the
     /// history changed too).
     pub diverged_at: Option<usize>,
-    /// Reusable tokens whose blocks had been reclaimed (`evicted`, `expired`).
+    /// Reusable tokens whose blocks had been reclaimed (`evicted`, `expired`), or could not be
+    /// resumed for want of the window layers' blocks (`window`).
     pub evicted_tokens: Option<usize>,
 }
 

@@ -233,11 +233,12 @@ async fn a_reclaimed_window_is_recomputed_and_reported() {
     assert_eq!(kept.tokens, cold.tokens);
     let reachable = (first.len() + a.tokens.len() - 1) / BLOCK * BLOCK;
     // Kept whole, the prefix is all there; windowed, the blocks the first recomputed row
-    // would read were reclaimed, so nothing of it could be resumed, and that is what is said.
+    // would read were reclaimed, so nothing of it could be resumed, and that is what is said:
+    // `window`, the full-attention KV of the whole prefix being still there.
     assert_eq!(kept.timings.cached_tokens, reachable);
     let w = got.timings.resume.expect("a session's turn");
     assert_eq!(got.timings.cached_tokens, 0);
-    assert_eq!(w.outcome, ResumeOutcome::Evicted);
+    assert_eq!(w.outcome, ResumeOutcome::Window);
     assert_eq!(w.evicted_tokens, Some(reachable));
     assert_eq!(w.cached_tokens, 0);
 }

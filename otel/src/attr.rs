@@ -376,6 +376,9 @@ pub mod value {
     /// `slotlight.resume`: blocks of the reusable prefix had been reclaimed after the session's
     /// KV stopped being kept (the turn came after its TTL).
     pub const RESUME_EXPIRED: &str = "expired";
+    /// `slotlight.resume`: the sliding-window layers' blocks a resume needs had been recycled
+    /// while the full-attention KV of the whole reusable prefix was still there.
+    pub const RESUME_WINDOW: &str = "window";
     /// `slotlight.resume`: the session's KV lives in another slot group.
     pub const RESUME_OTHER_GROUP: &str = "other_group";
     /// `slotlight.resume`: no session, nothing reused.

@@ -185,6 +185,10 @@ pub fn render_contract() -> String {
                 "`slotlight.resume`: blocks of the reusable prefix had been reclaimed after the session's KV stopped being kept (its TTL had passed)",
             ),
             (
+                attr::value::RESUME_WINDOW,
+                "`slotlight.resume`: the sliding-window layers' blocks a resume needs had been recycled while the full-attention KV of the whole reusable prefix was still there",
+            ),
+            (
                 attr::value::RESUME_OTHER_GROUP,
                 "`slotlight.resume`: the session's KV lives in another slot group",
             ),

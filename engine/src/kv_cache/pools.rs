@@ -162,6 +162,13 @@ impl KvPools {
         (SeqKv { full, window }, n * bs)
     }
 
+    /// Positions of `tokens` the full pool alone holds (whole blocks, at least one token left
+    /// to compute), whatever the window pool still has: beside [`KvPools::match_prefix`]'s
+    /// answer, it says whether a shorter resume is the window pool's doing.
+    pub fn full_cached(&self, tokens: &[u32]) -> usize {
+        self.full.lookup(tokens).len() * self.full.block_size()
+    }
+
     /// Grows the sequence's full-pool table to hold `positions` positions.
     pub fn reserve(&mut self, seq: &mut SeqKv, positions: usize) -> Result<(), OutOfBlocks> {
         self.full.reserve(&mut seq.full, positions)

@@ -686,11 +686,18 @@ impl<'t> Loop<'t> {
                     .session
                     .as_deref()
                     .is_some_and(|s| !self.sessions.lock().is_ok_and(|m| m.is_candidate(s)));
+                // What the full pool alone held (looked up again only when the window pool
+                // may have cut the resume short).
+                let full = if session && self.blocks.window().is_some() {
+                    self.blocks.full_cached(&seq.tokens).max(cached)
+                } else {
+                    cached
+                };
                 seq.timings.resume = Some(resume::decide(
                     session,
                     seq.prior.as_ref(),
                     self.group,
-                    cached,
+                    resume::Found { cached, full },
                     seq.tokens.len(),
                     self.blocks.block_size(),
                     expired,

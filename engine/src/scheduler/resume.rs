@@ -35,10 +35,19 @@ impl Prior {
     }
 }
 
+/// What the prefix cache answered for a prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Found {
+    /// Positions reused (both pools could resume from them).
+    pub cached: usize,
+    /// Positions the full-attention pool alone held (equal to `cached` without a window pool).
+    pub full: usize,
+}
+
 /// Decides a request's outcome once the prefix cache has answered.
 ///
 /// - `session`: whether the request has a session; `prior`: its last turn, if remembered.
-/// - `group`: the group serving it; `cached`: tokens the prefix cache gave it;
+/// - `group`: the group serving it; `found`: what the prefix cache gave it;
 ///   `prompt_len`: its prompt's length; `block_size`: positions per KV block.
 /// - `expired`: the session's KV had stopped being kept (its TTL passed) with every block
 ///   still there: a loss since is `expired`, not `evicted`.
@@ -47,16 +56,18 @@ impl Prior {
 /// computed, so "everything that could be reused" is the common prefix rounded down to whole
 /// blocks within `prompt_len - 1`. `cached` is what the prefix cache really gave, which with
 /// sliding-window layers is never more than the local layers can resume from
-/// ([`crate::kv_cache::pools`]).
+/// ([`crate::kv_cache::pools`]): when the full-attention pool held the whole reachable prefix
+/// and only the window pool fell short, the loss is `window`.
 pub fn decide(
     session: bool,
     prior: Option<&Prior>,
     group: usize,
-    cached: usize,
+    found: Found,
     prompt_len: usize,
     block_size: usize,
     expired: bool,
 ) -> Resume {
+    let cached = found.cached;
     let base = Resume {
         outcome: ResumeOutcome::None,
         reusable_tokens: None,
@@ -94,7 +105,9 @@ pub fn decide(
     let diverged_at = (p.common < p.last_len && p.common < prompt_len).then_some(p.common);
     if cached < reachable {
         return Resume {
-            outcome: if expired {
+            outcome: if found.full >= reachable {
+                ResumeOutcome::Window
+            } else if expired {
                 ResumeOutcome::Expired
             } else {
                 ResumeOutcome::Evicted
@@ -121,6 +134,14 @@ pub fn decide(
 mod tests {
     use super::*;
 
+    /// What the prefix cache found without a window pool.
+    fn same(cached: usize) -> Found {
+        Found {
+            cached,
+            full: cached,
+        }
+    }
+
     fn prior(common: usize, last_len: usize, group: usize) -> Prior {
         Prior {
             common,
@@ -132,7 +153,7 @@ mod tests {
     #[test]
     fn outcomes_follow_from_the_facts() {
         let d = |session, p: Option<&Prior>, g, cached, len| {
-            decide(session, p, g, cached, len, 16, false)
+            decide(session, p, g, same(cached), len, 16, false)
         };
         assert_eq!(d(false, None, 0, 0, 50).outcome, ResumeOutcome::None);
         assert_eq!(d(false, None, 0, 32, 50).outcome, ResumeOutcome::Prefix);
@@ -174,13 +195,49 @@ mod tests {
     #[test]
     fn a_loss_after_the_keeping_expired_is_expired() {
         let p = prior(70, 70, 0);
-        let lost = decide(true, Some(&p), 0, 32, 90, 16, true);
+        let lost = decide(true, Some(&p), 0, same(32), 90, 16, true);
         assert_eq!(
             (lost.outcome, lost.evicted_tokens),
             (ResumeOutcome::Expired, Some(32))
         );
         // Nothing lost: expiry alone changes nothing.
-        let kept = decide(true, Some(&p), 0, 64, 90, 16, true);
+        let kept = decide(true, Some(&p), 0, same(64), 90, 16, true);
         assert_eq!(kept.outcome, ResumeOutcome::Full);
+    }
+
+    #[test]
+    fn a_loss_of_the_window_layers_alone_is_window() {
+        let p = prior(70, 70, 0);
+        // The full pool held the 64 reachable positions; the window pool allowed 16.
+        let w = decide(
+            true,
+            Some(&p),
+            0,
+            Found {
+                cached: 16,
+                full: 64,
+            },
+            90,
+            16,
+            true,
+        );
+        assert_eq!(
+            (w.outcome, w.evicted_tokens, w.cached_tokens),
+            (ResumeOutcome::Window, Some(48), 16)
+        );
+        // The full pool lost blocks too: evicted (or expired), as without a window pool.
+        let e = decide(
+            true,
+            Some(&p),
+            0,
+            Found {
+                cached: 16,
+                full: 32,
+            },
+            90,
+            16,
+            false,
+        );
+        assert_eq!(e.outcome, ResumeOutcome::Evicted);
     }
 }

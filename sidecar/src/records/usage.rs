@@ -112,9 +112,9 @@ usage_timing! {
     /// Prompt tokens computed by the prefill (`slotlight.usage.prefilled_tokens`).
     prefilled_tokens: i64 = USAGE_PREFILLED_TOKENS;
     /// `slotlight.resume`: whether the turn reused its conversation's KV and, if not, why
-    /// (`first`, `full`, `diverged`, `evicted`, `other_group`; without a session `none` or
-    /// `prefix`). Absent for a request never admitted (and from an engine that does not send
-    /// it).
+    /// (`first`, `full`, `diverged`, `evicted`, `expired`, `window`, `other_group`; without a
+    /// session `none` or `prefix`). Absent for a request never admitted (and from an engine
+    /// that does not send it).
     resume: String = RESUME;
     /// `slotlight.resume.reusable_tokens`: what the session's last turn could have given (set
     /// beside `cached_tokens`, what was reused). Absent without a remembered last turn.

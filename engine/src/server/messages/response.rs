@@ -120,7 +120,7 @@ pub struct MessageUsage {
     /// Always `standard` (there is one tier).
     pub service_tier: &'static str,
     /// slotlight's extras, as in chat usage: the request's own timings, its resume facts
-    /// (`resume`: `first`, `full`, `diverged`, `evicted`, `expired`, `other_group`; `none` or
+    /// (`resume`: `first`, `full`, `diverged`, `evicted`, `expired`, `window`, `other_group`; `none` or
     /// `prefix` without a session), its legs and its draft counts.
     #[serde(flatten)]
     pub extras: UsageExtras,

@@ -38,8 +38,8 @@ pub struct UsageExtras {
     #[serde(flatten)]
     pub timings: UsageTimings,
     /// Whether the turn reused its conversation's KV and, if not, why (`first`, `full`,
-    /// `diverged`, `evicted`, `other_group`; without a session `none` or `prefix`); `null`
-    /// for a request never admitted.
+    /// `diverged`, `evicted`, `expired`, `window`, `other_group`; without a session `none` or
+    /// `prefix`); `null` for a request never admitted.
     pub resume: Option<&'static str>,
     /// Tokens the prompt had in common with the session's remembered last turn.
     pub reusable_tokens: Option<usize>,
