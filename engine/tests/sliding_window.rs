@@ -243,6 +243,60 @@ async fn a_reclaimed_window_is_recomputed_and_reported() {
     assert_eq!(w.cached_tokens, 0);
 }
 
+/// An engine of two slots (its window pool sized for both), its live sessions' KV kept for
+/// `ttl`.
+fn two_slots(m: &Model, ttl: Duration) -> EngineHandle {
+    let cfg = SchedulerConfig {
+        batch: 2,
+        session_kv: slotlight_engine::scheduler::KeepConfig {
+            ttl,
+            ..Default::default()
+        },
+        ..sched()
+    };
+    let weights = Arc::new(CpuWeights::new(Arc::clone(&m.weights)));
+    let window = window_pool_blocks(&m.config, BLOCK, FULL_BLOCKS, &cfg);
+    let backend = CpuBackend::with_layout(
+        m.config.clone(),
+        weights,
+        BLOCK,
+        FULL_BLOCKS,
+        window,
+        Arc::new(ComputePool::new(2)),
+    );
+    EngineHandle::start(vec![Box::new(backend)], Arc::clone(&m.tokenizer), cfg)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_sessions_last_window_outlasts_other_traffic() {
+    let m = model();
+    let first = user_turn(0, 30);
+    let other = user_turn(5, 60);
+    let turn = async |e: &EngineHandle| {
+        let a = run(e, &first, 20, Some("s")).await;
+        // Other traffic in the meantime: with nothing kept, it recycles the window blocks.
+        run(e, &other, 10, None).await;
+        let mut next = first.clone();
+        next.extend(&a.tokens);
+        next.extend(user_turn(1, 10));
+        let got = run(e, &next, 15, Some("s")).await;
+        let reachable = (first.len() + a.tokens.len() - 1) / BLOCK * BLOCK;
+        (got, reachable)
+    };
+    // Kept: the session's last window is still in the window pool; the turn resumes whole.
+    let (kept, reachable) = turn(&two_slots(&m, Duration::from_secs(3600))).await;
+    let r = kept.timings.resume.expect("a session's turn");
+    assert_eq!((r.outcome, r.cached_tokens), (ResumeOutcome::Full, reachable));
+    // Not kept: the full-attention KV is there, the window's is not: `window`.
+    let (lost, reachable) = turn(&two_slots(&m, Duration::ZERO)).await;
+    let r = lost.timings.resume.expect("a session's turn");
+    assert_eq!(
+        (r.outcome, r.evicted_tokens),
+        (ResumeOutcome::Window, Some(reachable - r.cached_tokens))
+    );
+    assert_eq!(kept.tokens, lost.tokens, "the same tokens either way");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_window_pool_too_small_for_the_batch_preempts_and_recomputes_exactly() {
     let m = model();

@@ -101,6 +101,11 @@ impl KvPools {
         self.window.as_ref().map(|w| &w.blocks)
     }
 
+    /// The window pool, mutably, when there is one.
+    pub fn window_pool_mut(&mut self) -> Option<&mut BlockManager> {
+        self.window.as_mut().map(|w| &mut w.blocks)
+    }
+
     /// The local layers' window, when they keep only it.
     pub fn window(&self) -> Option<usize> {
         self.window.as_ref().map(|w| w.window)

@@ -28,7 +28,7 @@ use super::slots::Slots;
 use super::{Command, EngineError, Event, FinishReason, InFlight, Placement, SchedulerConfig};
 use crate::backend::{Backend, BackendError, SeqChunk};
 use crate::constraint::SeqConstraint;
-use crate::kv_cache::KvPools;
+use crate::kv_cache::{KvPools, RELEASED};
 use crate::kv_events::KvEventSink;
 use crate::metrics::GroupMetrics;
 use crate::metrics::group::KvUsage;
@@ -91,6 +91,11 @@ struct Loop<'t> {
     sessions: Arc<Mutex<SessionMemory>>,
     /// The group's live sessions' KV, kept ahead of other cached prefixes.
     keeping: SessionKeeping,
+    /// With a window pool: the live sessions' last window there (the window layers' blocks a
+    /// resume from the turn's end needs), kept the same way within the same share of that
+    /// pool, so other sequences' churn in the small window pool does not cost a session its
+    /// resume (`window`).
+    window_keeping: Option<SessionKeeping>,
     /// Where the prefix cache's changes go, with the resync epoch this group last restated at.
     kv_events: Option<(KvEventSink, u64)>,
 }
@@ -219,6 +224,8 @@ pub(super) fn run(
         windowed.map_or(0, |w| w.block_bytes),
     );
     let keeping = SessionKeeping::new(cfg.session_kv, backend.num_blocks(), cfg.max_sessions);
+    let window_keeping =
+        windowed.map(|w| SessionKeeping::new(cfg.session_kv, w.blocks, cfg.max_sessions));
     // Waits for a command, or for the next keeping's expiry, while idle.
     let waiter = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -227,6 +234,7 @@ pub(super) fn run(
     let mut lp = Loop {
         group,
         keeping,
+        window_keeping,
         block_bytes,
         slots: Slots::new(cfg.batch),
         backend,
@@ -475,8 +483,9 @@ impl<'t> Loop<'t> {
             _ => LegEnd::Cancelled,
         };
         let table = seq.blocks.full.table.clone();
+        let window_table = seq.blocks.window.table.clone();
         let computed = self.vacate(&mut seq, PrefillEnd::Cancelled, leg_end, now);
-        self.remember_turn(&mut seq, &table, computed, now);
+        self.remember_turn(&mut seq, [&table, &window_table], computed, now);
         seq.timings.mark_finished(now);
         let mut tail = seq.decoder.flush();
         if !seq.stop.is_stopped() {
@@ -497,9 +506,15 @@ impl<'t> Loop<'t> {
     /// next turn is compared with the tokens whose KV this one left behind (choice 0's; the
     /// others fork from the same prompt), remembered before the completion is sent so that a
     /// client's next turn always finds it. A keyless request that looks for its session is
-    /// remembered as a turn a later prompt may extend. `table` is the turn's full-pool blocks,
-    /// `computed` its positions with KV.
-    fn remember_turn(&mut self, seq: &mut Seq<'t>, table: &[u32], computed: usize, now: Instant) {
+    /// remembered as a turn a later prompt may extend. `tables` are the turn's full-pool and
+    /// window-pool blocks, `computed` its positions with KV.
+    fn remember_turn(
+        &mut self,
+        seq: &mut Seq<'t>,
+        [table, window_table]: [&[u32]; 2],
+        computed: usize,
+        now: Instant,
+    ) {
         let finished = FinishedTurn {
             tokens: &seq.tokens[..computed],
             prompt_len: seq.req.prompt.len().min(computed),
@@ -548,11 +563,29 @@ impl<'t> Loop<'t> {
         let full = (computed / self.blocks.block_size()).min(table.len());
         self.keeping
             .keep(&session, &table[..full], ttl, now, self.blocks.full_mut());
+        // The window blocks still held at the turn's end: the last window, which a resume
+        // from the turn's end reads (the ones the window passed were given back before).
+        if let (Some(wk), Some(pool)) =
+            (self.window_keeping.as_mut(), self.blocks.window_pool_mut())
+        {
+            let end = full.min(window_table.len());
+            let held = window_table[..end]
+                .iter()
+                .position(|&b| b != RELEASED)
+                .unwrap_or(end);
+            wk.keep(&session, &window_table[held..end], ttl, now, pool);
+        }
     }
 
     /// Ends the keepings of sessions whose TTL has passed.
     fn expire_keepings(&mut self) {
-        self.keeping.expire(Instant::now(), self.blocks.full_mut());
+        let now = Instant::now();
+        self.keeping.expire(now, self.blocks.full_mut());
+        if let (Some(wk), Some(pool)) =
+            (self.window_keeping.as_mut(), self.blocks.window_pool_mut())
+        {
+            wk.expire(now, pool);
+        }
     }
 
     /// Ends every request, running and queued, with `why`.
