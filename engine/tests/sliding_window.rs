@@ -286,7 +286,10 @@ async fn a_live_sessions_last_window_outlasts_other_traffic() {
     // Kept: the session's last window is still in the window pool; the turn resumes whole.
     let (kept, reachable) = turn(&two_slots(&m, Duration::from_secs(3600))).await;
     let r = kept.timings.resume.expect("a session's turn");
-    assert_eq!((r.outcome, r.cached_tokens), (ResumeOutcome::Full, reachable));
+    assert_eq!(
+        (r.outcome, r.cached_tokens),
+        (ResumeOutcome::Full, reachable)
+    );
     // Not kept: the full-attention KV is there, the window's is not: `window`.
     let (lost, reachable) = turn(&two_slots(&m, Duration::ZERO)).await;
     let r = lost.timings.resume.expect("a session's turn");
@@ -294,6 +297,32 @@ async fn a_live_sessions_last_window_outlasts_other_traffic() {
         (r.outcome, r.evicted_tokens),
         (ResumeOutcome::Window, Some(reachable - r.cached_tokens))
     );
+    assert_eq!(kept.tokens, lost.tokens, "the same tokens either way");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_that_departs_inside_the_reply_resumes_from_the_prompts_checkpoint() {
+    let m = model();
+    let first = user_turn(0, 30);
+    let other = user_turn(5, 60);
+    let turn = async |e: &EngineHandle| {
+        let a = run(e, &first, 20, Some("s")).await;
+        run(e, &other, 10, None).await;
+        // The client resends the reply changed from its 6th token on.
+        let mut next = first.clone();
+        next.extend(&a.tokens[..5]);
+        next.extend(user_turn(2, 12));
+        run(e, &next, 8, Some("s")).await
+    };
+    // The window before the prompt's end was kept: resumed up to the prompt's last whole block.
+    let kept = turn(&two_slots(&m, Duration::from_secs(3600))).await;
+    let r = kept.timings.resume.expect("a session's turn");
+    assert_eq!(r.diverged_at, Some(first.len() + 5));
+    assert_eq!(r.cached_tokens, first.len() / BLOCK * BLOCK, "{r:?}");
+    // Nothing kept: the window layers' blocks were recycled, nothing is resumed.
+    let lost = turn(&two_slots(&m, Duration::ZERO)).await;
+    let r = lost.timings.resume.expect("a session's turn");
+    assert_eq!((r.outcome, r.cached_tokens), (ResumeOutcome::Window, 0));
     assert_eq!(kept.tokens, lost.tokens, "the same tokens either way");
 }
 

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use super::keep::SessionKeeping;
+use super::keep::{KeepConfig, SessionKeeping};
 use super::resume;
 use super::sequence::{Phase, PrefillProgress, Seq};
 use super::sessions::{FinishedTurn, SessionMemory};
@@ -92,9 +92,9 @@ struct Loop<'t> {
     /// The group's live sessions' KV, kept ahead of other cached prefixes.
     keeping: SessionKeeping,
     /// With a window pool: the live sessions' last window there (the window layers' blocks a
-    /// resume from the turn's end needs), kept the same way within the same share of that
-    /// pool, so other sequences' churn in the small window pool does not cost a session its
-    /// resume (`window`).
+    /// resume from the turn's end needs) and the window before their prompt's end (a
+    /// checkpoint), kept the same way, evicted last, so other sequences' churn in the small
+    /// window pool does not cost a session its resume (`window`).
     window_keeping: Option<SessionKeeping>,
     /// Where the prefix cache's changes go, with the resync epoch this group last restated at.
     kv_events: Option<(KvEventSink, u64)>,
@@ -224,8 +224,20 @@ pub(super) fn run(
         windowed.map_or(0, |w| w.block_bytes),
     );
     let keeping = SessionKeeping::new(cfg.session_kv, backend.num_blocks(), cfg.max_sessions);
-    let window_keeping =
-        windowed.map(|w| SessionKeeping::new(cfg.session_kv, w.blocks, cfg.max_sessions));
+    // Each kept session holds at most two windows there (its prompt's checkpoint and its last
+    // window), evicted last when the pool runs out: bounded by the pool, not a share of it
+    // (the pool is sized for the running sequences' windows only).
+    let window_keeping = windowed.map(|w| {
+        let share = if cfg.session_kv.share > 0.0 { 1.0 } else { 0.0 };
+        SessionKeeping::new(
+            KeepConfig {
+                share,
+                ..cfg.session_kv
+            },
+            w.blocks,
+            cfg.max_sessions,
+        )
+    });
     // Waits for a command, or for the next keeping's expiry, while idle.
     let waiter = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -1112,7 +1124,51 @@ impl<'t> Loop<'t> {
         let computed = s.computed;
         self.blocks
             .register_full(&mut s.blocks, &s.tokens, computed);
+        self.checkpoint_prompt(i);
+        let s = &mut self.active[i];
         self.blocks.slide(&mut s.blocks, computed);
+    }
+
+    /// With a window pool: once sequence `i`'s prompt is computed, keeps the window before the
+    /// prompt's end (its last whole block) as a checkpoint of its session's main conversation,
+    /// for the session's TTL, before the window slides past it during the reply. A next turn
+    /// that departs inside this reply (a client that resends it otherwise) can then resume
+    /// from the prompt's end whatever the window pool's churn.
+    fn checkpoint_prompt(&mut self, i: usize) {
+        let s = &self.active[i];
+        if s.prompt_checkpointed || s.choice != 0 || s.computed < s.req.prompt.len() {
+            return;
+        }
+        let (Some(session), branch) = (s.req.session.clone(), s.req.session_branch) else {
+            return;
+        };
+        self.active[i].prompt_checkpointed = true;
+        let main = self
+            .sessions
+            .lock()
+            .is_ok_and(|m| !m.is_candidate(&session) && m.is_main(&session, branch));
+        if !main {
+            return;
+        }
+        let ttl = self.keeping.ttl_for(self.active[i].req.session_ttl);
+        let (Some(wk), Some(pool)) = (self.window_keeping.as_mut(), self.blocks.window_pool_mut())
+        else {
+            return;
+        };
+        let s = &self.active[i];
+        let table = &s.blocks.window.table;
+        let end = (s.req.prompt.len() / pool.block_size()).min(table.len());
+        let held = table[..end]
+            .iter()
+            .position(|&b| b != RELEASED)
+            .unwrap_or(end);
+        wk.keep(
+            &format!("{session}\u{0}prompt"),
+            &table[held..end],
+            ttl,
+            Instant::now(),
+            pool,
+        );
     }
 
     /// Decides sequence `i`'s next token from logits row `row`: its grammar's mask, then a

@@ -171,6 +171,9 @@ pub struct Seq<'t> {
     /// Whether its completion was sent. A sequence dropped before that (its step loop
     /// panicked or went away) sends one itself, as lost, with its own clocks.
     pub answered: bool,
+    /// Whether the window before its prompt's end was kept as its session's checkpoint (or
+    /// found not to be due).
+    pub prompt_checkpointed: bool,
 }
 
 impl<'t> Seq<'t> {
@@ -222,6 +225,7 @@ impl<'t> Seq<'t> {
             draft: None,
             verify: Vec::new(),
             answered: false,
+            prompt_checkpointed: false,
         }
     }
 
