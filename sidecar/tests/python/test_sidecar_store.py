@@ -119,10 +119,11 @@ def test_turns_survive_kill_9_once_each(tmp_path):
         # The same spans again (an exporter retrying after the restart): still once each.
         for b in range(3):
             post(again, batch_body(b))
-        # A marker batch sent last shows the repeats have been through the writer.
+        # A marker batch sent last shows the repeats have been through the writer: every one
+        # of its turns (the writer may store a batch's turns in more than one transaction).
         post(again, batch_body(BATCHES))
-        again.wait_for(f"/v1/turns?request_id=req-{BATCHES * PER_BATCH}",
-                       lambda v: v["count"] == 1, "the marker turn")
+        for n in range(BATCHES * PER_BATCH, (BATCHES + 1) * PER_BATCH):
+            again.wait_for(f"/v1/turns?request_id=req-{n}", lambda v: v["count"] == 1, "the marker turns")
         final = all_turns(again)
         assert len(set(keys(final))) == len(final)
         ids = [t["request_id"] for t in final]
