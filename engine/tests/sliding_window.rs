@@ -267,15 +267,20 @@ fn two_slots(m: &Model, ttl: Duration) -> EngineHandle {
     EngineHandle::start(vec![Box::new(backend)], Arc::clone(&m.tokenizer), cfg)
 }
 
+/// Session `s`'s turn of prompt `first` (20 tokens generated), then other traffic that, with
+/// nothing kept, recycles the window pool's blocks; the turn's completion.
+async fn turn_then_traffic(e: &EngineHandle, first: &[u32]) -> Completion {
+    let a = run(e, first, 20, Some("s")).await;
+    run(e, &user_turn(5, 60), 10, None).await;
+    a
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_sessions_last_window_outlasts_other_traffic() {
     let m = model();
     let first = user_turn(0, 30);
-    let other = user_turn(5, 60);
     let turn = async |e: &EngineHandle| {
-        let a = run(e, &first, 20, Some("s")).await;
-        // Other traffic in the meantime: with nothing kept, it recycles the window blocks.
-        run(e, &other, 10, None).await;
+        let a = turn_then_traffic(e, &first).await;
         let mut next = first.clone();
         next.extend(&a.tokens);
         next.extend(user_turn(1, 10));
@@ -304,10 +309,8 @@ async fn a_live_sessions_last_window_outlasts_other_traffic() {
 async fn a_turn_that_departs_inside_the_reply_resumes_from_the_prompts_checkpoint() {
     let m = model();
     let first = user_turn(0, 30);
-    let other = user_turn(5, 60);
     let turn = async |e: &EngineHandle| {
-        let a = run(e, &first, 20, Some("s")).await;
-        run(e, &other, 10, None).await;
+        let a = turn_then_traffic(e, &first).await;
         // The client resends the reply changed from its 6th token on.
         let mut next = first.clone();
         next.extend(&a.tokens[..5]);

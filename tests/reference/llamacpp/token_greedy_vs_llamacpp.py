@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Greedy continuations and top log-probabilities of one GGUF file, slotlight against llama-server
-(issue 38: a new family checked against llama.cpp on small random-weight files).
+"""Greedy continuations and top log-probabilities of one GGUF file, slotlight against llama-server,
+from prompts of token ids (issue 38: a new family checked against llama.cpp on small random-weight
+files, whose text is noise; greedy_vs_llamacpp.py beside this compares text prompts on real models).
 
-    python3 scripts/compare-llamacpp-greedy.py MODEL.gguf SLOTLIGHT_ENGINE LLAMA_SERVER
+    python3 tests/reference/llamacpp/token_greedy_vs_llamacpp.py MODEL.gguf SLOTLIGHT_ENGINE LLAMA_SERVER
 
-Both servers run the file on 127.0.0.1 (ports 18411 and 18412) with 2 threads; three prompts of
+Both servers run the file on 127.0.0.1 (free ports) with 2 threads; three prompts of
 token ids are continued greedily for 24 tokens (ignoring end-of-generation), and the script prints,
 per prompt, how many tokens agree and, over the steps where both agree, the worst difference of the
 top-5 log-probabilities above -10. llama-server renders special tokens as empty text and masks
@@ -14,6 +15,7 @@ of the log-probability comparison. The tiny `qwen3moe` file comes from
 `cargo test -p slotlight-engine --test moe -- --ignored write_the_llamacpp_comparison_file`.
 """
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -28,6 +30,12 @@ def post(url, body):
     with urllib.request.urlopen(req, timeout=120) as r:
         return json.load(r)
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def wait(url):
     for _ in range(600):
         try:
@@ -36,17 +44,19 @@ def wait(url):
             time.sleep(0.2)
     raise SystemExit(f"{url} never came up")
 
-ours = subprocess.Popen([engine, "serve", "--model", model, "--host", "127.0.0.1", "--port", "18411", "--threads", "2"],
+op, tp = free_port(), free_port()
+OURS, THEIRS = f"http://127.0.0.1:{op}", f"http://127.0.0.1:{tp}"
+ours = subprocess.Popen([engine, "serve", "--model", model, "--host", "127.0.0.1", "--port", str(op), "--threads", "2"],
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-theirs = subprocess.Popen([server, "-m", model, "--host", "127.0.0.1", "--port", "18412", "-t", "2", "-c", "256", "--no-warmup"],
+theirs = subprocess.Popen([server, "-m", model, "--host", "127.0.0.1", "--port", str(tp), "-t", "2", "-c", "256", "--no-warmup"],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 try:
-    wait("http://127.0.0.1:18411/health"); wait("http://127.0.0.1:18412/health")
+    wait(f"{OURS}/health"); wait(f"{THEIRS}/health")
     same = 0; worst = 0.0
     for p in prompts:
-        a = post("http://127.0.0.1:18411/v1/completions", {"prompt": p, "max_tokens": N, "temperature": 0,
+        a = post(f"{OURS}/v1/completions", {"prompt": p, "max_tokens": N, "temperature": 0,
                   "ignore_eos": True, "logprobs": 5})
-        b = post("http://127.0.0.1:18412/completion", {"prompt": p, "n_predict": N, "temperature": 0, "top_k": 1,
+        b = post(f"{THEIRS}/completion", {"prompt": p, "n_predict": N, "temperature": 0, "top_k": 1,
                   "ignore_eos": True, "n_probs": 5, "post_sampling_probs": False, "cache_prompt": False})
         ta = a["choices"][0]["logprobs"]["tokens"]
         tb = [c["token"] for c in b["completion_probabilities"]]
