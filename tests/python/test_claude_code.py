@@ -55,9 +55,13 @@ def _claude(engine: EngineProcess, home: Path, work: Path, *args: str) -> dict:
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
     )
     # A sampled base model may call Claude Code's tools turn after turn until the context is
-    # full; its agent loop is bounded here (Claude Code's own `--max-turns`).
+    # full; its agent loop is bounded here (Claude Code's own `--max-turns`), and it may not
+    # start sub-agents (the `Agent` tool): each is a conversation of its own, a cold prompt of
+    # 9k to 16k tokens that two cores prefill in about a minute, so a sampled run that starts
+    # several outlasts the test's budget. The session under test is the main conversation.
     r = subprocess.run(
-        [str(agent_cli("claude")), *args, "--max-turns", str(MAX_TURNS), "--output-format", "json"],
+        [str(agent_cli("claude")), *args, "--max-turns", str(MAX_TURNS),
+         "--disallowedTools", "Agent", "--output-format", "json"],
         cwd=work, env=env, capture_output=True, text=True, timeout=TURN_TIMEOUT, stdin=subprocess.DEVNULL,
     )
     context = f"exit {r.returncode}\nstdout: {r.stdout[-2000:]}\nstderr: {r.stderr[-2000:]}"
