@@ -580,12 +580,7 @@ impl<'t> Loop<'t> {
         if let (Some(wk), Some(pool)) =
             (self.window_keeping.as_mut(), self.blocks.window_pool_mut())
         {
-            let end = full.min(window_table.len());
-            let held = window_table[..end]
-                .iter()
-                .position(|&b| b != RELEASED)
-                .unwrap_or(end);
-            wk.keep(&session, &window_table[held..end], ttl, now, pool);
+            wk.keep(&session, held_window(window_table, full), ttl, now, pool);
         }
     }
 
@@ -1156,15 +1151,10 @@ impl<'t> Loop<'t> {
             return;
         };
         let s = &self.active[i];
-        let table = &s.blocks.window.table;
-        let end = (s.req.prompt.len() / pool.block_size()).min(table.len());
-        let held = table[..end]
-            .iter()
-            .position(|&b| b != RELEASED)
-            .unwrap_or(end);
+        let end = s.req.prompt.len() / pool.block_size();
         wk.keep(
             &format!("{session}\u{0}prompt"),
-            &table[held..end],
+            held_window(&s.blocks.window.table, end),
             ttl,
             Instant::now(),
             pool,
@@ -1375,4 +1365,15 @@ impl<'t> Loop<'t> {
         });
         finished
     }
+}
+
+/// The window-pool blocks of `table` (a sequence's window table) before block `end` that the
+/// sequence still holds: those the window passed were given back ([`RELEASED`]).
+fn held_window(table: &[u32], end: usize) -> &[u32] {
+    let end = end.min(table.len());
+    let held = table[..end]
+        .iter()
+        .position(|&b| b != RELEASED)
+        .unwrap_or(end);
+    &table[held..end]
 }

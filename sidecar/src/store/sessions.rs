@@ -121,19 +121,23 @@ pub fn after_write(
     Ok(())
 }
 
+/// Session `id`'s stored record (JSON), if the store holds it.
+fn stored_record(c: &Connection, id: &str) -> Result<Option<String>, rusqlite::Error> {
+    c.query_row(
+        "SELECT record FROM sessions WHERE session_id = ?1",
+        [id],
+        |r| r.get(0),
+    )
+    .optional()
+}
+
 /// Extends session `id`'s stored record with `turns` (just stored) when every one of them
 /// arrived after each turn stored before; whether it did.
 fn extend(tx: &Transaction<'_>, id: &str, turns: Vec<TurnFacts>) -> Result<bool, rusqlite::Error> {
     let Some(first) = turns.iter().map(|t| t.start_time_unix_nano).min() else {
         return Ok(true);
     };
-    let json: Option<String> = tx
-        .query_row(
-            "SELECT record FROM sessions WHERE session_id = ?1",
-            [id],
-            |r| r.get(0),
-        )
-        .optional()?;
+    let json = stored_record(tx, id)?;
     let Some(mut record) = json.and_then(|j| serde_json::from_str::<SessionRecord>(&j).ok()) else {
         return Ok(false);
     };
@@ -283,13 +287,7 @@ pub fn one(
     idle_ns: i64,
     now_ns: i64,
 ) -> Result<Option<(SessionRecord, Vec<serde_json::Value>)>, SessionsError> {
-    let json: Option<String> = c
-        .query_row(
-            "SELECT record FROM sessions WHERE session_id = ?1",
-            [id],
-            |r| r.get(0),
-        )
-        .optional()?;
+    let json = stored_record(c, id)?;
     let Some(json) = json else {
         return Ok(None);
     };
