@@ -11,7 +11,9 @@ accepted and served (no refusal, every request `ok`), each turn ends as Claude C
 cache (Claude Code's own `usage.cache_read_input_tokens`, and the engine's `resume`). A base
 model cut at 64 tokens rarely ends its turn: Claude Code then reports the cut
 (`api_error: max_output_tokens`) after its own retries, which is the protocol working as
-Anthropic's API documents `stop_reason: "max_tokens"`."""
+Anthropic's API documents `stop_reason: "max_tokens"`. Claude Code samples, so the run is
+bounded rather than seeded: at most `MAX_TURNS` agent-loop turns per `claude -p`, and no
+sub-agents (`--disallowedTools Agent`: each would be a cold conversation of its own)."""
 
 from __future__ import annotations
 
