@@ -96,7 +96,8 @@ impl Default for RuntimeConfig {
 }
 
 /// Window-pool blocks for a group of `full_blocks` full-pool blocks that runs `sched`: enough
-/// for every batch slot's window plus one step's prefill chunks, so that the window pool never
+/// for every batch slot's window plus one step's prefill chunks, and the windows kept for live
+/// sessions ([`SessionWindows::room`](crate::scheduler::SessionWindows)), so that the window pool never
 /// runs out before the full pool (never more than the full pool, which bounds it anyway: a
 /// sequence holds a window block only where it holds a full one). `None` for a model without
 /// sliding-window layers.
@@ -118,7 +119,10 @@ pub fn window_pool_blocks(
     // A draft's verification reaches past the decode row by the draft's length.
     let draft = sched.speculation.max_tokens.div_ceil(bs);
     let per_slot = window.saturating_sub(1).div_ceil(bs) + 2 + draft;
-    let bound = sched.batch.max(1) * per_slot + chunk.div_ceil(bs);
+    // A window kept for a session: the blocks before a block boundary that a resume there reads.
+    let kept = window.saturating_sub(1).div_ceil(bs) + 1;
+    let bound =
+        sched.batch.max(1) * per_slot + chunk.div_ceil(bs) + sched.session_windows.room * kept;
     Some(bound.min(full_blocks))
 }
 

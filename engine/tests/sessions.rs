@@ -52,6 +52,7 @@ fn engine(model: &Model, keep: KeepConfig) -> EngineHandle {
             session_memory_bytes: 256 << 20,
             session_kv: keep,
             speculation: SpeculationConfig::default(),
+            session_windows: slotlight_engine::scheduler::SessionWindows::for_batch(2),
         },
     )
 }

@@ -18,7 +18,7 @@ use slotlight_engine::runtime::window_pool_blocks;
 use slotlight_engine::sampling::SamplingParams;
 use slotlight_engine::scheduler::resume::ResumeOutcome;
 use slotlight_engine::scheduler::{
-    Completion, EngineHandle, Event, GenerateRequest, SchedulerConfig,
+    Completion, EngineHandle, Event, GenerateRequest, SchedulerConfig, SessionWindows,
 };
 use slotlight_engine::speculation::SpeculationConfig;
 
@@ -56,6 +56,7 @@ fn sched() -> SchedulerConfig {
             ..SpeculationConfig::off()
         },
         session_kv: Default::default(),
+        session_windows: SessionWindows::off(),
     }
 }
 
@@ -246,12 +247,18 @@ async fn a_reclaimed_window_is_recomputed_and_reported() {
 /// An engine of two slots (its window pool sized for both), its live sessions' KV kept for
 /// `ttl`.
 fn two_slots(m: &Model, ttl: Duration) -> EngineHandle {
+    two_slots_with(m, ttl, SessionWindows::off())
+}
+
+/// [`two_slots`], its sessions' windows kept as `windows` says.
+fn two_slots_with(m: &Model, ttl: Duration, windows: SessionWindows) -> EngineHandle {
     let cfg = SchedulerConfig {
         batch: 2,
         session_kv: slotlight_engine::scheduler::KeepConfig {
             ttl,
             ..Default::default()
         },
+        session_windows: windows,
         ..sched()
     };
     let weights = Arc::new(CpuWeights::new(Arc::clone(&m.weights)));
@@ -327,6 +334,52 @@ async fn a_turn_that_departs_inside_the_reply_resumes_from_the_prompts_checkpoin
     let r = lost.timings.resume.expect("a session's turn");
     assert_eq!((r.outcome, r.cached_tokens), (ResumeOutcome::Window, 0));
     assert_eq!(kept.tokens, lost.tokens, "the same tokens either way");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_that_departs_late_in_a_long_reply_resumes_from_the_checkpoint_before() {
+    let m = model();
+    let first = user_turn(0, 30);
+    let turn = async |e: &EngineHandle| {
+        let a = run(e, &first, 80, Some("s")).await;
+        // Other traffic, long enough to recycle every window block not kept apart.
+        run(e, &user_turn(5, 160), 10, None).await;
+        // The client resends the 80-token reply changed from its 51st token on.
+        let mut next = first.clone();
+        next.extend(&a.tokens[..50]);
+        next.extend(user_turn(2, 12));
+        let got = run(e, &next, 8, Some("s")).await;
+        (next, got)
+    };
+    // Room for four windows kept apart: the session's last window, its prompt's checkpoint
+    // and its latest two checkpoints inside the reply.
+    let windows = |every| SessionWindows {
+        room: 4,
+        checkpoint_every: every,
+        reply_checkpoints: 2,
+    };
+    let hour = Duration::from_secs(3600);
+    // Checkpoints 32 and 64 positions into the reply (its window, 16 positions, before the
+    // last block boundary there): resumed from the one before the departure, the rest of the
+    // reply recomputed.
+    let (next, got) = turn(&two_slots_with(&m, hour, windows(32))).await;
+    let r = got.timings.resume.expect("a session's turn");
+    assert_eq!(r.diverged_at, Some(first.len() + 50));
+    assert_eq!(r.cached_tokens, (first.len() + 32) / BLOCK * BLOCK, "{r:?}");
+    // The full-attention KV held the whole common prefix; the window's was checkpointed short
+    // of it: `window`, with what that cost.
+    let reachable = (first.len() + 50) / BLOCK * BLOCK;
+    assert_eq!(
+        (r.outcome, r.evicted_tokens),
+        (ResumeOutcome::Window, Some(reachable - r.cached_tokens))
+    );
+    // No checkpoints inside replies: resumed from the prompt's checkpoint only.
+    let (_, none) = turn(&two_slots_with(&m, hour, windows(0))).await;
+    let n = none.timings.resume.expect("a session's turn");
+    assert_eq!(n.cached_tokens, first.len() / BLOCK * BLOCK, "{n:?}");
+    assert_eq!(got.tokens, none.tokens, "the same tokens either way");
+    let cold = run(&engine(&m, true), &next, 8, None).await;
+    assert_eq!(got.tokens, cold.tokens, "recomputed exactly");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

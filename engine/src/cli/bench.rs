@@ -523,6 +523,7 @@ fn concurrent_decode(
     let sched = SchedulerConfig {
         batch: c.max(1),
         max_queue: c * 2,
+        session_windows: crate::scheduler::SessionWindows::off(),
         ..SchedulerConfig::default()
     };
     let ctx = args.ctx_size;

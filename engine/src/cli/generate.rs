@@ -97,6 +97,7 @@ pub(super) fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let max_tokens = a.max_tokens.min(ctx - prompt.len());
     let sched = SchedulerConfig {
         speculation: a.speculation.config(),
+        session_windows: crate::scheduler::SessionWindows::off(),
         ..SchedulerConfig::default()
     };
     let engine = super::start_engine(&model, &a.model, ctx, sched)?;

@@ -7,7 +7,7 @@ use clap::Args;
 
 use super::ModelArgs;
 use crate::prompt::PromptBuilder;
-use crate::scheduler::{KeepConfig, SchedulerConfig};
+use crate::scheduler::{KeepConfig, SchedulerConfig, SessionWindows};
 use crate::server::Limits;
 use crate::server::{AppState, ServeConfig};
 use crate::telemetry::{LogFormat, OPS_TARGET, QueueLimits, Telemetry, TelemetryConfig};
@@ -66,6 +66,18 @@ pub struct ServeArgs {
     /// longest-idle session lets go first).
     #[arg(long, default_value_t = 0.5, value_parser = share)]
     pub session_kv_share: f64,
+    /// With sliding-window layers (Gemma 2 and 3, Mistral): windows of their KV the window
+    /// pool keeps for live sessions per group, beyond the running requests' (a session's last
+    /// turn's end, its prompt's end and its latest checkpoints inside long replies), so that
+    /// a next turn resumes whatever the pool's churn. Default: two per batch slot. 0 keeps
+    /// them only in the pool's free room.
+    #[arg(long)]
+    pub session_windows: Option<usize>,
+    /// With sliding-window layers: positions between checkpoints of their window inside a
+    /// reply (a next turn that departs late in a long reply resumes from the checkpoint
+    /// before). 0 takes none inside replies.
+    #[arg(long, default_value_t = 2048)]
+    pub window_checkpoint_every: usize,
     /// KV cache positions per device group (default: 2 × context or 512 per slot, whichever is larger).
     #[arg(long)]
     pub kv_cache_tokens: Option<usize>,
@@ -336,6 +348,13 @@ async fn serve(a: ServeArgs, telemetry: Telemetry) -> anyhow::Result<()> {
                 ttl: Duration::from_secs_f64(a.session_kv_ttl),
                 max_ttl: Duration::from_secs_f64(a.session_kv_ttl_max),
                 share: a.session_kv_share,
+            },
+            session_windows: SessionWindows {
+                room: a
+                    .session_windows
+                    .unwrap_or(SessionWindows::for_batch(a.batch).room),
+                checkpoint_every: a.window_checkpoint_every,
+                ..SessionWindows::for_batch(a.batch)
             },
         };
         let kv_events = start_kv_events(&a, &model.id, &telemetry.instance_id)?;

@@ -125,6 +125,7 @@ pub(super) fn run(
         let sched = SchedulerConfig {
             batch: 1,
             speculation: spec,
+            session_windows: crate::scheduler::SessionWindows::off(),
             ..SchedulerConfig::default()
         };
         super::start_engine(model, args, ctx, sched)

@@ -224,9 +224,10 @@ pub(super) fn run(
         windowed.map_or(0, |w| w.block_bytes),
     );
     let keeping = SessionKeeping::new(cfg.session_kv, backend.num_blocks(), cfg.max_sessions);
-    // Each kept session holds at most two windows there (its prompt's checkpoint and its last
-    // window), evicted last when the pool runs out: bounded by the pool, not a share of it
-    // (the pool is sized for the running sequences' windows only).
+    // Each kept session holds a few windows there (its last window, its prompt's checkpoint
+    // and its latest checkpoints inside its reply), evicted last when the pool runs out:
+    // bounded by the pool, not a share of it (the pool has room for the running sequences'
+    // windows and `session_windows.room` more).
     let window_keeping = windowed.map(|w| {
         let share = if cfg.session_kv.share > 0.0 { 1.0 } else { 0.0 };
         SessionKeeping::new(
@@ -1120,6 +1121,7 @@ impl<'t> Loop<'t> {
         self.blocks
             .register_full(&mut s.blocks, &s.tokens, computed);
         self.checkpoint_prompt(i);
+        self.checkpoint_reply(i);
         let s = &mut self.active[i];
         self.blocks.slide(&mut s.blocks, computed);
     }
@@ -1154,6 +1156,53 @@ impl<'t> Loop<'t> {
         let end = s.req.prompt.len() / pool.block_size();
         wk.keep(
             &format!("{session}\u{0}prompt"),
+            held_window(&s.blocks.window.table, end),
+            ttl,
+            Instant::now(),
+            pool,
+        );
+    }
+
+    /// With a window pool: every [`super::SessionWindows::checkpoint_every`] positions of sequence
+    /// `i`'s reply, keeps the window before the last block boundary as a checkpoint of its
+    /// session's main conversation (the session's latest
+    /// [`super::SessionWindows::reply_checkpoints`] are kept), before the window slides past it. A
+    /// next turn that departs late in a long reply then resumes from the checkpoint before
+    /// the departure rather than from the prompt's end.
+    fn checkpoint_reply(&mut self, i: usize) {
+        let windows = self.cfg.session_windows;
+        let s = &self.active[i];
+        let due = s.req.prompt.len() + windows.checkpoint_every * (s.reply_checkpoints + 1);
+        if windows.checkpoint_every == 0
+            || windows.reply_checkpoints == 0
+            || s.choice != 0
+            || s.computed < due
+            || self.window_keeping.is_none()
+        {
+            return;
+        }
+        let (Some(session), branch) = (s.req.session.clone(), s.req.session_branch) else {
+            return;
+        };
+        let n = s.reply_checkpoints;
+        let passed = (s.computed - s.req.prompt.len()) / windows.checkpoint_every;
+        self.active[i].reply_checkpoints = passed;
+        let main = self
+            .sessions
+            .lock()
+            .is_ok_and(|m| !m.is_candidate(&session) && m.is_main(&session, branch));
+        if !main {
+            return;
+        }
+        let ttl = self.keeping.ttl_for(self.active[i].req.session_ttl);
+        let (Some(wk), Some(pool)) = (self.window_keeping.as_mut(), self.blocks.window_pool_mut())
+        else {
+            return;
+        };
+        let s = &self.active[i];
+        let end = s.computed / pool.block_size();
+        wk.keep(
+            &format!("{session}\u{0}reply{}", n % windows.reply_checkpoints),
             held_window(&s.blocks.window.table, end),
             ttl,
             Instant::now(),

@@ -63,6 +63,44 @@ pub struct SchedulerConfig {
     pub speculation: SpeculationConfig,
     /// How long, and within what share of each group's blocks, live sessions' KV is kept.
     pub session_kv: KeepConfig,
+    /// With sliding-window layers: how their KV is kept for live sessions.
+    pub session_windows: SessionWindows,
+}
+
+/// How a model with sliding-window layers keeps their KV for live sessions: the window pool
+/// holds only the running sequences' windows, so a session's next turn can resume only from a
+/// window kept apart (its last turn's end, its prompt's end, or a checkpoint inside a long
+/// reply).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionWindows {
+    /// Windows the window pool holds beyond the running sequences', per group, for live
+    /// sessions (0: they are kept only in the pool's free room).
+    pub room: usize,
+    /// Positions between checkpoints inside a reply (0: none inside replies).
+    pub checkpoint_every: usize,
+    /// Checkpoints inside replies each session keeps (its latest).
+    pub reply_checkpoints: usize,
+}
+
+impl SessionWindows {
+    /// The defaults for `batch` slots: two windows a slot, a checkpoint every 2,048 positions
+    /// of a reply, the latest two kept.
+    pub fn for_batch(batch: usize) -> Self {
+        Self {
+            room: 2 * batch.max(1),
+            checkpoint_every: 2048,
+            reply_checkpoints: 2,
+        }
+    }
+
+    /// Nothing kept apart and no checkpoints inside replies (a run without sessions).
+    pub fn off() -> Self {
+        Self {
+            room: 0,
+            checkpoint_every: 0,
+            reply_checkpoints: 0,
+        }
+    }
 }
 
 impl Default for SchedulerConfig {
@@ -77,6 +115,7 @@ impl Default for SchedulerConfig {
             session_memory_bytes: 256 << 20,
             speculation: SpeculationConfig::default(),
             session_kv: KeepConfig::default(),
+            session_windows: SessionWindows::for_batch(8),
         }
     }
 }

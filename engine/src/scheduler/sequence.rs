@@ -174,6 +174,8 @@ pub struct Seq<'t> {
     /// Whether the window before its prompt's end was kept as its session's checkpoint (or
     /// found not to be due).
     pub prompt_checkpointed: bool,
+    /// Checkpoints of its window kept inside its reply so far.
+    pub reply_checkpoints: usize,
 }
 
 impl<'t> Seq<'t> {
@@ -226,6 +228,7 @@ impl<'t> Seq<'t> {
             verify: Vec::new(),
             answered: false,
             prompt_checkpointed: false,
+            reply_checkpoints: 0,
         }
     }
 

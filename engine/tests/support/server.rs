@@ -140,6 +140,7 @@ impl TestServer {
             session_memory_bytes: 256 << 20,
             speculation: o.speculation.clone(),
             session_kv: o.session_kv,
+            session_windows: slotlight_engine::scheduler::SessionWindows::for_batch(o.batch),
         };
         let backends =
             runtime::build_backends_for(model, &devices, &rc, Some(&sched)).expect("backends");
