@@ -307,3 +307,96 @@ async fn a_responses_request_without_a_limit_runs_to_the_context_and_its_chain_i
     assert_eq!(v["error"]["param"], "input", "{v}");
     s.stop().await;
 }
+
+/// The status and body bytes of a `GET`.
+async fn raw_get(s: &TestServer, path: &str) -> (u16, Vec<u8>) {
+    let r = s.client.get(s.url(path)).send().await.expect("send");
+    let status = r.status().as_u16();
+    (status, r.bytes().await.expect("body").to_vec())
+}
+
+/// The body bytes of `POST /v1/responses/input_tokens` for `body`.
+async fn count(s: &TestServer, body: Value) -> Vec<u8> {
+    let r = s.post("/v1/responses/input_tokens", body).await;
+    assert_eq!(r.status().as_u16(), 200);
+    r.bytes().await.expect("body").to_vec()
+}
+
+/// The store's copy of `id`, whole.
+async fn stored(
+    s: &TestServer,
+    id: &str,
+) -> Option<slotlight_engine::server::responses::store::StoredResponse> {
+    s.state
+        .responses
+        .downcast_ref::<ResponseStore>()
+        .expect("the Responses store")
+        .get(id)
+        .await
+        .expect("store")
+}
+
+/// A stored chain is kept as links to its parents: deleting the responses before one keeps
+/// its `GET`, its `input_items`, its stored prompt and history and the prompt of its
+/// continuation byte for byte what they were, while the deleted ones are 404s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_chains_earlier_responses_keeps_the_later_ones_exact() {
+    let Some(path) = support::default_model() else {
+        return;
+    };
+    let m = Model::load(&path).expect("model");
+    let s = server(&m).await;
+    let turn = |input: &str, previous: Option<&str>| {
+        let mut body = json!({"input": input, "instructions": "Be brief.", "temperature": 0,
+                              "max_output_tokens": 6});
+        if let Some(p) = previous {
+            body["previous_response_id"] = json!(p);
+        }
+        body
+    };
+    let r1 = create(&s, turn("Say hi.", None)).await;
+    let id1 = r1["id"].as_str().expect("id").to_string();
+    let r2 = create(&s, turn("Again.", Some(&id1))).await;
+    let id2 = r2["id"].as_str().expect("id").to_string();
+    let r3 = create(&s, turn("Once more.", Some(&id2))).await;
+    let id3 = r3["id"].as_str().expect("id").to_string();
+    let object = raw_get(&s, &format!("/v1/responses/{id3}")).await;
+    let items = raw_get(&s, &format!("/v1/responses/{id3}/input_items")).await;
+    let tokens = count(&s, turn("And again.", Some(&id3))).await;
+    let whole = stored(&s, &id3).await.expect("stored");
+    assert_eq!(object.0, 200);
+    assert_eq!(
+        whole.history.len(),
+        4,
+        "two earlier turns, each input and output"
+    );
+    for id in [&id2, &id1] {
+        let r = s
+            .client
+            .delete(s.url(&format!("/v1/responses/{id}")))
+            .send()
+            .await
+            .expect("delete");
+        assert_eq!(r.status().as_u16(), 200);
+        assert_eq!(raw_get(&s, &format!("/v1/responses/{id}")).await.0, 404);
+    }
+    assert_eq!(raw_get(&s, &format!("/v1/responses/{id3}")).await, object);
+    assert_eq!(
+        raw_get(&s, &format!("/v1/responses/{id3}/input_items")).await,
+        items
+    );
+    assert_eq!(count(&s, turn("And again.", Some(&id3))).await, tokens);
+    assert_eq!(stored(&s, &id3).await.as_ref(), Some(&whole));
+    let gone = s.post("/v1/responses", turn("Again.", Some(&id2))).await;
+    assert_eq!(gone.status().as_u16(), 404);
+    // The chain goes on from the engine's own tokens.
+    let r4 = create(&s, turn("And again.", Some(&id3))).await;
+    let fourth = stored(&s, r4["id"].as_str().expect("id"))
+        .await
+        .expect("stored");
+    let mut before = whole.prompt_tokens.clone();
+    before.extend_from_slice(&whole.reply_tokens);
+    assert!(fourth.prompt_tokens.starts_with(&before));
+    assert_eq!(fourth.history, whole.conversation_items());
+    s.stop().await;
+}

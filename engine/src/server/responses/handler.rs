@@ -198,6 +198,7 @@ async fn generate(st: &SharedState, arrived: &Arrived, body: Body) -> Result<Res
             instructions: req.instructions.clone(),
             tools: Value::Array(req.tools_wire.clone()),
             format,
+            previous: prev.as_ref().map(|p| p.id.clone()),
             history,
             input: with_ids(&req.input),
             output: Vec::new(),

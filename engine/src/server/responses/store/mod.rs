@@ -10,7 +10,31 @@
 //! written whole in one transaction (SQLite) or one atomic server-side script (Redis): a
 //! reader never sees half of one. A finished response the store cannot save is returned all
 //! the same, marked as not stored ([`Saved`]).
+//!
+//! **A chain is kept as links.** A continuation is stored as its own part only (its input and
+//! output items, its reply's ids, and of its history and prompt only what it does not share
+//! with its parent) with a link to its parent ([`chain`]): a chain of n turns stores O(n)
+//! bytes, and the bytes bound counts each response's own part. Reading a response walks the
+//! links up and rebuilds its whole history and prompt ids (the same [`StoredResponse`] as the
+//! full copy it replaces), at most [`chain::MAX_CHAIN`] responses; a longer chain, a cycle or a
+//! missing link is an error ([`StoreError::Chain`]), never a hang or a panic.
+//!
+//! **Removing a response keeps its chain alive.** When a response is removed, evicted by
+//! count, bytes or age or deleted by `DELETE`, its part is folded into each stored child in
+//! the same transaction (SQLite) or script (Redis): the child then links to the removed one's
+//! parent, or is self-contained, and reads back exactly as before. So a deleted response is
+//! gone for `GET`, `input_items`, `DELETE` and `previous_response_id` (a 404), but its
+//! children's `GET`, `input_items` and continuations are unchanged; what a child still needs
+//! of it (the items of its history, the ids of its prompt) now lives in the child. A child
+//! that was damaged already (it asks its parent for more than the parent holds) keeps its
+//! link to the removed parent, and reading it is an error.
+//!
+//! **Older stores read on.** A record written before chains were kept as links holds its
+//! whole history and prompt: it is read as a self-contained part (an SQLite file is migrated
+//! to schema 2 when opened, a column added; a Redis response of the earlier form is a string
+//! key, read as before, and its continuations are stored self-contained).
 
+mod chain;
 mod redis;
 mod saving;
 mod sqlite;
@@ -49,6 +73,10 @@ pub struct StoredResponse {
     pub tools: Value,
     /// Its `text.format` and reasoning switch as the engine took them (likewise).
     pub format: Value,
+    /// The stored response it continued (`previous_response_id`, or its conversation's
+    /// latest), whose conversation its history continues: the store keeps it as a link.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<String>,
     /// Every item of its chain before its own input: the earlier turns' inputs and outputs.
     pub history: Vec<Value>,
     /// Its own input items, as the client sent them (normalised to item objects).
@@ -114,6 +142,10 @@ pub enum StoreError {
     /// The SQLite file is damaged (its quick check's first finding).
     #[error("response store (SQLite): the file is damaged: {0}")]
     Damaged(String),
+    /// A stored chain cannot be read back: a link to a response that is not stored, a
+    /// cycle, a chain longer than [`chain::MAX_CHAIN`], or counts its parents cannot give.
+    #[error("response store: {0}")]
+    Chain(String),
     /// A blocking store task was lost.
     #[error("response store: {0}")]
     Task(String),
@@ -279,7 +311,8 @@ impl ResponseStore {
         }
     }
 
-    /// Stores `r` whole (replacing one of the same id), then drops what is over the bounds.
+    /// Stores `r` (replacing one of the same id) as its own part linked to `r.previous` when
+    /// that is stored, then drops what is over the bounds.
     pub async fn put(&self, r: &StoredResponse) -> Result<(), StoreError> {
         match &self.backend {
             Backend::Sqlite(s) => s.put(r).await,
@@ -297,7 +330,8 @@ impl ResponseStore {
         }
     }
 
-    /// Deletes the response `id`; whether there was one.
+    /// Deletes the response `id`, its part folded into its stored children; whether there was
+    /// one.
     pub async fn delete(&self, id: &str) -> Result<bool, StoreError> {
         match &self.backend {
             Backend::Sqlite(s) => s.delete(id).await,
@@ -311,6 +345,18 @@ impl ResponseStore {
         match &self.backend {
             Backend::Sqlite(s) => s.latest_in(conversation).await,
             Backend::Redis(s) => s.latest_in(conversation).await,
+            Backend::Unavailable(reason) => Err(StoreError::Unavailable(reason.clone())),
+        }
+    }
+}
+
+#[cfg(test)]
+impl ResponseStore {
+    /// The bytes the response `id`'s own part takes in the store (0 when it is not stored).
+    pub(crate) async fn stored_bytes(&self, id: &str) -> Result<u64, StoreError> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.stored_bytes(id).await,
+            Backend::Redis(s) => s.stored_bytes(id).await,
             Backend::Unavailable(reason) => Err(StoreError::Unavailable(reason.clone())),
         }
     }
@@ -340,6 +386,7 @@ pub(crate) mod tests {
             instructions: Some("be brief".into()),
             tools: json!([]),
             format: json!({"type": "text"}),
+            previous: None,
             history: vec![],
             input: vec![json!({"type": "message", "role": "user", "content": "x".repeat(pad)})],
             output: vec![json!({"type": "message", "role": "assistant", "content": []})],
