@@ -72,35 +72,34 @@ impl PromptBuilder {
     }
 
     /// Renders and encodes a conversation as [`PromptBuilder::chat_with`] does, except that
-    /// each assistant message with ids in `generated` (its reply as the engine generated it)
-    /// is those ids, whatever its text would tokenize to: the template renders the
-    /// conversation with a sentinel in each such message's place (its text, tool calls and
-    /// reasoning all in the ids), the text between sentinels is encoded piece by piece, and a
-    /// reply that ended with its end-of-turn token is not followed by the template's writing
-    /// of it again. Returns the text with each reply's decoded ids in its place, the ids, and
-    /// how many replies were used; a template that does not write each sentinel once, in
-    /// order, is rendered as sent instead (0 used).
+    /// each assistant message with [`ChatMessage::generated`] ids (its reply as the engine
+    /// generated it) is those ids, whatever its text would tokenize to: the template renders
+    /// the conversation with a sentinel in each such message's place (its text, tool calls
+    /// and reasoning all in the ids), the text between sentinels is encoded piece by piece,
+    /// and a reply that ended with its end-of-turn token is not followed by the template's
+    /// writing of it again. Returns the text with each reply's decoded ids in its place, the
+    /// ids, and how many replies were used; a template that does not write each sentinel
+    /// once, in order, is rendered as sent instead (0 used).
     pub fn chat_generated(
         &self,
         messages: &[ChatMessage],
-        generated: &[Option<Arc<[u32]>>],
         tools: Option<&serde_json::Value>,
         kwargs: &serde_json::Map<String, serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<(String, Vec<u32>, usize), PromptError> {
-        let used = generated.iter().flatten().count();
-        if used == 0 || generated.len() != messages.len() {
+        let used = messages.iter().filter(|m| m.generated.is_some()).count();
+        if used == 0 {
             let (text, ids) = self.chat_with(messages, tools, kwargs, add_generation_prompt)?;
             return Ok((text, ids, 0));
         }
         let mut stand_in = messages.to_vec();
         let mut replies = Vec::with_capacity(used);
-        for (m, g) in stand_in.iter_mut().zip(generated) {
-            if let Some(ids) = g {
+        for m in &mut stand_in {
+            if let Some(ids) = m.generated.take() {
                 m.content = sentinel(replies.len());
                 m.tool_calls = None;
                 m.reasoning_content = None;
-                replies.push(Arc::clone(ids));
+                replies.push(ids);
             }
         }
         let rendered = self.render(&stand_in, tools, kwargs, add_generation_prompt)?;

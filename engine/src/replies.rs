@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use crate::chat_template::{ChatMessage, Role};
 
-/// A reply as a client sends it back: its text and its tool calls (name, arguments).
+/// A reply as a client sends it back: its text and its tool calls (id, name, arguments).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReplyKey {
     /// The reply's text, outer whitespace trimmed.
@@ -27,6 +27,10 @@ pub struct ReplyKey {
     /// Its tool calls in order: the function's name and its arguments as a JSON value (an
     /// object, or the text as sent when it is not JSON).
     pub calls: Vec<(String, Value)>,
+    /// Its tool calls' ids in order (`call_…`, `toolu_…`: the engine's own, unique to the
+    /// reply), so that replies of the same text and calls (an agent calling one tool again
+    /// and again) are told apart.
+    pub call_ids: Vec<String>,
 }
 
 impl ReplyKey {
@@ -38,16 +42,26 @@ impl ReplyKey {
                 .into_iter()
                 .map(|(name, args)| (name, normalize(args)))
                 .collect(),
+            call_ids: Vec::new(),
         }
     }
 
-    /// A hash of the text and the calls' names (the arguments are compared on a match).
+    /// The same key, its tool calls having the ids `ids`.
+    #[must_use]
+    pub fn with_call_ids(mut self, ids: Vec<String>) -> Self {
+        self.call_ids = ids;
+        self
+    }
+
+    /// A hash of the text, the calls' names and their ids (the arguments are compared on a
+    /// match).
     fn digest(&self) -> u64 {
         let mut h = DefaultHasher::new();
         self.text.hash(&mut h);
         for (name, _) in &self.calls {
             name.hash(&mut h);
         }
+        self.call_ids.hash(&mut h);
         h.finish()
     }
 
@@ -58,6 +72,7 @@ impl ReplyKey {
                 .iter()
                 .map(|(n, a)| n.len() + a.to_string().len())
                 .sum::<usize>()
+            + self.call_ids.iter().map(String::len).sum::<usize>()
     }
 }
 
@@ -67,10 +82,9 @@ impl ReplyKey {
         if m.role != Role::Assistant {
             return None;
         }
-        let calls = m
-            .tool_calls
-            .iter()
-            .flatten()
+        let sent = m.tool_calls.iter().flatten();
+        let calls = sent
+            .clone()
             .map(|c| {
                 let f = &c["function"];
                 (
@@ -79,7 +93,10 @@ impl ReplyKey {
                 )
             })
             .collect();
-        Some(Self::new(&m.content, calls))
+        let ids = sent
+            .map(|c| c["id"].as_str().unwrap_or_default().to_string())
+            .collect();
+        Some(Self::new(&m.content, calls).with_call_ids(ids))
     }
 }
 
@@ -265,6 +282,28 @@ mod tests {
         assert!(m.recall(&other_args).is_none());
         assert!(m.recall(&ReplyKey::new("Let me see.", vec![])).is_none());
         assert!(m.recall(&ReplyKey::new("Let me look.", vec![])).is_none());
+    }
+
+    #[test]
+    fn replies_of_the_same_call_are_told_apart_by_their_call_ids() {
+        // An agent calling one tool with the same arguments turn after turn: the same text and
+        // calls, generated as other ids each time.
+        let m = ReplyMemory::default();
+        let call = || vec![("list_agents".to_string(), json!({}))];
+        let key = |id: &str| ReplyKey::new("", call()).with_call_ids(vec![id.into()]);
+        m.remember(key("toolu_1"), &[5, 6, 7, 2]);
+        m.remember(key("toolu_2"), &[5, 8, 7, 2]);
+        assert_eq!(
+            m.recall(&key("toolu_1")).as_deref(),
+            Some(&[5u32, 6, 7, 2][..])
+        );
+        assert_eq!(
+            m.recall(&key("toolu_2")).as_deref(),
+            Some(&[5u32, 8, 7, 2][..])
+        );
+        // A call id the engine never gave is not its reply.
+        assert!(m.recall(&key("toolu_3")).is_none());
+        assert!(m.recall(&ReplyKey::new("", call())).is_none());
     }
 
     #[test]

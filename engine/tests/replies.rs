@@ -161,3 +161,47 @@ async fn a_resent_tool_use_block_is_the_engines_own_tokens_on_messages() {
     assert_eq!(t2["usage"]["resume"], "full", "{}", t2["usage"]);
     s.stop().await;
 }
+
+/// Claude Code's shape: no system prompt before the first message (the generic tool prompt
+/// is then a message of its own, inserted before the conversation) and one tool called turn
+/// after turn with the same arguments (replies of the same text and calls, told apart by
+/// their `toolu_…` ids). Each later turn resends every earlier reply and resumes `full`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_calling_one_tool_again_and_again_resumes_full_each_turn() {
+    let Some(path) = support::default_model() else {
+        return;
+    };
+    let m = Model::load(&path).expect("model");
+    let s = server(&m).await;
+    let tools = json!([{"name": "list_files", "description": "Lists the files.",
+        "input_schema": {"type": "object", "properties": {}}}]);
+    let mut messages = vec![json!({"role": "user", "content": "Which files are there?"})];
+    let mut ids = Vec::new();
+    for turn in 0..3 {
+        let r = post(
+            &s,
+            "/v1/messages",
+            "s-agent",
+            json!({"messages": messages, "tools": tools, "tool_choice": {"type": "any"},
+                   "temperature": 0, "max_tokens": 40}),
+        )
+        .await;
+        if turn > 0 {
+            assert_eq!(r["usage"]["resume"], "full", "turn {turn}: {}", r["usage"]);
+        }
+        let content = r["content"].clone();
+        let call = content
+            .as_array()
+            .and_then(|c| c.iter().find(|b| b["type"] == "tool_use"))
+            .expect("a tool_use block")
+            .clone();
+        ids.push(call["id"].clone());
+        messages.push(json!({"role": "assistant", "content": content}));
+        messages.push(json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": call["id"], "content": "README.md"}]}));
+    }
+    // Three calls, three ids, whatever their arguments.
+    ids.dedup();
+    assert_eq!(ids.len(), 3);
+    s.stop().await;
+}

@@ -8,7 +8,9 @@ to `--max-tokens-limit 64` (said on the span) so a base model's reply stays boun
 Judged by the protocol, not by the base model's answers: every request Claude Code sends is
 accepted and served (no refusal, every request `ok`), each turn ends as Claude Code's own
 `success` with its JSON result, and the second turn reads the first turn's tokens back from the
-cache (Claude Code's own `usage.cache_read_input_tokens`, and the engine's `resume`). A base
+cache (Claude Code's own `usage.cache_read_input_tokens`, and the engine's `resume`: every
+request after the first that extends the conversation, its tool turns included, is `full`,
+the replies it resends being prompted as the engine's own tokens). A base
 model cut at 64 tokens rarely ends its turn: Claude Code then reports the cut
 (`api_error: max_output_tokens`) after its own retries, which is the protocol working as
 Anthropic's API documents `stop_reason: "max_tokens"`. Claude Code samples, so the run is
@@ -118,5 +120,13 @@ def test_two_turns_of_claude_code(gemma_engine, tmp_path):
     # and more, read back rather than computed.
     opening = served_first[0]
     resumed = served[len(served_first)]
-    assert resumed["resume"] in ("full", "diverged"), resumed
     assert int(resumed["cached_tokens"]) >= int(opening["prompt_tokens"]), (opening, resumed)
+    # Every later request of the main conversation (its tool turns, and the resumed
+    # session's first) resends the replies the engine generated, `tool_use` blocks included:
+    # they are prompted as the generated ids, so each resumes `full` (issue 39, item 1).
+    main = [r for r in served[1:] if r.get("side_call") != "true"]
+    assert main, served
+    assert all(r["resume"] == "full" for r in main), [
+        {k: r.get(k) for k in ("request_id", "resume", "prompt_tokens", "cached_tokens", "diverged_at")}
+        for r in served
+    ]

@@ -1,7 +1,8 @@
 """Codex CLI, as installed from npm, against the engine's Responses API: `codex exec --json`,
 then `codex exec resume --last`, on Gemma 3 270M with a 32k context (Codex's prompt does not
 fit the default model's). Each turn succeeds, and the second shows the first as cached input in
-Codex's own usage.
+Codex's own usage; an answer longer than chat completions' default limit (256 tokens)
+completes, as Codex sends no `max_output_tokens`.
 
 Gemma 3 270M is a base model whose template has no tool support, and a model never trained
 on tools, offered Codex's, calls them until its token limit. The engine runs with
@@ -43,7 +44,7 @@ def engine():
     gemma = require_gemma()
     e = EngineProcess(
         "--batch", "2", "--served-model-name", MODEL_NAME, "--generic-tools", "off",
-        "--max-tokens-limit", "64", "--default-max-tokens", "64",
+        "--max-tokens-limit", "1024", "--default-max-tokens", "64",
         ctx_size=32768, model=gemma, api_key=API_KEY,
     )
     yield e
@@ -66,11 +67,13 @@ def codex(home: Path, work: Path, *args: str) -> list[dict]:
     return events
 
 
-def test_codex_runs_two_turns_and_the_second_reuses_the_first(engine, tmp_path):
+def setup_codex(engine: EngineProcess, tmp_path: Path, schema: dict) -> tuple[Path, Path]:
+    """Codex's home (its config: the README's block, and the answer's schema) and a work
+    folder."""
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
-    (home / "schema.json").write_text(json.dumps(SCHEMA))
+    (home / "schema.json").write_text(json.dumps(schema))
     # The README's block: a provider of its own, on the Responses API.
     (home / "config.toml").write_text(
         f'model = "{MODEL_NAME}"\n'
@@ -81,6 +84,11 @@ def test_codex_runs_two_turns_and_the_second_reuses_the_first(engine, tmp_path):
         'wire_api = "responses"\n'
         'env_key = "SLOTLIGHT_API_KEY"\n'
     )
+    return home, work
+
+
+def test_codex_runs_two_turns_and_the_second_reuses_the_first(engine, tmp_path):
+    home, work = setup_codex(engine, tmp_path, SCHEMA)
     first = codex(home, work, "Say hello.")
     done = [e for e in first if e["type"] == "turn.completed"]
     assert done, first
@@ -99,3 +107,26 @@ def test_codex_runs_two_turns_and_the_second_reuses_the_first(engine, tmp_path):
     # turn whole (`store: false`), and the engine served it from the KV cache.
     assert u2["cached_input_tokens"] >= u1["input_tokens"] - 32, (u1, u2)
     assert u2["input_tokens"] > u1["input_tokens"]
+
+
+def test_codex_long_answers_complete(engine, tmp_path):
+    # Codex sends no `max_output_tokens`: its answer may run to the end of the context
+    # (bounded by the engine's `--max-tokens-limit`), not to chat completions' default of
+    # 256 tokens, at which Codex would end the turn as incomplete. The schema holds the answer
+    # to one text of about 400 tokens.
+    long = " ".join(f"step {n} done." for n in range(100))
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "string", "enum": [long]}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+    home, work = setup_codex(engine, tmp_path, schema)
+    events = codex(home, work, "Count the steps.")
+    assert not [e for e in events if e["type"] in ("turn.failed", "error")], events
+    done = [e for e in events if e["type"] == "turn.completed"]
+    assert done, events
+    messages = [e["item"] for e in events
+                if e["type"] == "item.completed" and e["item"]["type"] == "agent_message"]
+    assert messages and json.loads(messages[-1]["text"]) == {"answer": long}
+    assert done[-1]["usage"]["output_tokens"] > 256, done[-1]["usage"]

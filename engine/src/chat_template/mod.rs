@@ -153,6 +153,12 @@ pub struct ChatMessage {
     /// such as Qwen 3's read `message.reasoning_content`). Absent when there is none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// An assistant message that is a reply the engine generated, sent back as it was: the
+    /// reply's ids as generated (its text, tool calls and reasoning all in them), which the
+    /// prompt takes in its place ([`crate::prompt::PromptBuilder::chat_generated`]). Never
+    /// from a client, never rendered.
+    #[serde(skip)]
+    pub generated: Option<std::sync::Arc<[u32]>>,
 }
 
 impl ChatMessage {
@@ -165,6 +171,7 @@ impl ChatMessage {
             tool_calls: None,
             tool_call_id: None,
             reasoning_content: None,
+            generated: None,
         }
     }
 }

@@ -180,8 +180,9 @@ pub struct ResponsesArgs {
     /// Most stored responses; the oldest go first.
     #[arg(long, default_value_t = 10_000)]
     pub responses_max: usize,
-    /// Most bytes of stored responses (their JSON, prompt and reply token ids included); the
-    /// oldest go first.
+    /// Most bytes of stored responses, each counted by its own stored part (its items, the
+    /// JSON returned and its token ids beyond its parent's: a chain is kept as links to its
+    /// parents); the oldest go first.
     #[arg(long, default_value_t = 1 << 30)]
     pub responses_max_bytes: u64,
     /// How long a stored response is kept, in hours (OpenAI keeps them 30 days).

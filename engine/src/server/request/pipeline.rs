@@ -398,7 +398,11 @@ async fn run(
                                     )
                                 })
                                 .collect();
-                            replies.remember(ReplyKey::new(&whole, sent_calls), &c.tokens);
+                            let ids = calls.iter().map(|c| c.id.clone()).collect();
+                            replies.remember(
+                                ReplyKey::new(&whole, sent_calls).with_call_ids(ids),
+                                &c.tokens,
+                            );
                         }
                         let _ = tx.send(Out::ChoiceDone(Box::new(ChoiceEnd {
                             choice: i,

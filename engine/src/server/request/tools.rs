@@ -328,7 +328,9 @@ pub fn polyfill_history(messages: Vec<ChatMessage>) -> Vec<ChatMessage> {
             if !m.content.is_empty() {
                 content = format!("{}\n{content}", m.content);
             }
-            out.push(ChatMessage::new(Role::Assistant, content));
+            let mut written = ChatMessage::new(Role::Assistant, content);
+            written.generated.clone_from(&m.generated);
+            out.push(written);
             results_open = false;
             continue;
         }

@@ -556,30 +556,25 @@ pub fn chat_prompt(
     };
     let messages = messages(req, limits)?;
     // Replies the engine generated, sent back: their generated ids go in their place (never
-    // the last message, which a generation may continue).
+    // the last message, which a generation may continue). They travel with their messages
+    // through the tool formats' rewriting of the history.
     let replies = st.prompts.replies();
     let last = messages.len().saturating_sub(1);
-    let generated: Vec<Option<Arc<[u32]>>> = messages
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            (i < last)
-                .then(|| ReplyKey::of_message(m))
-                .flatten()
-                .and_then(|k| replies.recall(&k))
-        })
-        .collect();
+    let mut messages = messages;
+    for m in &mut messages[..last] {
+        m.generated = ReplyKey::of_message(m).and_then(|k| replies.recall(&k));
+    }
+    let recalled = messages.iter().filter(|m| m.generated.is_some()).count();
     let messages = match &tools {
         Some(t) => t.prepare(messages),
         None if format == ToolFormat::Generic => tools::polyfill_history(messages),
         None => messages,
     };
     let template_tools = tools.as_ref().and_then(ToolSetup::template_tools);
-    let (text, prompt, _) = st
+    let (text, prompt, used) = st
         .prompts
         .chat_generated(
             &messages,
-            &generated,
             template_tools.as_ref(),
             &req.chat_template_kwargs,
             add_generation_prompt,
@@ -589,6 +584,12 @@ pub fn chat_prompt(
             a.code = Some("invalid_messages");
             a
         })?;
+    tracing::debug!(
+        recalled,
+        used,
+        messages = messages.len(),
+        "Prompt.GeneratedReplies"
+    );
     Ok((text, prompt, tools))
 }
 
