@@ -362,7 +362,14 @@ async fn a_turn_that_departs_late_in_a_long_reply_resumes_from_the_checkpoint_be
     // Checkpoints 32 and 64 positions into the reply (its window, 16 positions, before the
     // last block boundary there): resumed from the one before the departure, the rest of the
     // reply recomputed.
-    let (next, got) = turn(&two_slots_with(&m, hour, windows(32))).await;
+    let kept = two_slots_with(&m, hour, windows(32));
+    let (next, got) = turn(&kept).await;
+    // The kept windows are counted (within the pool).
+    let g = kept.group_metrics()[0].snapshot();
+    assert!(
+        g.session_kv_window_blocks > 0 && g.session_kv_window_blocks <= g.kv_window_blocks,
+        "{g:?}"
+    );
     let r = got.timings.resume.expect("a session's turn");
     assert_eq!(r.diverged_at, Some(first.len() + 50));
     assert_eq!(r.cached_tokens, (first.len() + 32) / BLOCK * BLOCK, "{r:?}");

@@ -125,6 +125,8 @@ pub mod engine {
         KV_EVICTED_BLOCKS = "slotlight_engine_kv_evicted_blocks_total", "counter", "{block}";
         /// Gauge (engine), per `slot_group`: KV blocks kept for live sessions (`--session-kv-ttl`): their last turn's blocks, evicted only after every other cached prefix, at most `--session-kv-share` of the group's blocks.
         SESSION_KV_BLOCKS = "slotlight_engine_session_kv_blocks", "gauge", "{block}";
+        /// Gauge (engine), per `slot_group`: window-pool blocks kept for live sessions, on a model with sliding-window layers (their last window, their prompt's checkpoint and their latest checkpoints inside long replies, within the pool's `--session-windows` room), evicted only after every other window block; 0 without a window pool.
+        SESSION_KV_WINDOW_BLOCKS = "slotlight_engine_session_kv_window_blocks", "gauge", "{block}";
         /// Counter (engine), per `slot_group`: sessions whose KV stopped being kept because their TTL passed without a next turn.
         SESSION_KV_EXPIRIES = "slotlight_engine_session_kv_expiries_total", "counter", "{session}";
         /// Counter (engine), per `slot_group` and `reason`: blocks of live sessions that lost their keeping before the TTL: `pressure` (reclaimed for a request when nothing else was evictable) or `share` (let go to keep the sessions' blocks within `--session-kv-share`, the longest-idle session first).

@@ -428,12 +428,13 @@ mod tests {
         g.count_draft(3, 2);
         g.count_draft(2, 0);
         // A full pool of 64 blocks of 256 bytes (3 held) and a window pool of 16 blocks of
-        // 1 KiB (4 held).
+        // 1 KiB (4 held, 5 kept for sessions).
         let kv = crate::metrics::group::KvUsage {
             blocks: 64,
             blocks_used: 3,
             window_blocks: 16,
             window_blocks_used: 4,
+            window_blocks_kept: 5,
             total_bytes: 64 * 256 + 16 * 1024,
             used_bytes: 3 * 256 + 4 * 1024,
         };
@@ -553,6 +554,7 @@ mod tests {
             "slotlight_engine_kv_blocks_used{slot_group=\"0\"} 3\n",
             "slotlight_engine_kv_window_blocks{slot_group=\"0\"} 16\n",
             "slotlight_engine_kv_window_blocks_used{slot_group=\"0\"} 4\n",
+            "slotlight_engine_session_kv_window_blocks{slot_group=\"0\"} 5\n",
             "slotlight_engine_kv_bytes{slot_group=\"0\"} 32768\n",
             "slotlight_engine_kv_bytes_used{slot_group=\"0\"} 4864\n",
         ] {

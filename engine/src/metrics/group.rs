@@ -53,6 +53,7 @@ pub struct GroupMetrics {
     kv_blocks_used: AtomicU64,
     kv_window_blocks: AtomicU64,
     kv_window_blocks_used: AtomicU64,
+    session_kv_window_blocks: AtomicU64,
     kv_bytes: AtomicU64,
     kv_bytes_used: AtomicU64,
     kv_evicted: AtomicU64,
@@ -83,7 +84,7 @@ pub struct GroupMetrics {
 pub type GroupValue = fn(&GroupSnapshot) -> u64;
 
 /// The per-group gauges both exporters (`/metrics` and OTLP) publish as they are.
-pub const GROUP_GAUGES: [(&str, GroupValue); 9] = [
+pub const GROUP_GAUGES: [(&str, GroupValue); 10] = [
     (engine::REQUESTS_WAITING, |g| g.waiting),
     (engine::BATCH_SLOTS, |g| g.batch_slots as u64),
     (engine::KV_BLOCKS, |g| g.kv_blocks),
@@ -93,6 +94,9 @@ pub const GROUP_GAUGES: [(&str, GroupValue); 9] = [
     (engine::KV_BYTES, |g| g.kv_bytes),
     (engine::KV_BYTES_USED, |g| g.kv_bytes_used),
     (engine::SESSION_KV_BLOCKS, |g| g.session_kv.blocks as u64),
+    (engine::SESSION_KV_WINDOW_BLOCKS, |g| {
+        g.session_kv_window_blocks
+    }),
 ];
 
 /// What a group's KV pools hold, as the step loop publishes it.
@@ -106,6 +110,8 @@ pub struct KvUsage {
     pub window_blocks: usize,
     /// Of those, held by running requests.
     pub window_blocks_used: usize,
+    /// Of those, kept for live sessions (their windows and checkpoints; evictable, last).
+    pub window_blocks_kept: usize,
     /// Bytes of both pools.
     pub total_bytes: usize,
     /// Bytes of the blocks held by running requests.
@@ -175,6 +181,8 @@ pub struct GroupSnapshot {
     pub kv_window_blocks: u64,
     /// Window-pool blocks held by running requests.
     pub kv_window_blocks_used: u64,
+    /// Window-pool blocks kept for live sessions.
+    pub session_kv_window_blocks: u64,
     /// Bytes of KV storage, both pools.
     pub kv_bytes: u64,
     /// Bytes of the KV blocks held by running requests, both pools.
@@ -249,6 +257,7 @@ impl GroupMetrics {
             kv_blocks_used: AtomicU64::new(0),
             kv_window_blocks: AtomicU64::new(0),
             kv_window_blocks_used: AtomicU64::new(0),
+            session_kv_window_blocks: AtomicU64::new(0),
             kv_bytes: AtomicU64::new(0),
             kv_bytes_used: AtomicU64::new(0),
             kv_evicted: AtomicU64::new(0),
@@ -310,6 +319,7 @@ impl GroupMetrics {
         set(&self.kv_blocks_used, kv.blocks_used);
         set(&self.kv_window_blocks, kv.window_blocks);
         set(&self.kv_window_blocks_used, kv.window_blocks_used);
+        set(&self.session_kv_window_blocks, kv.window_blocks_kept);
         set(&self.kv_bytes, kv.total_bytes);
         set(&self.kv_bytes_used, kv.used_bytes);
         self.kv_evicted.store(evicted, Ordering::Relaxed);
@@ -395,6 +405,7 @@ impl GroupMetrics {
             kv_blocks_used: load(&self.kv_blocks_used),
             kv_window_blocks: load(&self.kv_window_blocks),
             kv_window_blocks_used: load(&self.kv_window_blocks_used),
+            session_kv_window_blocks: load(&self.session_kv_window_blocks),
             kv_bytes: load(&self.kv_bytes),
             kv_bytes_used: load(&self.kv_bytes_used),
             kv_evicted: load(&self.kv_evicted),

@@ -654,16 +654,17 @@ impl<'t> Loop<'t> {
     fn kv_usage(&self) -> KvUsage {
         let full = self.blocks.full();
         let (full_total, full_used) = (full.total(), full.total() - full.available());
-        let (window_total, window_used) = self
-            .blocks
-            .window_pool()
-            .map_or((0, 0), |w| (w.total(), w.total() - w.available()));
+        let (window_total, window_used, window_kept) =
+            self.blocks.window_pool().map_or((0, 0, 0), |w| {
+                (w.total(), w.total() - w.available(), w.kept_blocks())
+            });
         let (fb, wb) = self.block_bytes;
         KvUsage {
             blocks: full_total,
             blocks_used: full_used,
             window_blocks: window_total,
             window_blocks_used: window_used,
+            window_blocks_kept: window_kept,
             total_bytes: full_total * fb + window_total * wb,
             used_bytes: full_used * fb + window_used * wb,
         }
