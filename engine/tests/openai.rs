@@ -612,6 +612,18 @@ async fn tool_calls_in_the_generic_format() {
         .iter()
         .find(|r| attr_of(r, attr::GEN_AI_REQUEST_STREAM).is_some_and(|v| v.as_str() == "true"))
         .expect("the streamed request");
+    // A streamed request's time to its first chunk (the GenAI conventions' name) is its time
+    // to first token; a whole response has none.
+    assert_eq!(
+        attr_of(last, attr::GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK),
+        attr_of(last, attr::GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN)
+    );
+    assert!(attr_of(last, attr::GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK).is_some());
+    let whole = roots
+        .iter()
+        .find(|r| attr_of(r, attr::GEN_AI_REQUEST_STREAM).is_some_and(|v| v.as_str() == "false"))
+        .expect("a whole response");
+    assert!(attr_of(whole, attr::GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK).is_none());
     assert_eq!(
         attr_of(last, attr::TOOLS_CHOICE).map(|v| v.as_str().into_owned()),
         Some("required".into())

@@ -83,20 +83,22 @@ async fn a_continuation_starts_with_the_stored_prompt_and_reply_tokens() {
         .as_str()
         .expect("text");
     assert_eq!(text.trim_end(), shown.trim_end());
-    // Both request spans say which API they came through.
-    let apis: Vec<String> = s
-        .spans
-        .request_spans(2)
-        .await
-        .into_iter()
-        .filter_map(|x| {
-            x.attributes
-                .iter()
-                .find(|kv| kv.key.as_str() == attr::API)
-                .map(|kv| kv.value.to_string())
+    // Both request spans say which API they came through; the continuation says which
+    // response it continued (the GenAI conventions' name).
+    let spans = request_spans(&s, 2).await;
+    let apis: Vec<&str> = spans
+        .iter()
+        .filter_map(|x| x.get(attr::API).map(String::as_str))
+        .collect();
+    assert_eq!(apis, vec!["responses"; 2]);
+    let continued: Vec<Option<&str>> = spans
+        .iter()
+        .map(|x| {
+            x.get(attr::GEN_AI_REQUEST_PREVIOUS_RESPONSE_ID)
+                .map(String::as_str)
         })
         .collect();
-    assert_eq!(apis, vec!["responses".to_string(); 2]);
+    assert_eq!(continued, vec![None, Some(id1)]);
     s.stop().await;
 }
 

@@ -51,6 +51,10 @@ crate::contract! {
     GEN_AI_REQUEST_CHOICE_COUNT = "gen_ai.request.choice.count", "int", "";
     /// Request span: whether the reply was streamed.
     GEN_AI_REQUEST_STREAM = "gen_ai.request.stream", "bool", "";
+    /// Request span of a Responses request that continues a stored response: its `previous_response_id`.
+    GEN_AI_REQUEST_PREVIOUS_RESPONSE_ID = "gen_ai.request.previous_response.id", "string", "";
+    /// Request span of a streamed request: seconds from its arrival to its first chunk of output (its first token), on every door.
+    GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk", "double", "s";
     /// Request span: the response id returned to the client (`chatcmpl-…` or `cmpl-…`).
     GEN_AI_RESPONSE_ID = "gen_ai.response.id", "string", "";
     /// Request span: the model that served the request.

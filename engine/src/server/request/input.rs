@@ -248,6 +248,8 @@ pub struct Common {
     pub safety_identifier: Option<String>,
     /// OpenAI's cache routing key: the session (affinity to the group holding the prefix).
     pub prompt_cache_key: Option<String>,
+    /// The stored response a Responses request continues (`previous_response_id`).
+    pub previous_response_id: Option<String>,
     /// Keep generating past end-of-sequence tokens (extension).
     pub ignore_eos: bool,
     /// llama.cpp's `return_progress`: a stream also carries `prompt_progress` chunks while the

@@ -151,6 +151,7 @@ impl Common {
             user: b.take("user")?,
             safety_identifier: b.take("safety_identifier")?,
             prompt_cache_key: b.take("prompt_cache_key")?,
+            previous_response_id: None,
             ignore_eos: b.take("ignore_eos")?.unwrap_or(false),
             return_progress: b.take("return_progress")?.unwrap_or(false),
             logit_bias: b.take("logit_bias")?,

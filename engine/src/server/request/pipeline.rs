@@ -523,6 +523,7 @@ mod tests {
                     user: None,
                     session_hint: None,
                     prompt_cache_key: None,
+                    previous_response_id: None,
                     ignore_eos: false,
                     return_progress: false,
                     grammar: None,

@@ -181,6 +181,12 @@ impl RequestTrace {
         if let Some(n) = opts.n_given {
             attrs.push(KeyValue::new(attr::GEN_AI_REQUEST_CHOICE_COUNT, n));
         }
+        if let Some(id) = &opts.previous_response_id {
+            attrs.push(KeyValue::new(
+                attr::GEN_AI_REQUEST_PREVIOUS_RESPONSE_ID,
+                id.clone(),
+            ));
+        }
         if let Some(s) = &meta.session {
             attrs.push(KeyValue::new(attr::GEN_AI_CONVERSATION_ID, s.id.clone()));
             attrs.push(KeyValue::new(attr::SESSION_ID, s.id.clone()));
@@ -714,6 +720,10 @@ impl RequestTrace {
                 secs(arrival, at.first_token),
             ),
             (attr::GEN_AI_LATENCY_E2E, secs(arrival, at.finished)),
+            (
+                attr::GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK,
+                secs(arrival, at.first_token).filter(|_| self.meta.request.opts.stream),
+            ),
             (
                 attr::GEN_AI_LATENCY_TIME_IN_QUEUE,
                 secs(arrival, at.admitted),

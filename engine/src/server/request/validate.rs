@@ -58,6 +58,8 @@ pub struct ValidOptions {
     /// `prompt_cache_key`, kept apart (a session key of its own source,
     /// [`crate::server::request::session`]).
     pub prompt_cache_key: Option<String>,
+    /// The stored response a Responses request continues (`previous_response_id`).
+    pub previous_response_id: Option<String>,
     /// Whether generation goes on past the end-of-sequence token (`ignore_eos`).
     pub ignore_eos: bool,
     /// Whether a stream carries `prompt_progress` chunks while the prompt is prefilled
@@ -214,6 +216,7 @@ impl Common {
                 .or_else(|| self.safety_identifier.clone())
                 .filter(|s| !s.is_empty()),
             prompt_cache_key: self.prompt_cache_key.clone(),
+            previous_response_id: self.previous_response_id.clone(),
             ignore_eos: self.ignore_eos,
             // A whole response has no chunk to carry progress in: the field is ignored there.
             return_progress: self.return_progress && self.stream,

@@ -374,6 +374,10 @@ impl ResponsesRequest {
             background: b.take("background")?.unwrap_or(false),
             ignored,
         };
+        let mut r = r;
+        r.common
+            .previous_response_id
+            .clone_from(&r.previous_response_id);
         if r.previous_response_id.is_some() && r.conversation.is_some() {
             return Err(ApiError::invalid_param(
                 "previous_response_id",
