@@ -169,9 +169,10 @@ async fn a_conversation_past_the_window_resumes_exactly() {
         );
         assert_eq!(cold.tokens, cold_whole.tokens, "turn {t}: cold runs differ");
         assert_eq!(cold.timings.cached_tokens, 0);
-        // What the last turn left computed, to whole blocks, within the prompt less its last
-        // token: all of it is reused, below the window (turn 1: 8 positions) and beyond it.
-        let reachable = remembered.min(prompt.len() - 1) / BLOCK * BLOCK;
+        // What the last turn left computed, within the prompt less its last token: all of it
+        // is reused (its whole blocks from the prefix cache, its partly filled last block
+        // continued), below the window (turn 1: 10 positions) and beyond it.
+        let reachable = remembered.min(prompt.len() - 1);
         assert_eq!(got.timings.cached_tokens, reachable, "turn {t}");
         assert_eq!(kept.timings.cached_tokens, reachable, "turn {t}");
         let resume = got.timings.resume.expect("a session's turn");
@@ -195,7 +196,9 @@ async fn a_conversation_past_the_window_resumes_exactly() {
         remembered = history.len() - 1;
     }
     assert!(history.len() > 8 * WINDOW);
-    // Idle: nothing held in either pool; the window pool and bytes are published.
+    // Idle: nothing held in either pool by a request (the session's tail, its last turn's
+    // partly filled last block, is given back before a request waits); the window pool and
+    // bytes are published.
     let g = warm.group_metrics()[0].snapshot();
     assert_eq!((g.kv_blocks_used, g.kv_window_blocks_used), (0, 0));
     assert_eq!((g.kv_blocks, g.kv_window_blocks), (128, 8));
@@ -232,15 +235,15 @@ async fn a_reclaimed_window_is_recomputed_and_reported() {
     let cold = run(&engine(&m, true), &next, 15, None).await;
     assert_eq!(got.tokens, cold.tokens, "recomputed exactly");
     assert_eq!(kept.tokens, cold.tokens);
-    let reachable = (first.len() + a.tokens.len() - 1) / BLOCK * BLOCK;
+    let computed = first.len() + a.tokens.len() - 1;
     // Kept whole, the prefix is all there; windowed, the blocks the first recomputed row
     // would read were reclaimed, so nothing of it could be resumed, and that is what is said:
-    // `window`, the full-attention KV of the whole prefix being still there.
-    assert_eq!(kept.timings.cached_tokens, reachable);
+    // `window`, the full-attention KV of the whole prefix (to whole blocks) being still there.
+    assert_eq!(kept.timings.cached_tokens, computed);
     let w = got.timings.resume.expect("a session's turn");
     assert_eq!(got.timings.cached_tokens, 0);
     assert_eq!(w.outcome, ResumeOutcome::Window);
-    assert_eq!(w.evicted_tokens, Some(reachable));
+    assert_eq!(w.evicted_tokens, Some(computed / BLOCK * BLOCK));
     assert_eq!(w.cached_tokens, 0);
 }
 
@@ -292,22 +295,26 @@ async fn a_live_sessions_last_window_outlasts_other_traffic() {
         next.extend(&a.tokens);
         next.extend(user_turn(1, 10));
         let got = run(e, &next, 15, Some("s")).await;
-        let reachable = (first.len() + a.tokens.len() - 1) / BLOCK * BLOCK;
-        (got, reachable)
+        let computed = first.len() + a.tokens.len() - 1;
+        (got, computed)
     };
-    // Kept: the session's last window is still in the window pool; the turn resumes whole.
-    let (kept, reachable) = turn(&two_slots(&m, Duration::from_secs(3600))).await;
+    // Kept: the session's last window is still in the window pool; the turn resumes whole
+    // (its partly filled last block continued).
+    let (kept, computed) = turn(&two_slots(&m, Duration::from_secs(3600))).await;
     let r = kept.timings.resume.expect("a session's turn");
     assert_eq!(
         (r.outcome, r.cached_tokens),
-        (ResumeOutcome::Full, reachable)
+        (ResumeOutcome::Full, computed)
     );
-    // Not kept: the full-attention KV is there, the window's is not: `window`.
-    let (lost, reachable) = turn(&two_slots(&m, Duration::ZERO)).await;
+    // Not kept: the full-attention KV (whole blocks) is there, the window's is not: `window`.
+    let (lost, computed) = turn(&two_slots(&m, Duration::ZERO)).await;
     let r = lost.timings.resume.expect("a session's turn");
     assert_eq!(
         (r.outcome, r.evicted_tokens),
-        (ResumeOutcome::Window, Some(reachable - r.cached_tokens))
+        (
+            ResumeOutcome::Window,
+            Some(computed / BLOCK * BLOCK - r.cached_tokens)
+        )
     );
     assert_eq!(kept.tokens, lost.tokens, "the same tokens either way");
 }
@@ -324,13 +331,18 @@ async fn a_turn_that_departs_inside_the_reply_resumes_from_the_prompts_checkpoin
         next.extend(user_turn(2, 12));
         run(e, &next, 8, Some("s")).await
     };
-    // The window before the prompt's end was kept: resumed up to the prompt's last whole block.
-    let kept = turn(&two_slots(&m, Duration::from_secs(3600))).await;
+    // The window before the prompt's end was kept: resumed up to the prompt's last whole block
+    // (room for one window beside the running ones: the session's tail holds a block too).
+    let one = SessionWindows {
+        room: 1,
+        ..SessionWindows::off()
+    };
+    let kept = turn(&two_slots_with(&m, Duration::from_secs(3600), one)).await;
     let r = kept.timings.resume.expect("a session's turn");
     assert_eq!(r.diverged_at, Some(first.len() + 5));
     assert_eq!(r.cached_tokens, first.len() / BLOCK * BLOCK, "{r:?}");
     // Nothing kept: the window layers' blocks were recycled, nothing is resumed.
-    let lost = turn(&two_slots(&m, Duration::ZERO)).await;
+    let lost = turn(&two_slots_with(&m, Duration::ZERO, one)).await;
     let r = lost.timings.resume.expect("a session's turn");
     assert_eq!((r.outcome, r.cached_tokens), (ResumeOutcome::Window, 0));
     assert_eq!(kept.tokens, lost.tokens, "the same tokens either way");

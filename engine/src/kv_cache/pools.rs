@@ -28,6 +28,22 @@ pub struct SeqKv {
     pub window: SeqBlocks,
 }
 
+/// A finished turn's last block, partly filled (its positions `start..start + tokens.len()`),
+/// taken out of the turn's tables in both pools before they are released, so that the
+/// session's next turn, which resends those tokens, continues in it instead of computing
+/// them again: the prefix cache holds whole blocks only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tail {
+    /// The block's first position.
+    pub start: usize,
+    /// The tokens whose KV it holds.
+    pub tokens: Vec<u32>,
+    /// Its block in the full pool.
+    full: u32,
+    /// Its block in the window pool (with one).
+    window: Option<u32>,
+}
+
 /// The window pool and the window its layers see.
 #[derive(Debug)]
 struct WindowPool {
@@ -213,6 +229,81 @@ impl KvPools {
         }
     }
 
+    /// Takes the sequence's partly filled last block (positions `computed / block_size *
+    /// block_size .. computed` of `tokens`) out of its tables, in both pools, unregistered
+    /// and held; `None` when `computed` ends on a block boundary or the block is not the
+    /// sequence's alone to give.
+    pub fn detach_tail(
+        &mut self,
+        seq: &mut SeqKv,
+        tokens: &[u32],
+        computed: usize,
+    ) -> Option<Tail> {
+        let bs = self.full.block_size();
+        let (at, len) = (computed / bs, computed % bs);
+        let full = *seq.full.table.get(at)?;
+        if len == 0 || full == RELEASED || computed > tokens.len() {
+            return None;
+        }
+        let window = match &self.window {
+            Some(_) => match seq.window.table.get(at) {
+                Some(&b) if b != RELEASED => Some(b),
+                _ => return None,
+            },
+            None => None,
+        };
+        seq.full.table[at] = RELEASED;
+        if window.is_some() {
+            seq.window.table[at] = RELEASED;
+        }
+        Some(Tail {
+            start: at * bs,
+            tokens: tokens[at * bs..computed].to_vec(),
+            full,
+            window,
+        })
+    }
+
+    /// Continues a sequence matched up to `cached` positions in `tail`, when `tokens` go on
+    /// with the tail's tokens and at least one more: the tail's blocks become the sequence's
+    /// next ones (it writes on into them). Returns the positions gained, or the tail when it
+    /// does not continue this sequence.
+    pub fn attach_tail(
+        &mut self,
+        seq: &mut SeqKv,
+        tokens: &[u32],
+        cached: usize,
+        tail: Tail,
+    ) -> Result<usize, Tail> {
+        let bs = self.full.block_size();
+        let end = tail.start + tail.tokens.len();
+        let fits = cached == tail.start
+            && seq.full.table.len() * bs == cached
+            && (tail.window.is_none() || seq.window.table.len() * bs == cached)
+            && tokens.len() > end
+            && tokens[tail.start..end] == tail.tokens[..];
+        if !fits {
+            return Err(tail);
+        }
+        seq.full.table.push(tail.full);
+        if let Some(w) = tail.window {
+            seq.window.table.push(w);
+        }
+        Ok(tail.tokens.len())
+    }
+
+    /// Gives a tail's blocks back (free).
+    pub fn release_tail(&mut self, tail: Tail) {
+        let mut full = SeqBlocks::default();
+        full.table.push(tail.full);
+        self.full.release(&mut full);
+        if let (Some(b), Some(wp)) = (tail.window, self.window.as_mut()) {
+            let mut window = SeqBlocks::default();
+            window.table.push(b);
+            wp.blocks.release(&mut window);
+        }
+    }
+
     /// Releases every block of the sequence in both pools.
     pub fn release(&mut self, seq: &mut SeqKv) {
         self.full.release(&mut seq.full);
@@ -238,6 +329,62 @@ mod tests {
             p.register_full(seq, tokens, at);
             p.slide(seq, at);
         }
+    }
+
+    #[test]
+    fn a_tail_is_continued_only_by_a_prompt_that_goes_on_from_it() {
+        let mut p = KvPools::windowed(32, 4, 8, 16);
+        let toks: Vec<u32> = (0..30).collect();
+        let mut s = SeqKv::default();
+        compute(&mut p, &mut s, &toks[..22], 0, 4);
+        // 22 positions: five whole blocks and 2 positions of the sixth.
+        let tail = p
+            .detach_tail(&mut s, &toks, 22)
+            .expect("a partly filled block");
+        assert_eq!((tail.start, tail.tokens.clone()), (20, vec![20, 21]));
+        p.release(&mut s);
+        // Held apart: one block in each pool.
+        assert_eq!(
+            (
+                p.full.available(),
+                p.window_pool().map(BlockManager::available)
+            ),
+            (31, Some(15))
+        );
+        // A prompt that departs inside the tail does not take it.
+        let mut other = toks.clone();
+        other[21] = 99;
+        let (mut o, cached) = p.match_prefix(&other);
+        assert_eq!(cached, 20);
+        let tail = p
+            .attach_tail(&mut o, &other, cached, tail)
+            .expect_err("departs");
+        p.release(&mut o);
+        // One that goes on from it does: its 22 positions are reused.
+        let (mut n, cached) = p.match_prefix(&toks);
+        let gained = p
+            .attach_tail(&mut n, &toks, cached, tail)
+            .expect("continues");
+        assert_eq!(cached + gained, 22);
+        assert_eq!((n.full.table.len(), n.window.table.len()), (6, 6));
+        // A prompt that ends inside it leaves nothing to compute: not taken.
+        let tail2 = Tail {
+            start: 20,
+            tokens: vec![20, 21],
+            full: n.full.table[5],
+            window: n.window.table.get(5).copied(),
+        };
+        let mut short = SeqKv::default();
+        assert!(p.attach_tail(&mut short, &toks[..22], 20, tail2).is_err());
+        p.release(&mut n);
+        assert_eq!(
+            (
+                p.full.available(),
+                p.window_pool().map(BlockManager::available)
+            ),
+            (32, Some(16)),
+            "every block given back"
+        );
     }
 
     #[test]

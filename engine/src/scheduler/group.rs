@@ -12,7 +12,7 @@
 //! through [`Loop::vacate`] only (shared by finishing and preemption): the queue counters and
 //! the slot, block and leg bookkeeping each move in one place.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -28,6 +28,7 @@ use super::slots::Slots;
 use super::{Command, EngineError, Event, FinishReason, InFlight, Placement, SchedulerConfig};
 use crate::backend::{Backend, BackendError, SeqChunk};
 use crate::constraint::SeqConstraint;
+use crate::kv_cache::pools::Tail;
 use crate::kv_cache::{KvPools, RELEASED};
 use crate::kv_events::KvEventSink;
 use crate::metrics::GroupMetrics;
@@ -98,7 +99,15 @@ struct Loop<'t> {
     window_keeping: Option<SessionKeeping>,
     /// Where the prefix cache's changes go, with the resync epoch this group last restated at.
     kv_events: Option<(KvEventSink, u64)>,
+    /// Sessions' last turns' partly filled last blocks, by session and branch, until their
+    /// keeping's TTL: the next turn continues in its tail rather than computing again the
+    /// positions after the last whole block. At most [`MAX_TAILS`]; given back first when
+    /// blocks run short.
+    tails: HashMap<String, (Tail, Instant)>,
 }
+
+/// The most tails a group holds (one block each, in each pool).
+const MAX_TAILS: usize = 64;
 
 /// What a step loop shares with the engine handle.
 pub(super) struct Shared {
@@ -268,6 +277,7 @@ pub(super) fn run(
         logits: Vec::new(),
         sessions,
         kv_events,
+        tails: HashMap::new(),
     };
     lp.publish();
     loop {
@@ -497,8 +507,23 @@ impl<'t> Loop<'t> {
         };
         let table = seq.blocks.full.table.clone();
         let window_table = seq.blocks.window.table.clone();
+        // A finished turn of a session that keeps its KV leaves its partly filled last block
+        // for the next turn.
+        let tail = match (&seq.req.session, leg_end) {
+            (Some(_), LegEnd::Finished)
+                if seq.choice == 0 && !self.keeping.ttl_for(seq.req.session_ttl).is_zero() =>
+            {
+                self.blocks
+                    .detach_tail(&mut seq.blocks, &seq.tokens, seq.computed)
+            }
+            _ => None,
+        };
         let computed = self.vacate(&mut seq, PrefillEnd::Cancelled, leg_end, now);
         self.remember_turn(&mut seq, [&table, &window_table], computed, now);
+        if let Some(tail) = tail {
+            let ttl = self.keeping.ttl_for(seq.req.session_ttl);
+            self.keep_tail(&seq, tail, now + ttl);
+        }
         seq.timings.mark_finished(now);
         let mut tail = seq.decoder.flush();
         if !seq.stop.is_stopped() {
@@ -585,9 +610,56 @@ impl<'t> Loop<'t> {
         }
     }
 
+    /// The key of the tail a sequence leaves or continues: its session and branch.
+    fn tail_key(seq: &Seq<'t>) -> Option<String> {
+        let session = seq.req.session.as_deref()?;
+        Some(format!("{session}\u{0}{}", seq.req.session_branch))
+    }
+
+    /// Holds `tail` for the next turn of `seq`'s session and branch until `until`, in place
+    /// of an earlier one; the oldest goes beyond [`MAX_TAILS`].
+    fn keep_tail(&mut self, seq: &Seq<'t>, tail: Tail, until: Instant) {
+        let Some(key) = Self::tail_key(seq) else {
+            self.blocks.release_tail(tail);
+            return;
+        };
+        if let Some((old, _)) = self.tails.insert(key, (tail, until)) {
+            self.blocks.release_tail(old);
+        }
+        while self.tails.len() > MAX_TAILS {
+            let Some(oldest) = self
+                .tails
+                .iter()
+                .min_by_key(|(_, (_, until))| *until)
+                .map(|(k, _)| k.clone())
+            else {
+                break;
+            };
+            if let Some((t, _)) = self.tails.remove(&oldest) {
+                self.blocks.release_tail(t);
+            }
+        }
+    }
+
+    /// Gives back every tail whose time has passed (`all`: every tail).
+    fn release_tails(&mut self, now: Instant, all: bool) {
+        let gone: Vec<String> = self
+            .tails
+            .iter()
+            .filter(|(_, (_, until))| all || *until <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in gone {
+            if let Some((t, _)) = self.tails.remove(&k) {
+                self.blocks.release_tail(t);
+            }
+        }
+    }
+
     /// Ends the keepings of sessions whose TTL has passed.
     fn expire_keepings(&mut self) {
         let now = Instant::now();
+        self.release_tails(now, false);
         self.keeping.expire(now, self.blocks.full_mut());
         if let (Some(wk), Some(pool)) =
             (self.window_keeping.as_mut(), self.blocks.window_pool_mut())
@@ -652,11 +724,21 @@ impl<'t> Loop<'t> {
     /// What the KV pools hold now: blocks in each pool and bytes, in all and held by running
     /// requests (neither free nor evictable).
     fn kv_usage(&self) -> KvUsage {
+        // Sessions' tails (a block in each pool) are held, but given back before any request
+        // waits for blocks: not "used" by a running request.
+        let tails = self.tails.len();
         let full = self.blocks.full();
-        let (full_total, full_used) = (full.total(), full.total() - full.available());
+        let (full_total, full_used) = (
+            full.total(),
+            (full.total() - full.available()).saturating_sub(tails),
+        );
         let (window_total, window_used, window_kept) =
             self.blocks.window_pool().map_or((0, 0, 0), |w| {
-                (w.total(), w.total() - w.available(), w.kept_blocks())
+                (
+                    w.total(),
+                    (w.total() - w.available()).saturating_sub(tails),
+                    w.kept_blocks(),
+                )
             });
         let (fb, wb) = self.block_bytes;
         KvUsage {
@@ -685,23 +767,46 @@ impl<'t> Loop<'t> {
             {
                 break;
             }
-            let need = self.blocks.blocks_for(front.tokens.len() + 1);
+            let len = front.tokens.len();
+            let need = self.blocks.blocks_for(len + 1);
+            // And room in the window pool for its first chunk's window.
+            let window_short = |lp: &Self| match (lp.blocks.window_pool(), lp.blocks.window()) {
+                (Some(pool), Some(window)) => {
+                    let first = (window + lp.cfg.prefill_chunk).min(len + 1);
+                    pool.blocks_for(first) + 1 > pool.available()
+                }
+                _ => false,
+            };
+            // Tails are given back first when blocks run short.
+            if !self.tails.is_empty() && (need > self.blocks.available() || window_short(self)) {
+                self.release_tails(Instant::now(), true);
+            }
             if need > self.blocks.available() && !self.active.is_empty() {
                 break; // wait for blocks to free up
             }
-            // And for room in the window pool for its first chunk's window.
-            if let (Some(pool), Some(window)) = (self.blocks.window_pool(), self.blocks.window()) {
-                let first = (window + self.cfg.prefill_chunk).min(front.tokens.len() + 1);
-                if pool.blocks_for(first) + 1 > pool.available() && !self.active.is_empty() {
-                    break;
-                }
+            if window_short(self) && !self.active.is_empty() {
+                break;
             }
             let Some(mut seq) = self.queue.pop_front() else {
                 break;
             };
             let first = seq.timings.admitted.is_none();
             self.leave_queue(first);
-            let (mut blocks, cached) = self.blocks.match_prefix(&seq.tokens);
+            let (mut blocks, mut cached) = self.blocks.match_prefix(&seq.tokens);
+            // The session's last turn's tail, when this prompt goes on from it.
+            if let Some((tail, until)) = Self::tail_key(&seq).and_then(|k| self.tails.remove(&k)) {
+                match self
+                    .blocks
+                    .attach_tail(&mut blocks, &seq.tokens, cached, tail)
+                {
+                    Ok(n) => cached += n,
+                    Err(tail) => {
+                        if let Some(k) = Self::tail_key(&seq) {
+                            self.tails.insert(k, (tail, until));
+                        }
+                    }
+                }
+            }
             self.metrics.count_prefix_lookup(seq.tokens.len(), cached);
             if let Err(e) = self.blocks.reserve(&mut blocks, seq.tokens.len() + 1) {
                 // Only possible when alone: the pool is smaller than this sequence.
