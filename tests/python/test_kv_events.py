@@ -291,7 +291,8 @@ def test_the_replica_predicted_to_have_the_longer_prefix_reports_it(setup):
 def test_a_sessions_next_turn_is_predicted_to_land_where_its_last_turn_left_its_blocks(setup):
     """Past one machine: a router that mirrors every replica's cache from the events (llm-d's
     precise prefix-cache scorer) sends a session's turn k+1 where turn k's blocks are, without
-    knowing the session; the replica then reuses exactly what was predicted (`full`)."""
+    knowing the session; the replica then reuses what was predicted (`full`), and the last turn's
+    partly filled block after it."""
     mirror, engines, _ = setup
     session = {"x-session-id": "mirror-session"}
     msgs = [{"role": "user", "content": "Summarise: " + doc(70, 30)}]
@@ -310,5 +311,8 @@ def test_a_sessions_next_turn_is_predicted_to_land_where_its_last_turn_left_its_
     assert chosen == "b" and predicted["b"] > predicted["a"], predicted
     code, w = engines[chosen].post("/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "temperature": 0}, session)
     assert code == 200, w
-    assert w["usage"]["prompt_tokens_details"]["cached_tokens"] == predicted["b"]
+    # What was predicted (whole blocks), and the last turn's partly filled block beyond them,
+    # which the session continues in (its tail: never in the events).
+    cached = w["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert predicted["b"] <= cached < predicted["b"] + BLOCK, (cached, predicted)
     assert w["usage"]["resume"] == "full", w["usage"]

@@ -509,9 +509,13 @@ impl<'t> Loop<'t> {
         let window_table = seq.blocks.window.table.clone();
         // A finished turn of a session that keeps its KV leaves its partly filled last block
         // for the next turn.
+        // (Not a keyless turn's provisional session: it keeps no KV until a later turn
+        // extends it.)
         let tail = match (&seq.req.session, leg_end) {
-            (Some(_), LegEnd::Finished)
-                if seq.choice == 0 && !self.keeping.ttl_for(seq.req.session_ttl).is_zero() =>
+            (Some(session), LegEnd::Finished)
+                if seq.choice == 0
+                    && !self.keeping.ttl_for(seq.req.session_ttl).is_zero()
+                    && !self.sessions.lock().is_ok_and(|m| m.is_candidate(session)) =>
             {
                 self.blocks
                     .detach_tail(&mut seq.blocks, &seq.tokens, seq.computed)
