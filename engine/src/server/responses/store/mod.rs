@@ -13,10 +13,10 @@
 //!
 //! **A chain is kept as links.** A continuation is stored as its own part only (its input and
 //! output items, its reply's ids, and of its history and prompt only what it does not share
-//! with its parent) with a link to its parent ([`chain`]): a chain of n turns stores O(n)
+//! with its parent) with a link to its parent (module `chain`): a chain of n turns stores O(n)
 //! bytes, and the bytes bound counts each response's own part. Reading a response walks the
 //! links up and rebuilds its whole history and prompt ids (the same [`StoredResponse`] as the
-//! full copy it replaces), at most [`chain::MAX_CHAIN`] responses; a longer chain, a cycle or a
+//! full copy it replaces), at most 1,024 responses; a longer chain, a cycle or a
 //! missing link is an error ([`StoreError::Chain`]), never a hang or a panic.
 //!
 //! **Removing a response keeps its chain alive.** When a response is removed, evicted by
@@ -143,7 +143,7 @@ pub enum StoreError {
     #[error("response store (SQLite): the file is damaged: {0}")]
     Damaged(String),
     /// A stored chain cannot be read back: a link to a response that is not stored, a
-    /// cycle, a chain longer than [`chain::MAX_CHAIN`], or counts its parents cannot give.
+    /// cycle, a chain longer than 1,024 responses, or counts its parents cannot give.
     #[error("response store: {0}")]
     Chain(String),
     /// A blocking store task was lost.
