@@ -964,6 +964,8 @@ fn windowed_kv_bytes_stay_bounded_for_a_long_sequence() {
             batch: 1,
             prefill_chunk: 4,
             mixed_prefill_chunk: 4,
+            // No room for sessions' windows: the pool is the running sequence's alone.
+            session_windows: slotlight_engine::scheduler::SessionWindows::off(),
             ..SchedulerConfig::default()
         },
     )
