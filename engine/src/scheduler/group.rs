@@ -50,14 +50,14 @@ pub struct GroupStats {
     /// KV blocks in all (of the full pool: every layer's KV, or the global layers' when the
     /// local layers have a window pool).
     pub kv_blocks: usize,
-    /// KV blocks free or evictable.
+    /// KV blocks free, evictable, or held as sessions' tails (given back on demand).
     pub kv_blocks_available: usize,
     /// Positions a local layer sees, when the local layers keep only their window's KV in a
     /// pool of their own.
     pub kv_window: Option<usize>,
     /// Blocks of that window pool (0 without one).
     pub kv_window_blocks: usize,
-    /// Of those, free or evictable.
+    /// Of those, free, evictable, or held as sessions' tails.
     pub kv_window_blocks_available: usize,
     /// Bytes of KV storage, both pools.
     pub kv_bytes: usize,
@@ -400,10 +400,14 @@ impl<'t> Loop<'t> {
             active: self.active.len(),
             queued: self.queue.len(),
             kv_blocks: self.blocks.full().total(),
-            kv_blocks_available: self.blocks.available(),
+            // Sessions' tails are given back before any request waits: available.
+            kv_blocks_available: self.blocks.available() + self.tails.len(),
             kv_window: self.blocks.window(),
             kv_window_blocks: self.blocks.window_pool().map_or(0, |w| w.total()),
-            kv_window_blocks_available: self.blocks.window_pool().map_or(0, |w| w.available()),
+            kv_window_blocks_available: self
+                .blocks
+                .window_pool()
+                .map_or(0, |w| w.available() + self.tails.len()),
             kv_bytes: self.kv_usage().total_bytes,
             kv_evictions: self.blocks.full().evictions(),
             ..self.stats.clone()
