@@ -1254,10 +1254,18 @@ impl<'t> Loop<'t> {
             return;
         };
         self.active[i].prompt_checkpointed = true;
+        let end = self.active[i].req.prompt.len();
+        self.keep_checkpoint(i, &session, branch, "prompt", end);
+    }
+
+    /// Keeps sequence `i`'s window before the last block boundary at or before position
+    /// `at`, under `session`'s checkpoint `name`, for the session's TTL, when the sequence is
+    /// its session's main conversation (never a provisional session's).
+    fn keep_checkpoint(&mut self, i: usize, session: &str, branch: u32, name: &str, at: usize) {
         let main = self
             .sessions
             .lock()
-            .is_ok_and(|m| !m.is_candidate(&session) && m.is_main(&session, branch));
+            .is_ok_and(|m| !m.is_candidate(session) && m.is_main(session, branch));
         if !main {
             return;
         }
@@ -1266,11 +1274,10 @@ impl<'t> Loop<'t> {
         else {
             return;
         };
-        let s = &self.active[i];
-        let end = s.req.prompt.len() / pool.block_size();
+        let end = at / pool.block_size();
         wk.keep(
-            &format!("{session}\u{0}prompt"),
-            held_window(&s.blocks.window.table, end),
+            &format!("{session}\u{0}{name}"),
+            held_window(&self.active[i].blocks.window.table, end),
             ttl,
             Instant::now(),
             pool,
@@ -1299,29 +1306,13 @@ impl<'t> Loop<'t> {
             return;
         };
         let n = s.reply_checkpoints;
-        let passed = (s.computed - s.req.prompt.len()) / windows.checkpoint_every;
-        self.active[i].reply_checkpoints = passed;
-        let main = self
-            .sessions
-            .lock()
-            .is_ok_and(|m| !m.is_candidate(&session) && m.is_main(&session, branch));
-        if !main {
-            return;
-        }
-        let ttl = self.keeping.ttl_for(self.active[i].req.session_ttl);
-        let (Some(wk), Some(pool)) = (self.window_keeping.as_mut(), self.blocks.window_pool_mut())
-        else {
-            return;
-        };
-        let s = &self.active[i];
-        let end = s.computed / pool.block_size();
-        wk.keep(
-            &format!("{session}\u{0}reply{}", n % windows.reply_checkpoints),
-            held_window(&s.blocks.window.table, end),
-            ttl,
-            Instant::now(),
-            pool,
+        let (passed, at) = (
+            (s.computed - s.req.prompt.len()) / windows.checkpoint_every,
+            s.computed,
         );
+        self.active[i].reply_checkpoints = passed;
+        let name = format!("reply{}", n % windows.reply_checkpoints);
+        self.keep_checkpoint(i, &session, branch, &name, at);
     }
 
     /// Decides sequence `i`'s next token from logits row `row`: its grammar's mask, then a
